@@ -1,0 +1,33 @@
+# make test is the command the README gives users and the one CI runs.
+GO ?= go
+REDIS_SERVER ?= redis-server
+
+.PHONY: test deps vet unit cluster bench bench-engine bench-worker bench-fleet
+
+test: deps vet unit
+
+# deps makes sure every program the tests start is present: redis-server
+# comes from the system's packages. As root it is installed; otherwise the
+# message says exactly what to install.
+deps:
+	@if ! command -v $(REDIS_SERVER) >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then \
+			echo "redis-server not found: installing it with apt-get"; \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null || exit 1; \
+		else \
+			echo "redis-server (Redis 7 or newer) is needed by the tests and is not on PATH."; \
+			echo "Install it: sudo apt-get install redis-server  (Debian/Ubuntu)"; \
+			echo "            brew install redis                  (macOS)"; \
+			exit 1; \
+		fi; \
+	fi
+	@$(REDIS_SERVER) --version
+
+vet:
+	$(GO) vet ./...
+
+unit:
+	$(GO) test -race -count=1 -timeout 15m ./...
+
+bench-engine: deps
+	$(GO) test -run '^$$' -bench . -benchtime 3s ./throttle/

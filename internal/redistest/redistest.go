@@ -1,0 +1,353 @@
+// Package redistest starts private redis-server processes for sluice's tests.
+//
+// Every test binary gets its own server on a free loopback port, with no
+// persistence and a temporary working directory that is removed afterwards.
+// Tests share it through isolated key prefixes (Prefix) and never flush it.
+// A test that needs to stop, freeze or restart Redis starts a server of its
+// own with NewServer. Setting REDIS_URL points the shared client at an
+// existing server instead; redistest never connects to a server it did not
+// start unless told to.
+//
+// Typical use:
+//
+//	func TestMain(m *testing.M) { redistest.Main(m) }
+//
+//	func TestSomething(t *testing.T) {
+//		client, prefix := redistest.Client(t), redistest.Prefix(t)
+//		...
+//	}
+package redistest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+)
+
+// Binary is the redis-server program started by this package; override with
+// REDIS_SERVER.
+func Binary() string {
+	if b := os.Getenv("REDIS_SERVER"); b != "" {
+		return b
+	}
+	return "redis-server"
+}
+
+var (
+	shared     *Server
+	sharedURL  string
+	sharedOnce sync.Once
+	sharedErr  error
+	prefixSeq  atomic.Int64
+)
+
+// Main runs the tests, stops the shared server if one was started, and
+// checks that no test left a goroutine running (goleak options may name
+// goroutines to ignore). Call it from TestMain. When REDIS_URL is set the
+// tests use that server instead of starting one.
+func Main(m *testing.M, leakOpts ...goleak.Option) {
+	code := m.Run()
+	if shared != nil {
+		shared.stop()
+	}
+	if code == 0 {
+		if err := goleak.Find(leakOpts...); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// URL returns the redis:// URL of the shared server, starting it on first use.
+func URL(tb testing.TB) string {
+	tb.Helper()
+	sharedOnce.Do(func() {
+		if u := os.Getenv("REDIS_URL"); u != "" {
+			sharedURL = u
+			return
+		}
+		shared, sharedErr = start(Options{})
+		if sharedErr == nil {
+			sharedURL = shared.URL()
+		}
+	})
+	if sharedErr != nil {
+		tb.Fatalf("redistest: %v", sharedErr)
+	}
+	return sharedURL
+}
+
+// Client returns a client of the shared server, closed when the test ends.
+func Client(tb testing.TB) *redis.Client {
+	tb.Helper()
+	opt, err := redis.ParseURL(URL(tb))
+	if err != nil {
+		tb.Fatalf("redistest: REDIS_URL: %v", err)
+	}
+	opt.PoolSize = 128
+	c := redis.NewClient(opt)
+	tb.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// Prefix returns a key prefix no other test of this process uses.
+func Prefix(tb testing.TB) string {
+	tb.Helper()
+	name := strings.NewReplacer("/", ".", " ", "_", "{", "(", "}", ")", ":", ".").Replace(tb.Name())
+	if len(name) > 40 {
+		name = name[:40]
+	}
+	return fmt.Sprintf("t%d.%d.%s", os.Getpid(), prefixSeq.Add(1), name)
+}
+
+// Options configure a private server.
+type Options struct {
+	// AppendOnly turns on AOF with appendfsync everysec, so data survives Restart.
+	AppendOnly bool
+	// Args are extra redis-server arguments, e.g. {"--maxmemory", "10mb"}.
+	Args []string
+	// Port is the port to listen on; 0 picks a free one.
+	Port int
+}
+
+// Server is a redis-server process owned by a test.
+type Server struct {
+	opts Options
+	dir  string
+	port int
+
+	mu     sync.Mutex
+	cmd    *exec.Cmd
+	exited chan struct{}
+	out    *strings.Builder
+}
+
+// NewServer starts a private server that only this test uses; it is stopped
+// and its directory removed when the test ends.
+func NewServer(tb testing.TB, opts *Options) *Server {
+	tb.Helper()
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	s, err := start(o)
+	if err != nil {
+		tb.Fatalf("redistest: %v", err)
+	}
+	tb.Cleanup(s.stop)
+	return s
+}
+
+func start(opts Options) (*Server, error) {
+	if _, err := exec.LookPath(Binary()); err != nil {
+		return nil, fmt.Errorf("%s not found on PATH: install Redis 7 or newer (apt-get install redis-server) or set REDIS_URL", Binary())
+	}
+	dir, err := os.MkdirTemp("", "sluice-redistest-")
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{opts: opts, dir: dir, port: opts.Port}
+	var lastErr error
+	for attempt := 0; attempt < 5; attempt++ {
+		if opts.Port == 0 {
+			if s.port, err = FreePort(); err != nil {
+				return nil, err
+			}
+		}
+		if lastErr = s.launch(); lastErr == nil {
+			return s, nil
+		}
+		if opts.Port != 0 {
+			break
+		}
+	}
+	_ = os.RemoveAll(dir)
+	return nil, lastErr
+}
+
+// FreePort returns a loopback TCP port that was free a moment ago, never 6379.
+func FreePort() (int, error) {
+	for {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return 0, err
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		_ = l.Close()
+		// Cluster nodes also bind port+10000 for their bus.
+		if port != 6379 && port+10000 <= 65535 {
+			return port, nil
+		}
+	}
+}
+
+func (s *Server) args() []string {
+	args := []string{
+		"--port", strconv.Itoa(s.port),
+		"--bind", "127.0.0.1",
+		"--dir", s.dir,
+		"--save", "",
+		"--daemonize", "no",
+		"--protected-mode", "yes",
+		"--logfile", "",
+		"--loglevel", "warning",
+	}
+	if s.opts.AppendOnly {
+		args = append(args, "--appendonly", "yes", "--appendfsync", "everysec")
+	} else {
+		args = append(args, "--appendonly", "no")
+	}
+	return append(args, s.opts.Args...)
+}
+
+func (s *Server) launch() error {
+	cmd := exec.Command(Binary(), s.args()...)
+	out := &strings.Builder{}
+	cmd.Stdout = &lockedWriter{b: out}
+	cmd.Stderr = cmd.Stdout
+	// The server dies with the test binary even when the binary is killed.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start %s: %w", Binary(), err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	c := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
+	defer c.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		select {
+		case <-exited:
+			return fmt.Errorf("redis-server on port %d exited at start: %s", s.port, out.String())
+		default:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		err := c.Ping(ctx).Err()
+		cancel()
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			_ = cmd.Process.Kill()
+			<-exited
+			return fmt.Errorf("redis-server on port %d did not answer PING within 10s: %v; output: %s", s.port, err, out.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	s.mu.Lock()
+	s.cmd, s.exited, s.out = cmd, exited, out
+	s.mu.Unlock()
+	return nil
+}
+
+type lockedWriter struct {
+	mu sync.Mutex
+	b  *strings.Builder
+}
+
+func (w *lockedWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.Write(p)
+}
+
+// Addr is host:port of the server.
+func (s *Server) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port)) }
+
+// Port is the server's TCP port.
+func (s *Server) Port() int { return s.port }
+
+// URL is the redis:// URL of the server.
+func (s *Server) URL() string { return "redis://" + s.Addr() }
+
+// Dir is the server's working directory (AOF files live here).
+func (s *Server) Dir() string { return s.dir }
+
+// Pid is the process id of the running server, 0 when stopped.
+func (s *Server) Pid() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil {
+		return 0
+	}
+	return s.cmd.Process.Pid
+}
+
+// Client returns a new client of this server, closed when the test ends.
+func (s *Server) Client(tb testing.TB) *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: s.Addr(), PoolSize: 64})
+	tb.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// Freeze stops the server process (SIGSTOP): connections stay open and
+// nothing answers, as with a Redis stuck behind a long fork or a full disk.
+func (s *Server) Freeze() error { return s.signal(syscall.SIGSTOP) }
+
+// Thaw resumes a frozen server (SIGCONT).
+func (s *Server) Thaw() error { return s.signal(syscall.SIGCONT) }
+
+func (s *Server) signal(sig syscall.Signal) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil {
+		return errors.New("redistest: server is not running")
+	}
+	return s.cmd.Process.Signal(sig)
+}
+
+// Kill stops the server at once (SIGKILL), without saving anything.
+func (s *Server) Kill() {
+	s.mu.Lock()
+	cmd, exited := s.cmd, s.exited
+	s.cmd = nil
+	s.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	_ = cmd.Process.Kill()
+	<-exited
+}
+
+// Restart kills the server and starts it again on the same port and
+// directory; with AppendOnly the data written up to a second ago survives.
+func (s *Server) Restart() error {
+	s.Kill()
+	var err error
+	for attempt := 0; attempt < 50; attempt++ {
+		if err = s.launch(); err == nil {
+			return nil
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return err
+}
+
+// Output is what the server printed so far.
+func (s *Server) Output() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.out == nil {
+		return ""
+	}
+	return s.out.String()
+}
+
+func (s *Server) stop() {
+	s.Kill()
+	_ = os.RemoveAll(s.dir)
+}

@@ -1,0 +1,44 @@
+// Package lua holds sluice's Redis scripts. Each script is one file in this
+// directory, embedded at build time; its header lists KEYS, ARGV and the
+// reply. Callers run them with Run (EVALSHA, falling back to EVAL when the
+// server does not have the script) and Load them before use in a pipeline.
+package lua
+
+import (
+	_ "embed"
+
+	"github.com/redis/go-redis/v9"
+)
+
+var (
+	//go:embed admit.lua
+	admitSrc string
+	//go:embed release.lua
+	releaseSrc string
+	//go:embed renew.lua
+	renewSrc string
+	//go:embed cooldown.lua
+	cooldownSrc string
+	//go:embed stats.lua
+	statsSrc string
+	//go:embed refund.lua
+	refundSrc string
+)
+
+var (
+	// Admit decides whether jobs may start, all rules of all scopes at once.
+	Admit = redis.NewScript(admitSrc)
+	// Release gives back concurrency slots.
+	Release = redis.NewScript(releaseSrc)
+	// Renew extends the leases of concurrency slots.
+	Renew = redis.NewScript(renewSrc)
+	// Cooldown pauses a scope until a time.
+	Cooldown = redis.NewScript(cooldownSrc)
+	// Stats reads a consistent snapshot of one scope.
+	Stats = redis.NewScript(statsSrc)
+	// Refund undoes one job's charge in one scope (two-step Cluster admission).
+	Refund = redis.NewScript(refundSrc)
+)
+
+// All lists every script, for loading them into a server ahead of pipelines.
+var All = []*redis.Script{Admit, Release, Renew, Cooldown, Stats, Refund}

@@ -1,0 +1,38 @@
+-- release.lua: gives back the concurrency slots jobs hold.
+--
+-- KEYS: the holders zset of every scope of every op, in order
+-- ARGV:
+--   [1] clock: current time in µs, or -1 for Redis TIME (tests only)
+--   [2] number of ops
+--   per op: job id, number of scopes
+-- Returns: per op, how many of its scopes had a live slot for the job
+--   (0 when the lease had already run out or the job held nothing)
+
+local now
+local clock = tonumber(ARGV[1])
+if clock >= 0 then
+  now = clock
+else
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+local nops = tonumber(ARGV[2])
+local a, k = 3, 0
+local out = {}
+for op = 1, nops do
+  local id = ARGV[a]
+  local n = tonumber(ARGV[a + 1])
+  a = a + 2
+  local live = 0
+  for s = 1, n do
+    k = k + 1
+    local score = redis.call('ZSCORE', KEYS[k], id)
+    if score then
+      if tonumber(score) > now then live = live + 1 end
+      redis.call('ZREM', KEYS[k], id)
+    end
+  end
+  out[op] = live
+end
+return out

@@ -1,0 +1,127 @@
+package throttle
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Decision is the outcome of one admission.
+type Decision struct {
+	// Allowed reports that the job may start now. For Reserve it reports
+	// that the job's slot is due now.
+	Allowed bool
+	// RetryAfter is how long until the job would be admitted; -1 when it is
+	// allowed. For a job holding a reservation it is the time until its slot.
+	RetryAfter time.Duration
+	// Rule names the rule that denied the job: "rate[0]" (the index of the
+	// rate in its policy), "window", "quota", "concurrency", "cooldown", or
+	// "reserved" for a job whose own reserved slot is not due yet. Empty when
+	// allowed.
+	Rule string
+	// Policy is the name of the policy the deciding rule belongs to: the
+	// tenant's own, "*" or "@global". Empty when allowed.
+	Policy string
+	// Remaining is how many more jobs of cost 1 the tightest rule allows
+	// right now; -1 when no rule limits the job.
+	Remaining int64
+	// ResetAfter is how long until every rule is back to full capacity if
+	// nothing else starts; -1 when no rule limits the job.
+	ResetAfter time.Duration
+	// InFlight is how many jobs hold the tenant's concurrency slots after
+	// this decision; -1 without a concurrency rule.
+	InFlight int64
+	// Reserved reports that the job holds a reservation for Slot: when it
+	// comes back at Slot it is admitted without being charged again.
+	Reserved bool
+	// Slot is the job's reserved start time; zero without a reservation.
+	Slot time.Time
+	// Lease is the concurrency lease the job now holds; renew it every
+	// Lease/3 while the job runs. Zero when no slot is held.
+	Lease time.Duration
+	// Now is the Redis server time the decision was made at.
+	Now time.Time
+
+	charged int64 // what admit.lua wrote, for refunds on Cluster
+}
+
+// String summarises the decision for logs.
+func (d Decision) String() string {
+	if d.Allowed {
+		return fmt.Sprintf("allowed (remaining %d)", d.Remaining)
+	}
+	s := fmt.Sprintf("denied by %s %s, retry after %s", d.Policy, d.Rule, d.RetryAfter)
+	if d.Reserved {
+		s += fmt.Sprintf(", slot reserved at %s", d.Slot.Format(time.RFC3339Nano))
+	}
+	return s
+}
+
+// ThrottledError is the error form of a denial, for code that passes
+// denials up as errors. Match it with errors.As.
+type ThrottledError struct {
+	Tenant     string
+	Rule       string
+	Policy     string
+	RetryAfter time.Duration
+	Reserved   bool
+}
+
+func (e *ThrottledError) Error() string {
+	return fmt.Sprintf("tenant %q throttled by %s %s: retry after %s", e.Tenant, e.Policy, e.Rule, e.RetryAfter)
+}
+
+// Err returns the decision as a *ThrottledError, or nil when it is allowed.
+func (d Decision) Err(tenant string) error {
+	if d.Allowed {
+		return nil
+	}
+	return &ThrottledError{Tenant: tenant, Rule: d.Rule, Policy: d.Policy, RetryAfter: d.RetryAfter, Reserved: d.Reserved}
+}
+
+// ErrBacklogFull is returned when a tenant already has as many queued and
+// deferred jobs as its policy's backlog allows. The producer decides what to
+// do: retry later, shed the work, or tell its own caller.
+var ErrBacklogFull = errors.New("backlog full")
+
+// BacklogError carries the tenant and its cap; it matches ErrBacklogFull.
+type BacklogError struct {
+	Tenant  string
+	Backlog int64
+	Limit   int64
+}
+
+func (e *BacklogError) Error() string {
+	return fmt.Sprintf("tenant %q: backlog full (%d queued or deferred jobs, cap %d): retry later or raise backlog= in its policy", e.Tenant, e.Backlog, e.Limit)
+}
+
+// Is makes errors.Is(err, ErrBacklogFull) match.
+func (e *BacklogError) Is(target error) bool { return target == ErrBacklogFull }
+
+const (
+	ruleNone = iota
+	ruleRate
+	ruleWindow
+	ruleQuota
+	ruleConcurrency
+	ruleCooldown
+	ruleReserved
+)
+
+func ruleName(code, index int64) string {
+	switch code {
+	case ruleRate:
+		return fmt.Sprintf("rate[%d]", index-1)
+	case ruleWindow:
+		return "window"
+	case ruleQuota:
+		return "quota"
+	case ruleConcurrency:
+		return "concurrency"
+	case ruleCooldown:
+		return "cooldown"
+	case ruleReserved:
+		return "reserved"
+	}
+	return ""
+}

@@ -1,0 +1,94 @@
+package throttle
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Every Redis key sluice writes is built in this file.
+//
+// A scope (a tenant, or @global) owns five keys that share one hash tag, so
+// every script touching a scope runs in one Cluster slot:
+//
+//	PREFIX:{t:TENANT}:s   hash: rate meters, quota counters, cooldown, sequence
+//	PREFIX:{t:TENANT}:w   zset: planned window entries (score = start time, µs)
+//	PREFIX:{t:TENANT}:a   zset: started window entries
+//	PREFIX:{t:TENANT}:r   zset: reservations (member = job id, score = slot, µs)
+//	PREFIX:{t:TENANT}:c   zset: concurrency holders (member = job id, score = lease end, µs)
+//	PREFIX:{t:TENANT}:b   zset: backlog (member = job id), kept by the queue package
+//
+// TENANT is escaped so that braces, colons, spaces and percent signs never
+// reach the key: a tenant cannot move its keys to another slot or collide
+// with another tenant's keys. @global's tag is {g}.
+//
+// The policy store lives under PREFIX:{p}:policies (hash), PREFIX:{p}:version
+// and the pub/sub channel PREFIX:policies:changed.
+
+// PrefixDefault is the key prefix used when Config.Prefix is empty.
+const PrefixDefault = "sluice"
+
+// keys of one scope.
+type scopeKeys struct {
+	state, planned, started, reservations, holders, backlog string
+}
+
+const scopeKeyCount = 5 // keys passed to admit.lua per scope
+
+func (k scopeKeys) admitKeys() []string {
+	return []string{k.state, k.planned, k.started, k.reservations, k.holders}
+}
+
+// escapeTenant percent-encodes the bytes that could change a key's meaning
+// or hash slot; every other byte (UTF-8 included) is kept as is.
+func escapeTenant(t string) string {
+	if !strings.ContainsAny(t, "{}%: \t\r\n") {
+		return t
+	}
+	var b strings.Builder
+	for i := 0; i < len(t); i++ {
+		c := t[i]
+		switch c {
+		case '{', '}', '%', ':', ' ', '\t', '\r', '\n':
+			fmt.Fprintf(&b, "%%%02X", c)
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return b.String()
+}
+
+// hashTag is the {…} part of every key of a scope.
+func hashTag(scope string) string {
+	if scope == GlobalPolicy {
+		return "{g}"
+	}
+	return "{t:" + escapeTenant(scope) + "}"
+}
+
+func keysFor(prefix, scope string) scopeKeys {
+	base := prefix + ":" + hashTag(scope) + ":"
+	return scopeKeys{
+		state:        base + "s",
+		planned:      base + "w",
+		started:      base + "a",
+		reservations: base + "r",
+		holders:      base + "c",
+		backlog:      base + "b",
+	}
+}
+
+func (k scopeKeys) all() []string {
+	return []string{k.state, k.planned, k.started, k.reservations, k.holders, k.backlog}
+}
+
+// The policy hash and its version share a hash tag so one MULTI updates both.
+func policiesKey(prefix string) string        { return prefix + ":{p}:policies" }
+func policiesVersionKey(prefix string) string { return prefix + ":{p}:version" }
+func policiesChannel(prefix string) string    { return prefix + ":policies:changed" }
+
+func validatePrefix(p string) error {
+	if strings.ContainsAny(p, "{}") {
+		return fmt.Errorf("key prefix %q: must not contain { or } (they would change the hash slot of sluice's keys)", p)
+	}
+	return nil
+}

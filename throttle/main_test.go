@@ -1,0 +1,90 @@
+package throttle
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+)
+
+func TestMain(m *testing.M) {
+	redistest.Main(m, goleak.IgnoreCurrent())
+}
+
+// fakeClock drives the scripts' time in tests, so step tables need no sleeps.
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func newFakeClock() *fakeClock {
+	// Start at the real time (key TTLs are relative to it) on a whole second.
+	return &fakeClock{t: time.Now().Truncate(time.Second).Add(time.Second)}
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+func (c *fakeClock) Set(t time.Time) {
+	c.mu.Lock()
+	c.t = t
+	c.mu.Unlock()
+}
+
+type env struct {
+	client *redis.Client
+	prefix string
+	lim    *Limiter
+	store  *PolicyStore
+	clock  *fakeClock
+}
+
+// setup builds a limiter over the shared test server with a private prefix
+// and, unless real is set, a fake clock.
+func setup(t *testing.T, real bool, cfg *Config) *env {
+	t.Helper()
+	client := redistest.Client(t)
+	prefix := redistest.Prefix(t)
+	var c Config
+	if cfg != nil {
+		c = *cfg
+	}
+	c.Prefix = prefix
+	store, err := NewPolicyStore(client, &StoreConfig{Prefix: prefix})
+	require.NoError(t, err)
+	c.Policies = store
+	lim, err := NewLimiter(client, &c)
+	require.NoError(t, err)
+	e := &env{client: client, prefix: prefix, lim: lim, store: store}
+	if !real {
+		e.clock = newFakeClock()
+		lim.clock = e.clock.Now
+	}
+	t.Cleanup(func() {
+		require.NoError(t, lim.Close())
+		require.NoError(t, store.Close())
+	})
+	return e
+}
+
+func (e *env) policy(t *testing.T, name, text string) {
+	t.Helper()
+	p, err := ParsePolicy(text)
+	require.NoError(t, err)
+	require.NoError(t, e.store.Set(context.Background(), name, p))
+}

@@ -1,0 +1,385 @@
+package throttle
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// ErrNoPolicy is returned by PolicyStore.Get for a name without a policy.
+var ErrNoPolicy = errors.New("no policy")
+
+// PolicyStore keeps policies in Redis, where the whole fleet reads them.
+//
+// Every change bumps a version number and is announced on a pub/sub channel.
+// Readers (the Limiter) cache policies and drop the cache when either says
+// something changed, so a change takes effect fleet-wide within
+// PollInterval even when a pub/sub message is lost. Changing a policy never
+// touches a tenant's throttle state.
+//
+// A PolicyStore is safe for concurrent use. Close stops its watcher.
+type PolicyStore struct {
+	client redis.UniversalClient
+	prefix string
+	poll   time.Duration
+
+	mu      sync.RWMutex
+	cache   map[string]cachedPolicy
+	gen     atomic.Uint64 // bumped on every invalidation
+	version atomic.Int64  // last version seen in Redis
+
+	watchOnce sync.Once
+	watching  atomic.Bool
+	closed    atomic.Bool
+	stop      chan struct{}
+	done      chan struct{}
+}
+
+type cachedPolicy struct {
+	policy *Policy
+	err    error
+}
+
+// storedPolicy is the JSON held in the policy hash.
+type storedPolicy struct {
+	Policy  string    `json:"policy"`
+	Updated time.Time `json:"updated"`
+}
+
+// PollIntervalDefault is how often a PolicyStore checks the version number.
+const PollIntervalDefault = 500 * time.Millisecond
+
+// maxCachedPolicies bounds the cache; past it the cache starts afresh.
+const maxCachedPolicies = 200_000
+
+// StoreConfig configures a PolicyStore.
+type StoreConfig struct {
+	// Prefix of every key; PrefixDefault ("sluice") when empty.
+	Prefix string
+	// PollInterval is how often the version number is checked;
+	// PollIntervalDefault when zero.
+	PollInterval time.Duration
+}
+
+// NewPolicyStore returns a store over the caller's client.
+func NewPolicyStore(client redis.UniversalClient, cfg *StoreConfig) (*PolicyStore, error) {
+	if client == nil {
+		return nil, errors.New("throttle: NewPolicyStore needs a Redis client")
+	}
+	var c StoreConfig
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.Prefix == "" {
+		c.Prefix = PrefixDefault
+	}
+	if c.PollInterval == 0 {
+		c.PollInterval = PollIntervalDefault
+	}
+	if err := validatePrefix(c.Prefix); err != nil {
+		return nil, err
+	}
+	if c.PollInterval < 0 {
+		return nil, fmt.Errorf("policy store: poll interval %s must be positive", c.PollInterval)
+	}
+	s := &PolicyStore{
+		client: client,
+		prefix: c.Prefix,
+		poll:   c.PollInterval,
+		cache:  map[string]cachedPolicy{},
+		stop:   make(chan struct{}),
+		done:   make(chan struct{}),
+	}
+	s.version.Store(-1)
+	return s, nil
+}
+
+func encodePolicy(p *Policy) (string, error) {
+	b, err := json.Marshal(storedPolicy{Policy: p.String(), Updated: time.Now().UTC()})
+	return string(b), err
+}
+
+func decodePolicy(name, raw string) (*Policy, error) {
+	var sp storedPolicy
+	if err := json.Unmarshal([]byte(raw), &sp); err != nil {
+		return nil, fmt.Errorf("policy %q in Redis is not valid JSON (%v); replace it with: sluice policy set %q 'RULES'", name, err, name)
+	}
+	p, err := ParsePolicy(sp.Policy)
+	if err != nil {
+		return nil, fmt.Errorf("policy %q in Redis is not valid (%v); replace it with: sluice policy set %q 'RULES'", name, err, name)
+	}
+	return p, nil
+}
+
+// Set stores the policy of name: a tenant, "*" (the default) or "@global".
+func (s *PolicyStore) Set(ctx context.Context, name string, p *Policy) error {
+	return s.Apply(ctx, map[string]*Policy{name: p}, false)
+}
+
+// Apply stores every policy of the map at once: either all are stored or
+// none is. With prune, policies not in the map are deleted.
+func (s *PolicyStore) Apply(ctx context.Context, policies map[string]*Policy, prune bool) error {
+	names := make([]string, 0, len(policies))
+	for name := range policies {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	values := make([]any, 0, 2*len(names))
+	for _, name := range names {
+		p := policies[name]
+		if err := validatePolicyName(name); err != nil {
+			return err
+		}
+		if p == nil {
+			return fmt.Errorf("policy %q: nil policy; use Delete to remove one", name)
+		}
+		if err := p.Validate(); err != nil {
+			return fmt.Errorf("policy %q: %w", name, err)
+		}
+		enc, err := encodePolicy(p)
+		if err != nil {
+			return err
+		}
+		values = append(values, name, enc)
+	}
+	var stale []string
+	if prune {
+		existing, err := s.client.HKeys(ctx, policiesKey(s.prefix)).Result()
+		if err != nil {
+			return fmt.Errorf("list policies: %w", err)
+		}
+		for _, name := range existing {
+			if _, keep := policies[name]; !keep {
+				stale = append(stale, name)
+			}
+		}
+	}
+	if len(values) == 0 && len(stale) == 0 {
+		return nil
+	}
+	_, err := s.client.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
+		if len(stale) > 0 {
+			pipe.HDel(ctx, policiesKey(s.prefix), stale...)
+		}
+		if len(values) > 0 {
+			pipe.HSet(ctx, policiesKey(s.prefix), values...)
+		}
+		pipe.Incr(ctx, policiesVersionKey(s.prefix))
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("store policies: %w", err)
+	}
+	s.announce(ctx)
+	return nil
+}
+
+// announce tells every reader to drop its cache; a lost message is caught
+// by the version poll.
+func (s *PolicyStore) announce(ctx context.Context) {
+	s.invalidate()
+	_ = s.client.Publish(ctx, policiesChannel(s.prefix), "changed").Err()
+}
+
+// Get returns the policy stored under name, or ErrNoPolicy.
+func (s *PolicyStore) Get(ctx context.Context, name string) (*Policy, error) {
+	raw, err := s.client.HGet(ctx, policiesKey(s.prefix), name).Result()
+	if errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("%w for %q", ErrNoPolicy, name)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("get policy %q: %w", name, err)
+	}
+	return decodePolicy(name, raw)
+}
+
+// NamedPolicy is one entry of List.
+type NamedPolicy struct {
+	Name   string
+	Policy *Policy
+	// Err is set when the stored value cannot be read; Policy is nil then.
+	Err error
+}
+
+// List returns every stored policy, sorted by name. An entry that cannot
+// be read is listed with its error rather than failing the whole list.
+func (s *PolicyStore) List(ctx context.Context) ([]NamedPolicy, error) {
+	all, err := s.client.HGetAll(ctx, policiesKey(s.prefix)).Result()
+	if err != nil {
+		return nil, fmt.Errorf("list policies: %w", err)
+	}
+	out := make([]NamedPolicy, 0, len(all))
+	for name, raw := range all {
+		p, err := decodePolicy(name, raw)
+		out = append(out, NamedPolicy{Name: name, Policy: p, Err: err})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+// Delete removes the policy of name and reports whether there was one. The
+// tenant's throttle state is left alone.
+func (s *PolicyStore) Delete(ctx context.Context, name string) (bool, error) {
+	var del *redis.IntCmd
+	_, err := s.client.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
+		del = pipe.HDel(ctx, policiesKey(s.prefix), name)
+		pipe.Incr(ctx, policiesVersionKey(s.prefix))
+		return nil
+	})
+	if err != nil {
+		return false, fmt.Errorf("delete policy %q: %w", name, err)
+	}
+	s.announce(ctx)
+	return del.Val() > 0, nil
+}
+
+// Version is the number of changes made to the store so far.
+func (s *PolicyStore) Version(ctx context.Context) (int64, error) {
+	v, err := s.client.Get(ctx, policiesVersionKey(s.prefix)).Int64()
+	if errors.Is(err, redis.Nil) {
+		return 0, nil
+	}
+	return v, err
+}
+
+func (s *PolicyStore) invalidate() {
+	s.mu.Lock()
+	s.cache = map[string]cachedPolicy{}
+	s.gen.Add(1)
+	s.mu.Unlock()
+}
+
+// resolved is what the limiter needs to decide for one tenant.
+type resolved struct {
+	tenant     *Policy // the tenant's own policy, or the default; nil: none
+	tenantName string  // name of the policy in tenant: the tenant or "*"
+	global     *Policy // nil when @global has no policy
+}
+
+// resolve returns the policies that apply to tenant ("" for jobs without
+// one), from the cache or with one round trip to Redis.
+func (s *PolicyStore) resolve(ctx context.Context, tenant string) (resolved, error) {
+	s.watchOnce.Do(func() {
+		s.watching.Store(true)
+		go s.watch()
+	})
+	if s.closed.Load() {
+		s.invalidate()
+	}
+	s.mu.RLock()
+	t, tok := s.cache[tenant]
+	d, dok := s.cache[DefaultPolicy]
+	g, gok := s.cache[GlobalPolicy]
+	s.mu.RUnlock()
+	if tenant == "" {
+		t, tok = cachedPolicy{}, true
+	}
+	if !(tok && dok && gok) {
+		gen := s.gen.Load()
+		fields := []string{DefaultPolicy, GlobalPolicy}
+		if tenant != "" {
+			fields = append(fields, tenant)
+		}
+		vals, err := s.client.HMGet(ctx, policiesKey(s.prefix), fields...).Result()
+		if err != nil {
+			return resolved{}, fmt.Errorf("read policies: %w", err)
+		}
+		read := func(i int) cachedPolicy {
+			raw, ok := vals[i].(string)
+			if !ok {
+				return cachedPolicy{}
+			}
+			p, err := decodePolicy(fields[i], raw)
+			return cachedPolicy{policy: p, err: err}
+		}
+		d, g = read(0), read(1)
+		if tenant != "" {
+			t = read(2)
+		}
+		s.mu.Lock()
+		if s.gen.Load() == gen {
+			if len(s.cache) > maxCachedPolicies {
+				s.cache = map[string]cachedPolicy{}
+			}
+			s.cache[DefaultPolicy], s.cache[GlobalPolicy] = d, g
+			if tenant != "" {
+				s.cache[tenant] = t
+			}
+		}
+		s.mu.Unlock()
+	}
+	for _, c := range []cachedPolicy{t, d, g} {
+		if c.err != nil {
+			return resolved{}, c.err
+		}
+	}
+	r := resolved{global: g.policy}
+	if tenant != "" {
+		r.tenant, r.tenantName = t.policy, tenant
+		if r.tenant == nil {
+			r.tenant, r.tenantName = d.policy, DefaultPolicy
+		}
+	}
+	return r, nil
+}
+
+// Resolve returns the policy that applies to tenant (its own, or the
+// default "*"; nil when neither exists), the name it is stored under, and
+// the @global policy (nil when there is none), as a worker sees them.
+func (s *PolicyStore) Resolve(ctx context.Context, tenant string) (policy *Policy, name string, global *Policy, err error) {
+	r, err := s.resolve(ctx, tenant)
+	return r.tenant, r.tenantName, r.global, err
+}
+
+// watch drops the cache whenever a change is announced or the version moves.
+func (s *PolicyStore) watch() {
+	defer close(s.done)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sub := s.client.Subscribe(ctx, policiesChannel(s.prefix))
+	defer sub.Close()
+	msgs := sub.Channel()
+	tick := time.NewTicker(s.poll)
+	defer tick.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case _, ok := <-msgs:
+			if ok {
+				s.invalidate()
+			}
+		case <-tick.C:
+			pctx, pcancel := context.WithTimeout(ctx, s.poll)
+			v, err := s.Version(pctx)
+			pcancel()
+			if err != nil {
+				continue
+			}
+			if old := s.version.Swap(v); old != v {
+				s.invalidate()
+			}
+		}
+	}
+}
+
+// Close stops the watcher. The store can still be used for reads and
+// writes; it no longer caches policies.
+func (s *PolicyStore) Close() error {
+	s.watchOnce.Do(func() {}) // a store never used starts no watcher now
+	if s.closed.Swap(true) {
+		return nil
+	}
+	close(s.stop)
+	if s.watching.Load() {
+		<-s.done
+	}
+	return nil
+}
