@@ -1,0 +1,437 @@
+package throttle
+
+import (
+	"sort"
+	"time"
+)
+
+// model is a pure-Go reference of the admission rules, written from the
+// semantics in DESIGN.md rather than from admit.lua, and fed the same random
+// sequences as the scripts: both must reach identical decisions.
+type model struct {
+	cfg      Config
+	policies map[string]*Policy
+	scopes   map[string]*modelScope
+}
+
+type modelScope struct {
+	planned, started []int64 // rate meters (TAT), by rule
+	cooldown         int64
+	quota            map[int64]int64 // window start -> units counted
+	plannedLog       []int64         // window entries, sorted
+	startedLog       []int64
+	reservations     map[string]int64
+	holders          map[string]int64 // id -> lease end
+}
+
+func newModel(cfg Config) *model {
+	return &model{cfg: cfg.withDefaults(), policies: map[string]*Policy{}, scopes: map[string]*modelScope{}}
+}
+
+func (m *model) scope(name string) *modelScope {
+	s := m.scopes[name]
+	if s == nil {
+		s = &modelScope{quota: map[int64]int64{}, reservations: map[string]int64{}, holders: map[string]int64{}}
+		m.scopes[name] = s
+	}
+	return s
+}
+
+type modelScopeRef struct {
+	key    string // state key: tenant or @global
+	name   string // policy name reported
+	policy *Policy
+}
+
+func (m *model) resolve(tenant string) []modelScopeRef {
+	var out []modelScopeRef
+	if tenant != "" {
+		p, name := m.policies[tenant], tenant
+		if p == nil {
+			p, name = m.policies[DefaultPolicy], DefaultPolicy
+		}
+		if p == nil {
+			p = &Policy{}
+		}
+		out = append(out, modelScopeRef{key: tenant, name: name, policy: p})
+	}
+	if g := m.policies[GlobalPolicy]; g.HasRules() {
+		out = append(out, modelScopeRef{key: GlobalPolicy, name: GlobalPolicy, policy: g})
+	}
+	return out
+}
+
+// quota windows as the limiter sends them
+func modelBounds(q *Quota, now int64) []int64 { return quotaBounds(q, time.UnixMicro(now)) }
+
+func windowOf(bounds []int64, t int64) int {
+	for j := 0; j+1 < len(bounds); j++ {
+		if bounds[j] <= t && t < bounds[j+1] {
+			return j
+		}
+	}
+	return -1
+}
+
+// countAfter counts log entries strictly after t.
+func countAfter(log []int64, t int64) int64 {
+	i := sort.Search(len(log), func(i int) bool { return log[i] > t })
+	return int64(len(log) - i)
+}
+
+func insertSorted(log []int64, t int64, n int64) []int64 {
+	for ; n > 0; n-- {
+		i := sort.Search(len(log), func(i int) bool { return log[i] > t })
+		log = append(log, 0)
+		copy(log[i+1:], log[i:])
+		log[i] = t
+	}
+	return log
+}
+
+type modelDecision struct {
+	allowed                        bool
+	retry                          int64
+	rule                           string
+	policy                         string
+	remaining, reset, inflight     int64
+	slot                           int64
+}
+
+func (m *model) admit(now int64, tenant, id string, cost int64, flags int) modelDecision {
+	refs := m.resolve(tenant)
+	if len(refs) == 0 {
+		return modelDecision{allowed: true, retry: -1, remaining: -1, reset: -1, inflight: -1}
+	}
+	horizon, grace := micros(m.cfg.Horizon), micros(m.cfg.Grace)
+	reserve, hold, dry, plan := flags&flagReserve != 0, flags&flagHold != 0, flags&flagDry != 0, flags&flagPlan != 0
+
+	type sv struct {
+		ref    modelScopeRef
+		st     *modelScope
+		R      int64
+		hasR   bool
+		bounds []int64
+		cur    int
+	}
+	svs := make([]*sv, len(refs))
+	for i, ref := range refs {
+		v := &sv{ref: ref, st: m.scope(ref.key)}
+		for len(v.st.planned) < len(ref.policy.Rates) {
+			v.st.planned = append(v.st.planned, 0)
+			v.st.started = append(v.st.started, 0)
+		}
+		if q := ref.policy.Quota; q != nil {
+			v.bounds = modelBounds(q, now)
+			v.cur = windowOf(v.bounds, now)
+		}
+		if r, ok := v.st.reservations[id]; ok {
+			v.R, v.hasR = r, true
+			switch {
+			case r+grace <= now:
+				v.hasR = false
+			case v.st.cooldown > now && r < v.st.cooldown:
+				v.hasR = false
+			case ref.policy.Quota != nil && r <= now && windowOf(v.bounds, r) != v.cur:
+				v.hasR = false
+			}
+		}
+		svs[i] = v
+	}
+
+	S := max(now, 0)
+	rule, policy := "", ""
+	push := func(t int64, r string, v *sv) {
+		if t > S {
+			S, rule, policy = t, r, v.ref.name
+		}
+	}
+	for _, v := range svs {
+		p := v.ref.policy
+		if v.st.cooldown > now {
+			push(v.st.cooldown, "cooldown", v)
+		}
+		if v.hasR {
+			push(v.R, "reserved", v)
+			continue
+		}
+		for i, r := range p.Rates {
+			inc, _, off := rateArgs(r, cost)
+			push(v.st.planned[i]+inc-off, ruleName(ruleRate, int64(i+1)), v)
+		}
+		if w := p.Window; w != nil {
+			d := micros(w.Period)
+			live := v.st.plannedLog[len(v.st.plannedLog)-int(countAfter(v.st.plannedLog, now-d)):]
+			if len(live) > 0 {
+				push(live[len(live)-1], "window", v)
+			}
+			// the (limit-cost+1)-th newest live entry must leave the window
+			if k := len(live) - int(w.Limit-cost) - 1; k >= 0 {
+				push(live[k]+d, "window", v)
+			}
+		}
+	}
+	beyond := false
+	used := func(v *sv, start int64) int64 { return v.st.quota[start] }
+	for changed := true; changed; {
+		changed = false
+		for _, v := range svs {
+			q := v.ref.policy.Quota
+			if q == nil || v.hasR {
+				continue
+			}
+			j := windowOf(v.bounds, S)
+			for {
+				if j < 0 || j > v.cur+1 {
+					beyond = true
+					break
+				}
+				if used(v, v.bounds[j])+cost <= q.Limit {
+					break
+				}
+				j++
+				if j >= len(v.bounds) {
+					beyond = true
+					break
+				}
+				if v.bounds[j] > S {
+					push(v.bounds[j], "quota", v)
+					changed = true
+				}
+			}
+		}
+	}
+
+	charge := func(t int64) {
+		for _, v := range svs {
+			if v.hasR {
+				continue
+			}
+			p := v.ref.policy
+			for i, r := range p.Rates {
+				inc, _, _ := rateArgs(r, cost)
+				v.st.planned[i] = max(v.st.planned[i], t) + inc
+			}
+			if p.Window != nil {
+				v.st.plannedLog = insertSorted(v.st.plannedLog, t, cost)
+			}
+			if p.Quota != nil {
+				v.st.quota[v.bounds[windowOf(v.bounds, t)]] += cost
+			}
+		}
+	}
+	reserveAt := func(t int64) {
+		for _, v := range svs {
+			p := v.ref.policy
+			if len(p.Rates) > 0 || p.Window != nil || p.Quota != nil {
+				v.st.reservations[id] = t
+			}
+		}
+	}
+
+	d := modelDecision{retry: 0}
+	if S > now {
+		d.retry = S - now
+		if reserve && !beyond && d.retry <= horizon {
+			d.slot = S
+			if !dry {
+				charge(S)
+				reserveAt(S)
+			}
+		} else if d.retry > horizon {
+			d.retry = horizon
+		}
+	} else if plan {
+		d.allowed, d.slot, rule, policy = true, now, "", ""
+		if !dry {
+			charge(now)
+			reserveAt(now)
+		}
+	} else {
+		concWait := int64(-1)
+		if hold {
+			for _, v := range svs {
+				c := v.ref.policy.Concurrency
+				if c == nil {
+					continue
+				}
+				live, soonest := int64(0), int64(-1)
+				for _, until := range v.st.holders {
+					if until > now {
+						live++
+						if soonest < 0 || until < soonest {
+							soonest = until
+						}
+					}
+				}
+				mine := v.st.holders[id] > now
+				if !mine && live >= c.Limit {
+					w := min(soonest-now, micros(m.cfg.ConcurrencyRetry))
+					if concWait < 0 || w > concWait {
+						concWait, rule, policy = w, "concurrency", v.ref.name
+					}
+				}
+			}
+		}
+		if concWait >= 0 {
+			d.retry = concWait
+		} else {
+			wait := int64(0)
+			rule, policy = "", ""
+			for _, v := range svs {
+				p := v.ref.policy
+				for i, r := range p.Rates {
+					inc, unit, off := rateArgs(r, cost)
+					tol := min(micros(m.cfg.Tolerance), unit/4)
+					if over := max(v.st.started[i], now) + inc - now - off - tol; over > wait {
+						wait, rule, policy = over, ruleName(ruleRate, int64(i+1)), v.ref.name
+					}
+				}
+				if w := p.Window; w != nil {
+					dur := micros(w.Period)
+					live := v.st.startedLog[len(v.st.startedLog)-int(countAfter(v.st.startedLog, now-dur)):]
+					if k := len(live) - int(w.Limit-cost) - 1; k >= 0 {
+						if over := live[k] + dur - now; over > wait {
+							wait, rule, policy = over, "window", v.ref.name
+						}
+					}
+				}
+			}
+			if wait > 0 {
+				d.retry = wait
+				if reserve && !dry {
+					d.slot = now
+					charge(now)
+					reserveAt(now)
+				}
+			} else {
+				d.allowed = true
+				if !dry {
+					charge(now)
+					for _, v := range svs {
+						p := v.ref.policy
+						for i, r := range p.Rates {
+							inc, _, _ := rateArgs(r, cost)
+							v.st.started[i] = max(v.st.started[i], now) + inc
+						}
+						if w := p.Window; w != nil {
+							v.st.startedLog = insertSorted(v.st.startedLog, now, cost)
+							v.st.startedLog = v.st.startedLog[len(v.st.startedLog)-int(countAfter(v.st.startedLog, now-micros(w.Period))):]
+						}
+						delete(v.st.reservations, id)
+						if hold && p.Concurrency != nil {
+							v.st.holders[id] = now + micros(p.Concurrency.lease())
+						}
+					}
+				}
+			}
+		}
+	}
+	if d.allowed {
+		d.retry = -1
+		rule, policy = "", ""
+	}
+	d.rule, d.policy = rule, policy
+
+	// what is left
+	d.remaining, d.reset, d.inflight = -1, -1, -1
+	low := func(n int64) {
+		n = max(n, 0)
+		if d.remaining < 0 || n < d.remaining {
+			d.remaining = n
+		}
+	}
+	high := func(t int64) { d.reset = max(d.reset, max(t, 0)) }
+	for _, v := range svs {
+		p := v.ref.policy
+		for i, r := range p.Rates {
+			_, unit, off := rateArgs(r, cost)
+			tat := max(v.st.planned[i], now)
+			low(floorDiv(now+off-tat, unit))
+			high(tat - now)
+		}
+		if w := p.Window; w != nil {
+			dur := micros(w.Period)
+			n := countAfter(v.st.plannedLog, now-dur)
+			low(w.Limit - n)
+			if n > 0 {
+				high(v.st.plannedLog[len(v.st.plannedLog)-1] + dur - now)
+			} else {
+				high(0)
+			}
+		}
+		if q := p.Quota; q != nil {
+			low(q.Limit - used(v, v.bounds[v.cur]))
+			last := int64(0)
+			for j := v.cur; j <= v.cur+1 && j+1 < len(v.bounds); j++ {
+				if used(v, v.bounds[j]) > 0 {
+					last = v.bounds[j+1]
+				}
+			}
+			high(last - now)
+		}
+		if c := p.Concurrency; c != nil {
+			live := int64(0)
+			for _, until := range v.st.holders {
+				if until > now {
+					live++
+				}
+			}
+			low(c.Limit - live)
+			if d.inflight < 0 {
+				d.inflight = live
+			}
+		}
+	}
+	return d
+}
+
+// floorDiv is Lua's math.floor(a / b) for the values the script sees.
+func floorDiv(a, b int64) int64 {
+	q := a / b
+	if a%b != 0 && (a < 0) != (b < 0) {
+		q--
+	}
+	return q
+}
+
+func (m *model) release(now int64, tenant, id string) int64 {
+	var n int64
+	for _, key := range []string{tenant, GlobalPolicy} {
+		if key == "" {
+			continue
+		}
+		st := m.scope(key)
+		if until, ok := st.holders[id]; ok {
+			if until > now {
+				n++
+			}
+			delete(st.holders, id)
+		}
+	}
+	return n
+}
+
+func (m *model) renew(now int64, tenant, id string) bool {
+	ok := true
+	for _, ref := range m.resolve(tenant) {
+		c := ref.policy.Concurrency
+		if c == nil {
+			continue
+		}
+		st := m.scope(ref.key)
+		if until, held := st.holders[id]; held && until > now {
+			st.holders[id] = now + micros(c.lease())
+		} else {
+			delete(st.holders, id)
+			ok = false
+		}
+	}
+	return ok
+}
+
+func (m *model) cooldown(now int64, key string, d int64) int64 {
+	st := m.scope(key)
+	st.cooldown = max(st.cooldown, now+d)
+	return st.cooldown
+}

@@ -1,0 +1,279 @@
+package throttle
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// modelMix is one randomised scenario: the policies in force and how time moves.
+type modelMix struct {
+	name     string
+	policies map[string]string
+	tenants  []string
+	// change, when set, replaces policies half way through.
+	change map[string]string
+	// maxStep is the longest single advance of the clock.
+	maxStep time.Duration
+}
+
+var modelMixes = []modelMix{
+	{
+		name:     "rate",
+		policies: map[string]string{"a": "rate=10/s burst=3"},
+		tenants:  []string{"a"},
+		maxStep:  time.Second,
+	},
+	{
+		name:     "rates+window",
+		policies: map[string]string{"a": "rate=5/s burst=2 rate=150/min burst=4 window=8/2s"},
+		tenants:  []string{"a"},
+		maxStep:  3 * time.Second,
+	},
+	{
+		name:     "window+concurrency",
+		policies: map[string]string{"a": "window=5/s concurrency=2 lease=2s"},
+		tenants:  []string{"a"},
+		maxStep:  1500 * time.Millisecond,
+	},
+	{
+		name:     "quota+rate across hours",
+		policies: map[string]string{"a": "rate=50/min burst=5 quota=30/hour tz=America/Los_Angeles"},
+		tenants:  []string{"a"},
+		maxStep:  10 * time.Minute,
+	},
+	{
+		name:     "cron quota",
+		policies: map[string]string{"a": `rate=2/s burst=3 quota=25 reset="*/2 * * * *"`},
+		tenants:  []string{"a"},
+		maxStep:  40 * time.Second,
+	},
+	{
+		name: "default+global+tenants",
+		policies: map[string]string{
+			"*":       "rate=3/s burst=2 concurrency=3 lease=1s",
+			"@global": "rate=8/s burst=4 window=20/5s",
+			"b":       "rate=6/s burst=3 quota=40/hour",
+		},
+		tenants: []string{"a", "b", "c"},
+		change: map[string]string{
+			"*":       "rate=5/s burst=2 concurrency=2 lease=1s",
+			"@global": "rate=6/s burst=4 concurrency=4 lease=2s",
+			"b":       "rate=6/s burst=3",
+		},
+		maxStep: 2 * time.Second,
+	},
+	{
+		name:     "no policy, global only",
+		policies: map[string]string{"@global": "rate=4/s burst=2 concurrency=2 lease=1s"},
+		tenants:  []string{"", "a"},
+		maxStep:  time.Second,
+	},
+}
+
+// TestModel drives admit.lua and the Go reference model with the same random
+// sequences (over 10,000 steps in all) and requires identical decisions.
+func TestModel(t *testing.T) {
+	steps := 2000
+	if testing.Short() {
+		steps = 600
+	}
+	for i, mix := range modelMixes {
+		t.Run(mix.name, func(t *testing.T) {
+			t.Parallel()
+			runModel(t, mix, uint64(i+1), steps, false)
+		})
+	}
+}
+
+// runModel runs one scenario. With expire set, keys of the tenant are
+// deleted as soon as their TTL (counted on the fake clock) runs out, which
+// must not change any decision either.
+func runModel(t *testing.T, mix modelMix, seed uint64, steps int, expire bool) (deleted int) {
+	e := setup(t, false, &Config{Horizon: 30 * time.Second, Grace: 2 * time.Second})
+	e.lim.noExpire = !expire
+	ctx := context.Background()
+	m := newModel(e.lim.cfg)
+	apply := func(policies map[string]string) {
+		for name, text := range policies {
+			p, err := ParsePolicy(text)
+			require.NoError(t, err)
+			require.NoError(t, e.store.Set(ctx, name, p))
+			m.policies[name] = p
+		}
+	}
+	apply(mix.policies)
+	rng := rand.New(rand.NewPCG(seed, 42))
+	ids := make([]string, 24)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("job-%d", i)
+	}
+	expiries := map[string]time.Time{} // fake-clock time each key dies at
+	var tally [4]int
+	for step := 0; step < steps; step++ {
+		if mix.change != nil && step == steps/2 {
+			apply(mix.change)
+		}
+		// advance the clock
+		switch r := rng.IntN(100); {
+		case r < 20:
+		case r < 70:
+			e.clock.Advance(time.Duration(rng.IntN(50_000)) * time.Microsecond)
+		case r < 95:
+			e.clock.Advance(time.Duration(50_000+rng.IntN(450_000)) * time.Microsecond)
+		default:
+			e.clock.Advance(time.Duration(rng.Int64N(int64(mix.maxStep))))
+		}
+		now := e.clock.Now()
+		if expire {
+			deleted += expireKeys(t, e, expiries, now)
+		}
+		tenant := mix.tenants[rng.IntN(len(mix.tenants))]
+		id := ids[rng.IntN(len(ids))]
+		where := fmt.Sprintf("%s step %d at +%s tenant %q job %s", mix.name, step, now.Sub(time.Unix(0, 0)).Truncate(time.Millisecond), tenant, id)
+		switch r := rng.IntN(100); {
+		case r < 70:
+			cost := int64(1)
+			if rng.IntN(4) == 0 {
+				cost = 2
+			}
+			flags := flagHold
+			req := Request{Tenant: tenant, ID: id, Cost: cost}
+			if rng.IntN(10) < 6 {
+				req.Reserve = true
+				flags |= flagReserve
+			}
+			if rng.IntN(20) == 0 {
+				req.DryRun = true
+				flags |= flagDry
+			}
+			var got Decision
+			var err error
+			if rng.IntN(10) == 0 {
+				flags = flagReserve | flagPlan
+				got, err = e.lim.Reserve(ctx, tenant, id, cost)
+			} else {
+				got, err = e.lim.Do(ctx, req)
+			}
+			require.NoError(t, err, where)
+			want := m.admit(now.UnixMicro(), tenant, id, cost, flags)
+			requireSameDecision(t, want, got, where)
+			tally[0]++
+			if got.Allowed {
+				tally[1]++
+			}
+			if got.Reserved {
+				tally[2]++
+			}
+		case r < 85:
+			n, err := e.lim.release(ctx, tenant, id)
+			require.NoError(t, err, where)
+			require.Equal(t, m.release(now.UnixMicro(), tenant, id), n, "release: "+where)
+		case r < 97:
+			ok, err := e.lim.Renew(ctx, tenant, id)
+			require.NoError(t, err, where)
+			require.Equal(t, m.renew(now.UnixMicro(), tenant, id), ok, "renew: "+where)
+		default:
+			if tenant == "" {
+				continue
+			}
+			d := time.Duration(rng.IntN(3000)) * time.Millisecond
+			if d == 0 {
+				d = time.Millisecond
+			}
+			until, err := e.lim.Cooldown(ctx, tenant, d)
+			require.NoError(t, err, where)
+			require.Equal(t, m.cooldown(now.UnixMicro(), tenant, micros(d)), until.UnixMicro(), "cooldown: "+where)
+			tally[3]++
+		}
+		if expire {
+			recordExpiries(t, e, expiries, now, tenant)
+		}
+	}
+	t.Logf("%s: %d decisions, %d allowed, %d reserved, %d cooldowns", mix.name, tally[0], tally[1], tally[2], tally[3])
+	// the sequence must have exercised both outcomes
+	require.Greater(t, tally[1], tally[0]/20, "too few admissions to mean anything")
+	require.Greater(t, tally[0]-tally[1], tally[0]/20, "too few denials to mean anything")
+	return deleted
+}
+
+func requireSameDecision(t *testing.T, want modelDecision, got Decision, where string) {
+	t.Helper()
+	gotRetry := int64(-1)
+	if !got.Allowed {
+		gotRetry = got.RetryAfter.Microseconds()
+	}
+	var gotSlot int64
+	if got.Reserved {
+		gotSlot = got.Slot.UnixMicro()
+	}
+	gotReset := int64(-1)
+	if got.ResetAfter >= 0 {
+		gotReset = got.ResetAfter.Microseconds()
+	}
+	wantS := fmt.Sprintf("allowed=%v retry=%d rule=%q policy=%q remaining=%d reset=%d inflight=%d slot=%d",
+		want.allowed, want.retry, want.rule, want.policy, want.remaining, want.reset, want.inflight, want.slot)
+	gotS := fmt.Sprintf("allowed=%v retry=%d rule=%q policy=%q remaining=%d reset=%d inflight=%d slot=%d",
+		got.Allowed, gotRetry, got.Rule, got.Policy, got.Remaining, gotReset, got.InFlight, gotSlot)
+	require.Equal(t, wantS, gotS, where)
+}
+
+// recordExpiries notes, on the fake clock, when each key of the tenant (and
+// @global) expires given the TTL the script just set, then removes the TTL
+// so that real time (which the fake clock outruns or lags) never deletes a
+// key: expireKeys does it at the fake-clock moment instead. Like Redis, a
+// later, shorter TTL does not shorten a longer one the script set before.
+func recordExpiries(t *testing.T, e *env, expiries map[string]time.Time, now time.Time, tenant string) {
+	ctx := context.Background()
+	var keys []string
+	for _, s := range []string{tenant, GlobalPolicy} {
+		if s != "" {
+			keys = append(keys, keysFor(e.prefix, s).admitKeys()...)
+		}
+	}
+	for _, k := range keys {
+		ttl, err := e.client.PTTL(ctx, k).Result()
+		require.NoError(t, err)
+		if ttl > 0 {
+			if at := now.Add(ttl + 5*time.Millisecond); at.After(expiries[k]) {
+				expiries[k] = at
+			}
+			require.NoError(t, e.client.Persist(ctx, k).Err())
+		}
+	}
+}
+
+// expireKeys deletes every key whose fake-clock expiry has passed.
+func expireKeys(t *testing.T, e *env, expiries map[string]time.Time, now time.Time) int {
+	n := 0
+	for k, at := range expiries {
+		if !at.After(now) {
+			require.NoError(t, e.client.Del(context.Background(), k).Err())
+			delete(expiries, k)
+			n++
+		}
+	}
+	return n
+}
+
+// TestModelWithExpiry runs the scenarios again, deleting each key the moment
+// its TTL runs out: decisions must stay identical to the model (which never
+// forgets anything), so correctness never depends on a key's lifetime, and
+// keys do go away.
+func TestModelWithExpiry(t *testing.T) {
+	steps := 1000
+	if testing.Short() {
+		steps = 300
+	}
+	for i, mix := range modelMixes {
+		t.Run(mix.name, func(t *testing.T) {
+			t.Parallel()
+			deleted := runModel(t, mix, uint64(100+i), steps, true)
+			require.Positive(t, deleted, "no key ever expired: the test would not notice a TTL that is too short")
+		})
+	}
+}
