@@ -90,12 +90,12 @@ func insertSorted(log []int64, t int64, n int64) []int64 {
 }
 
 type modelDecision struct {
-	allowed                        bool
-	retry                          int64
-	rule                           string
-	policy                         string
-	remaining, reset, inflight     int64
-	slot                           int64
+	allowed                    bool
+	retry                      int64
+	rule                       string
+	policy                     string
+	remaining, reset, inflight int64
+	slot                       int64
 }
 
 func (m *model) admit(now int64, tenant, id string, cost int64, flags int) modelDecision {
