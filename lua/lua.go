@@ -23,12 +23,14 @@ var (
 	statsSrc string
 	//go:embed refund.lua
 	refundSrc string
+	//go:embed backlog.lua
+	backlogSrc string
 )
 
 var (
 	// Admit decides whether jobs may start, all rules of all scopes at once.
 	Admit = redis.NewScript(admitSrc)
-	// Release gives back concurrency slots.
+	// Release gives back concurrency slots and ends jobs' backlog entries.
 	Release = redis.NewScript(releaseSrc)
 	// Renew extends the leases of concurrency slots.
 	Renew = redis.NewScript(renewSrc)
@@ -38,7 +40,9 @@ var (
 	Stats = redis.NewScript(statsSrc)
 	// Refund undoes one job's charge in one scope (two-step Cluster admission).
 	Refund = redis.NewScript(refundSrc)
+	// Backlog counts a tenant's queued and deferred jobs against its cap.
+	Backlog = redis.NewScript(backlogSrc)
 )
 
 // All lists every script, for loading them into a server ahead of pipelines.
-var All = []*redis.Script{Admit, Release, Renew, Cooldown, Stats, Refund}
+var All = []*redis.Script{Admit, Release, Renew, Cooldown, Stats, Refund, Backlog}

@@ -1,10 +1,12 @@
--- release.lua: gives back the concurrency slots jobs hold.
+-- release.lua: gives back the concurrency slots jobs hold and, for jobs
+-- that finished for good, takes them out of their tenant's backlog.
 --
--- KEYS: the holders zset of every scope of every op, in order
+-- KEYS: per op, the holders zset of each of its scopes, then its tenant's
+--   backlog zset when the op says so
 -- ARGV:
 --   [1] clock: current time in µs, or -1 for Redis TIME (tests only)
 --   [2] number of ops
---   per op: job id, number of scopes
+--   per op: job id, number of scopes, 1 when a backlog key follows, else 0
 -- Returns: per op, how many of its scopes had a live slot for the job
 --   (0 when the lease had already run out or the job held nothing)
 
@@ -23,7 +25,8 @@ local out = {}
 for op = 1, nops do
   local id = ARGV[a]
   local n = tonumber(ARGV[a + 1])
-  a = a + 2
+  local backlog = ARGV[a + 2] == '1'
+  a = a + 3
   local live = 0
   for s = 1, n do
     k = k + 1
@@ -32,6 +35,10 @@ for op = 1, nops do
       if tonumber(score) > now then live = live + 1 end
       redis.call('ZREM', KEYS[k], id)
     end
+  end
+  if backlog then
+    k = k + 1
+    redis.call('ZREM', KEYS[k], id)
   end
   out[op] = live
 end

@@ -486,22 +486,34 @@ func int64s(reply any, n int) ([]int64, error) {
 }
 
 // Release gives back job id's concurrency slots (tenant and @global). It is
-// safe to call for a job that holds none, and safe to call twice.
+// safe to call for a job that holds none, and safe to call twice. The job
+// stays in its tenant's backlog: use Finish for a job that is done for good.
 func (l *Limiter) Release(ctx context.Context, tenant, id string) error {
-	_, err := l.release(ctx, tenant, id)
+	_, err := l.release(ctx, tenant, id, false)
 	return err
 }
 
-func (l *Limiter) release(ctx context.Context, tenant, id string) (int64, error) {
+// Finish is Release for a job that will not run again (it succeeded, was
+// archived or dropped): it also leaves its tenant's backlog.
+func (l *Limiter) Finish(ctx context.Context, tenant, id string) error {
+	_, err := l.release(ctx, tenant, id, tenant != "")
+	return err
+}
+
+func (l *Limiter) release(ctx context.Context, tenant, id string, finish bool) (int64, error) {
 	if tenant != "" {
 		if err := ValidateTenant(tenant); err != nil {
 			return 0, err
 		}
 	}
-	scopes := l.holderScopes(tenant)
 	var released int64
-	for _, keys := range l.groupKeys(scopes) {
-		args := []any{l.clockArg(), 1, id, len(keys)}
+	for i, keys := range l.groupKeys(l.holderScopes(tenant)) {
+		args := []any{l.clockArg(), 1, id, len(keys), 0}
+		if finish && i == 0 {
+			// the tenant's group comes first and shares its slot with the backlog
+			keys = append(keys, keysFor(l.cfg.Prefix, tenant).backlog)
+			args[4] = 1
+		}
 		res, err := l.batch.run(ctx, lua.Release, keys, args)
 		if err != nil {
 			return released, fmt.Errorf("release tenant %q job %q: %w", tenant, id, err)
@@ -514,6 +526,55 @@ func (l *Limiter) release(ctx context.Context, tenant, id string) (int64, error)
 		released += n
 	}
 	return released, nil
+}
+
+// AddBacklog counts jobs ids of tenant in its backlog, in order, until the
+// backlog holds limit jobs (limit 0: no cap). It returns how many of the ids
+// were taken (the first n; an id already counted is taken again without
+// counting twice) and the backlog's size afterwards. The queue package calls
+// it before enqueueing and RemoveBacklog when an enqueue fails.
+func (l *Limiter) AddBacklog(ctx context.Context, tenant string, limit int64, ids ...string) (int, int64, error) {
+	if err := ValidateTenant(tenant); err != nil {
+		return 0, 0, err
+	}
+	if limit < 0 {
+		return 0, 0, fmt.Errorf("backlog of tenant %q: cap %d must not be negative", tenant, limit)
+	}
+	if len(ids) == 0 {
+		return 0, 0, nil
+	}
+	args := make([]any, 0, len(ids)+1)
+	args = append(args, limit)
+	for _, id := range ids {
+		args = append(args, id)
+	}
+	res, err := l.batch.run(ctx, lua.Backlog, []string{keysFor(l.cfg.Prefix, tenant).backlog}, args)
+	if err != nil {
+		return 0, 0, fmt.Errorf("backlog of tenant %q: %w", tenant, err)
+	}
+	v, err := int64s(res, 2)
+	if err != nil {
+		return 0, 0, fmt.Errorf("backlog.lua: %w", err)
+	}
+	return int(v[0]), v[1], nil
+}
+
+// RemoveBacklog takes jobs out of tenant's backlog.
+func (l *Limiter) RemoveBacklog(ctx context.Context, tenant string, ids ...string) error {
+	if err := ValidateTenant(tenant); err != nil {
+		return err
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	members := make([]any, len(ids))
+	for i, id := range ids {
+		members[i] = id
+	}
+	if err := l.client.ZRem(ctx, keysFor(l.cfg.Prefix, tenant).backlog, members...).Err(); err != nil {
+		return fmt.Errorf("backlog of tenant %q: %w", tenant, err)
+	}
+	return nil
 }
 
 // holderScopes are every scope a job's slots may live in: its tenant and

@@ -170,7 +170,7 @@ func runModel(t *testing.T, mix modelMix, seed uint64, steps int, expire bool) (
 				tally[2]++
 			}
 		case r < 85:
-			n, err := e.lim.release(ctx, tenant, id)
+			n, err := e.lim.release(ctx, tenant, id, false)
 			require.NoError(t, err, where)
 			require.Equal(t, m.release(now.UnixMicro(), tenant, id), n, "release: "+where)
 		case r < 97:

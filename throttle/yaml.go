@@ -1,0 +1,174 @@
+package throttle
+
+import (
+	"bytes"
+	"fmt"
+	"sort"
+	"strings"
+
+	"gopkg.in/yaml.v3"
+)
+
+// ParsePolicyFile reads a YAML file of policies: a mapping from policy name
+// (a tenant, "*" or "@global") to either the policy's text form or a
+// mapping of the same fields:
+//
+//	"*": "rate=10/s concurrency=2"
+//	"@global":
+//	  rate: 1000/s
+//	acme:
+//	  rate: [100/s burst 20, 5000/h]   # or rate: 100/s with burst: 20
+//	  window: 600/min
+//	  quota: 10000/day
+//	  tz: America/Los_Angeles
+//	  concurrency: 5
+//	  lease: 30s
+//	  overflow: wait
+//	  max_wait: 500ms
+//	  backlog: 50000
+//	  shape: true
+//
+// Every entry is validated; the error names the entry, its line and the
+// field, and nothing is returned unless every entry is good.
+func ParsePolicyFile(data []byte) (map[string]*Policy, error) {
+	var root yaml.Node
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	if err := dec.Decode(&root); err != nil {
+		if err.Error() == "EOF" {
+			return map[string]*Policy{}, nil
+		}
+		return nil, fmt.Errorf("policy file: not valid YAML: %v", err)
+	}
+	if len(root.Content) == 0 {
+		return map[string]*Policy{}, nil
+	}
+	top := root.Content[0]
+	if top.Kind != yaml.MappingNode {
+		return nil, fmt.Errorf("policy file line %d: want a mapping of policy name to policy, e.g. \"acme: {rate: 100/s}\"", top.Line)
+	}
+	out := map[string]*Policy{}
+	for i := 0; i+1 < len(top.Content); i += 2 {
+		k, v := top.Content[i], top.Content[i+1]
+		name := k.Value
+		if err := validatePolicyName(name); err != nil {
+			return nil, fmt.Errorf("policy file line %d: %v", k.Line, err)
+		}
+		if _, dup := out[name]; dup {
+			return nil, fmt.Errorf("policy file line %d: %q is given twice", k.Line, name)
+		}
+		text, err := yamlPolicyText(v)
+		if err != nil {
+			return nil, fmt.Errorf("policy file line %d, %q: %v", v.Line, name, err)
+		}
+		p, err := ParsePolicy(text)
+		if err != nil {
+			return nil, fmt.Errorf("policy file line %d, %q: %v", v.Line, name, err)
+		}
+		out[name] = p
+	}
+	return out, nil
+}
+
+// yamlFields are the keys a policy mapping may have, in text-form order.
+var yamlFields = []string{"rate", "burst", "window", "quota", "reset", "tz", "concurrency", "lease", "overflow", "max_wait", "backlog", "shape", "fail_open"}
+
+// yamlPolicyText turns one entry into the policy's text form, so the text
+// parser is the only place that reads rules.
+func yamlPolicyText(v *yaml.Node) (string, error) {
+	switch v.Kind {
+	case yaml.ScalarNode:
+		return v.Value, nil
+	case yaml.MappingNode:
+	default:
+		return "", fmt.Errorf("want the policy text or a mapping of fields (%s)", strings.Join(yamlFields, ", "))
+	}
+	fields := map[string]*yaml.Node{}
+	for i := 0; i+1 < len(v.Content); i += 2 {
+		key := v.Content[i].Value
+		known := false
+		for _, f := range yamlFields {
+			known = known || f == key
+		}
+		if !known {
+			return "", fmt.Errorf("line %d: unknown field %q; known: %s", v.Content[i].Line, key, strings.Join(yamlFields, ", "))
+		}
+		if _, dup := fields[key]; dup {
+			return "", fmt.Errorf("line %d: field %q is given twice", v.Content[i].Line, key)
+		}
+		fields[key] = v.Content[i+1]
+	}
+	var parts []string
+	scalar := func(key string) (string, error) {
+		n := fields[key]
+		if n.Kind != yaml.ScalarNode {
+			return "", fmt.Errorf("line %d: %s must be a single value", n.Line, key)
+		}
+		if n.Value == "" {
+			return "", fmt.Errorf("line %d: %s is empty", n.Line, key)
+		}
+		return n.Value, nil
+	}
+	if r, ok := fields["rate"]; ok {
+		var rates []string
+		switch r.Kind {
+		case yaml.ScalarNode:
+			rates = []string{r.Value}
+		case yaml.SequenceNode:
+			for _, item := range r.Content {
+				if item.Kind != yaml.ScalarNode {
+					return "", fmt.Errorf("line %d: each rate is written like \"100/s\" or \"100/s burst 20\"", item.Line)
+				}
+				rates = append(rates, item.Value)
+			}
+		default:
+			return "", fmt.Errorf("line %d: rate is \"100/s\", \"100/s burst 20\" or a list of them", r.Line)
+		}
+		if _, ok := fields["burst"]; ok && len(rates) != 1 {
+			return "", fmt.Errorf("line %d: with several rates give each its burst inside the list: \"100/s burst 20\"", fields["burst"].Line)
+		}
+		for _, text := range rates {
+			f := strings.Fields(text)
+			switch {
+			case len(f) == 1:
+				parts = append(parts, "rate="+f[0])
+			case len(f) == 3 && f[1] == "burst":
+				parts = append(parts, "rate="+f[0], "burst="+f[2])
+			default:
+				return "", fmt.Errorf("line %d: rate %q: write \"100/s\" or \"100/s burst 20\"", r.Line, text)
+			}
+		}
+	} else if _, ok := fields["burst"]; ok {
+		return "", fmt.Errorf("line %d: burst belongs to a rate; add rate:", fields["burst"].Line)
+	}
+	for _, key := range yamlFields[1:] {
+		if _, ok := fields[key]; !ok {
+			continue
+		}
+		val, err := scalar(key)
+		if err != nil {
+			return "", err
+		}
+		if strings.ContainsAny(val, " \t\"") {
+			val = `"` + strings.ReplaceAll(val, `"`, "") + `"`
+		}
+		parts = append(parts, key+"="+val)
+	}
+	return strings.Join(parts, " "), nil
+}
+
+// FormatPolicyFile writes policies as a YAML file that ParsePolicyFile reads
+// back, one line per policy in its text form, sorted by name.
+func FormatPolicyFile(policies map[string]*Policy) []byte {
+	names := make([]string, 0, len(policies))
+	for n := range policies {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	var b bytes.Buffer
+	for _, n := range names {
+		key, _ := yaml.Marshal(n)
+		val, _ := yaml.Marshal(policies[n].String())
+		fmt.Fprintf(&b, "%s: %s", strings.TrimSpace(string(key)), val)
+	}
+	return b.Bytes()
+}
