@@ -14,7 +14,7 @@
 --
 -- KEYS, 5 per scope, for every scope of every op in order:
 --   state hash (p<i>/a<i> rate meters, qa/qc qb/qd quota windows and counts,
---     cd cooldown end, n entry sequence), planned window zset, started window
+--     cd cooldown end, n entry sequence, s jobs started), planned window zset, started window
 --     zset, reservations zset (job id -> slot), holders zset (job id -> lease end)
 -- ARGV:
 --   [1] clock: current time to use, or -1 for Redis TIME (tests only)
@@ -141,7 +141,7 @@ for op = 1, nops do
     sc.reservable = nr > 0 or sc.wlim > 0 or sc.qlim > 0
 
     -- read the scope's scalar state in one call
-    local fields = { 'cd', 'qa', 'qc', 'qb', 'qd', 'n' }
+    local fields = { 'cd', 'qa', 'qc', 'qb', 'qd', 'n', 's' }
     for i = 1, nr do
       fields[#fields + 1] = 'p' .. i
       fields[#fields + 1] = 'a' .. i
@@ -151,10 +151,11 @@ for op = 1, nops do
     sc.qa, sc.qc = tonumber(v[2]) or 0, tonumber(v[3]) or 0
     sc.qb, sc.qd = tonumber(v[4]) or 0, tonumber(v[5]) or 0
     sc.n = tonumber(v[6])
+    sc.starts = tonumber(v[7]) or 0
     sc.P, sc.A = {}, {}
     for i = 1, nr do
-      sc.P[i] = tonumber(v[5 + 2 * i]) or 0
-      sc.A[i] = tonumber(v[6 + 2 * i]) or 0
+      sc.P[i] = tonumber(v[6 + 2 * i]) or 0
+      sc.A[i] = tonumber(v[7 + 2 * i]) or 0
     end
     if sc.qlim > 0 then
       sc.cur = win_index(sc, now)
@@ -346,9 +347,14 @@ for op = 1, nops do
           wrote = true
           charged = charged + 2
           for _, sc in ipairs(scopes) do
+            if sc.reservable or sc.clim > 0 then
+              -- counted for sluice top; kept a few seconds past recovery
+              sc.starts = sc.starts + 1
+              sc.counted = true
+              sc.dirty = true
+            end
             for i, r in ipairs(sc.rates) do
               sc.A[i] = math.max(sc.A[i], now) + r.inc
-              sc.dirty = true
             end
             if sc.wlim > 0 then
               add_entries(sc, sc.wa, now, cost)
@@ -402,6 +408,10 @@ for op = 1, nops do
               until_ = math.max(until_, sc.bounds[j + 1])
             end
           end
+        end
+        if sc.counted then
+          h[#h + 1] = 's'; h[#h + 1] = fmt(sc.starts)
+          until_ = math.max(until_, now + 5000000)
         end
         if sc.wlim > 0 then
           h[#h + 1] = 'n'; h[#h + 1] = fmt(sc.n)

@@ -33,6 +33,10 @@ type Stats struct {
 	// Backlog is the number of the tenant's queued and deferred jobs, as
 	// counted by the queue package.
 	Backlog int64
+	// Started counts the tenant's jobs started while its state has been
+	// alive (it starts again from 0 once the tenant has been idle); the
+	// difference between two snapshots gives starts per second.
+	Started int64
 }
 
 // RateStats is the state of one rate rule.
@@ -143,6 +147,7 @@ func (l *Limiter) Stats(ctx context.Context, tenant string) (*Stats, error) {
 	if ints[5] > 0 {
 		s.FirstSlot, s.LastSlot = time.UnixMicro(ints[5]), time.UnixMicro(ints[6])
 	}
+	s.Started = hash["s"]
 	if cd := hash["cd"]; cd > now {
 		s.CooldownUntil = time.UnixMicro(cd)
 	}
