@@ -1,0 +1,347 @@
+package redisurl
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+)
+
+// ping parses raw, connects and pings with a short timeout.
+func ping(t *testing.T, raw string, timeout time.Duration) error {
+	t.Helper()
+	u, err := Parse(raw)
+	require.NoError(t, err)
+	c := u.NewClient()
+	defer c.Close()
+	return u.Ping(context.Background(), c, timeout)
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	p, err := redistest.FreePort()
+	require.NoError(t, err)
+	return p
+}
+
+func requireUnreachable(t *testing.T, err error, want string) {
+	t.Helper()
+	require.Error(t, err)
+	require.ErrorIs(t, err, ErrUnreachable)
+	var ue *UnreachableError
+	require.ErrorAs(t, err, &ue)
+	require.NotNil(t, ue.Err)
+	require.Equal(t, want, err.Error())
+}
+
+func TestPingOK(t *testing.T) {
+	t.Parallel()
+	url := redistest.URL(t)
+	require.NoError(t, ping(t, url, 0))
+	// memory:// connects to whatever serves that address (a worker's embedded Redis).
+	require.NoError(t, ping(t, "memory://"+strings.TrimPrefix(url, "redis://"), 0))
+}
+
+func TestPingAsynqOptReachesTheSameServer(t *testing.T) {
+	t.Parallel()
+	u, err := Parse(redistest.URL(t))
+	require.NoError(t, err)
+	c, ok := u.AsynqOpt().MakeRedisClient().(redis.UniversalClient)
+	require.True(t, ok)
+	defer c.Close()
+	require.NoError(t, c.Ping(context.Background()).Err())
+}
+
+func TestPingConnectionRefused(t *testing.T) {
+	t.Parallel()
+	port := freePort(t)
+	addr := "127.0.0.1:" + strconv.Itoa(port)
+	start := time.Now()
+	err := ping(t, "redis://"+addr, 5*time.Second)
+	requireUnreachable(t, err, "cannot reach Redis at "+addr+": connection refused; is redis-server running? set --redis or SLUICE_REDIS_URL")
+	require.ErrorIs(t, err, syscall.ECONNREFUSED)
+	require.Less(t, time.Since(start), 5*time.Second, "a refused connection is reported without waiting for the timeout")
+
+	err = ping(t, "memory://"+addr, 0)
+	requireUnreachable(t, err, "cannot reach Redis at "+addr+": connection refused; is a worker started with --redis memory://"+addr+" running? set --redis or SLUICE_REDIS_URL")
+
+	err = ping(t, "redis+sentinel://"+addr+"/mymaster", 0)
+	requireUnreachable(t, err, "cannot reach Redis at Sentinel "+addr+" (master mymaster): connection refused; are the Sentinels running? set --redis or SLUICE_REDIS_URL")
+
+	err = ping(t, "redis+cluster://"+addr, 0)
+	requireUnreachable(t, err, "cannot reach Redis at Cluster "+addr+": connection refused; is redis-server running? set --redis or SLUICE_REDIS_URL")
+}
+
+func TestPingNoAnswer(t *testing.T) {
+	t.Parallel()
+	// A listener that accepts connections and never answers, like a frozen server.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	done := make(chan struct{})
+	var conns []net.Conn
+	go func() {
+		defer close(done)
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				for _, c := range conns {
+					_ = c.Close()
+				}
+				return
+			}
+			conns = append(conns, c)
+		}
+	}()
+	t.Cleanup(func() { _ = l.Close(); <-done })
+	err = ping(t, "redis://"+l.Addr().String(), 300*time.Millisecond)
+	requireUnreachable(t, err, "cannot reach Redis at "+l.Addr().String()+": no answer within 300ms; is the address right and the server up (a firewall may drop the packets)? set --redis or SLUICE_REDIS_URL")
+}
+
+func TestPingUnknownHost(t *testing.T) {
+	t.Parallel()
+	err := ping(t, "redis://no-such-host.invalid:6379", time.Second)
+	require.ErrorIs(t, err, ErrUnreachable)
+	var ue *UnreachableError
+	require.ErrorAs(t, err, &ue)
+	// Resolvers differ in how they fail (no such host, or no answer without DNS).
+	require.Contains(t, []string{`host "no-such-host.invalid" not found`, "no answer within 1s"}, ue.Reason)
+}
+
+func TestPingCancelled(t *testing.T) {
+	t.Parallel()
+	u, err := Parse("redis://127.0.0.1:" + strconv.Itoa(freePort(t)))
+	require.NoError(t, err)
+	c := u.NewClient()
+	defer c.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	require.ErrorIs(t, u.Ping(ctx, c, 0), context.Canceled)
+}
+
+func TestPingAuth(t *testing.T) {
+	t.Parallel()
+	client := redistest.Client(t)
+	ctx := context.Background()
+	user := "sluice-" + strconv.Itoa(freePort(t))
+	require.NoError(t, client.Do(ctx, "ACL", "SETUSER", user, "on", ">p@ss:word", "~*", "+@all").Err())
+	t.Cleanup(func() { _ = client.Do(context.Background(), "ACL", "DELUSER", user).Err() })
+	addr := strings.TrimPrefix(redistest.URL(t), "redis://")
+
+	require.NoError(t, ping(t, "redis://"+user+":p%40ss%3Aword@"+addr, 0))
+	err := ping(t, "redis://"+user+":wrong@"+addr, 0)
+	requireUnreachable(t, err, "cannot reach Redis at "+addr+": user name or password rejected; check USER:PASSWORD in the URL")
+
+	// A server that requires a password and gets none.
+	srv := startRedis(t, "--requirepass", "secret")
+	err = ping(t, "redis://"+srv, 0)
+	requireUnreachable(t, err, "cannot reach Redis at "+srv+": the server requires a password; add USER:PASSWORD@ to the URL (redis://USER:PASSWORD@HOST:PORT)")
+	require.NoError(t, ping(t, "redis://:secret@"+srv, 0))
+}
+
+func TestPingTLS(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	writeCert(t, dir)
+	port := freePort(t)
+	addr := "127.0.0.1:" + strconv.Itoa(port)
+	startRedisAt(t, port, true,
+		"--port", "0", "--tls-port", strconv.Itoa(port),
+		"--tls-cert-file", filepath.Join(dir, "cert.pem"),
+		"--tls-key-file", filepath.Join(dir, "key.pem"),
+		"--tls-ca-cert-file", filepath.Join(dir, "cert.pem"),
+		"--tls-auth-clients", "no")
+
+	require.NoError(t, ping(t, "rediss://"+addr+"?skip_verify=true", 0))
+
+	err := ping(t, "rediss://"+addr, 0)
+	require.ErrorIs(t, err, ErrUnreachable)
+	require.True(t, strings.HasPrefix(err.Error(), "cannot reach Redis at "+addr+": the server's TLS certificate is not trusted ("), err.Error())
+	require.True(t, strings.HasSuffix(err.Error(), "install its CA in the system's trust store, or add ?skip_verify=true for a test server only"), err.Error())
+
+	err = ping(t, "redis://"+addr, time.Second)
+	require.ErrorIs(t, err, ErrUnreachable)
+	var ue *UnreachableError
+	require.ErrorAs(t, err, &ue)
+	require.Contains(t, []string{"the server closed the connection", "no answer within 1s"}, ue.Reason)
+
+	// TLS spoken to a plain server.
+	plain := strings.TrimPrefix(redistest.URL(t), "redis://")
+	// Redis answers the TLS hello only when its random bytes hold a newline.
+	err = ping(t, "rediss://"+plain+"?skip_verify=true", time.Second)
+	require.ErrorIs(t, err, ErrUnreachable)
+	require.Contains(t, []string{
+		"cannot reach Redis at " + plain + ": the server did not answer in TLS; use redis:// (without the s) for a server without TLS",
+		"cannot reach Redis at " + plain + ": no answer within 1s; is the address right, the server up and speaking TLS (use redis:// for a server without TLS)? set --redis or SLUICE_REDIS_URL",
+	}, err.Error())
+}
+
+func TestPingSentinel(t *testing.T) {
+	t.Parallel()
+	master := strings.TrimPrefix(redistest.URL(t), "redis://")
+	host, port, err := net.SplitHostPort(master)
+	require.NoError(t, err)
+	dir := t.TempDir()
+	conf := filepath.Join(dir, "sentinel.conf")
+	sport := freePort(t)
+	require.NoError(t, os.WriteFile(conf, []byte(fmt.Sprintf(
+		"port %d\nbind 127.0.0.1\ndir %s\nsentinel monitor mymaster %s %s 1\n", sport, dir, host, port)), 0o600))
+	saddr := startRedisAt(t, sport, false, conf, "--sentinel")
+
+	u, err := Parse("redis+sentinel://" + saddr + "/mymaster")
+	require.NoError(t, err)
+	c := u.NewClient()
+	defer c.Close()
+	require.NoError(t, u.Ping(context.Background(), c, 0))
+	key := "redisurl-sentinel-" + strconv.Itoa(sport)
+	require.NoError(t, c.Set(context.Background(), key, "via sentinel", time.Minute).Err())
+	got, err := redistest.Client(t).Get(context.Background(), key).Result()
+	require.NoError(t, err)
+	require.Equal(t, "via sentinel", got)
+
+	ac, ok := u.AsynqOpt().MakeRedisClient().(redis.UniversalClient)
+	require.True(t, ok)
+	defer ac.Close()
+	require.NoError(t, ac.Ping(context.Background()).Err())
+
+	err = ping(t, "redis+sentinel://"+saddr+"/nosuchmaster", time.Second)
+	requireUnreachable(t, err, "cannot reach Redis at Sentinel "+saddr+" (master nosuchmaster): the Sentinels know no master named \"nosuchmaster\"; check MASTER in redis+sentinel://HOST:PORT/MASTER (redis-cli -p 26379 SENTINEL MASTERS lists them)")
+}
+
+func TestPingCluster(t *testing.T) {
+	t.Parallel()
+	srv := redistest.NewServer(t, &redistest.Options{Args: []string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"}})
+	ctx := context.Background()
+	node := srv.Client(t)
+	require.NoError(t, node.Do(ctx, "CLUSTER", "ADDSLOTSRANGE", 0, 16383).Err())
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		info, err := node.ClusterInfo(ctx).Result()
+		require.NoError(t, err)
+		if strings.Contains(info, "cluster_state:ok") {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "cluster did not become ok: %s", info)
+		time.Sleep(20 * time.Millisecond)
+	}
+	require.NoError(t, ping(t, "redis+cluster://"+srv.Addr(), 0))
+
+	u, err := Parse("redis+cluster://" + srv.Addr())
+	require.NoError(t, err)
+	ac, ok := u.AsynqOpt().MakeRedisClient().(*redis.ClusterClient)
+	require.True(t, ok)
+	defer ac.Close()
+	require.NoError(t, ac.Ping(ctx).Err())
+
+	// The Cluster form pointed at a server that is not a Cluster.
+	plain := strings.TrimPrefix(redistest.URL(t), "redis://")
+	err = ping(t, "redis+cluster://"+plain, 0)
+	requireUnreachable(t, err, "cannot reach Redis at Cluster "+plain+": the server is not part of a Redis Cluster; use redis://HOST:PORT for a single server")
+}
+
+// startRedis runs a redis-server of this test's own on a free port.
+func startRedis(t *testing.T, args ...string) string {
+	t.Helper()
+	port := freePort(t)
+	return startRedisAt(t, port, false, append([]string{"--port", strconv.Itoa(port)}, args...)...)
+}
+
+// startRedisAt runs redis-server with args (a config file, if any, first)
+// and waits until port accepts connections; the process is killed when the
+// test ends.
+func startRedisAt(t *testing.T, port int, tls bool, args ...string) string {
+	t.Helper()
+	dir := t.TempDir()
+	base := []string{"--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", dir, "--logfile", ""}
+	if len(args) > 0 && !strings.HasPrefix(args[0], "--") {
+		base = append([]string{args[0]}, base...)
+		args = args[1:]
+	}
+	cmd := exec.Command(redistest.Binary(), append(base, args...)...)
+	out := &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	require.NoError(t, cmd.Start())
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() { _ = cmd.Process.Kill(); <-exited })
+	addr := "127.0.0.1:" + strconv.Itoa(port)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond)
+		if err == nil {
+			_ = c.Close()
+			return addr
+		}
+		select {
+		case err := <-exited:
+			exited <- err
+			t.Fatalf("redis-server %v exited: %v: %s", args, err, out.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("redis-server did not listen on %s: %s", addr, out.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// writeCert writes a self-signed certificate for 127.0.0.1 and its key.
+func writeCert(t *testing.T, dir string) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	tmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(1),
+		Subject:               pkix.Name{CommonName: "sluice test"},
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().Add(time.Hour),
+		IPAddresses:           []net.IP{net.ParseIP("127.0.0.1")},
+		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
+		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+		IsCA:                  true,
+		BasicConstraintsValid: true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	require.NoError(t, err)
+	kder, err := x509.MarshalECPrivateKey(key)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "cert.pem"), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "key.pem"), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), 0o600))
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
