@@ -92,3 +92,69 @@ func validatePrefix(p string) error {
 	}
 	return nil
 }
+
+// scopeKeyPattern is a SCAN MATCH pattern for the keys of every scope
+// (tenants and @global) under prefix; scopeFromKey reads a match back.
+func scopeKeyPattern(prefix string) string {
+	var b strings.Builder
+	for _, c := range prefix {
+		if strings.ContainsRune(`*?[]\`, c) {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(c)
+	}
+	return b.String() + ":{[tg]*}:[swarcb]"
+}
+
+// scopeFromKey returns the tenant (or GlobalPolicy) whose key under prefix
+// key is, undoing escapeTenant.
+func scopeFromKey(prefix, key string) (string, bool) {
+	rest, ok := strings.CutPrefix(key, prefix+":")
+	if !ok || len(rest) < 4 || rest[len(rest)-2:len(rest)-1] != ":" {
+		return "", false
+	}
+	tag := rest[:len(rest)-2]
+	if tag == "{g}" {
+		return GlobalPolicy, true
+	}
+	esc, ok := strings.CutPrefix(tag, "{t:")
+	if !ok || !strings.HasSuffix(esc, "}") {
+		return "", false
+	}
+	esc = esc[:len(esc)-1]
+	if esc == "" || strings.ContainsAny(esc, "{}") {
+		return "", false
+	}
+	if !strings.Contains(esc, "%") {
+		return esc, true
+	}
+	var b strings.Builder
+	for i := 0; i < len(esc); i++ {
+		if esc[i] == '%' {
+			if i+2 >= len(esc) {
+				return "", false
+			}
+			hi, lo := unhex(esc[i+1]), unhex(esc[i+2])
+			if hi < 0 || lo < 0 {
+				return "", false
+			}
+			b.WriteByte(byte(hi<<4 | lo))
+			i += 2
+			continue
+		}
+		b.WriteByte(esc[i])
+	}
+	return b.String(), true
+}
+
+func unhex(c byte) int {
+	switch {
+	case '0' <= c && c <= '9':
+		return int(c - '0')
+	case 'A' <= c && c <= 'F':
+		return int(c-'A') + 10
+	case 'a' <= c && c <= 'f':
+		return int(c-'a') + 10
+	}
+	return -1
+}
