@@ -75,6 +75,14 @@ func Main(m *testing.M, leakOpts ...goleak.Option) {
 // URL returns the redis:// URL of the shared server, starting it on first use.
 func URL(tb testing.TB) string {
 	tb.Helper()
+	u, err := sharedServerURL()
+	if err != nil {
+		tb.Fatalf("redistest: %v", err)
+	}
+	return u
+}
+
+func sharedServerURL() (string, error) {
 	sharedOnce.Do(func() {
 		if u := os.Getenv("REDIS_URL"); u != "" {
 			sharedURL = u
@@ -85,10 +93,24 @@ func URL(tb testing.TB) string {
 			sharedURL = shared.URL()
 		}
 	})
-	if sharedErr != nil {
-		tb.Fatalf("redistest: %v", sharedErr)
+	return sharedURL, sharedErr
+}
+
+// ExampleClient is Client and Prefix for Example functions, which have no
+// testing.TB: it returns a new client of the shared server and a key prefix
+// no other caller uses. The caller closes the client; Main stops the server.
+// It panics when no server can be reached, which only ever happens inside
+// go test, where a panicking example fails.
+func ExampleClient() (*redis.Client, string) {
+	u, err := sharedServerURL()
+	if err != nil {
+		panic(fmt.Sprintf("redistest: %v", err))
 	}
-	return sharedURL
+	opt, err := redis.ParseURL(u)
+	if err != nil {
+		panic(fmt.Sprintf("redistest: REDIS_URL: %v", err))
+	}
+	return redis.NewClient(opt), fmt.Sprintf("t%d.%d.example", os.Getpid(), prefixSeq.Add(1))
 }
 
 // Client returns a client of the shared server, closed when the test ends.
