@@ -13,17 +13,20 @@
 -- KEYS in order. All times are integers in microseconds.
 --
 -- KEYS, 5 per scope, for every scope of every op in order:
---   state hash (p<i>/a<i> rate meters, qa/qc qb/qd quota windows and counts,
---     cd cooldown end, n entry sequence, s jobs started), planned window zset, started window
---     zset, reservations zset (job id -> slot), holders zset (job id -> lease end)
+--   state hash (p<i>/a<i> planned/started rate meters, qa/qc and qb/qd quota
+--     window starts and counts, cd cooldown end, n entry sequence, s jobs
+--     started, x the expiry last given to the hash), planned window zset, started window zset, reservations zset
+--     (job id -> slot), holders zset (job id -> lease end)
 -- ARGV:
 --   [1] clock: current time to use, or -1 for Redis TIME (tests only)
 --   [2] number of ops
---   per op: job id, cost, flags, not_before, horizon, grace, tolerance,
---     concurrency retry, number of scopes, then per scope:
---     nrates, {increment for cost, increment for 1, burst offset} per rate,
---     window limit, window length, quota limit, nbounds, quota window starts...,
---     concurrency limit, lease
+--   [3] horizon, [4] reservation grace, [5] started-meter tolerance,
+--   [6] longest retry-after of a concurrency denial
+--   per op: job id, cost, flags, not_before, number of scopes, then per scope:
+--     features (1 window, 2 quota, 4 concurrency), number of rates,
+--     {increment for the cost, increment for cost 1, burst offset} per rate,
+--     then if window: limit, length; if quota: limit, number of window
+--     starts, the starts; if concurrency: limit, lease
 --   flags: 1 reserve on denial, 2 hold a concurrency slot, 4 dry run (write
 --     nothing), 8 plan only (take the slot, do not start), 16 set no expiry
 -- Returns: per op {allowed, retry_after, rule, rule_index, scope, remaining,
@@ -37,30 +40,31 @@
 -- Errors: "ERR sluice: clock" when the time is outside the quota windows
 --   given (the caller's clock estimate is off; it retries with fresh bounds).
 
-local RATE, WINDOW, QUOTA, CONC, COOL, RESV = 1, 2, 3, 4, 5, 6
+local call, tonumber, unpack = redis.call, tonumber, unpack
+local floor, max, min = math.floor, math.max, math.min
+local KEYS, ARGV = KEYS, ARGV
 
-local function fmt(v)
-  return string.format('%d', v)
-end
+local RATE, WINDOW, QUOTA, CONC, COOL, RESV = 1, 2, 3, 4, 5, 6
 
 local now
 local clock = tonumber(ARGV[1])
 if clock >= 0 then
   now = clock
 else
-  local t = redis.call('TIME')
+  local t = call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
-
 local nops = tonumber(ARGV[2])
-local a = 3
-local k = 0
-local out = {}
+local horizon, grace = tonumber(ARGV[3]), tonumber(ARGV[4])
+local tolerance, conc_retry = tonumber(ARGV[5]), tonumber(ARGV[6])
 
-local function win_index(sc, t)
-  local b = sc.bounds
-  for j = 1, #b - 1 do
-    if b[j] <= t and t < b[j + 1] then
+-- Numbers are passed to redis.call as they are: Redis writes integral
+-- numbers in full (never as 1.7e+15), and every time here is an integer.
+-- Exclusive bounds are written as inclusive ones one microsecond further.
+
+local function win_index(bounds, t)
+  for j = 1, #bounds - 1 do
+    if bounds[j] <= t and t < bounds[j + 1] then
       return j
     end
   end
@@ -84,6 +88,15 @@ local function add_used(sc, start, n)
   end
 end
 
+-- make key live at least until time t, never shortening its life: GT
+-- extends a key that has a TTL, NX gives one to a key that has none
+local function extend_to(key, t)
+  local ms = floor((t - now) / 1000) + 2
+  if call('PEXPIRE', key, ms, 'GT') == 0 then
+    call('PEXPIRE', key, ms, 'NX')
+  end
+end
+
 -- add n window entries at time t; members come from the scope's sequence
 -- (started at the current time, so they never meet members of an expired log)
 local function add_entries(sc, key, t, n)
@@ -91,117 +104,245 @@ local function add_entries(sc, key, t, n)
   local z = {}
   for c = 1, n do
     seq = seq + 1
-    z[#z + 1] = fmt(t)
-    z[#z + 1] = fmt(seq)
+    z[#z + 1] = (t)
+    z[#z + 1] = (seq)
     if #z >= 2000 or c == n then
-      redis.call('ZADD', key, unpack(z))
+      call('ZADD', key, unpack(z))
       z = {}
     end
   end
   sc.n = seq
 end
 
+-- charge the planned meters of every scope without a reservation at time t
+local function charge(scopes, t, cost)
+  local charged = 0
+  for _, sc in ipairs(scopes) do
+    if not sc.R then
+      for i = 1, sc.nr do
+        sc.P[i] = max(sc.P[i], t) + sc.inc[i]
+      end
+      if sc.wlim > 0 then
+        add_entries(sc, sc.wp, t, cost)
+        sc.wtop = t
+      end
+      if sc.qlim > 0 then
+        add_used(sc, sc.bounds[win_index(sc.bounds, t)], cost)
+      end
+      sc.dirty = true
+      charged = 1
+    end
+  end
+  return charged
+end
+
+local function reserve_at(scopes, t, id)
+  for _, sc in ipairs(scopes) do
+    if sc.reservable then
+      call('ZADD', sc.rs, (t), id)
+      sc.rtop = t
+    end
+  end
+end
+
+-- write what changed; expiry only ever grows and only reclaims memory
+local function persist(scopes, noexpire)
+  for _, sc in ipairs(scopes) do
+    if sc.dirty then
+      local h = {}
+      local until_ = now
+      for i = 1, sc.nr do
+        h[#h + 1] = 'p' .. i; h[#h + 1] = (sc.P[i])
+        h[#h + 1] = 'a' .. i; h[#h + 1] = (sc.A[i])
+        until_ = max(until_, sc.P[i], sc.A[i])
+      end
+      if sc.qlim > 0 then
+        h[#h + 1] = 'qa'; h[#h + 1] = (sc.qa)
+        h[#h + 1] = 'qc'; h[#h + 1] = (sc.qc)
+        h[#h + 1] = 'qb'; h[#h + 1] = (sc.qb)
+        h[#h + 1] = 'qd'; h[#h + 1] = (sc.qd)
+        local b = sc.bounds
+        for j = 1, #b - 1 do
+          if (b[j] == sc.qa and sc.qc > 0) or (b[j] == sc.qb and sc.qd > 0) then
+            until_ = max(until_, b[j + 1])
+          end
+        end
+      end
+      if sc.counted then
+        -- counted for sluice top; kept a few seconds past recovery
+        h[#h + 1] = 's'; h[#h + 1] = (sc.starts)
+        until_ = max(until_, now + 5000000)
+      end
+      if sc.wlim > 0 then
+        h[#h + 1] = 'n'; h[#h + 1] = (sc.n)
+        until_ = max(until_, (sc.wtop or 0) + sc.wdur, (sc.watop or 0) + sc.wdur)
+        call('ZREMRANGEBYSCORE', sc.wp, '-inf', (now - sc.wdur))
+        if sc.wtop and not noexpire then extend_to(sc.wp, sc.wtop + sc.wdur) end
+        if sc.watop and not noexpire then extend_to(sc.wa, sc.watop + sc.wdur) end
+      end
+      if #h > 0 then
+        -- the hash's expiry is moved a second past what is needed, so that
+        -- a busy scope calls PEXPIRE about once a second, not every time
+        if until_ > sc.x and not noexpire then
+          h[#h + 1] = 'x'; h[#h + 1] = (until_ + 1000000)
+          call('HSET', sc.st, unpack(h))
+          extend_to(sc.st, until_ + 1000000)
+        else
+          call('HSET', sc.st, unpack(h))
+        end
+      end
+    end
+    if sc.rtop or sc.hadR then
+      -- forget reservations whose grace is over (renew.lua does the same
+      -- for holders whose lease ran out)
+      call('ZREMRANGEBYSCORE', sc.rs, '-inf', (now - grace))
+      if sc.rtop and not noexpire then extend_to(sc.rs, sc.rtop + grace) end
+    end
+    if sc.ctop and not noexpire then
+      if sc.live == 1 and not sc.mine then
+        -- no other live holder: nothing to protect, one call is enough
+        call('PEXPIRE', sc.cc, floor((sc.ctop - now) / 1000) + 2)
+      else
+        extend_to(sc.cc, sc.ctop)
+      end
+    end
+  end
+end
+
+local out = {}
+local a, k = 7, 0
 for op = 1, nops do
   local id = ARGV[a]
   local cost = tonumber(ARGV[a + 1])
   local flags = tonumber(ARGV[a + 2])
   local not_before = tonumber(ARGV[a + 3])
-  local horizon = tonumber(ARGV[a + 4])
-  local grace = tonumber(ARGV[a + 5])
-  local tolerance = tonumber(ARGV[a + 6])
-  local conc_retry = tonumber(ARGV[a + 7])
-  local nscopes = tonumber(ARGV[a + 8])
-  a = a + 9
+  local nscopes = tonumber(ARGV[a + 4])
+  a = a + 5
   local reserve = flags % 2 == 1
-  local hold = math.floor(flags / 2) % 2 == 1
-  local dry = math.floor(flags / 4) % 2 == 1
-  local plan = math.floor(flags / 8) % 2 == 1
-  local noexpire = math.floor(flags / 16) % 2 == 1
+  local hold = floor(flags / 2) % 2 == 1
+  local dry = floor(flags / 4) % 2 == 1
+  local plan = floor(flags / 8) % 2 == 1
+  local noexpire = floor(flags / 16) % 2 == 1
 
   local scopes = {}
   for s = 1, nscopes do
-    local sc = { st = KEYS[k + 1], wp = KEYS[k + 2], wa = KEYS[k + 3], rs = KEYS[k + 4], cc = KEYS[k + 5] }
+    local features = tonumber(ARGV[a])
+    local nr = tonumber(ARGV[a + 1])
+    a = a + 2
+    local sc = {
+      st = KEYS[k + 1], wp = KEYS[k + 2], wa = KEYS[k + 3], rs = KEYS[k + 4], cc = KEYS[k + 5],
+      nr = nr, inc = {}, unit = {}, off = {}, P = {}, A = {},
+      wlim = 0, wdur = 0, qlim = 0, bounds = false, cur = false, clim = 0, lease = 0,
+      cd = 0, qa = 0, qc = 0, qb = 0, qd = 0, n = false, starts = 0, x = 0,
+      R = false, hadR = false, reservable = false, dirty = false, counted = false,
+      wtop = false, watop = false, rtop = false, ctop = false, live = false, mine = false,
+    }
     k = k + 5
-    local nr = tonumber(ARGV[a]); a = a + 1
-    sc.rates = {}
     for i = 1, nr do
-      sc.rates[i] = { inc = tonumber(ARGV[a]), unit = tonumber(ARGV[a + 1]), off = tonumber(ARGV[a + 2]) }
+      sc.inc[i], sc.unit[i], sc.off[i] = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
       a = a + 3
     end
-    sc.wlim, sc.wdur = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
-    sc.qlim = tonumber(ARGV[a + 2])
-    local nb = tonumber(ARGV[a + 3])
-    a = a + 4
-    sc.bounds = {}
-    for j = 1, nb do
-      sc.bounds[j] = tonumber(ARGV[a]); a = a + 1
+    if features % 2 == 1 then
+      sc.wlim, sc.wdur = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
+      a = a + 2
     end
-    sc.clim, sc.lease = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
-    a = a + 2
+    if floor(features / 2) % 2 == 1 then
+      sc.qlim = tonumber(ARGV[a])
+      local nb = tonumber(ARGV[a + 1])
+      a = a + 2
+      local b = {}
+      for j = 1, nb do
+        b[j] = tonumber(ARGV[a]); a = a + 1
+      end
+      sc.bounds = b
+      sc.cur = win_index(b, now)
+      if not sc.cur then
+        return redis.error_reply('ERR sluice: clock')
+      end
+    end
+    if floor(features / 4) % 2 == 1 then
+      sc.clim, sc.lease = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
+      a = a + 2
+    end
     sc.reservable = nr > 0 or sc.wlim > 0 or sc.qlim > 0
 
-    -- read the scope's scalar state in one call
-    local fields = { 'cd', 'qa', 'qc', 'qb', 'qd', 'n', 's' }
+    -- the scope's scalar state in one call, only the fields its rules use
+    local fields = { 'cd', 's', 'x' }
+    if sc.wlim > 0 then fields[4] = 'n' end
+    if sc.qlim > 0 then
+      fields[#fields + 1] = 'qa'; fields[#fields + 1] = 'qc'
+      fields[#fields + 1] = 'qb'; fields[#fields + 1] = 'qd'
+    end
+    local f0 = #fields
     for i = 1, nr do
       fields[#fields + 1] = 'p' .. i
       fields[#fields + 1] = 'a' .. i
     end
-    local v = redis.call('HMGET', sc.st, unpack(fields))
+    local v = call('HMGET', sc.st, unpack(fields))
     sc.cd = tonumber(v[1]) or 0
-    sc.qa, sc.qc = tonumber(v[2]) or 0, tonumber(v[3]) or 0
-    sc.qb, sc.qd = tonumber(v[4]) or 0, tonumber(v[5]) or 0
-    sc.n = tonumber(v[6])
-    sc.starts = tonumber(v[7]) or 0
-    sc.P, sc.A = {}, {}
-    for i = 1, nr do
-      sc.P[i] = tonumber(v[6 + 2 * i]) or 0
-      sc.A[i] = tonumber(v[7 + 2 * i]) or 0
+    sc.starts = tonumber(v[2]) or 0
+    sc.x = tonumber(v[3]) or 0
+    local j = 4
+    if sc.wlim > 0 then
+      sc.n = tonumber(v[4]) or false
+      j = 5
     end
     if sc.qlim > 0 then
-      sc.cur = win_index(sc, now)
-      if sc.cur == nil then
-        return redis.error_reply('ERR sluice: clock')
-      end
+      sc.qa, sc.qc = tonumber(v[j]) or 0, tonumber(v[j + 1]) or 0
+      sc.qb, sc.qd = tonumber(v[j + 2]) or 0, tonumber(v[j + 3]) or 0
+    end
+    for i = 1, nr do
+      sc.P[i] = tonumber(v[f0 + 2 * i - 1]) or 0
+      sc.A[i] = tonumber(v[f0 + 2 * i]) or 0
     end
 
     -- the job's own reservation, if it is still good
-    local r = redis.call('ZSCORE', sc.rs, id)
+    local r = call('ZSCORE', sc.rs, id)
     if r then
-      sc.R = tonumber(r)
-      if sc.R + grace <= now then
-        sc.R = nil -- expired: the job is treated as new
-      elseif sc.cd > now and sc.R < sc.cd then
-        sc.R = nil -- a cooldown began before the slot: take a new one after it
-      elseif sc.qlim > 0 and sc.R <= now and win_index(sc, sc.R) ~= sc.cur then
-        sc.R = nil -- the slot's quota window is over
+      sc.hadR = true
+      r = tonumber(r)
+      if r + grace <= now then
+        r = false -- expired: the job is treated as new
+      elseif sc.cd > now and r < sc.cd then
+        r = false -- a cooldown began before the slot: take a new one after it
+      elseif sc.qlim > 0 and r <= now and win_index(sc.bounds, r) ~= sc.cur then
+        r = false -- the slot's quota window is over
       end
+      sc.R = r
     end
     scopes[s] = sc
   end
 
-  -- S: the earliest time every scope allows the job
-  local S = math.max(now, not_before)
+  -- S: the earliest time every scope allows the job; rule, ridx and rscope
+  -- name what pushed it furthest
+  local S = max(now, not_before)
   local rule, ridx, rscope = 0, 0, 0
-  local function push(t, r, i, s)
-    if t > S then
-      S, rule, ridx, rscope = t, r, i, s
-    end
-  end
   for s, sc in ipairs(scopes) do
-    if sc.cd > now then push(sc.cd, COOL, 0, s) end
+    if sc.cd > now and sc.cd > S then
+      S, rule, ridx, rscope = sc.cd, COOL, 0, s
+    end
     if sc.R then
-      push(sc.R, RESV, 0, s)
+      if sc.R > S then
+        S, rule, ridx, rscope = sc.R, RESV, 0, s
+      end
     else
-      for i, r in ipairs(sc.rates) do
-        push(sc.P[i] + r.inc - r.off, RATE, i, s)
+      for i = 1, sc.nr do
+        local t = sc.P[i] + sc.inc[i] - sc.off[i]
+        if t > S then
+          S, rule, ridx, rscope = t, RATE, i, s
+        end
       end
       if sc.wlim > 0 then
-        local lo = '(' .. fmt(now - sc.wdur)
+        local lo = now - sc.wdur + 1
         -- first in, first out: never before the last planned entry
-        local top = redis.call('ZREVRANGEBYSCORE', sc.wp, '+inf', lo, 'WITHSCORES', 'LIMIT', 0, 1)
-        if top[2] then push(tonumber(top[2]), WINDOW, 0, s) end
-        local e = redis.call('ZREVRANGEBYSCORE', sc.wp, '+inf', lo, 'WITHSCORES', 'LIMIT', sc.wlim - cost, 1)
-        if e[2] then push(tonumber(e[2]) + sc.wdur, WINDOW, 0, s) end
+        local top = call('ZREVRANGEBYSCORE', sc.wp, '+inf', lo, 'WITHSCORES', 'LIMIT', 0, 1)
+        if top[2] and tonumber(top[2]) > S then
+          S, rule, ridx, rscope = tonumber(top[2]), WINDOW, 0, s
+        end
+        local e = call('ZREVRANGEBYSCORE', sc.wp, '+inf', lo, 'WITHSCORES', 'LIMIT', sc.wlim - cost, 1)
+        if e[2] and tonumber(e[2]) + sc.wdur > S then
+          S, rule, ridx, rscope = tonumber(e[2]) + sc.wdur, WINDOW, 0, s
+        end
       end
     end
   end
@@ -213,20 +354,21 @@ for op = 1, nops do
     changed = false
     for s, sc in ipairs(scopes) do
       if sc.qlim > 0 and not sc.R then
-        local j = win_index(sc, S)
+        local b = sc.bounds
+        local j = win_index(b, S)
         while true do
           if j == nil or j > sc.cur + 1 then
             beyond = true
             break
           end
-          if used(sc, sc.bounds[j]) + cost <= sc.qlim then break end
+          if used(sc, b[j]) + cost <= sc.qlim then break end
           j = j + 1
-          if j > #sc.bounds then
+          if j > #b then
             beyond = true
             break
           end
-          if sc.bounds[j] > S then
-            push(sc.bounds[j], QUOTA, 0, s)
+          if b[j] > S then
+            S, rule, ridx, rscope = b[j], QUOTA, 0, s
             changed = true
           end
         end
@@ -234,46 +376,15 @@ for op = 1, nops do
     end
   end
 
-  local charged = 0
-
-  -- charge every scope that has no reservation at time t
-  local function charge(t)
-    for _, sc in ipairs(scopes) do
-      if not sc.R then
-        for i, r in ipairs(sc.rates) do
-          sc.P[i] = math.max(sc.P[i], t) + r.inc
-        end
-        if sc.wlim > 0 then
-          add_entries(sc, sc.wp, t, cost)
-          sc.wtop = t
-        end
-        if sc.qlim > 0 then
-          add_used(sc, sc.bounds[win_index(sc, t)], cost)
-        end
-        sc.dirty = true
-        charged = 1
-      end
-    end
-  end
-
-  local function reserve_at(t)
-    for _, sc in ipairs(scopes) do
-      if sc.reservable then
-        redis.call('ZADD', sc.rs, fmt(t), id)
-        sc.rtop = t
-      end
-    end
-  end
-
-  local allowed, retry, slot = 0, 0, 0
+  local allowed, retry, slot, charged = 0, 0, 0, 0
   local wrote = false
   if S > now then
     retry = S - now
     if reserve and not beyond and retry <= horizon then
       slot = S
       if not dry then
-        charge(S)
-        reserve_at(S)
+        charged = charge(scopes, S, cost)
+        reserve_at(scopes, S, id)
         wrote = true
       end
     elseif retry > horizon then
@@ -284,24 +395,23 @@ for op = 1, nops do
     allowed, slot = 1, now
     rule, ridx, rscope = 0, 0, 0
     if not dry then
-      charge(now)
-      reserve_at(now)
+      charged = charge(scopes, now, cost)
+      reserve_at(scopes, now, id)
       wrote = true
     end
   else
     -- due now: concurrency, then the started meters
-    local cwait = nil
+    local cwait = false
     if hold then
       for s, sc in ipairs(scopes) do
         if sc.clim > 0 then
-          sc.live = redis.call('ZCOUNT', sc.cc, '(' .. fmt(now), '+inf')
-          local mine = redis.call('ZSCORE', sc.cc, id)
+          sc.live = call('ZCOUNT', sc.cc, now + 1, '+inf')
+          local mine = call('ZSCORE', sc.cc, id)
           sc.mine = mine and tonumber(mine) > now
           if not sc.mine and sc.live >= sc.clim then
-            local first = redis.call('ZRANGEBYSCORE', sc.cc, '(' .. fmt(now), '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
-            local w = tonumber(first[2]) - now
-            if w > conc_retry then w = conc_retry end
-            if cwait == nil or w > cwait then
+            local first = call('ZRANGEBYSCORE', sc.cc, now + 1, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+            local w = min(tonumber(first[2]) - now, conc_retry)
+            if not cwait or w > cwait then
               cwait, rule, ridx, rscope = w, CONC, 0, s
             end
           end
@@ -314,15 +424,15 @@ for op = 1, nops do
       local w = 0
       rule, ridx, rscope = 0, 0, 0
       for s, sc in ipairs(scopes) do
-        for i, r in ipairs(sc.rates) do
-          local tol = math.min(tolerance, math.floor(r.unit / 4))
-          local over = math.max(sc.A[i], now) + r.inc - now - r.off - tol
+        for i = 1, sc.nr do
+          local tol = min(tolerance, floor(sc.unit[i] / 4))
+          local over = max(sc.A[i], now) + sc.inc[i] - now - sc.off[i] - tol
           if over > w then
             w, rule, ridx, rscope = over, RATE, i, s
           end
         end
         if sc.wlim > 0 then
-          local e = redis.call('ZREVRANGEBYSCORE', sc.wa, '+inf', '(' .. fmt(now - sc.wdur), 'WITHSCORES', 'LIMIT', sc.wlim - cost, 1)
+          local e = call('ZREVRANGEBYSCORE', sc.wa, '+inf', now - sc.wdur + 1, 'WITHSCORES', 'LIMIT', sc.wlim - cost, 1)
           if e[2] then
             local over = tonumber(e[2]) + sc.wdur - now
             if over > w then
@@ -336,37 +446,34 @@ for op = 1, nops do
         retry = w
         if reserve and not dry then
           slot = now
-          charge(now)
-          reserve_at(now)
+          charged = charge(scopes, now, cost)
+          reserve_at(scopes, now, id)
           wrote = true
         end
       else
         allowed = 1
         if not dry then
-          charge(now)
+          charged = charge(scopes, now, cost) + 2
           wrote = true
-          charged = charged + 2
           for _, sc in ipairs(scopes) do
             if sc.reservable or sc.clim > 0 then
-              -- counted for sluice top; kept a few seconds past recovery
               sc.starts = sc.starts + 1
               sc.counted = true
               sc.dirty = true
             end
-            for i, r in ipairs(sc.rates) do
-              sc.A[i] = math.max(sc.A[i], now) + r.inc
+            for i = 1, sc.nr do
+              sc.A[i] = max(sc.A[i], now) + sc.inc[i]
             end
             if sc.wlim > 0 then
               add_entries(sc, sc.wa, now, cost)
-              sc.dirty = true
-              redis.call('ZREMRANGEBYSCORE', sc.wa, '-inf', fmt(now - sc.wdur))
+              call('ZREMRANGEBYSCORE', sc.wa, '-inf', (now - sc.wdur))
               sc.watop = now
             end
-            if sc.reservable then
-              redis.call('ZREM', sc.rs, id)
+            if sc.hadR then
+              call('ZREM', sc.rs, id)
             end
             if hold and sc.clim > 0 then
-              redis.call('ZADD', sc.cc, fmt(now + sc.lease), id)
+              call('ZADD', sc.cc, (now + sc.lease), id)
               if not sc.mine then
                 sc.live = sc.live + 1
                 if charged < 4 then charged = charged + 4 end
@@ -379,96 +486,44 @@ for op = 1, nops do
     end
   end
 
-  -- persist what changed; expiry only ever grows and only reclaims memory
   if wrote then
-    local function extend(key, at)
-      if noexpire then return end
-      local want = math.floor((at - now) / 1000) + 2
-      local ttl = redis.call('PTTL', key)
-      if ttl == -1 or (ttl >= 0 and ttl < want) then
-        redis.call('PEXPIRE', key, want)
-      end
-    end
-    for _, sc in ipairs(scopes) do
-      if sc.dirty then
-        local h = {}
-        local until_ = now
-        for i = 1, #sc.rates do
-          h[#h + 1] = 'p' .. i; h[#h + 1] = fmt(sc.P[i])
-          h[#h + 1] = 'a' .. i; h[#h + 1] = fmt(sc.A[i])
-          until_ = math.max(until_, sc.P[i], sc.A[i])
-        end
-        if sc.qlim > 0 then
-          h[#h + 1] = 'qa'; h[#h + 1] = fmt(sc.qa)
-          h[#h + 1] = 'qc'; h[#h + 1] = fmt(sc.qc)
-          h[#h + 1] = 'qb'; h[#h + 1] = fmt(sc.qb)
-          h[#h + 1] = 'qd'; h[#h + 1] = fmt(sc.qd)
-          for j = 1, #sc.bounds - 1 do
-            if (sc.bounds[j] == sc.qa and sc.qc > 0) or (sc.bounds[j] == sc.qb and sc.qd > 0) then
-              until_ = math.max(until_, sc.bounds[j + 1])
-            end
-          end
-        end
-        if sc.counted then
-          h[#h + 1] = 's'; h[#h + 1] = fmt(sc.starts)
-          until_ = math.max(until_, now + 5000000)
-        end
-        if sc.wlim > 0 then
-          h[#h + 1] = 'n'; h[#h + 1] = fmt(sc.n)
-          until_ = math.max(until_, (sc.wtop or 0) + sc.wdur, (sc.watop or 0) + sc.wdur)
-          redis.call('ZREMRANGEBYSCORE', sc.wp, '-inf', fmt(now - sc.wdur))
-          if sc.wtop then extend(sc.wp, sc.wtop + sc.wdur) end
-          if sc.watop then extend(sc.wa, sc.watop + sc.wdur) end
-        end
-        if #h > 0 then
-          redis.call('HSET', sc.st, unpack(h))
-          extend(sc.st, until_)
-        end
-      end
-      if sc.reservable then
-        redis.call('ZREMRANGEBYSCORE', sc.rs, '-inf', fmt(now - grace))
-        if sc.rtop then extend(sc.rs, sc.rtop + grace) end
-      end
-      if sc.ctop then
-        redis.call('ZREMRANGEBYSCORE', sc.cc, '-inf', fmt(now))
-        extend(sc.cc, sc.ctop)
-      end
-    end
+    persist(scopes, noexpire)
   end
 
   -- what is left after this decision
   local remaining, reset, inflight = -1, -1, -1
-  local function low(n)
-    if n < 0 then n = 0 end
-    if remaining < 0 or n < remaining then remaining = n end
-  end
-  local function high(t)
-    if t < 0 then t = 0 end
-    if t > reset then reset = t end
-  end
-  for s, sc in ipairs(scopes) do
-    for i, r in ipairs(sc.rates) do
-      local tat = math.max(sc.P[i], now)
-      low(math.floor((now + r.off - tat) / r.unit))
-      high(tat - now)
+  for _, sc in ipairs(scopes) do
+    for i = 1, sc.nr do
+      local tat = max(sc.P[i], now)
+      local n = max(floor((now + sc.off[i] - tat) / sc.unit[i]), 0)
+      if remaining < 0 or n < remaining then remaining = n end
+      reset = max(reset, tat - now)
     end
     if sc.wlim > 0 then
-      local lo = '(' .. fmt(now - sc.wdur)
-      low(sc.wlim - redis.call('ZCOUNT', sc.wp, lo, '+inf'))
-      local top = redis.call('ZREVRANGEBYSCORE', sc.wp, '+inf', lo, 'WITHSCORES', 'LIMIT', 0, 1)
-      if top[2] then high(tonumber(top[2]) + sc.wdur - now) else high(0) end
+      local lo = now - sc.wdur + 1
+      local n = max(sc.wlim - call('ZCOUNT', sc.wp, lo, '+inf'), 0)
+      if remaining < 0 or n < remaining then remaining = n end
+      local top = call('ZREVRANGEBYSCORE', sc.wp, '+inf', lo, 'WITHSCORES', 'LIMIT', 0, 1)
+      if top[2] then
+        reset = max(reset, tonumber(top[2]) + sc.wdur - now)
+      else
+        reset = max(reset, 0)
+      end
     end
     if sc.qlim > 0 then
-      low(sc.qlim - used(sc, sc.bounds[sc.cur]))
+      local b = sc.bounds
+      local n = max(sc.qlim - used(sc, b[sc.cur]), 0)
+      if remaining < 0 or n < remaining then remaining = n end
       local last = 0
-      for j = sc.cur, math.min(sc.cur + 1, #sc.bounds - 1) do
-        if used(sc, sc.bounds[j]) > 0 then last = sc.bounds[j + 1] end
+      for j = sc.cur, min(sc.cur + 1, #b - 1) do
+        if used(sc, b[j]) > 0 then last = b[j + 1] end
       end
-      high(last - now)
+      reset = max(reset, last - now, 0)
     end
     if sc.clim > 0 then
-      local live = sc.live or redis.call('ZCOUNT', sc.cc, '(' .. fmt(now), '+inf')
-      low(sc.clim - live)
+      local live = sc.live or call('ZCOUNT', sc.cc, now + 1, '+inf')
+      local n = max(sc.clim - live, 0)
+      if remaining < 0 or n < remaining then remaining = n end
       if inflight < 0 then inflight = live end
     end
   end

@@ -16,15 +16,20 @@ else
 end
 
 local until_ = now + tonumber(ARGV[2])
-local cd = tonumber(redis.call('HGET', KEYS[1], 'cd')) or 0
+local v = redis.call('HMGET', KEYS[1], 'cd', 'x')
+local cd, x = tonumber(v[1]) or 0, tonumber(v[2]) or 0
 if cd > until_ then
-  until_ = cd
-else
-  redis.call('HSET', KEYS[1], 'cd', string.format('%d', until_))
+  return { cd, now }
 end
-local want = math.floor((until_ - now) / 1000) + 2
-local ttl = redis.call('PTTL', KEYS[1])
-if ttl == -1 or (ttl >= 0 and ttl < want) then
-  redis.call('PEXPIRE', KEYS[1], want)
+-- x records the expiry admit.lua last gave the hash; keep it true
+local fmt = function(n) return string.format('%d', n) end
+if until_ > x then
+  redis.call('HSET', KEYS[1], 'cd', fmt(until_), 'x', fmt(until_))
+  local want = math.floor((until_ - now) / 1000) + 2
+  if redis.call('PEXPIRE', KEYS[1], want, 'GT') == 0 then
+    redis.call('PEXPIRE', KEYS[1], want, 'NX')
+  end
+else
+  redis.call('HSET', KEYS[1], 'cd', fmt(until_))
 end
 return { until_, now }

@@ -7,17 +7,11 @@
 --   [1] clock: current time in µs, or -1 for Redis TIME (tests only)
 --   [2] number of ops
 --   per op: job id, number of scopes, 1 when a backlog key follows, else 0
--- Returns: per op, how many of its scopes had a live slot for the job
---   (0 when the lease had already run out or the job held nothing)
+-- Returns: per op, how many of its scopes had a slot for the job (one whose
+--   lease ran out may count: renew.lua and expiry clear those lazily)
 
-local now
-local clock = tonumber(ARGV[1])
-if clock >= 0 then
-  now = clock
-else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
+-- ARGV[1] (the clock) is part of the header every merged script shares;
+-- releasing needs no time.
 
 local nops = tonumber(ARGV[2])
 local a, k = 3, 0
@@ -30,11 +24,7 @@ for op = 1, nops do
   local live = 0
   for s = 1, n do
     k = k + 1
-    local score = redis.call('ZSCORE', KEYS[k], id)
-    if score then
-      if tonumber(score) > now then live = live + 1 end
-      redis.call('ZREM', KEYS[k], id)
-    end
+    live = live + redis.call('ZREM', KEYS[k], id)
   end
   if backlog then
     k = k + 1

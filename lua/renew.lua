@@ -30,17 +30,17 @@ for op = 1, nops do
     k = k + 1
     local lease = tonumber(ARGV[a])
     a = a + 1
+    -- drop the slots of holders whose lease ran out (crashed workers)
+    redis.call('ZREMRANGEBYSCORE', KEYS[k], '-inf', string.format('%d', now))
     local score = redis.call('ZSCORE', KEYS[k], id)
     if score and tonumber(score) > now then
       local until_ = now + lease
       redis.call('ZADD', KEYS[k], 'XX', string.format('%d', until_), id)
       local want = math.floor(lease / 1000) + 2
-      local ttl = redis.call('PTTL', KEYS[k])
-      if ttl == -1 or (ttl >= 0 and ttl < want) then
-        redis.call('PEXPIRE', KEYS[k], want)
+      if redis.call('PEXPIRE', KEYS[k], want, 'GT') == 0 then
+        redis.call('PEXPIRE', KEYS[k], want, 'NX')
       end
     else
-      if score then redis.call('ZREM', KEYS[k], id) end
       held = 0
     end
   end

@@ -3,23 +3,27 @@ package throttle
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/lua"
 )
 
 // batcher lets concurrent script calls share round trips: calls queue up
 // while a pipeline is in flight and go out together in the next one. No
 // call waits for company: a lone call is sent at once.
 type batcher struct {
-	client redis.UniversalClient
-	max    int
-	queue  chan *call
-	wg     sync.WaitGroup
-	mu     sync.RWMutex // held for reading while a call is handed over
-	shut   bool
-	closed chan struct{}
+	client  redis.UniversalClient
+	cluster bool
+	max     int
+	queue   chan *call
+	wg      sync.WaitGroup
+	mu      sync.RWMutex // held for reading while a call is handed over
+	shut    bool
+	closed  chan struct{}
 }
 
 type call struct {
@@ -36,6 +40,7 @@ var errClosed = errors.New("throttle: limiter is closed")
 
 func newBatcher(client redis.UniversalClient, max, pipelines int) *batcher {
 	b := &batcher{client: client, max: max, queue: make(chan *call, max*pipelines), closed: make(chan struct{})}
+	_, b.cluster = client.(*redis.ClusterClient)
 	if max > 1 {
 		for i := 0; i < pipelines; i++ {
 			b.wg.Add(1)
@@ -124,7 +129,8 @@ func (b *batcher) send(batch []*call) {
 	// The pipeline runs under the first caller's context's values but must
 	// not be cut short by one caller giving up.
 	ctx := context.WithoutCancel(batch[0].ctx)
-	cmds := b.exec(ctx, batch, false)
+	units := b.units(batch)
+	cmds := b.exec(ctx, units, false)
 	var retry []int
 	for i, cmd := range cmds {
 		if err := cmd.Err(); err != nil && isNoScript(err) {
@@ -133,28 +139,97 @@ func (b *batcher) send(batch []*call) {
 	}
 	if len(retry) > 0 {
 		// A restarted or flushed server lost the scripts: EVAL loads them again.
-		again := make([]*call, len(retry))
+		again := make([]*unit, len(retry))
 		for j, i := range retry {
-			again[j] = batch[i]
+			again[j] = units[i]
 		}
 		for j, cmd := range b.exec(ctx, again, true) {
 			cmds[retry[j]] = cmd
 		}
 	}
-	for i, c := range batch {
-		c.res, c.err = cmds[i].Result()
+	for i, u := range units {
+		u.deliver(cmds[i])
+	}
+}
+
+// unit is one script call in a pipeline: a single call, or several calls of
+// a multi-op script merged into one (their ops run one after the other in
+// one script run, sharing its fixed cost).
+type unit struct {
+	script *redis.Script
+	keys   []string
+	args   []any
+	calls  []*call
+}
+
+func (u *unit) deliver(cmd *redis.Cmd) {
+	res, err := cmd.Result()
+	if len(u.calls) == 1 {
+		c := u.calls[0]
+		c.res, c.err = res, err
+		c.done <- struct{}{}
+		return
+	}
+	ops, ok := res.([]any)
+	if err == nil && (!ok || len(ops) != len(u.calls)) {
+		err = fmt.Errorf("merged script call: %d replies for %d ops", len(ops), len(u.calls))
+	}
+	for i, c := range u.calls {
+		if err != nil {
+			c.res, c.err = nil, err
+		} else {
+			c.res, c.err = []any{ops[i]}, nil
+		}
 		c.done <- struct{}{}
 	}
 }
 
-func (b *batcher) exec(ctx context.Context, batch []*call, eval bool) []*redis.Cmd {
-	pipe := b.client.Pipeline()
-	cmds := make([]*redis.Cmd, len(batch))
-	for i, c := range batch {
-		if eval {
-			cmds[i] = c.script.Eval(ctx, pipe, c.keys, c.args...)
+// mergeable scripts take ARGV = clock, number of ops, the rest of a header
+// that is the same for every call a limiter makes, then each op's
+// arguments; and KEYS = each op's keys in order. Calls made for one op each
+// can be merged into one. The value is the header's length. On a Cluster
+// the keys of different tenants live in different slots, so nothing is
+// merged there.
+var mergeable = map[*redis.Script]int{lua.Admit: 6, lua.Release: 2, lua.Renew: 2}
+
+func (b *batcher) units(batch []*call) []*unit {
+	out := make([]*unit, 0, len(batch))
+	merged := map[*redis.Script]*unit{}
+	for _, c := range batch {
+		header := mergeable[c.script]
+		if b.cluster || header == 0 {
+			out = append(out, &unit{script: c.script, keys: c.keys, args: c.args, calls: []*call{c}})
+			continue
+		}
+		u := merged[c.script]
+		if u == nil {
+			u = &unit{script: c.script, args: append([]any(nil), c.args[:header]...)}
+			merged[c.script] = u
+			out = append(out, u)
+		}
+		u.keys = append(u.keys, c.keys...)
+		u.args = append(u.args, c.args[header:]...)
+		u.calls = append(u.calls, c)
+	}
+	for _, u := range merged {
+		if len(u.calls) == 1 {
+			c := u.calls[0]
+			u.keys, u.args = c.keys, c.args
 		} else {
-			cmds[i] = c.script.EvalSha(ctx, pipe, c.keys, c.args...)
+			u.args[1] = len(u.calls)
+		}
+	}
+	return out
+}
+
+func (b *batcher) exec(ctx context.Context, units []*unit, eval bool) []*redis.Cmd {
+	pipe := b.client.Pipeline()
+	cmds := make([]*redis.Cmd, len(units))
+	for i, u := range units {
+		if eval {
+			cmds[i] = u.script.Eval(ctx, pipe, u.keys, u.args...)
+		} else {
+			cmds[i] = u.script.EvalSha(ctx, pipe, u.keys, u.args...)
 		}
 	}
 	_, _ = pipe.Exec(ctx)

@@ -387,10 +387,10 @@ func quotaBounds(q *Quota, now time.Time) []int64 {
 
 func (l *Limiter) encodeAdmit(id string, cost int64, flags int, scopes []scope, notBefore int64) ([]string, []any) {
 	keys := make([]string, 0, scopeKeyCount*len(scopes))
-	args := make([]any, 0, 16+12*len(scopes))
-	args = append(args, l.clockArg(), 1,
-		id, cost, flags, notBefore, micros(l.cfg.Horizon), micros(l.cfg.Grace),
-		micros(l.cfg.Tolerance), micros(l.cfg.ConcurrencyRetry), len(scopes))
+	args := make([]any, 0, 12+8*len(scopes))
+	args = append(args, l.clockArg(), 1, micros(l.cfg.Horizon), micros(l.cfg.Grace),
+		micros(l.cfg.Tolerance), micros(l.cfg.ConcurrencyRetry),
+		id, cost, flags, notBefore, len(scopes))
 	var now time.Time
 	for _, s := range scopes {
 		keys = append(keys, s.keys.admitKeys()...)
@@ -398,15 +398,23 @@ func (l *Limiter) encodeAdmit(id string, cost int64, flags int, scopes []scope, 
 		if p == nil {
 			p = &Policy{}
 		}
-		args = append(args, len(p.Rates))
+		features := 0
+		if p.Window != nil {
+			features |= 1
+		}
+		if p.Quota != nil {
+			features |= 2
+		}
+		if p.Concurrency != nil {
+			features |= 4
+		}
+		args = append(args, features, len(p.Rates))
 		for _, r := range p.Rates {
 			inc, unit, off := rateArgs(r, cost)
 			args = append(args, inc, unit, off)
 		}
 		if w := p.Window; w != nil {
 			args = append(args, w.Limit, micros(w.Period))
-		} else {
-			args = append(args, 0, 0)
 		}
 		if q := p.Quota; q != nil {
 			if now.IsZero() {
@@ -417,13 +425,9 @@ func (l *Limiter) encodeAdmit(id string, cost int64, flags int, scopes []scope, 
 			for _, b := range bounds {
 				args = append(args, b)
 			}
-		} else {
-			args = append(args, 0, 0)
 		}
 		if c := p.Concurrency; c != nil {
 			args = append(args, c.Limit, micros(c.lease()))
-		} else {
-			args = append(args, 0, 0)
 		}
 	}
 	return keys, args
@@ -486,8 +490,9 @@ func int64s(reply any, n int) ([]int64, error) {
 }
 
 // Release gives back job id's concurrency slots (tenant and @global). It is
-// safe to call for a job that holds none, and safe to call twice. The job
-// stays in its tenant's backlog: use Finish for a job that is done for good.
+// safe to call for a job that holds none, and safe to call twice; without a
+// concurrency rule it costs nothing. The job stays in its tenant's backlog:
+// use Finish for a job that is done for good.
 func (l *Limiter) Release(ctx context.Context, tenant, id string) error {
 	_, err := l.release(ctx, tenant, id, false)
 	return err
@@ -506,10 +511,36 @@ func (l *Limiter) release(ctx context.Context, tenant, id string, finish bool) (
 			return 0, err
 		}
 	}
+	r, err := l.policies.resolve(ctx, tenant)
+	if err != nil {
+		return 0, fmt.Errorf("release tenant %q job %q: %w", tenant, id, err)
+	}
+	// Only scopes whose policy has a concurrency rule hold slots. A slot
+	// taken under a policy that has since lost its rule is not stranded: it
+	// is no longer renewed, so it frees itself when its lease runs out.
+	var groups [][]string
+	var tenantKeys, globalKeys []string
+	if tenant != "" && r.tenant != nil && r.tenant.Concurrency != nil {
+		tenantKeys = []string{keysFor(l.cfg.Prefix, tenant).holders}
+	}
+	if r.global != nil && r.global.Concurrency != nil {
+		globalKeys = []string{keysFor(l.cfg.Prefix, GlobalPolicy).holders}
+	}
+	backlog := finish && tenant != "" && r.tenant != nil && r.tenant.Backlog > 0
+	if l.cluster {
+		if tenantKeys != nil || backlog {
+			groups = append(groups, tenantKeys)
+		}
+		if globalKeys != nil {
+			groups = append(groups, globalKeys)
+		}
+	} else if keys := append(tenantKeys, globalKeys...); len(keys) > 0 || backlog {
+		groups = append(groups, keys)
+	}
 	var released int64
-	for i, keys := range l.groupKeys(l.holderScopes(tenant)) {
+	for i, keys := range groups {
 		args := []any{l.clockArg(), 1, id, len(keys), 0}
-		if finish && i == 0 {
+		if backlog && i == 0 {
 			// the tenant's group comes first and shares its slot with the backlog
 			keys = append(keys, keysFor(l.cfg.Prefix, tenant).backlog)
 			args[4] = 1
@@ -575,34 +606,6 @@ func (l *Limiter) RemoveBacklog(ctx context.Context, tenant string, ids ...strin
 		return fmt.Errorf("backlog of tenant %q: %w", tenant, err)
 	}
 	return nil
-}
-
-// holderScopes are every scope a job's slots may live in: its tenant and
-// @global. Release and Renew do not depend on the current policies, so a
-// policy change never strands a slot.
-func (l *Limiter) holderScopes(tenant string) []scopeKeys {
-	var out []scopeKeys
-	if tenant != "" {
-		out = append(out, keysFor(l.cfg.Prefix, tenant))
-	}
-	return append(out, keysFor(l.cfg.Prefix, GlobalPolicy))
-}
-
-// groupKeys returns the holders keys of the scopes, one group per script
-// call: all together on a single node, one by one on a Cluster.
-func (l *Limiter) groupKeys(scopes []scopeKeys) [][]string {
-	if !l.cluster {
-		keys := make([]string, len(scopes))
-		for i, s := range scopes {
-			keys[i] = s.holders
-		}
-		return [][]string{keys}
-	}
-	out := make([][]string, len(scopes))
-	for i, s := range scopes {
-		out[i] = []string{s.holders}
-	}
-	return out
 }
 
 // Renew extends the leases of job id's concurrency slots. It returns false

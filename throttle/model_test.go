@@ -395,21 +395,12 @@ func floorDiv(a, b int64) int64 {
 	return q
 }
 
-func (m *model) release(now int64, tenant, id string) int64 {
-	var n int64
-	for _, key := range []string{tenant, GlobalPolicy} {
-		if key == "" {
-			continue
-		}
-		st := m.scope(key)
-		if until, ok := st.holders[id]; ok {
-			if until > now {
-				n++
-			}
-			delete(st.holders, id)
+func (m *model) release(tenant, id string) {
+	for _, ref := range m.resolve(tenant) {
+		if ref.policy.Concurrency != nil {
+			delete(m.scope(ref.key).holders, id)
 		}
 	}
-	return n
 }
 
 func (m *model) renew(now int64, tenant, id string) bool {
