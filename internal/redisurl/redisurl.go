@@ -62,10 +62,11 @@ const (
 // Forms is the list of accepted URL forms, one per line, for help texts and
 // error messages.
 const Forms = `redis://[USER:PASSWORD@]HOST:PORT[/DB]
-rediss://[USER:PASSWORD@]HOST:PORT[/DB]  (TLS)
-redis+sentinel://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...]/MASTER[/DB]  (rediss+sentinel:// for TLS)
-redis+cluster://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...]  (rediss+cluster:// for TLS)
-memory://HOST:PORT  (the embedded Redis of a worker started with --redis memory://HOST:PORT)`
+rediss://[USER:PASSWORD@]HOST:PORT[/DB]                   TLS
+redis+sentinel://[USER:PASSWORD@]HOST:PORT,.../MASTER[/DB]
+redis+cluster://[USER:PASSWORD@]HOST:PORT,...
+rediss+sentinel://..., rediss+cluster://...               TLS
+memory://HOST:PORT               a worker's embedded Redis`
 
 // formsInline is Forms, shorter and on one line, for error messages.
 const formsInline = "redis://[USER:PASSWORD@]HOST:PORT[/DB], rediss://... (TLS), " +

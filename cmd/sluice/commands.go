@@ -1,0 +1,237 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/redisurl"
+)
+
+// commands in the order help lists them.
+var commands []*command
+
+func init() {
+	commands = []*command{
+		{
+			name: "policy set", usage: "policy set TENANT 'RULES'",
+			summary: "store TENANT's policy (* is the default, @global applies to every job)",
+			help: "Stores the policy of TENANT; workers use it within a second. The tenant's\n" +
+				"throttle state is kept. An empty RULES ('') is a policy that limits nothing.",
+			run: policySet,
+		},
+		{
+			name: "policy get", usage: "policy get TENANT",
+			summary: "print TENANT's policy",
+			help:    "Prints the policy stored for TENANT in its text form, or fails (exit 1)\nsaying which policy the tenant follows instead.",
+			run:     policyGet,
+		},
+		{
+			name: "policy list", usage: "policy list [--json]",
+			summary: "list every policy",
+			help:    "Lists every stored policy as a table of NAME and POLICY, or with --json as\n[{\"name\": …, \"policy\": …}] (\"error\" instead of \"policy\" for an unreadable one).",
+			flags:   func(fs *flag.FlagSet, o *opts) { fs.BoolVar(&o.json, "json", false, "") },
+			run:     policyList,
+		},
+		{
+			name: "policy delete", usage: "policy delete TENANT",
+			summary: "remove TENANT's policy (its throttle state is kept)",
+			help:    "Removes the policy of TENANT; the tenant then follows the default policy *.\nDeleting a policy that does not exist succeeds and says so.",
+			run:     policyDelete,
+		},
+		{
+			name: "policy apply", usage: "policy apply -f FILE.yaml [--prune] [--dry-run]",
+			summary: "store every policy of a YAML file at once, all or nothing",
+			help: "Stores every policy of FILE (- reads standard input) in one transaction: a file\n" +
+				"with one bad entry changes nothing and names the entry and its line. --prune\n" +
+				"also deletes the policies that FILE does not list; --dry-run only prints what\n" +
+				"would change. The file maps each name to its rules, as text or as fields:\n\n" +
+				"  \"*\": rate=10/s concurrency=2\n" +
+				"  \"@global\": rate=1000/s\n" +
+				"  acme:\n" +
+				"    rate: [100/s burst 20, 5000/h]\n" +
+				"    quota: 10000/day\n" +
+				"    tz: America/Los_Angeles\n" +
+				"    concurrency: 5",
+			flags: func(fs *flag.FlagSet, o *opts) {
+				fs.StringVar(&o.file, "f", "", "")
+				fs.StringVar(&o.file, "file", "", "")
+				fs.BoolVar(&o.prune, "prune", false, "")
+				fs.BoolVar(&o.dryRun, "dry-run", false, "")
+			},
+			run: policyApply,
+		},
+		{
+			name: "stats", usage: "stats [TENANT] [--json]",
+			summary: "throttle state of TENANT, or of every tenant with a policy or state",
+			help: "Prints a table of the throttle state: starts counted, free rate tokens, window\n" +
+				"and quota use, jobs in flight, reserved slots, cooldown and backlog. With\n" +
+				"TENANT (or @global) one tenant in detail. --json prints\n" +
+				"{\"now\": …, \"tenants\": [{…}]} for scripts; times are RFC 3339, durations in ms.",
+			flags: func(fs *flag.FlagSet, o *opts) { fs.BoolVar(&o.json, "json", false, "") },
+			run:   stats,
+		},
+		{
+			name: "top", usage: "top [--once] [--interval 1s] [--limit N]",
+			summary: "live view of the busiest tenants (q or Ctrl-C quits)",
+			help: "Shows, refreshed every --interval, the busiest tenants: starts per second\n" +
+				"against the rate limit, jobs in flight against the concurrency cap, reserved\n" +
+				"slots, cooldown and backlog. When standard output is not a terminal, or with\n" +
+				"--once, it measures over one interval, prints one table and exits.",
+			flags: func(fs *flag.FlagSet, o *opts) {
+				o.interval = durationFlag(time.Second)
+				fs.BoolVar(&o.once, "once", false, "")
+				fs.Var(&o.interval, "interval", "")
+				fs.IntVar(&o.limit, "limit", 0, "")
+			},
+			run: top,
+		},
+		{
+			name: "admit", usage: "admit TENANT --dry-run [--cost N] [--id JOB] [--json]",
+			summary: "would a job of TENANT be admitted now, and if not, why",
+			help: "Asks the throttle, without changing anything, whether a job of TENANT costing\n" +
+				"N (default 1) would start now; if not, which rule of which policy denies it and\n" +
+				"when it would fit. --id asks for a given job, which may hold a reserved slot.\n" +
+				"--dry-run is required: the command line never admits a job for real.",
+			flags: func(fs *flag.FlagSet, o *opts) {
+				fs.BoolVar(&o.dryRun, "dry-run", false, "")
+				fs.Int64Var(&o.cost, "cost", 1, "")
+				fs.StringVar(&o.id, "id", "", "")
+				fs.BoolVar(&o.json, "json", false, "")
+			},
+			run: admit,
+		},
+		{
+			name: "version", usage: "version",
+			summary: "print sluice's version",
+			run:     func(a *app, _ *command, _ *opts, _ []string) error { return a.version() },
+		},
+		{
+			name: "help", usage: "help [COMMAND]",
+			summary: "print this help, or a command's",
+			run:     func(*app, *command, *opts, []string) error { return helpRequested{} },
+		},
+	}
+}
+
+// groupCommand stands for a group of subcommands in help and usage errors.
+func groupCommand(name string) *command {
+	g := group(name)
+	return &command{name: name, usage: name + " " + strings.ReplaceAll(subNames(g), ", ", "|") + " ..."}
+}
+
+func lookup(name string) *command {
+	for _, c := range commands {
+		if c.name == name {
+			return c
+		}
+	}
+	return nil
+}
+
+// group returns the subcommands of a group such as "policy", or nil.
+func group(name string) []*command {
+	var out []*command
+	for _, c := range commands {
+		if strings.HasPrefix(c.name, name+" ") {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+func subNames(g []*command) string {
+	var names []string
+	for _, c := range g {
+		names = append(names, c.name[strings.IndexByte(c.name, ' ')+1:])
+	}
+	return strings.Join(names, ", ")
+}
+
+func commandNames() string {
+	var names []string
+	seen := map[string]bool{}
+	for _, c := range commands {
+		n, _, _ := strings.Cut(c.name, " ")
+		if !seen[n] {
+			seen[n] = true
+			names = append(names, n)
+		}
+	}
+	return strings.Join(names, ", ")
+}
+
+const flagsHelp = `Flags (before or after the command):
+  --redis URL        the Redis the workers use (forms below); default
+                     $SLUICE_REDIS_URL, else redis://127.0.0.1:6379
+  --prefix PREFIX    the key prefix the workers use (default "sluice")
+
+Redis URL forms:
+%s
+`
+
+const rulesHelp = `Rules (policy set, policy apply), in any combination:
+  rate=N/PERIOD [burst=B]     N starts per s, min, h or e.g. 10s; B back to back
+  window=N/DURATION           never more than N starts in any DURATION
+  quota=N/day [tz=ZONE]       N per calendar day (or hour, week, month);
+  quota=N reset="CRON"        or per window of a cron spec
+  concurrency=M [lease=D]     at most M jobs running at once
+  overflow=defer|wait|drop    what a worker does with a denied job [max_wait=D]
+  backlog=K  shape=true  fail_open=true
+Example: sluice policy set acme 'rate=100/s burst=20 concurrency=5'
+`
+
+func (a *app) printHelp(w io.Writer, c *command) {
+	forms := "  " + strings.ReplaceAll(redisurl.Forms, "\n", "\n  ")
+	if c != nil {
+		if g := group(c.name); g != nil {
+			fmt.Fprintf(w, "usage:\n")
+			for _, sub := range g {
+				fmt.Fprintf(w, "  sluice %s\n      %s\n", sub.usage, sub.summary)
+			}
+			fmt.Fprintf(w, "\nRun 'sluice help %s SUBCOMMAND' for details.\n\n%s", c.name, rulesHelp)
+			fmt.Fprintf(w, "\n"+flagsHelp, forms)
+			return
+		}
+		fmt.Fprintf(w, "usage: sluice %s\n\n%s\n", c.usage, c.summary)
+		if c.help != "" {
+			fmt.Fprintf(w, "\n%s\n", c.help)
+		}
+		if strings.HasPrefix(c.name, "policy ") {
+			fmt.Fprintf(w, "\nOther policy commands: %s\n", subNames(group("policy")))
+		}
+		if c.name == "policy set" || c.name == "policy apply" {
+			fmt.Fprintf(w, "\n%s", rulesHelp)
+		}
+		fmt.Fprintf(w, "\n"+flagsHelp, forms)
+		return
+	}
+	fmt.Fprintf(w, "sluice manages and watches the limits that sluice workers share through Redis.\n\n")
+	fmt.Fprintf(w, "Usage:\n  %s\n\nCommands:\n", topUsage)
+	for _, c := range commands {
+		if len(c.usage) <= 30 {
+			fmt.Fprintf(w, "  %-30s  %s\n", c.usage, c.summary)
+		} else {
+			fmt.Fprintf(w, "  %s\n  %-30s  %s\n", c.usage, "", c.summary)
+		}
+	}
+	fmt.Fprintf(w, "\n"+flagsHelp, forms)
+	fmt.Fprintf(w, "\n%s", rulesHelp)
+	fmt.Fprintf(w, "\nExit status: 0 success, 1 failure (e.g. Redis unreachable, a bad policy file),\n2 bad usage (unknown command or flag, missing or malformed argument).\n")
+}
+
+// durationFlag is a positive duration flag.
+type durationFlag time.Duration
+
+func (d *durationFlag) String() string { return time.Duration(*d).String() }
+
+func (d *durationFlag) Set(s string) error {
+	v, err := time.ParseDuration(s)
+	if err != nil || v <= 0 {
+		return fmt.Errorf("want a positive duration such as 1s or 500ms")
+	}
+	*d = durationFlag(v)
+	return nil
+}

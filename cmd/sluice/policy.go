@@ -1,0 +1,294 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/sluicehq/sluice/throttle"
+)
+
+func newTable(w io.Writer) *tabwriter.Writer {
+	return tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+}
+
+func policySet(a *app, c *command, _ *opts, args []string) error {
+	if err := wantArgs(c, args, 1, -1, "TENANT"); err != nil {
+		return err
+	}
+	if len(args) < 2 {
+		return usagef(c, "policy set: missing RULES (quote them: sluice policy set %s 'rate=100/s burst=20'; '' for no limits)", args[0])
+	}
+	name := args[0]
+	if err := checkPolicyName(c, name); err != nil {
+		return err
+	}
+	// The rules may come as one quoted argument or as several.
+	p, err := throttle.ParsePolicy(strings.Join(args[1:], " "))
+	if err != nil {
+		return usagef(c, "policy set %s: %v", name, err)
+	}
+	cn, err := a.connect(c)
+	if err != nil {
+		return err
+	}
+	defer cn.Close()
+	old, oldErr := cn.store.Get(a.ctx, name)
+	if err := cn.store.Set(a.ctx, name, p); err != nil {
+		return err
+	}
+	fmt.Fprintf(a.stdout, "set policy %s: %s\n", name, describeRules(p))
+	switch {
+	case oldErr == nil && old.String() != p.String():
+		fmt.Fprintf(a.stdout, "  was: %s\n", describeRules(old))
+	case oldErr == nil:
+		fmt.Fprintln(a.stdout, "  (unchanged)")
+	}
+	return nil
+}
+
+func describeRules(p *throttle.Policy) string {
+	if s := p.String(); s != "" {
+		return s
+	}
+	return "(no rules: nothing is limited)"
+}
+
+func policyGet(a *app, c *command, _ *opts, args []string) error {
+	if err := wantArgs(c, args, 1, 1, "TENANT"); err != nil {
+		return err
+	}
+	name := args[0]
+	if err := checkPolicyName(c, name); err != nil {
+		return err
+	}
+	cn, err := a.connect(c)
+	if err != nil {
+		return err
+	}
+	defer cn.Close()
+	p, err := cn.store.Get(a.ctx, name)
+	if errors.Is(err, throttle.ErrNoPolicy) {
+		if name == throttle.DefaultPolicy || name == throttle.GlobalPolicy {
+			return fmt.Errorf("no policy %s; set one with: sluice policy set '%s' 'RULES'", name, name)
+		}
+		def, derr := cn.store.Get(a.ctx, throttle.DefaultPolicy)
+		switch {
+		case derr == nil:
+			return fmt.Errorf("no policy for %q; it follows the default policy *: %s", name, describeRules(def))
+		case errors.Is(derr, throttle.ErrNoPolicy):
+			return fmt.Errorf("no policy for %q and no default policy *: its jobs are limited by @global only; set one with: sluice policy set %s 'RULES'", name, shellQuote(name))
+		}
+		return derr
+	}
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(a.stdout, p.String())
+	return nil
+}
+
+// listEntry is one policy in `policy list --json`.
+type listEntry struct {
+	Name   string `json:"name"`
+	Policy string `json:"policy"`
+	Error  string `json:"error,omitempty"`
+}
+
+func policyList(a *app, c *command, o *opts, args []string) error {
+	if err := wantArgs(c, args, 0, 0, ""); err != nil {
+		return err
+	}
+	cn, err := a.connect(c)
+	if err != nil {
+		return err
+	}
+	defer cn.Close()
+	list, err := cn.store.List(a.ctx)
+	if err != nil {
+		return err
+	}
+	if o.json {
+		out := make([]listEntry, 0, len(list))
+		for _, np := range list {
+			e := listEntry{Name: np.Name}
+			if np.Err != nil {
+				e.Error = np.Err.Error()
+			} else {
+				e.Policy = np.Policy.String()
+			}
+			out = append(out, e)
+		}
+		return writeJSON(a.stdout, out)
+	}
+	tw := newTable(a.stdout)
+	fmt.Fprintln(tw, "NAME\tPOLICY")
+	for _, np := range list {
+		text := ""
+		if np.Err != nil {
+			text = "UNREADABLE: " + np.Err.Error()
+		} else {
+			text = describeRules(np.Policy)
+		}
+		fmt.Fprintf(tw, "%s\t%s\n", np.Name, text)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(list) == 0 {
+		fmt.Fprintln(a.stderr, "no policies yet; set one with: sluice policy set TENANT 'RULES'")
+	}
+	return nil
+}
+
+func policyDelete(a *app, c *command, _ *opts, args []string) error {
+	if err := wantArgs(c, args, 1, 1, "TENANT"); err != nil {
+		return err
+	}
+	name := args[0]
+	if err := checkPolicyName(c, name); err != nil {
+		return err
+	}
+	cn, err := a.connect(c)
+	if err != nil {
+		return err
+	}
+	defer cn.Close()
+	existed, err := cn.store.Delete(a.ctx, name)
+	if err != nil {
+		return err
+	}
+	if existed {
+		fmt.Fprintf(a.stdout, "deleted policy %s (its throttle state is kept)\n", name)
+	} else {
+		fmt.Fprintf(a.stdout, "no policy %s; nothing deleted\n", name)
+	}
+	return nil
+}
+
+func policyApply(a *app, c *command, o *opts, args []string) error {
+	if err := wantArgs(c, args, 0, 0, ""); err != nil {
+		return err
+	}
+	if o.file == "" {
+		return usagef(c, "policy apply: missing -f FILE.yaml (- reads standard input)")
+	}
+	var (
+		data []byte
+		err  error
+	)
+	if o.file == "-" {
+		data, err = io.ReadAll(a.stdin)
+	} else {
+		data, err = os.ReadFile(o.file)
+	}
+	if err != nil {
+		return fmt.Errorf("cannot read the policy file %s: %v", o.file, unwrapPath(err))
+	}
+	policies, err := throttle.ParsePolicyFile(data)
+	if err != nil {
+		return fmt.Errorf("%s: %v; nothing was changed", o.file, err)
+	}
+	if len(policies) == 0 && o.prune {
+		return fmt.Errorf("%s lists no policies: with --prune that would delete every policy; nothing was changed (delete them one by one with sluice policy delete)", o.file)
+	}
+	cn, err := a.connect(c)
+	if err != nil {
+		return err
+	}
+	defer cn.Close()
+	existing, err := cn.store.List(a.ctx)
+	if err != nil {
+		return err
+	}
+	before := map[string]throttle.NamedPolicy{}
+	for _, np := range existing {
+		before[np.Name] = np
+	}
+	names := make([]string, 0, len(policies))
+	for n := range policies {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+
+	var created, updated, unchanged, deleted, kept int
+	tw := newTable(a.stdout)
+	for _, n := range names {
+		p := policies[n]
+		old, ok := before[n]
+		switch {
+		case !ok:
+			created++
+			fmt.Fprintf(tw, "created\t%s\t%s\n", n, describeRules(p))
+		case old.Err == nil && old.Policy.String() == p.String():
+			unchanged++
+			fmt.Fprintf(tw, "unchanged\t%s\t%s\n", n, describeRules(p))
+		default:
+			updated++
+			was := "unreadable"
+			if old.Err == nil {
+				was = describeRules(old.Policy)
+			}
+			fmt.Fprintf(tw, "updated\t%s\t%s (was: %s)\n", n, describeRules(p), was)
+		}
+	}
+	for _, np := range existing {
+		if _, ok := policies[np.Name]; ok {
+			continue
+		}
+		if o.prune {
+			deleted++
+			fmt.Fprintf(tw, "deleted\t%s\t\n", np.Name)
+		} else {
+			kept++
+		}
+	}
+	if !o.dryRun {
+		if err := cn.store.Apply(a.ctx, policies, o.prune); err != nil {
+			return fmt.Errorf("apply %s: %w; nothing was changed", o.file, err)
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	summary := fmt.Sprintf("%d created, %d updated, %d unchanged", created, updated, unchanged)
+	if o.prune {
+		summary += fmt.Sprintf(", %d deleted", deleted)
+	} else if kept > 0 {
+		summary += fmt.Sprintf("; %d other policies kept (--prune deletes them)", kept)
+	}
+	if o.dryRun {
+		fmt.Fprintf(a.stdout, "dry run, nothing was changed: %s would be %s\n", o.file, summary)
+	} else {
+		fmt.Fprintf(a.stdout, "applied %s: %s\n", o.file, summary)
+	}
+	return nil
+}
+
+// unwrapPath drops the "open FILE:" part the caller already says.
+func unwrapPath(err error) error {
+	var pe *os.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// shellQuote quotes s for a command line users can paste.
+func shellQuote(s string) string {
+	if s != "" && !strings.ContainsAny(s, " \t\n'\"\\$`*?[]{}()<>|&;#~!") {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}

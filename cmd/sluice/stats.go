@@ -1,0 +1,357 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sluicehq/sluice/throttle"
+)
+
+func stats(a *app, c *command, o *opts, args []string) error {
+	if err := wantArgs(c, args, 0, 1, ""); err != nil {
+		return err
+	}
+	if len(args) == 1 {
+		if err := checkTenant(c, args[0]); err != nil {
+			return err
+		}
+	}
+	cn, err := a.connect(c)
+	if err != nil {
+		return err
+	}
+	defer cn.Close()
+	var names []string
+	if len(args) == 1 {
+		names = args
+	} else if names, err = cn.tenantNames(a.ctx); err != nil {
+		return err
+	}
+	all, err := cn.collect(a.ctx, names)
+	if err != nil {
+		return err
+	}
+	now := time.Now()
+	if len(all) > 0 {
+		now = all[0].Now
+	}
+	if o.json {
+		doc := statsDoc{Now: now.UTC(), Tenants: make([]tenantJSON, 0, len(all))}
+		for _, s := range all {
+			doc.Tenants = append(doc.Tenants, toJSON(s))
+		}
+		return writeJSON(a.stdout, doc)
+	}
+	if len(args) == 1 {
+		return writeDetail(a.stdout, all[0])
+	}
+	if len(all) == 0 {
+		fmt.Fprintln(a.stderr, "no tenant has a policy or throttle state yet")
+	}
+	return writeStatsTable(a.stdout, all)
+}
+
+// tenantNames lists every tenant with a policy or live state, and @global
+// when it has either; not "*", which is a policy but no tenant.
+func (cn *conn) tenantNames(ctx context.Context) ([]string, error) {
+	live, err := cn.limiter.Tenants(ctx)
+	if err != nil {
+		return nil, err
+	}
+	set := map[string]bool{}
+	for _, t := range live {
+		set[t] = true
+	}
+	list, err := cn.store.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, np := range list {
+		if np.Name != throttle.DefaultPolicy {
+			set[np.Name] = true
+		}
+	}
+	names := make([]string, 0, len(set))
+	for n := range set {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names, nil
+}
+
+// collect reads the stats of names, several at a time (the limiter shares
+// round trips between concurrent calls), in the order given.
+func (cn *conn) collect(ctx context.Context, names []string) ([]*throttle.Stats, error) {
+	out := make([]*throttle.Stats, len(names))
+	errs := make([]error, len(names))
+	sem := make(chan struct{}, 16)
+	var wg sync.WaitGroup
+	for i, n := range names {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			out[i], errs[i] = cn.limiter.Stats(ctx, n)
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// statsDoc is the output of `stats --json`: a stable schema for scripts.
+type statsDoc struct {
+	Now     time.Time    `json:"now"`
+	Tenants []tenantJSON `json:"tenants"`
+}
+
+type tenantJSON struct {
+	Tenant string `json:"tenant"`
+	// Policy is the name of the policy that applies ("" when none does)
+	// and Rules its text.
+	Policy       string           `json:"policy"`
+	Rules        string           `json:"rules"`
+	Started      int64            `json:"started"`
+	Rates        []rateJSON       `json:"rates"`
+	Window       *windowJSON      `json:"window"`
+	Quota        *quotaJSON       `json:"quota"`
+	Concurrency  *concurrencyJSON `json:"concurrency"`
+	Reservations int64            `json:"reservations"`
+	FirstSlot    *time.Time       `json:"first_slot"`
+	LastSlot     *time.Time       `json:"last_slot"`
+	Cooldown     *time.Time       `json:"cooldown_until"`
+	Backlog      int64            `json:"backlog"`
+	BacklogCap   int64            `json:"backlog_cap"`
+}
+
+type rateJSON struct {
+	Rule      string  `json:"rule"`
+	Rate      string  `json:"rate"`
+	Limit     int64   `json:"limit"`
+	PeriodMS  float64 `json:"period_ms"`
+	Burst     int64   `json:"burst"`
+	Available int64   `json:"available"`
+	AheadMS   float64 `json:"ahead_ms"`
+}
+
+type windowJSON struct {
+	Window   string  `json:"window"`
+	Limit    int64   `json:"limit"`
+	PeriodMS float64 `json:"period_ms"`
+	Started  int64   `json:"started"`
+	Planned  int64   `json:"planned"`
+}
+
+type quotaJSON struct {
+	Quota                string    `json:"quota"`
+	Limit                int64     `json:"limit"`
+	Used                 int64     `json:"used"`
+	Remaining            int64     `json:"remaining"`
+	WindowStart          time.Time `json:"window_start"`
+	WindowEnd            time.Time `json:"window_end"`
+	ReservedInNextWindow int64     `json:"reserved_in_next_window"`
+}
+
+type concurrencyJSON struct {
+	Limit    int64        `json:"limit"`
+	InFlight int64        `json:"in_flight"`
+	Holders  []holderJSON `json:"holders"`
+}
+
+type holderJSON struct {
+	ID       string    `json:"id"`
+	LeaseEnd time.Time `json:"lease_end"`
+}
+
+func ms(d time.Duration) float64 { return math.Round(float64(d)/1e3) / 1e3 }
+
+func timePtr(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	u := t.UTC()
+	return &u
+}
+
+func toJSON(s *throttle.Stats) tenantJSON {
+	j := tenantJSON{
+		Tenant: s.Tenant, Policy: s.Policy, Started: s.Started,
+		Rates:        []rateJSON{},
+		Reservations: s.Reservations, FirstSlot: timePtr(s.FirstSlot), LastSlot: timePtr(s.LastSlot),
+		Cooldown: timePtr(s.CooldownUntil), Backlog: s.Backlog,
+	}
+	if s.Rules != nil {
+		j.Rules = s.Rules.String()
+		j.BacklogCap = s.Rules.Backlog
+	}
+	for _, r := range s.Rates {
+		j.Rates = append(j.Rates, rateJSON{
+			Rule: r.Rule, Rate: r.Rate.String(), Limit: r.Rate.Limit, PeriodMS: ms(r.Rate.Period),
+			Burst: max(r.Rate.Burst, 1), Available: r.Available, AheadMS: ms(r.Ahead),
+		})
+	}
+	if w := s.Window; w != nil {
+		j.Window = &windowJSON{Window: w.Window.String(), Limit: w.Window.Limit, PeriodMS: ms(w.Window.Period), Started: w.Started, Planned: w.Planned}
+	}
+	if q := s.Quota; q != nil {
+		j.Quota = &quotaJSON{
+			Quota: q.Quota.String(), Limit: q.Quota.Limit, Used: q.Used, Remaining: q.Remaining,
+			WindowStart: q.WindowStart.UTC(), WindowEnd: q.WindowEnd.UTC(), ReservedInNextWindow: q.ReservedInNextWindow,
+		}
+	}
+	if cs := s.Concurrency; cs != nil {
+		cj := &concurrencyJSON{Limit: cs.Concurrency.Limit, InFlight: cs.InFlight, Holders: []holderJSON{}}
+		for _, h := range cs.Holders {
+			cj.Holders = append(cj.Holders, holderJSON{ID: h.ID, LeaseEnd: h.LeaseEnd.UTC()})
+		}
+		j.Concurrency = cj
+	}
+	return j
+}
+
+func policyName(s *throttle.Stats) string {
+	if s.Policy == "" {
+		return "-"
+	}
+	return s.Policy
+}
+
+func rateCell(s *throttle.Stats) string {
+	if len(s.Rates) == 0 {
+		return "-"
+	}
+	var parts []string
+	for _, r := range s.Rates {
+		parts = append(parts, fmt.Sprintf("%d/%d of %s", r.Available, max(r.Rate.Burst, 1), limitText(r.Rate)))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// limitText is a rate without its burst: "100/s".
+func limitText(r throttle.Rate) string {
+	text, _, _ := strings.Cut(r.String(), " ")
+	return text
+}
+
+func windowCell(s *throttle.Stats) string {
+	if s.Window == nil {
+		return "-"
+	}
+	return fmt.Sprintf("%d of %s", s.Window.Started, s.Window.Window.String())
+}
+
+func quotaCell(s *throttle.Stats) string {
+	if s.Quota == nil {
+		return "-"
+	}
+	return fmt.Sprintf("%d of %s", s.Quota.Used, s.Quota.Quota.String())
+}
+
+func inFlightCell(s *throttle.Stats) string {
+	if s.Concurrency == nil {
+		return "-"
+	}
+	return fmt.Sprintf("%d/%d", s.Concurrency.InFlight, s.Concurrency.Concurrency.Limit)
+}
+
+func reservedCell(s *throttle.Stats) string {
+	if s.Reservations == 0 {
+		return "0"
+	}
+	return fmt.Sprintf("%d (last in %s)", s.Reservations, short(s.LastSlot.Sub(s.Now)))
+}
+
+func cooldownCell(s *throttle.Stats) string {
+	if s.CooldownUntil.IsZero() {
+		return "-"
+	}
+	return short(s.CooldownUntil.Sub(s.Now)) + " left"
+}
+
+func backlogCell(s *throttle.Stats) string {
+	if s.Rules != nil && s.Rules.Backlog > 0 {
+		return fmt.Sprintf("%d/%d", s.Backlog, s.Rules.Backlog)
+	}
+	return fmt.Sprint(s.Backlog)
+}
+
+// short prints a duration rounded for people: 1.2s, 350ms, 4m10s.
+func short(d time.Duration) string {
+	switch {
+	case d <= 0:
+		return "0s"
+	case d < time.Second:
+		return d.Round(time.Millisecond).String()
+	case d < time.Minute:
+		return d.Round(100 * time.Millisecond).String()
+	}
+	return d.Round(time.Second).String()
+}
+
+func writeStatsTable(w io.Writer, all []*throttle.Stats) error {
+	tw := newTable(w)
+	fmt.Fprintln(tw, "TENANT\tPOLICY\tSTARTED\tRATE (FREE/BURST)\tWINDOW\tQUOTA\tIN FLIGHT\tRESERVED\tCOOLDOWN\tBACKLOG")
+	for _, s := range all {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.Tenant, policyName(s), s.Started,
+			rateCell(s), windowCell(s), quotaCell(s), inFlightCell(s), reservedCell(s), cooldownCell(s), backlogCell(s))
+	}
+	return tw.Flush()
+}
+
+func writeDetail(w io.Writer, s *throttle.Stats) error {
+	tw := newTable(w)
+	row := func(k, format string, args ...any) { fmt.Fprintf(tw, "%s\t%s\n", k, fmt.Sprintf(format, args...)) }
+	row("tenant", "%s", s.Tenant)
+	switch {
+	case s.Policy == "":
+		row("policy", "none (no policy of its own and no default *): not limited")
+	case s.Policy == throttle.DefaultPolicy:
+		row("policy", "* (the default): %s", describeRules(s.Rules))
+	default:
+		row("policy", "%s: %s", s.Policy, describeRules(s.Rules))
+	}
+	row("started", "%d jobs (counted while the tenant's state is alive)", s.Started)
+	for _, r := range s.Rates {
+		ahead := ""
+		if r.Ahead > 0 {
+			ahead = fmt.Sprintf("; reserved slots run %s ahead", short(r.Ahead))
+		}
+		row(r.Rule, "%s: %d of %d free now%s", r.Rate.String(), r.Available, max(r.Rate.Burst, 1), ahead)
+	}
+	if ws := s.Window; ws != nil {
+		row("window", "%s: %d started in the last %s, %d with reservations", ws.Window.String(), ws.Started, ws.Window.Period, ws.Planned)
+	}
+	if q := s.Quota; q != nil {
+		row("quota", "%s: %d used, %d left; resets %s (in %s); %d reserved in the next window",
+			q.Quota.String(), q.Used, q.Remaining, q.WindowEnd.UTC().Format(time.RFC3339), short(q.WindowEnd.Sub(s.Now)), q.ReservedInNextWindow)
+	}
+	if cs := s.Concurrency; cs != nil {
+		row("in flight", "%d of %d", cs.InFlight, cs.Concurrency.Limit)
+		for _, h := range cs.Holders {
+			row("", "%s (lease ends in %s)", h.ID, short(h.LeaseEnd.Sub(s.Now)))
+		}
+	}
+	if s.Reservations > 0 {
+		row("reserved", "%d jobs hold future slots, the first in %s, the last in %s", s.Reservations, short(s.FirstSlot.Sub(s.Now)), short(s.LastSlot.Sub(s.Now)))
+	} else {
+		row("reserved", "0")
+	}
+	if s.CooldownUntil.IsZero() {
+		row("cooldown", "none")
+	} else {
+		row("cooldown", "%s left (until %s)", short(s.CooldownUntil.Sub(s.Now)), s.CooldownUntil.UTC().Format(time.RFC3339Nano))
+	}
+	row("backlog", "%s queued or deferred jobs", backlogCell(s))
+	return tw.Flush()
+}
