@@ -23,13 +23,13 @@ type admitJSON struct {
 	Rules  string `json:"rules"`
 	// DeniedBy names the rule that denied the job; null when allowed.
 	DeniedBy     *deniedJSON `json:"denied_by"`
-	RetryAfterMS float64    `json:"retry_after_ms"`
-	Remaining    int64      `json:"remaining"`
-	ResetAfterMS float64    `json:"reset_after_ms"`
-	InFlight     int64      `json:"in_flight"`
-	Reserved     bool       `json:"reserved"`
-	Slot         *time.Time `json:"slot"`
-	Now          time.Time  `json:"now"`
+	RetryAfterMS float64     `json:"retry_after_ms"`
+	Remaining    int64       `json:"remaining"`
+	ResetAfterMS float64     `json:"reset_after_ms"`
+	InFlight     int64       `json:"in_flight"`
+	Reserved     bool        `json:"reserved"`
+	Slot         *time.Time  `json:"slot"`
+	Now          time.Time   `json:"now"`
 }
 
 func admit(a *app, c *command, o *opts, args []string) error {

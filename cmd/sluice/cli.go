@@ -6,8 +6,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"runtime/debug"
 	"runtime"
+	"runtime/debug"
 	"strings"
 
 	"github.com/redis/go-redis/v9"
