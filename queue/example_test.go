@@ -1,0 +1,137 @@
+package queue_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/throttle"
+)
+
+func ExampleClient_Enqueue() {
+	rdb, prefix, queueName, done := exampleEnv("ExampleClient_Enqueue")
+	defer done()
+	ctx := context.Background()
+
+	client, err := queue.New(rdb, &queue.Config{Prefix: prefix})
+	if err != nil {
+		panic(err)
+	}
+	defer client.Close()
+
+	// A job for tenant "acme" that counts as 3 requests against its limits;
+	// asynq's options pass through.
+	info, err := client.Enqueue(ctx, "acme", asynq.NewTask("email:send", []byte(`{"to":"ana@example.com"}`)),
+		asynq.Queue(queueName), asynq.MaxRetry(5), queue.Cost(3))
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println(info.State, info.MaxRetry)
+	fmt.Println(info.Headers[queue.TenantHeader], info.Headers[queue.CostHeader])
+
+	// Bad input is refused before anything is written.
+	_, err = client.Enqueue(ctx, "", asynq.NewTask("email:send", nil))
+	fmt.Println(errors.Is(err, queue.ErrInvalid))
+	// Output:
+	// pending 5
+	// acme 3
+	// true
+}
+
+func ExampleClient_Enqueue_backlog() {
+	rdb, prefix, queueName, done := exampleEnv("ExampleClient_Enqueue_backlog")
+	defer done()
+	ctx := context.Background()
+
+	client, err := queue.New(rdb, &queue.Config{Prefix: prefix})
+	if err != nil {
+		panic(err)
+	}
+	defer client.Close()
+	policy, _ := throttle.ParsePolicy("rate=10/s backlog=2")
+	if err := client.Limiter().Policies().Set(ctx, "acme", policy); err != nil {
+		panic(err)
+	}
+
+	for i := 0; i < 3; i++ {
+		_, err := client.Enqueue(ctx, "acme", asynq.NewTask("report", nil), asynq.Queue(queueName))
+		if errors.Is(err, throttle.ErrBacklogFull) {
+			fmt.Println("job", i, "refused:", err)
+			continue
+		}
+		fmt.Println("job", i, "queued")
+	}
+	// Output:
+	// job 0 queued
+	// job 1 queued
+	// job 2 refused: tenant "acme": backlog full (2 queued or deferred jobs, cap 2): retry later or raise backlog= in its policy
+}
+
+func ExampleClient_Enqueue_shaping() {
+	rdb, prefix, queueName, done := exampleEnv("ExampleClient_Enqueue_shaping")
+	defer done()
+	ctx := context.Background()
+
+	client, err := queue.New(rdb, &queue.Config{Prefix: prefix})
+	if err != nil {
+		panic(err)
+	}
+	defer client.Close()
+	// shape=true: each job takes its slot at enqueue and waits for it in
+	// asynq's schedule, not in the pending list ahead of other tenants.
+	policy, _ := throttle.ParsePolicy("rate=1/s shape=true")
+	if err := client.Limiter().Policies().Set(ctx, "bulk", policy); err != nil {
+		panic(err)
+	}
+
+	for i := 0; i < 4; i++ {
+		info, err := client.Enqueue(ctx, "bulk", asynq.NewTask("import", nil), asynq.Queue(queueName))
+		if err != nil {
+			panic(err)
+		}
+		fmt.Println(info.State)
+	}
+	stats, err := client.Limiter().Stats(ctx, "bulk")
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("reservations:", stats.Reservations)
+	// Output:
+	// pending
+	// scheduled
+	// scheduled
+	// scheduled
+	// reservations: 4
+}
+
+func ExampleClient_EnqueueBatch() {
+	rdb, prefix, queueName, done := exampleEnv("ExampleClient_EnqueueBatch")
+	defer done()
+	ctx := context.Background()
+
+	client, err := queue.New(rdb, &queue.Config{Prefix: prefix})
+	if err != nil {
+		panic(err)
+	}
+	defer client.Close()
+
+	jobs := []queue.Job{
+		{Tenant: "acme", Task: asynq.NewTask("email", nil), Options: []asynq.Option{asynq.Queue(queueName)}},
+		{Tenant: "", Task: asynq.NewTask("email", nil)},
+		{Tenant: "globex", Task: asynq.NewTask("email", nil), Options: []asynq.Option{asynq.Queue(queueName), queue.Cost(2)}},
+	}
+	for i, r := range client.EnqueueBatch(ctx, jobs) {
+		if r.Err != nil {
+			fmt.Println(i, "failed:", errors.Is(r.Err, queue.ErrInvalid))
+			continue
+		}
+		fmt.Println(i, r.Info.State, r.Info.Headers[queue.TenantHeader])
+	}
+	// Output:
+	// 0 pending acme
+	// 1 failed: true
+	// 2 pending globex
+}

@@ -1,0 +1,41 @@
+package queue
+
+import "time"
+
+// Task headers sluice reads and writes. Producers set TenantHeader and
+// CostHeader through Client; the other headers are sluice's own and are
+// removed from tasks given to Enqueue.
+const (
+	// TenantHeader carries the job's tenant: the key its limits apply to.
+	TenantHeader = "sluice-tenant"
+	// CostHeader carries the job's cost when it is more than 1.
+	CostHeader = "sluice-cost"
+	// IDHeader carries the job's identity when it differs from the asynq
+	// task id: a copy the worker enqueues for a job at its retry limit keeps
+	// the original's identity, and with it its reservation, its concurrency
+	// slot and its place in the backlog.
+	IDHeader = "sluice-id"
+	// GenHeader numbers those copies, so that each copy's task id can be
+	// derived from the job's identity without growing.
+	GenHeader = "sluice-gen"
+	// BacklogHeader is "1" on a job counted in its tenant's backlog, so that
+	// workers take it out when it finishes and skip the round trip otherwise.
+	BacklogHeader = "sluice-backlog"
+)
+
+// LeadDefault is how long before its slot a job scheduled for a slot is due
+// in asynq, at the least. asynq forwards a scheduled job to the pending list
+// at its first check (Config.DelayedTaskCheckInterval) in the whole second
+// of its score, so the job arrives between the lead and the lead plus one
+// second early, and the worker's gate holds it in-process until its slot.
+// The lead must exceed the workers' DelayedTaskCheckInterval.
+const LeadDefault = 300 * time.Millisecond
+
+// ScheduleFor returns the time to give asynq.ProcessAt so that a job whose
+// slot (on the local clock) is slot is back in the pending list before it:
+// in the whole second that contains slot-lead. It returns a time in the
+// middle of that second, so that the few microseconds between this call and
+// asynq's own reading of the clock cannot move the job to the next second.
+func ScheduleFor(slot time.Time, lead time.Duration) time.Time {
+	return slot.Add(-lead).Truncate(time.Second).Add(time.Second / 2)
+}

@@ -1,0 +1,111 @@
+package queue_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/throttle"
+)
+
+func TestMain(m *testing.M) {
+	redistest.Main(m, goleak.IgnoreCurrent())
+}
+
+type env struct {
+	client    *redis.Client
+	prefix    string
+	queue     string // a queue no other test uses (asynq's keys have no prefix)
+	store     *throttle.PolicyStore
+	lim       *throttle.Limiter
+	q         *queue.Client
+	inspector *asynq.Inspector
+}
+
+// setup builds a queue client over the shared test server with a private
+// key prefix and queue name.
+func setup(tb testing.TB, lcfg *throttle.Config) *env {
+	tb.Helper()
+	client, prefix := redistest.Client(tb), redistest.Prefix(tb)
+	store, err := throttle.NewPolicyStore(client, &throttle.StoreConfig{Prefix: prefix})
+	require.NoError(tb, err)
+	var c throttle.Config
+	if lcfg != nil {
+		c = *lcfg
+	}
+	c.Prefix, c.Policies = prefix, store
+	lim, err := throttle.NewLimiter(client, &c)
+	require.NoError(tb, err)
+	q, err := queue.New(client, &queue.Config{Limiter: lim})
+	require.NoError(tb, err)
+	tb.Cleanup(func() {
+		require.NoError(tb, q.Close())
+		require.NoError(tb, lim.Close())
+		require.NoError(tb, store.Close())
+	})
+	return &env{client: client, prefix: prefix, queue: "q-" + prefix, store: store, lim: lim, q: q,
+		inspector: asynq.NewInspectorFromRedisClient(client)}
+}
+
+func (e *env) policy(tb testing.TB, name, text string) {
+	tb.Helper()
+	p, err := throttle.ParsePolicy(text)
+	require.NoError(tb, err)
+	require.NoError(tb, e.store.Set(context.Background(), name, p))
+}
+
+// asynqKeys lists asynq's keys of the env's queue: none means nothing was
+// written for it.
+func (e *env) asynqKeys(tb testing.TB) []string {
+	tb.Helper()
+	keys, err := e.client.Keys(context.Background(), "asynq:{"+e.queue+"}:*").Result()
+	require.NoError(tb, err)
+	return keys
+}
+
+func (e *env) backlog(tb testing.TB, tenant string) int64 {
+	tb.Helper()
+	st, err := e.lim.Stats(context.Background(), tenant)
+	require.NoError(tb, err)
+	return st.Backlog
+}
+
+// exampleTB lets Example functions, which get no *testing.T, use redistest:
+// it implements the few testing.TB methods redistest calls and panics on a
+// failure. The embedded nil TB is never called.
+type exampleTB struct {
+	testing.TB
+	name     string
+	cleanups []func()
+}
+
+func (e *exampleTB) Helper()                         {}
+func (e *exampleTB) Name() string                    { return e.name }
+func (e *exampleTB) Cleanup(f func())                { e.cleanups = append(e.cleanups, f) }
+func (e *exampleTB) Fatalf(format string, a ...any)  { panic(fmt.Sprintf(format, a...)) }
+func (e *exampleTB) Fatal(a ...any)                  { panic(fmt.Sprint(a...)) }
+func (e *exampleTB) Errorf(format string, a ...any)  { panic(fmt.Sprintf(format, a...)) }
+func (e *exampleTB) FailNow()                        { panic("example failed") }
+func (e *exampleTB) Logf(format string, args ...any) {}
+
+func (e *exampleTB) close() {
+	for i := len(e.cleanups) - 1; i >= 0; i-- {
+		e.cleanups[i]()
+	}
+}
+
+// exampleEnv gives an Example a Redis client, a key prefix and a queue name
+// of its own; call the returned function when done.
+func exampleEnv(name string) (client *redis.Client, prefix, queueName string, done func()) {
+	tb := &exampleTB{name: name}
+	client, prefix = redistest.Client(tb), redistest.Prefix(tb)
+	return client, prefix, "q-" + strings.ReplaceAll(prefix, ".", "-"), tb.close
+}

@@ -1,0 +1,127 @@
+package queue
+
+import (
+	"errors"
+	"fmt"
+	"reflect"
+	"strings"
+	"time"
+
+	"github.com/hibiken/asynq"
+)
+
+// ErrInvalid is matched (errors.Is) by every error about a job that cannot
+// be enqueued as given. Such errors are returned before anything is written.
+var ErrInvalid = errors.New("invalid job")
+
+// InvalidError describes a job that cannot be enqueued as given: Field names
+// what is wrong (tenant, cost, task, option), Value the value given and
+// Reason what to do instead. It matches ErrInvalid, and wraps
+// throttle.ErrInvalidTenant for a bad tenant.
+type InvalidError struct {
+	Field  string
+	Value  string
+	Reason string
+	Err    error
+}
+
+func (e *InvalidError) Error() string {
+	if e.Value == "" {
+		return fmt.Sprintf("queue: %s: %s", e.Field, e.Reason)
+	}
+	return fmt.Sprintf("queue: %s %s: %s", e.Field, e.Value, e.Reason)
+}
+
+// Is makes errors.Is(err, ErrInvalid) match.
+func (e *InvalidError) Is(target error) bool { return target == ErrInvalid }
+
+// Unwrap returns the underlying error, if any.
+func (e *InvalidError) Unwrap() error { return e.Err }
+
+// costOptType is the asynq.OptionType of Cost; asynq ignores options it
+// does not know, so the value only has to differ from asynq's own.
+const costOptType asynq.OptionType = 1 << 16
+
+type costOption int64
+
+// Cost is an option of Client.Enqueue: the job weighs n on its tenant's
+// rate, window and quota rules (a batch call that counts as n requests).
+// The default is 1. Client removes it before the task reaches asynq; given
+// to asynq.Client directly it has no effect.
+func Cost(n int64) asynq.Option { return costOption(n) }
+
+func (n costOption) String() string         { return fmt.Sprintf("Cost(%d)", int64(n)) }
+func (n costOption) Type() asynq.OptionType { return costOptType }
+func (n costOption) Value() any             { return int64(n) }
+
+// options is what Enqueue needs to know of the options given.
+type options struct {
+	cost      int64
+	queue     string
+	taskID    string
+	processAt time.Time // zero when none given
+	pass      []asynq.Option
+}
+
+var asynqPkg = reflect.TypeOf(asynq.MaxRetry(0)).PkgPath()
+
+// parseOptions checks every option the way asynq would, and the ones asynq
+// would silently ignore, so that nothing is written for a job asynq would
+// refuse or that would not do what its producer asked.
+func parseOptions(opts []asynq.Option, now time.Time) (options, error) {
+	o := options{cost: 1, queue: "default"}
+	for i, opt := range opts {
+		if opt == nil {
+			return o, &InvalidError{Field: "option", Value: fmt.Sprintf("#%d", i+1), Reason: "is nil"}
+		}
+		if c, ok := opt.(costOption); ok {
+			if c < 1 {
+				return o, &InvalidError{Field: "cost", Value: fmt.Sprint(int64(c)), Reason: "must be at least 1 (1 is the default)"}
+			}
+			o.cost = int64(c)
+			continue
+		}
+		if reflect.TypeOf(opt).PkgPath() != asynqPkg {
+			return o, &InvalidError{Field: "option", Value: fmt.Sprintf("%T", opt), Reason: "unknown option: asynq would ignore it; use asynq's options (asynq.Queue, asynq.MaxRetry, …) or queue.Cost"}
+		}
+		switch opt.Type() {
+		case asynq.QueueOpt:
+			name, _ := opt.Value().(string)
+			if strings.TrimSpace(name) == "" {
+				return o, &InvalidError{Field: "option", Value: opt.String(), Reason: "the queue name is empty; give a name such as \"default\""}
+			}
+			o.queue = name
+		case asynq.TaskIDOpt:
+			id, _ := opt.Value().(string)
+			if strings.TrimSpace(id) == "" {
+				return o, &InvalidError{Field: "option", Value: opt.String(), Reason: "the task id is empty; give a non-blank id or leave TaskID out"}
+			}
+			o.taskID = id
+		case asynq.UniqueOpt:
+			if ttl, _ := opt.Value().(time.Duration); ttl < time.Second {
+				return o, &InvalidError{Field: "option", Value: opt.String(), Reason: "asynq needs a Unique TTL of at least 1s"}
+			}
+		case asynq.ProcessAtOpt:
+			o.processAt, _ = opt.Value().(time.Time)
+		case asynq.ProcessInOpt:
+			d, _ := opt.Value().(time.Duration)
+			o.processAt = now.Add(d)
+		case asynq.GroupOpt:
+			return o, &InvalidError{Field: "option", Value: opt.String(), Reason: "grouped tasks are aggregated into a new task that does not carry the tenant, so sluice cannot throttle them; enqueue them with asynq.Client"}
+		case asynq.MaxRetryOpt, asynq.TimeoutOpt, asynq.DeadlineOpt, asynq.RetentionOpt:
+		default:
+			return o, &InvalidError{Field: "option", Value: opt.String(), Reason: "unknown asynq option type; this version of sluice supports asynq v0.26's options"}
+		}
+		o.pass = append(o.pass, opt)
+	}
+	return o, nil
+}
+
+// taskHasOptions reports whether the task carries options given to
+// asynq.NewTask. asynq keeps them private, so Client, which must build a new
+// task to add its headers, could neither read nor keep them; it refuses the
+// task rather than drop them silently.
+func taskHasOptions(t *asynq.Task) bool {
+	v := reflect.ValueOf(t).Elem().FieldByName("opts")
+	return v.IsValid() && v.Kind() == reflect.Slice && v.Len() > 0
+}
