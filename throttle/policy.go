@@ -206,8 +206,11 @@ func ParsePolicy(text string) (*Policy, error) {
 			}
 			num, unit, hasUnit := strings.Cut(val, "/")
 			n, err := strconv.ParseInt(num, 10, 64)
-			if err != nil || n < 1 {
+			if err != nil {
 				return nil, &PolicyError{key, val, "want N/day, N/hour, N/week, N/month, or N with reset=\"CRON SPEC\""}
+			}
+			if n < 1 {
+				return nil, &PolicyError{key, val, "the limit must be at least 1"}
 			}
 			p.Quota = &Quota{Limit: n}
 			if hasUnit {
@@ -261,6 +264,10 @@ func ParsePolicy(text string) (*Policy, error) {
 			if err != nil {
 				return nil, &PolicyError{key, val, "not a duration; use e.g. 30s or 2m"}
 			}
+			if d < time.Second {
+				// 0 would silently mean the default lease
+				return nil, &PolicyError{key, val, "must be at least 1s (it is renewed every lease/3 while a job runs)"}
+			}
 			p.Concurrency.Lease = d
 		case "overflow":
 			if err := once(key, val); err != nil {
@@ -274,6 +281,10 @@ func ParsePolicy(text string) (*Policy, error) {
 			d, err := time.ParseDuration(val)
 			if err != nil {
 				return nil, &PolicyError{key, val, "not a duration; use e.g. 500ms or 2s"}
+			}
+			if d <= 0 {
+				// 0 would silently mean the default wait
+				return nil, &PolicyError{key, val, fmt.Sprintf("must be positive; leave it out for the default (%s)", MaxWaitDefault)}
 			}
 			p.MaxWait = d
 		case "backlog":

@@ -282,9 +282,12 @@ func parseLimitPeriod(field, text string) (int64, time.Duration, error) {
 	if !ok {
 		return 0, 0, fmt.Errorf("%s=%s: want N/PERIOD such as 100/s, 600/min, 5000/h or 10/5s", field, text)
 	}
-	n, err := parseCount(field, num)
+	n, err := strconv.ParseInt(num, 10, 64)
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, fmt.Errorf("%s=%s: the limit %q is not a whole number", field, text, num)
+	}
+	if n <= 0 {
+		return 0, 0, fmt.Errorf("%s=%s: the limit must be at least 1", field, text)
 	}
 	p, err := parsePeriod(per)
 	if err != nil {

@@ -103,7 +103,9 @@ func (l *Limiter) Stats(ctx context.Context, tenant string) (*Stats, error) {
 		if err != nil {
 			return nil, err
 		}
-		p, name = r.tenant, r.tenantName
+		if r.tenant != nil {
+			p, name = r.tenant, r.tenantName
+		}
 	}
 	if p == nil {
 		p = &Policy{}

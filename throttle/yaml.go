@@ -2,6 +2,7 @@ package throttle
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
@@ -62,11 +63,25 @@ func ParsePolicyFile(data []byte) (map[string]*Policy, error) {
 		}
 		p, err := ParsePolicy(text)
 		if err != nil {
-			return nil, fmt.Errorf("policy file line %d, %q: %v", v.Line, name, err)
+			return nil, fmt.Errorf("policy file line %d, %q: %v", fieldLine(v, err), name, err)
 		}
 		out[name] = p
 	}
 	return out, nil
+}
+
+// fieldLine is the line of the field of mapping entry v that err names,
+// or the entry's own line.
+func fieldLine(v *yaml.Node, err error) int {
+	var pe *PolicyError
+	if v.Kind == yaml.MappingNode && errors.As(err, &pe) && pe.Field != "" {
+		for i := 0; i+1 < len(v.Content); i += 2 {
+			if v.Content[i].Value == pe.Field {
+				return v.Content[i].Line
+			}
+		}
+	}
+	return v.Line
 }
 
 // yamlFields are the keys a policy mapping may have, in text-form order.

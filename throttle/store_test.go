@@ -1,0 +1,324 @@
+package throttle
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func mustPolicy(t *testing.T, text string) *Policy {
+	t.Helper()
+	p, err := ParsePolicy(text)
+	require.NoError(t, err)
+	return p
+}
+
+func listed(t *testing.T, s *PolicyStore) map[string]string {
+	t.Helper()
+	all, err := s.List(context.Background())
+	require.NoError(t, err)
+	out := map[string]string{}
+	for i, np := range all {
+		if i > 0 {
+			require.Less(t, all[i-1].Name, np.Name, "List is sorted by name")
+		}
+		require.NoError(t, np.Err, np.Name)
+		out[np.Name] = np.Policy.String()
+	}
+	return out
+}
+
+func TestPolicyStore(t *testing.T) {
+	t.Parallel()
+	e := setup(t, false, nil)
+	ctx := context.Background()
+	s := e.store
+
+	_, err := s.Get(ctx, "acme")
+	require.ErrorIs(t, err, ErrNoPolicy)
+	require.ErrorContains(t, err, `"acme"`)
+	require.Empty(t, listed(t, s))
+	v0, err := s.Version(ctx)
+	require.NoError(t, err)
+	require.Equal(t, int64(0), v0)
+
+	require.NoError(t, s.Set(ctx, "acme", mustPolicy(t, "rate=100/s burst=20 concurrency=5")))
+	require.NoError(t, s.Set(ctx, DefaultPolicy, mustPolicy(t, "rate=10/s")))
+	require.NoError(t, s.Set(ctx, GlobalPolicy, mustPolicy(t, "rate=1000/s")))
+	got, err := s.Get(ctx, "acme")
+	require.NoError(t, err)
+	require.Equal(t, mustPolicy(t, "rate=100/s burst=20 concurrency=5"), got)
+	require.Equal(t, map[string]string{
+		"*": "rate=10/s", "@global": "rate=1000/s", "acme": "rate=100/s burst=20 concurrency=5",
+	}, listed(t, s))
+	v1, err := s.Version(ctx)
+	require.NoError(t, err)
+	require.Equal(t, int64(3), v1)
+
+	// Set replaces
+	require.NoError(t, s.Set(ctx, "acme", mustPolicy(t, "window=5/s")))
+	got, err = s.Get(ctx, "acme")
+	require.NoError(t, err)
+	require.Equal(t, "window=5/s", got.String())
+
+	// bad names and policies are refused and change nothing
+	before := listed(t, s)
+	require.ErrorIs(t, s.Set(ctx, "@other", &Policy{}), ErrInvalidTenant)
+	require.ErrorContains(t, s.Set(ctx, "acme", nil), "Delete")
+	require.ErrorContains(t, s.Set(ctx, "acme", &Policy{Rates: []Rate{{Limit: 0, Period: time.Second}}}), `policy "acme"`)
+	require.Equal(t, before, listed(t, s))
+
+	// Apply is all or nothing
+	err = s.Apply(ctx, map[string]*Policy{
+		"globex":  mustPolicy(t, "rate=5/s"),
+		"initech": {Concurrency: &Concurrency{Limit: 1, Lease: time.Millisecond}},
+	}, false)
+	require.ErrorContains(t, err, `policy "initech"`)
+	require.ErrorContains(t, err, "lease 1ms")
+	require.Equal(t, before, listed(t, s))
+	err = s.Apply(ctx, map[string]*Policy{"globex": mustPolicy(t, "rate=5/s"), "": {}}, true)
+	require.ErrorIs(t, err, ErrInvalidTenant)
+	require.Equal(t, before, listed(t, s))
+
+	require.NoError(t, s.Apply(ctx, map[string]*Policy{
+		"globex":  mustPolicy(t, "rate=5/s"),
+		"initech": mustPolicy(t, "concurrency=1"),
+	}, false))
+	require.Equal(t, map[string]string{
+		"*": "rate=10/s", "@global": "rate=1000/s", "acme": "window=5/s", "globex": "rate=5/s", "initech": "concurrency=1",
+	}, listed(t, s))
+
+	// with prune, what the map does not name is deleted
+	require.NoError(t, s.Apply(ctx, map[string]*Policy{
+		"*":      mustPolicy(t, "rate=20/s"),
+		"globex": mustPolicy(t, "rate=5/s"),
+	}, true))
+	require.Equal(t, map[string]string{"*": "rate=20/s", "globex": "rate=5/s"}, listed(t, s))
+
+	deleted, err := s.Delete(ctx, "globex")
+	require.NoError(t, err)
+	require.True(t, deleted)
+	deleted, err = s.Delete(ctx, "globex")
+	require.NoError(t, err)
+	require.False(t, deleted)
+	require.Equal(t, map[string]string{"*": "rate=20/s"}, listed(t, s))
+	_, err = s.Get(ctx, "globex")
+	require.ErrorIs(t, err, ErrNoPolicy)
+
+	// an empty prune removes everything
+	require.NoError(t, s.Apply(ctx, nil, true))
+	require.Empty(t, listed(t, s))
+
+	// Resolve: the tenant's own policy, else *, and @global
+	require.NoError(t, s.Apply(ctx, map[string]*Policy{
+		"*": mustPolicy(t, "rate=1/s"), "acme": mustPolicy(t, "rate=2/s"), GlobalPolicy: mustPolicy(t, "rate=3/s"),
+	}, false))
+	p, name, g, err := s.Resolve(ctx, "acme")
+	require.NoError(t, err)
+	require.Equal(t, "acme", name)
+	require.Equal(t, "rate=2/s", p.String())
+	require.Equal(t, "rate=3/s", g.String())
+	p, name, _, err = s.Resolve(ctx, "other")
+	require.NoError(t, err)
+	require.Equal(t, DefaultPolicy, name)
+	require.Equal(t, "rate=1/s", p.String())
+}
+
+func TestPolicyStoreGarbage(t *testing.T) {
+	t.Parallel()
+	e := setup(t, false, nil)
+	ctx := context.Background()
+	e.policy(t, "good", "rate=1/s")
+	require.NoError(t, e.client.HSet(ctx, policiesKey(e.prefix), "acme", "{not json", "bad", `{"policy":"rate=0/s"}`).Err())
+
+	_, err := e.store.Get(ctx, "acme")
+	require.ErrorContains(t, err, `policy "acme" in Redis is not valid JSON`)
+	require.ErrorContains(t, err, `sluice policy set "acme"`)
+	_, err = e.store.Get(ctx, "bad")
+	require.ErrorContains(t, err, `policy "bad" in Redis is not valid`)
+	require.ErrorContains(t, err, "rate=0/s")
+
+	_, err = e.lim.Admit(ctx, "acme", "j")
+	require.ErrorContains(t, err, `admit tenant "acme"`)
+	require.ErrorContains(t, err, `policy "acme" in Redis is not valid JSON`)
+	// other tenants are unaffected
+	d, err := e.lim.Admit(ctx, "good", "j")
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+
+	all, err := e.store.List(ctx)
+	require.NoError(t, err)
+	require.Len(t, all, 3)
+	require.Equal(t, "acme", all[0].Name)
+	require.Nil(t, all[0].Policy)
+	require.ErrorContains(t, all[0].Err, "not valid JSON")
+	require.Equal(t, "bad", all[1].Name)
+	require.ErrorContains(t, all[1].Err, "rate=0/s")
+	require.Equal(t, "good", all[2].Name)
+	require.NoError(t, all[2].Err)
+
+	// a broken default or @global stops every tenant that would use it
+	require.NoError(t, e.client.HSet(ctx, policiesKey(e.prefix), GlobalPolicy, "garbage").Err())
+	require.NoError(t, e.client.Incr(ctx, policiesVersionKey(e.prefix)).Err())
+	require.Eventually(t, func() bool {
+		_, err := e.lim.Admit(ctx, "good", "j")
+		return err != nil
+	}, 2*time.Second, 20*time.Millisecond)
+	_, err = e.lim.Admit(ctx, "good", "j")
+	require.ErrorContains(t, err, `policy "@global" in Redis is not valid JSON`)
+
+	// fixing it with Set clears the error
+	e.policy(t, "acme", "rate=1/s")
+	e.policy(t, GlobalPolicy, "rate=100/s")
+	d, err = e.lim.Admit(ctx, "acme", "j")
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+}
+
+// otherWorker is a limiter with a store of its own over the same Redis, as
+// another worker process has.
+func otherWorker(t *testing.T, e *env) *Limiter {
+	t.Helper()
+	store, err := NewPolicyStore(e.client, &StoreConfig{Prefix: e.prefix})
+	require.NoError(t, err)
+	lim, err := NewLimiter(e.client, &Config{Prefix: e.prefix, Policies: store})
+	require.NoError(t, err)
+	lim.clock = e.clock.Now
+	t.Cleanup(func() {
+		require.NoError(t, lim.Close())
+		require.NoError(t, store.Close())
+	})
+	return lim
+}
+
+// waitForRule asks lim (without changing anything) whether a job of acme
+// may start until the answer is a denial by rule, and fails when that
+// takes more than within.
+func waitForRule(t *testing.T, lim *Limiter, rule string, within time.Duration) {
+	t.Helper()
+	ctx := context.Background()
+	start := time.Now()
+	for {
+		d, err := lim.Do(ctx, Request{Tenant: "acme", ID: "probe", DryRun: true})
+		require.NoError(t, err)
+		if !d.Allowed && d.Rule == rule {
+			t.Logf("seen after %s", time.Since(start).Round(time.Millisecond))
+			return
+		}
+		require.Less(t, time.Since(start), within, "policy change not seen; last decision %s", d)
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestPolicyChangeSeenByOtherWorkers(t *testing.T) {
+	t.Parallel()
+	e := setup(t, false, nil)
+	ctx := context.Background()
+	other := otherWorker(t, e)
+	e.policy(t, "acme", "rate=1/s")
+	// the other worker reads and caches acme's policy
+	d, err := other.Do(ctx, Request{Tenant: "acme", ID: "probe", DryRun: true})
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+
+	// through the first store: announced on pub/sub
+	e.policy(t, "acme", "concurrency=1 lease=1h")
+	_, err = e.lim.Admit(ctx, "acme", "holder")
+	require.NoError(t, err)
+	waitForRule(t, other, "concurrency", time.Second)
+
+	// pub/sub is not used: the hash is changed directly and the version
+	// bumped, as a lost message would leave it; the version poll finds it
+	raw, err := encodePolicy(mustPolicy(t, "quota=1/day"))
+	require.NoError(t, err)
+	require.NoError(t, e.client.HSet(ctx, policiesKey(e.prefix), "acme", raw).Err())
+	require.NoError(t, e.client.Incr(ctx, policiesVersionKey(e.prefix)).Err())
+	// a worker started now reads the new policy and uses up the quota
+	d, err = otherWorker(t, e).Admit(ctx, "acme", "q")
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+	waitForRule(t, other, "quota", time.Second)
+
+	// a deletion is seen as well: acme falls back to the default policy
+	e.policy(t, DefaultPolicy, "window=1/day")
+	_, err = e.store.Delete(ctx, "acme")
+	require.NoError(t, err)
+	_, err = e.lim.Admit(ctx, "acme", "w")
+	require.NoError(t, err)
+	waitForRule(t, other, "window", time.Second)
+}
+
+func TestPolicyChangeKeepsState(t *testing.T) {
+	t.Parallel()
+	e := setup(t, false, nil)
+	ctx := context.Background()
+	e.policy(t, "acme", "rate=1/min window=10/h quota=5/day concurrency=2")
+	e.clock.Set(time.Date(2026, 5, 1, 10, 0, 0, 0, time.UTC))
+	d, err := e.lim.Admit(ctx, "acme", "a")
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+
+	// a new policy with the same rules and more: nothing starts afresh
+	e.policy(t, "acme", "rate=1/min window=10/h quota=5/day concurrency=2 backlog=10")
+	d, err = e.lim.Admit(ctx, "acme", "b")
+	require.NoError(t, err)
+	require.Equal(t, "rate[0]", d.Rule)
+	require.Equal(t, time.Minute, d.RetryAfter)
+	st, err := e.lim.Stats(ctx, "acme")
+	require.NoError(t, err)
+	require.Equal(t, int64(1), st.Quota.Used)
+	require.Equal(t, int64(1), st.Window.Started)
+	require.Equal(t, int64(1), st.Concurrency.InFlight)
+
+	// deleting the policy and setting it again keeps the state too
+	_, err = e.store.Delete(ctx, "acme")
+	require.NoError(t, err)
+	e.policy(t, "acme", "rate=1/min window=10/h quota=5/day concurrency=2")
+	d, err = e.lim.Admit(ctx, "acme", "b")
+	require.NoError(t, err)
+	require.Equal(t, "rate[0]", d.Rule)
+
+	// a tighter rule applies to the state as it is
+	e.policy(t, "acme", "rate=1/min window=1/h")
+	e.clock.Advance(time.Minute)
+	d, err = e.lim.Admit(ctx, "acme", "b")
+	require.NoError(t, err)
+	require.Equal(t, "window", d.Rule)
+	require.Equal(t, 59*time.Minute, d.RetryAfter)
+}
+
+func TestPolicyStoreClose(t *testing.T) {
+	t.Parallel()
+	e := setup(t, false, nil)
+	ctx := context.Background()
+	s, err := NewPolicyStore(e.client, &StoreConfig{Prefix: e.prefix, PollInterval: 50 * time.Millisecond})
+	require.NoError(t, err)
+	require.NoError(t, s.Set(ctx, "acme", mustPolicy(t, "rate=1/s")))
+	p, _, _, err := s.Resolve(ctx, "acme")
+	require.NoError(t, err)
+	require.Equal(t, "rate=1/s", p.String())
+	require.NoError(t, s.Close())
+	require.NoError(t, s.Close())
+	// a closed store still reads and writes, without a cache
+	require.NoError(t, e.client.HSet(ctx, policiesKey(e.prefix), "acme", mustEncode(t, "rate=2/s")).Err())
+	p, _, _, err = s.Resolve(ctx, "acme")
+	require.NoError(t, err)
+	require.Equal(t, "rate=2/s", p.String())
+	// a store never used closes without having started anything
+	unused, err := NewPolicyStore(e.client, &StoreConfig{Prefix: e.prefix})
+	require.NoError(t, err)
+	require.NoError(t, unused.Close())
+	_, err = NewPolicyStore(e.client, &StoreConfig{PollInterval: -time.Second})
+	require.ErrorContains(t, err, "-1s")
+	_, err = NewPolicyStore(nil, nil)
+	require.Error(t, err)
+}
+
+func mustEncode(t *testing.T, text string) string {
+	t.Helper()
+	raw, err := encodePolicy(mustPolicy(t, text))
+	require.NoError(t, err)
+	return raw
+}
