@@ -1,0 +1,505 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"flag"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/throttle"
+)
+
+var update = flag.Bool("update", false, "rewrite testdata/*.golden from the current output")
+
+func TestMain(m *testing.M) { redistest.Main(m) }
+
+// cli runs the sluice binary built once by TestCLI.
+type cli struct {
+	bin    string
+	url    string
+	prefix string
+	client *redis.Client
+}
+
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+// TestCLI builds the binary once (into a directory removed when every
+// subtest is done) and runs the binary's tests against a private Redis.
+func TestCLI(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "sluice")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	require.NoError(t, err, "go build: %s", out)
+
+	for name, fn := range map[string]func(*testing.T, *cli){
+		"Help":                 testHelp,
+		"Version":              testVersion,
+		"PolicyCommands":       testPolicyCommands,
+		"FlagsAnywhere":        testFlagsAnywhere,
+		"BadUsage":             testBadUsage,
+		"Unreachable":          testUnreachable,
+		"ApplyAllOrNothing":    testApplyAllOrNothing,
+		"Apply":                testApply,
+		"StatsJSON":            testStatsJSON,
+		"StatsTable":           testStatsTable,
+		"AdmitDryRun":          testAdmitDryRun,
+		"TopOnce":              testTopOnce,
+		"PolicyListEmptyState": testPolicyListEmpty,
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			fn(t, &cli{bin: bin, url: redistest.URL(t), prefix: redistest.Prefix(t), client: redistest.Client(t)})
+		})
+	}
+}
+
+// run runs sluice with --prefix set to the test's prefix and
+// SLUICE_REDIS_URL to the test server.
+func (c *cli) run(t *testing.T, args ...string) result {
+	t.Helper()
+	return c.runWith(t, nil, map[string]string{"SLUICE_REDIS_URL": c.url}, append([]string{"--prefix", c.prefix}, args...)...)
+}
+
+func (c *cli) runWith(t *testing.T, stdin []byte, env map[string]string, args ...string) result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, c.bin, args...)
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + t.TempDir()}
+	for k, v := range env {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
+	if stdin != nil {
+		cmd.Stdin = bytes.NewReader(stdin)
+	}
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	code := 0
+	if err != nil {
+		ee, ok := err.(*exec.ExitError)
+		require.True(t, ok, "run %v: %v", args, err)
+		code = ee.ExitCode()
+	}
+	return result{code: code, stdout: stdout.String(), stderr: stderr.String()}
+}
+
+func (c *cli) policies(t *testing.T) map[string]string {
+	t.Helper()
+	h, err := c.client.HGetAll(context.Background(), c.prefix+":{p}:policies").Result()
+	require.NoError(t, err)
+	return h
+}
+
+func (c *cli) limiter(t *testing.T) *throttle.Limiter {
+	t.Helper()
+	l, err := throttle.NewLimiter(c.client, &throttle.Config{Prefix: c.prefix})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, l.Close()) })
+	return l
+}
+
+func (c *cli) mustRun(t *testing.T, args ...string) string {
+	t.Helper()
+	r := c.run(t, args...)
+	require.Equal(t, 0, r.code, "sluice %v: %s", args, r.stderr)
+	return r.stdout
+}
+
+// golden compares got with testdata/NAME.golden, or rewrites it with -update.
+func golden(t *testing.T, name, got string) {
+	t.Helper()
+	path := filepath.Join("testdata", name+".golden")
+	if *update {
+		require.NoError(t, os.MkdirAll("testdata", 0o755))
+		require.NoError(t, os.WriteFile(path, []byte(got), 0o644))
+		return
+	}
+	want, err := os.ReadFile(path)
+	require.NoError(t, err, "run go test ./cmd/sluice -run TestCLI -update to create it")
+	require.Equal(t, string(want), got)
+}
+
+func testHelp(t *testing.T, c *cli) {
+	r := c.runWith(t, nil, nil, "--help")
+	require.Equal(t, 0, r.code)
+	require.Empty(t, r.stderr)
+	golden(t, "help", r.stdout)
+	for _, args := range [][]string{{"help"}, {"-h"}} {
+		again := c.runWith(t, nil, nil, args...)
+		require.Equal(t, r, again, "sluice %v", args)
+	}
+
+	sub := c.runWith(t, nil, nil, "help", "policy", "apply")
+	require.Equal(t, 0, sub.code)
+	require.True(t, strings.HasPrefix(sub.stdout, "usage: sluice policy apply -f FILE.yaml [--prune] [--dry-run]\n"), sub.stdout)
+	require.Contains(t, sub.stdout, "Rules (policy set, policy apply)")
+	require.Equal(t, sub, c.runWith(t, nil, nil, "policy", "apply", "--help"))
+
+	group := c.runWith(t, nil, nil, "help", "policy")
+	require.Equal(t, 0, group.code)
+	require.Contains(t, group.stdout, "  sluice policy set TENANT 'RULES'\n")
+	require.Contains(t, group.stdout, "  sluice policy delete TENANT\n")
+	require.Equal(t, group, c.runWith(t, nil, nil, "policy", "--help"))
+
+	// No command at all: the usage, on stderr, exit 2.
+	none := c.runWith(t, nil, nil)
+	require.Equal(t, result{code: 2, stderr: "sluice: no command given\nusage: sluice [--redis URL] [--prefix PREFIX] COMMAND [ARGS]\nrun 'sluice help' for the commands and flags\n"}, none)
+}
+
+func testVersion(t *testing.T, c *cli) {
+	for _, args := range [][]string{{"version"}, {"--version"}} {
+		r := c.runWith(t, nil, nil, args...)
+		require.Equal(t, 0, r.code)
+		require.Regexp(t, `^sluice \S+ go1\.\S+ \w+/\w+\n$`, r.stdout)
+	}
+}
+
+func testPolicyCommands(t *testing.T, c *cli) {
+	require.Equal(t, "set policy acme: rate=100/s burst=20 concurrency=5\n",
+		c.mustRun(t, "policy", "set", "acme", "rate=100/s burst=20 concurrency=5"))
+	require.Equal(t, "set policy acme: rate=100/s burst=20 quota=1000/day concurrency=5\n  was: rate=100/s burst=20 concurrency=5\n",
+		c.mustRun(t, "policy", "set", "acme", "rate=100/s burst=20 concurrency=5 quota=1000/day"))
+	require.Equal(t, "set policy acme: rate=100/s burst=20 quota=1000/day concurrency=5\n  (unchanged)\n",
+		c.mustRun(t, "policy", "set", "acme", "rate=100/s", "burst=20", "quota=1000/day", "concurrency=5"))
+	c.mustRun(t, "policy", "set", "*", "rate=10/s")
+	c.mustRun(t, "policy", "set", "@global", "rate=1000/s window=50000/min")
+	c.mustRun(t, "policy", "set", "we{ird} tenant", "concurrency=1 lease=10s")
+	require.Equal(t, "set policy open: (no rules: nothing is limited)\n", c.mustRun(t, "policy", "set", "open", ""))
+
+	require.Equal(t, "rate=100/s burst=20 quota=1000/day concurrency=5\n", c.mustRun(t, "policy", "get", "acme"))
+	require.Equal(t, "rate=1000/s window=50000/min\n", c.mustRun(t, "policy", "get", "@global"))
+
+	golden(t, "policy_list", c.mustRun(t, "policy", "list"))
+	golden(t, "policy_list_json", c.mustRun(t, "policy", "list", "--json"))
+
+	r := c.run(t, "policy", "get", "bob")
+	require.Equal(t, result{code: 1, stderr: "sluice: no policy for \"bob\"; it follows the default policy *: rate=10/s\n"}, r)
+
+	require.Equal(t, "deleted policy acme (its throttle state is kept)\n", c.mustRun(t, "policy", "delete", "acme"))
+	require.Equal(t, "no policy acme; nothing deleted\n", c.mustRun(t, "policy", "delete", "acme"))
+	c.mustRun(t, "policy", "delete", "*")
+	r = c.run(t, "policy", "get", "acme")
+	require.Equal(t, 1, r.code)
+	require.Equal(t, "sluice: no policy for \"acme\" and no default policy *: its jobs are limited by @global only; set one with: sluice policy set acme 'RULES'\n", r.stderr)
+	r = c.run(t, "policy", "get", "*")
+	require.Equal(t, result{code: 1, stderr: "sluice: no policy *; set one with: sluice policy set '*' 'RULES'\n"}, r)
+}
+
+func testPolicyListEmpty(t *testing.T, c *cli) {
+	r := c.run(t, "policy", "list")
+	require.Equal(t, result{code: 0, stdout: "NAME  POLICY\n", stderr: "no policies yet; set one with: sluice policy set TENANT 'RULES'\n"}, r)
+	require.Equal(t, "[]\n", c.mustRun(t, "policy", "list", "--json"))
+	r = c.run(t, "stats")
+	require.Equal(t, 0, r.code)
+	require.Equal(t, "no tenant has a policy or throttle state yet\n", r.stderr)
+	require.Equal(t, "{\n  \"now\": \"<time>\",\n  \"tenants\": []\n}\n", maskTimes(c.mustRun(t, "stats", "--json")))
+}
+
+func testFlagsAnywhere(t *testing.T, c *cli) {
+	// Global flags after the command, the redis URL from the flag instead of the environment.
+	r := c.runWith(t, nil, nil, "policy", "set", "acme", "rate=5/s", "--redis", c.url, "--prefix", c.prefix)
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, map[string]string{"acme": ""}, keysOnly(c.policies(t)))
+	// "--" ends the flags, for a tenant that starts with a dash.
+	c.mustRun(t, "policy", "set", "--", "-dash", "rate=1/s")
+	require.Equal(t, "rate=1/s\n", c.mustRun(t, "policy", "get", "--", "-dash"))
+	// The flag wins over the environment.
+	r = c.runWith(t, nil, map[string]string{"SLUICE_REDIS_URL": "redis://127.0.0.1:1"}, "--redis", c.url, "--prefix", c.prefix, "policy", "get", "acme")
+	require.Equal(t, result{code: 0, stdout: "rate=5/s\n"}, r)
+}
+
+func keysOnly(m map[string]string) map[string]string {
+	out := map[string]string{}
+	for k := range m {
+		out[k] = ""
+	}
+	return out
+}
+
+func testBadUsage(t *testing.T, c *cli) {
+	c.mustRun(t, "policy", "set", "acme", "rate=10/s")
+	before := c.policies(t)
+	tests := []struct {
+		args    []string
+		env     map[string]string // replaces the default environment when set
+		wantMsg string
+		usage   string // the usage line printed after the message
+	}{
+		{args: []string{"polcy", "list"}, wantMsg: `unknown command "polcy"; commands: policy, stats, top, admit, version, help`, usage: "sluice [--redis URL] [--prefix PREFIX] COMMAND [ARGS]"},
+		{args: []string{"--bogus", "policy", "list"}, wantMsg: "unknown flag --bogus", usage: "sluice [--redis URL] [--prefix PREFIX] COMMAND [ARGS]"},
+		{args: []string{"policy"}, wantMsg: "policy needs a subcommand: set, get, list, delete, apply", usage: "sluice policy set|get|list|delete|apply ..."},
+		{args: []string{"policy", "sett", "acme", "rate=1/s"}, wantMsg: `unknown subcommand "sett" of policy; use one of: set, get, list, delete, apply`, usage: "sluice policy set|get|list|delete|apply ..."},
+		{args: []string{"policy", "list", "--jsn"}, wantMsg: "policy list: unknown flag --jsn", usage: "sluice policy list [--json]"},
+		{args: []string{"policy", "list", "extra"}, wantMsg: `policy list: unexpected argument "extra"`, usage: "sluice policy list [--json]"},
+		{args: []string{"policy", "set", "acme", "rate=abc"}, wantMsg: "policy set acme: rate=abc: ", usage: "sluice policy set TENANT 'RULES'"},
+		{args: []string{"policy", "set", "acme", "rate=10/s bogus=1"}, wantMsg: "policy set acme: bogus=1: unknown option; known: rate burst window quota", usage: "sluice policy set TENANT 'RULES'"},
+		{args: []string{"policy", "set", "acme", "burst=5"}, wantMsg: "policy set acme: burst=5: burst belongs to a rate", usage: "sluice policy set TENANT 'RULES'"},
+		{args: []string{"policy", "set"}, wantMsg: "policy set: missing TENANT", usage: "sluice policy set TENANT 'RULES'"},
+		{args: []string{"policy", "set", "acme"}, wantMsg: "policy set: missing RULES (quote them: sluice policy set acme 'rate=100/s burst=20'; '' for no limits)", usage: "sluice policy set TENANT 'RULES'"},
+		{args: []string{"policy", "set", "@foo", "rate=1/s"}, wantMsg: `policy name "@foo": the only names starting with @ are @global`, usage: "sluice policy set TENANT 'RULES'"},
+		{args: []string{"policy", "get"}, wantMsg: "policy get: missing TENANT", usage: "sluice policy get TENANT"},
+		{args: []string{"policy", "get", "a", "b"}, wantMsg: `policy get: unexpected argument "b"`, usage: "sluice policy get TENANT"},
+		{args: []string{"policy", "delete", strings.Repeat("x", 300)}, wantMsg: "invalid tenant: tenant", usage: "sluice policy delete TENANT"},
+		{args: []string{"policy", "apply"}, wantMsg: "policy apply: missing -f FILE.yaml (- reads standard input)", usage: "sluice policy apply -f FILE.yaml [--prune] [--dry-run]"},
+		{args: []string{"policy", "apply", "-f"}, wantMsg: "policy apply: flag --f needs a value", usage: "sluice policy apply -f FILE.yaml [--prune] [--dry-run]"},
+		{args: []string{"stats", "a", "b"}, wantMsg: `stats: unexpected argument "b"`, usage: "sluice stats [TENANT] [--json]"},
+		{args: []string{"stats", "*"}, wantMsg: "* is the default policy, not a tenant", usage: "sluice stats [TENANT] [--json]"},
+		{args: []string{"admit", "acme"}, wantMsg: "admit needs --dry-run", usage: "sluice admit TENANT --dry-run [--cost N] [--id JOB] [--json]"},
+		{args: []string{"admit", "--dry-run"}, wantMsg: "admit: missing TENANT", usage: "sluice admit TENANT --dry-run [--cost N] [--id JOB] [--json]"},
+		{args: []string{"admit", "acme", "--dry-run", "--cost", "0"}, wantMsg: "--cost 0: must be at least 1", usage: "sluice admit TENANT --dry-run [--cost N] [--id JOB] [--json]"},
+		{args: []string{"admit", "acme", "--dry-run", "--cost", "abc"}, wantMsg: `admit: invalid value "abc" for flag --cost`, usage: "sluice admit TENANT --dry-run [--cost N] [--id JOB] [--json]"},
+		{args: []string{"top", "--interval", "0"}, wantMsg: `top: invalid value "0" for flag --interval: want a positive duration such as 1s or 500ms`, usage: "sluice top [--once] [--interval 1s] [--limit N]"},
+		{args: []string{"top", "--limit", "-1"}, wantMsg: "--limit -1: must be 0 (as many as fit) or more", usage: "sluice top [--once] [--interval 1s] [--limit N]"},
+		{args: []string{"version", "extra"}, wantMsg: `version takes no arguments, got "extra"`, usage: "sluice version"},
+		{args: []string{"help", "nope"}, wantMsg: `no command "nope"`, usage: "sluice [--redis URL] [--prefix PREFIX] COMMAND [ARGS]"},
+		{args: []string{"--redis", "foo", "policy", "list"}, wantMsg: `--redis: Redis URL "foo": no scheme; write it as a URL, e.g. redis://foo; accepted forms: redis://[USER:PASSWORD@]HOST:PORT[/DB], `, usage: "sluice policy list [--json]"},
+		{args: []string{"--redis", "redis://u:secret@h:1/x", "policy", "set", "acme", "rate=1/s"}, wantMsg: `--redis: Redis URL "redis://u:xxxxx@h:1/x": database "x": must be a number`, usage: "sluice policy set TENANT 'RULES'"},
+		{args: []string{"--prefix", "a{b}", "policy", "list"}, wantMsg: `--prefix "a{b}": must not contain { or }`, usage: "sluice policy list [--json]"},
+		{args: []string{"policy", "list"}, env: map[string]string{"SLUICE_REDIS_URL": "http://x"}, wantMsg: `SLUICE_REDIS_URL: Redis URL "http://x": unknown scheme "http"`, usage: "sluice policy list [--json]"},
+	}
+	for _, tt := range tests {
+		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+			var r result
+			if tt.env != nil {
+				r = c.runWith(t, nil, tt.env, append([]string{"--prefix", c.prefix}, tt.args...)...)
+			} else {
+				r = c.run(t, tt.args...)
+			}
+			require.Equal(t, 2, r.code, r.stderr)
+			require.Empty(t, r.stdout)
+			lines := strings.Split(strings.TrimSuffix(r.stderr, "\n"), "\n")
+			require.Len(t, lines, 3, r.stderr)
+			require.True(t, strings.HasPrefix(lines[0], "sluice: "+tt.wantMsg), "got %q\nwant prefix %q", lines[0], "sluice: "+tt.wantMsg)
+			require.Equal(t, "usage: "+tt.usage, lines[1])
+			require.True(t, strings.HasPrefix(lines[2], "run 'sluice help"), lines[2])
+			require.NotContains(t, r.stderr, "secret")
+			require.Equal(t, before, c.policies(t), "a bad command line changes nothing")
+		})
+	}
+}
+
+func testUnreachable(t *testing.T, c *cli) {
+	c.mustRun(t, "policy", "set", "acme", "rate=10/s")
+	before := c.policies(t)
+	port, err := redistest.FreePort()
+	require.NoError(t, err)
+	addr := "127.0.0.1:" + strconv.Itoa(port)
+	file := filepath.Join(t.TempDir(), "p.yaml")
+	require.NoError(t, os.WriteFile(file, []byte("acme: rate=1/s\n"), 0o600))
+	want := "sluice: cannot reach Redis at " + addr + ": connection refused; is redis-server running? set --redis or SLUICE_REDIS_URL\n"
+	for _, args := range [][]string{
+		{"policy", "set", "acme", "rate=1/s"},
+		{"policy", "get", "acme"},
+		{"policy", "list"},
+		{"policy", "delete", "acme"},
+		{"policy", "apply", "-f", file},
+		{"stats"},
+		{"stats", "acme", "--json"},
+		{"top", "--once"},
+		{"admit", "acme", "--dry-run"},
+	} {
+		start := time.Now()
+		r := c.runWith(t, nil, map[string]string{"SLUICE_REDIS_URL": "redis://" + addr}, append([]string{"--prefix", c.prefix}, args...)...)
+		require.Equal(t, result{code: 1, stderr: want}, r, "sluice %v", args)
+		require.Less(t, time.Since(start), 10*time.Second, "a refused connection is reported at once")
+	}
+	r := c.runWith(t, nil, nil, "--redis", "memory://"+addr, "policy", "list")
+	require.Equal(t, result{code: 1, stderr: "sluice: cannot reach Redis at " + addr + ": connection refused; is a worker started with --redis memory://" + addr + " running? set --redis or SLUICE_REDIS_URL\n"}, r)
+	require.Equal(t, before, c.policies(t))
+}
+
+func testApplyAllOrNothing(t *testing.T, c *cli) {
+	c.mustRun(t, "policy", "set", "acme", "rate=10/s")
+	c.mustRun(t, "policy", "set", "old", "concurrency=2")
+	before := c.policies(t)
+	dir := t.TempDir()
+	write := func(name, text string) string {
+		p := filepath.Join(dir, name)
+		require.NoError(t, os.WriteFile(p, []byte(text), 0o600))
+		return p
+	}
+	tests := []struct {
+		name, text, wantMsg string
+	}{
+		{"bad-rate.yaml", "acme: rate=20/s\nnew: rate=5/s\nbroken:\n  rate: 10/fortnight\n", `policy file line 4, "broken": `},
+		{"bad-field.yaml", "acme: rate=20/s\nbroken:\n  rate: 10/s\n  burts: 5\n", `policy file line 3, "broken": line 4: unknown field "burts"`},
+		{"bad-name.yaml", "acme: rate=20/s\n\"@nope\": rate=1/s\n", `policy file line 2: invalid tenant: policy name "@nope"`},
+		{"dup.yaml", "acme: rate=20/s\nacme: rate=30/s\n", `policy file line 2: "acme" is given twice`},
+		{"not-yaml.yaml", "acme: [rate\n", "policy file: not valid YAML"},
+		{"list.yaml", "- acme\n", "policy file line 1: want a mapping of policy name to policy"},
+	}
+	for _, tt := range tests {
+		path := write(tt.name, tt.text)
+		for _, extra := range [][]string{nil, {"--prune"}} {
+			r := c.run(t, append([]string{"policy", "apply", "-f", path}, extra...)...)
+			require.Equal(t, 1, r.code, "%s: %s", tt.name, r.stderr)
+			require.Empty(t, r.stdout)
+			require.True(t, strings.HasPrefix(r.stderr, "sluice: "+path+": "+tt.wantMsg), "%s: %s", tt.name, r.stderr)
+			require.True(t, strings.HasSuffix(r.stderr, "; nothing was changed\n"), r.stderr)
+			require.Equal(t, 1, strings.Count(r.stderr, "\n"), r.stderr)
+			require.Equal(t, before, c.policies(t), "%s changed the policies", tt.name)
+		}
+	}
+	r := c.run(t, "policy", "apply", "-f", filepath.Join(dir, "missing.yaml"))
+	require.Equal(t, result{code: 1, stderr: "sluice: cannot read the policy file " + filepath.Join(dir, "missing.yaml") + ": no such file or directory\n"}, r)
+	empty := write("empty.yaml", "# nothing\n")
+	r = c.run(t, "policy", "apply", "-f", empty, "--prune")
+	require.Equal(t, 1, r.code)
+	require.Contains(t, r.stderr, "lists no policies: with --prune that would delete every policy; nothing was changed")
+	require.Equal(t, before, c.policies(t))
+}
+
+func testApply(t *testing.T, c *cli) {
+	c.mustRun(t, "policy", "set", "acme", "rate=10/s")
+	c.mustRun(t, "policy", "set", "same", "concurrency=2")
+	c.mustRun(t, "policy", "set", "old", "concurrency=3")
+	file := filepath.Join(t.TempDir(), "policies.yaml")
+	require.NoError(t, os.WriteFile(file, []byte(`"*": rate=10/s concurrency=2
+"@global":
+  rate: 1000/s
+acme:
+  rate: [100/s burst 20, 5000/h]
+  quota: 10000/day
+  tz: America/Los_Angeles
+  concurrency: 5
+same: concurrency=2
+`), 0o600))
+	before := c.policies(t)
+	out := c.mustRun(t, "policy", "apply", "-f", file, "--dry-run")
+	require.Equal(t, before, c.policies(t), "--dry-run changes nothing")
+	require.True(t, strings.HasSuffix(out, "dry run, nothing was changed: "+file+" would be 2 created, 1 updated, 1 unchanged; 1 other policies kept (--prune deletes them)\n"), out)
+
+	out = c.mustRun(t, "policy", "apply", "-f", file)
+	require.Equal(t, `created    *        rate=10/s concurrency=2
+created    @global  rate=1000/s
+updated    acme     rate=100/s burst=20 rate=5000/h quota=10000/day tz=America/Los_Angeles concurrency=5 (was: rate=10/s)
+unchanged  same     concurrency=2
+applied `+file+`: 2 created, 1 updated, 1 unchanged; 1 other policies kept (--prune deletes them)
+`, out)
+	require.Equal(t, "rate=100/s burst=20 rate=5000/h quota=10000/day tz=America/Los_Angeles concurrency=5\n", c.mustRun(t, "policy", "get", "acme"))
+	require.Equal(t, "concurrency=3\n", c.mustRun(t, "policy", "get", "old"))
+
+	// --prune from standard input.
+	data, err := os.ReadFile(file)
+	require.NoError(t, err)
+	r := c.runWith(t, data, map[string]string{"SLUICE_REDIS_URL": c.url}, "--prefix", c.prefix, "policy", "apply", "-f", "-", "--prune")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "deleted    old")
+	require.True(t, strings.HasSuffix(r.stdout, "applied -: 0 created, 0 updated, 4 unchanged, 1 deleted\n"), r.stdout)
+	require.Equal(t, map[string]string{"*": "", "@global": "", "acme": "", "same": ""}, keysOnly(c.policies(t)))
+}
+
+var (
+	timeRE  = regexp.MustCompile(`"\d{4}-\d\d-\d\dT[^"]*"`)
+	aheadRE = regexp.MustCompile(`"ahead_ms": [0-9.]+`)
+)
+
+// maskTimes replaces what depends on the clock in JSON output.
+func maskTimes(s string) string {
+	s = timeRE.ReplaceAllString(s, `"<time>"`)
+	return aheadRE.ReplaceAllString(s, `"ahead_ms": "<duration>"`)
+}
+
+// seedState gives a few tenants throttle state through the Go API.
+func seedState(t *testing.T, c *cli) {
+	ctx := context.Background()
+	c.mustRun(t, "policy", "set", "acme", "rate=1/h burst=5 concurrency=3 quota=1000/day tz=UTC backlog=100")
+	c.mustRun(t, "policy", "set", "quiet", "window=10/min")
+	c.mustRun(t, "policy", "set", "@global", "rate=1/h burst=1000")
+	l := c.limiter(t)
+	for _, id := range []string{"job-1", "job-2"} {
+		d, err := l.Admit(ctx, "acme", id)
+		require.NoError(t, err)
+		require.True(t, d.Allowed)
+	}
+	_, _, err := l.AddBacklog(ctx, "acme", 100, "job-3", "job-4", "job-5")
+	require.NoError(t, err)
+	_, err = l.Cooldown(ctx, "cooling", time.Hour)
+	require.NoError(t, err)
+}
+
+func testStatsJSON(t *testing.T, c *cli) {
+	seedState(t, c)
+	golden(t, "stats_json", maskTimes(c.mustRun(t, "stats", "--json")))
+	one := maskTimes(c.mustRun(t, "stats", "acme", "--json"))
+	require.Contains(t, one, `"tenant": "acme"`)
+	require.NotContains(t, one, `"tenant": "quiet"`)
+}
+
+func testStatsTable(t *testing.T, c *cli) {
+	seedState(t, c)
+	out := c.mustRun(t, "stats")
+	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+	require.Len(t, lines, 5, out)
+	require.Regexp(t, `^TENANT\s+POLICY\s+STARTED\s+RATE \(FREE/BURST\)\s+WINDOW\s+QUOTA\s+IN FLIGHT\s+RESERVED\s+COOLDOWN\s+BACKLOG$`, lines[0])
+	require.Regexp(t, `^@global\s+@global\s+2\s+998/1000 of 1/h\s+-\s+-\s+-\s+0\s+-\s+0$`, lines[1])
+	require.Regexp(t, `^acme\s+acme\s+2\s+3/5 of 1/h\s+-\s+2 of 1000/day\s+2/3\s+0\s+-\s+3/100$`, lines[2])
+	require.Regexp(t, `^cooling\s+-\s+0\s+-\s+-\s+-\s+-\s+0\s+\S+ left\s+0$`, lines[3])
+	require.Regexp(t, `^quiet\s+quiet\s+0\s+-\s+0 of 10/min\s+-\s+-\s+0\s+-\s+0$`, lines[4])
+
+	detail := c.mustRun(t, "stats", "acme")
+	require.Contains(t, detail, "policy     acme: rate=1/h burst=5 quota=1000/day tz=UTC concurrency=3 backlog=100\n")
+	require.Contains(t, detail, "in flight  2 of 3\n")
+	require.Regexp(t, `\n\s+job-1 \(lease ends in \S+\)\n`, detail)
+	require.Contains(t, detail, "backlog    3/100 queued or deferred jobs\n")
+	cooling := c.mustRun(t, "stats", "cooling")
+	require.Regexp(t, `\npolicy\s+none \(no policy of its own and no default \*\): not limited\n`, cooling)
+	require.Regexp(t, `cooldown\s+\S+ left \(until `, cooling)
+}
+
+func testAdmitDryRun(t *testing.T, c *cli) {
+	ctx := context.Background()
+	c.mustRun(t, "policy", "set", "slow", "rate=1/h concurrency=2")
+	stateKeys := func() []string {
+		keys, err := c.client.Keys(ctx, c.prefix+":{t:slow}:*").Result()
+		require.NoError(t, err)
+		return keys
+	}
+	out := c.mustRun(t, "admit", "slow", "--dry-run")
+	require.True(t, strings.HasPrefix(out, "a job of slow would be admitted now\n"), out)
+	require.Contains(t, out, "  policy      slow: rate=1/h concurrency=2\n")
+	require.Empty(t, stateKeys(), "a dry run writes nothing")
+
+	d, err := c.limiter(t).Admit(ctx, "slow", "job-1")
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+	before := stateKeys()
+
+	out = c.mustRun(t, "admit", "slow", "--dry-run")
+	require.True(t, strings.HasPrefix(out, "a job of slow would NOT be admitted now\n  denied by    rate[0] of policy slow (1/h)\n  retry after  "), out)
+	require.Contains(t, out, "  in flight    1 of 2\n")
+	js := c.mustRun(t, "admit", "--json", "slow", "--dry-run")
+	require.Contains(t, js, `"allowed": false`)
+	require.Contains(t, js, "\"denied_by\": {\n    \"policy\": \"slow\",\n    \"rule\": \"rate[0]\",\n    \"text\": \"rate[0] of policy slow (1/h)\"\n  }")
+	require.Equal(t, before, stateKeys())
+
+	r := c.run(t, "admit", "slow", "--dry-run", "--cost", "5")
+	require.Equal(t, result{code: 1, stderr: "sluice: a job of \"slow\" costing 5 could never be admitted: the 1 that slow rate[0] (1/h) allows at once is less; raise that limit or split the job\n"}, r)
+}
+
+func testTopOnce(t *testing.T, c *cli) {
+	seedState(t, c)
+	out := c.mustRun(t, "top", "--interval", "100ms")
+	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+	require.Len(t, lines, 5, out)
+	require.Regexp(t, `^TENANT\s+STARTS/S\s+LIMIT\s+IN FLIGHT\s+RESERVED\s+COOLDOWN\s+BACKLOG\s+POLICY$`, lines[0])
+	// Nothing starts during the measurement; the busiest by in-flight jobs come first.
+	require.Regexp(t, `^acme\s+0\.0\s+1/h\s+2/3\s+0\s+-\s+3\s+acme$`, lines[1])
+	out = c.mustRun(t, "top", "--once", "--interval", "100ms", "--limit", "1")
+	require.Equal(t, 3, strings.Count(out, "\n"), out)
+	require.True(t, strings.HasSuffix(out, "... and 3 more tenants\n"), out)
+}
