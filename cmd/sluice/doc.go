@@ -1,0 +1,58 @@
+// Command sluice manages and watches the limits that sluice workers share
+// through Redis: it sets the policies of tenants, shows their throttle
+// state, and tells whether a job would be admitted now and why not.
+//
+// Usage:
+//
+//	sluice [--redis URL] [--prefix PREFIX] COMMAND [ARGS]
+//
+//	policy set TENANT 'RULES'          store TENANT's policy (* is the default, @global applies to every job)
+//	policy get TENANT                  print TENANT's policy
+//	policy list [--json]               list every policy
+//	policy delete TENANT               remove TENANT's policy (its throttle state is kept)
+//	policy apply -f FILE.yaml [--prune] [--dry-run]
+//	                                   store every policy of a YAML file at once, all or nothing
+//	stats [TENANT] [--json]            throttle state of TENANT, or of every tenant with a policy or state
+//	top [--once] [--interval 1s] [--limit N]
+//	                                   live view of the busiest tenants (q or Ctrl-C quits)
+//	admit TENANT --dry-run [--cost N] [--id JOB] [--json]
+//	                                   would a job of TENANT be admitted now, and if not, why
+//	version                            print sluice's version
+//	help [COMMAND]                     print the help, or a command's
+//
+// --redis (default $SLUICE_REDIS_URL, else redis://127.0.0.1:6379) takes
+// redis://, rediss:// (TLS), redis+sentinel://HOST:PORT,.../MASTER,
+// redis+cluster://HOST:PORT,... and memory://HOST:PORT (a worker's embedded
+// Redis); see internal/redisurl. --prefix must match the workers' key
+// prefix (default "sluice"). Both flags may come before or after the
+// command; "--" ends the flags, for a tenant whose name starts with "-".
+//
+// A session:
+//
+//	$ sluice policy set acme 'rate=100/s burst=20 concurrency=5'
+//	set policy acme: rate=100/s burst=20 concurrency=5
+//	$ sluice policy apply -f policies.yaml --prune
+//	created    @global  rate=1000/s
+//	unchanged  acme     rate=100/s burst=20 concurrency=5
+//	deleted    old
+//	applied policies.yaml: 1 created, 0 updated, 1 unchanged, 1 deleted
+//	$ sluice admit acme --dry-run
+//	a job of acme would NOT be admitted now
+//	  denied by    concurrency of policy acme (at most 5 running at once)
+//	  retry after  1s
+//	  ...
+//	$ sluice stats --json | jq '.tenants[] | {tenant, started}'
+//
+// Output meant for scripts: `policy get` prints the policy text alone;
+// `policy list --json`, `stats --json` and `admit --json` print JSON whose
+// fields are stable (times in RFC 3339, durations in milliseconds, null for
+// what does not apply). `top` redraws a terminal screen every interval; when
+// standard output is not a terminal, or with --once, it measures over one
+// interval, prints one table and exits.
+//
+// Exit status: 0 on success, 1 on failure (Redis unreachable, a bad policy
+// file, no such policy for `policy get`), 2 on bad usage (unknown command or
+// flag, missing or malformed argument, bad --redis URL or policy text), with
+// the message and the command's usage line on standard error. Nothing is
+// changed in Redis when the exit status is not 0.
+package main

@@ -1,0 +1,213 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"flag"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/throttle"
+)
+
+func TestTopRows(t *testing.T) {
+	t.Parallel()
+	t0 := time.Unix(1_700_000_000, 0)
+	t1 := t0.Add(2 * time.Second)
+	rate := func(text string) throttle.RateStats {
+		r, err := throttle.ParseRate(text)
+		require.NoError(t, err)
+		return throttle.RateStats{Rate: r}
+	}
+	prev := topSample{
+		"busy":  {Tenant: "busy", Now: t0, Started: 100},
+		"reset": {Tenant: "reset", Now: t0, Started: 500},
+		"idle":  {Tenant: "idle", Now: t0, Started: 7},
+	}
+	cur := topSample{
+		"busy":  {Tenant: "busy", Policy: "busy", Now: t1, Started: 300, Rates: []throttle.RateStats{rate("5000/h"), rate("100/s burst 20")}},
+		"reset": {Tenant: "reset", Policy: "*", Now: t1, Started: 10},
+		"idle": {Tenant: "idle", Policy: "idle", Now: t1, Started: 7, Reservations: 4, Backlog: 9, CooldownUntil: t1.Add(1500 * time.Millisecond),
+			Concurrency: &throttle.ConcurrencyStats{Concurrency: throttle.Concurrency{Limit: 5}, InFlight: 2}},
+		"new": {Tenant: "new", Now: t1, Started: 4},
+	}
+	rows := topRows(prev, cur)
+	require.Equal(t, []topRow{
+		// 200 starts in 2s; the tightest rate is 5000/h (1.4/s), not 100/s.
+		{tenant: "busy", perSec: 100, limit: "5000/h", cap: -1, policy: "busy"},
+		// Started went back to 0 (the tenant was idle): count from 0.
+		{tenant: "reset", perSec: 5, limit: "-", cap: -1, policy: "*"},
+		// First seen in this sample: every start counted happened within the interval.
+		{tenant: "new", perSec: 2, limit: "-", cap: -1, policy: "-"},
+		{tenant: "idle", perSec: 0, limit: "-", inFlight: 2, cap: 5, reserved: 4, cooldown: 1500 * time.Millisecond, backlog: 9, policy: "idle"},
+	}, rows)
+
+	var b bytes.Buffer
+	require.NoError(t, writeTop(&b, rows, 3, "\n"))
+	require.Equal(t, `TENANT  STARTS/S  LIMIT   IN FLIGHT  RESERVED  COOLDOWN  BACKLOG  POLICY
+busy    100.0     5000/h  -          0         -         0        busy
+reset   5.0       -       -          0         -         0        *
+new     2.0       -       -          0         -         0        -
+... and 1 more tenants
+`, b.String())
+}
+
+// syncBuffer is a bytes.Buffer safe for one writer and one reader.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// waitFor polls cond until it holds or the deadline passes.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestTopLoopQuitsOnKeys(t *testing.T) {
+	t.Parallel()
+	for _, key := range []byte{'q', 'Q', 3, 4} {
+		a := &app{ctx: context.Background(), env: func(string) string { return "" }, redisFlag: redistest.URL(t), prefix: redistest.Prefix(t)}
+		cn, err := a.connect(nil)
+		require.NoError(t, err)
+		_, err = cn.limiter.Cooldown(context.Background(), "paused", time.Minute)
+		require.NoError(t, err)
+
+		out := &syncBuffer{}
+		keys := make(chan byte, 1)
+		done := make(chan error, 1)
+		go func() {
+			done <- topLoop(context.Background(), cn, out, keys, 20*time.Millisecond, 0, func() int { return 10 })
+		}()
+		waitFor(t, "a frame with the tenant", func() bool { return strings.Contains(out.String(), "\r\npaused ") })
+		keys <- key
+		select {
+		case err := <-done:
+			require.NoError(t, err)
+		case <-time.After(20 * time.Second):
+			t.Fatalf("top did not quit on key %q", key)
+		}
+		frame := out.String()
+		require.Contains(t, frame, "sluice top  "+redistest.URL(t)+"  prefix "+a.prefix+"  every 20ms  (q quits)\x1b[K\r\n")
+		require.Contains(t, frame, "TENANT  STARTS/S  LIMIT  IN FLIGHT  RESERVED  COOLDOWN  BACKLOG  POLICY\x1b[K\r\n")
+		cn.Close()
+	}
+}
+
+func TestTopLoopEndsWithInputOrContext(t *testing.T) {
+	t.Parallel()
+	a := &app{ctx: context.Background(), env: func(string) string { return "" }, redisFlag: redistest.URL(t), prefix: redistest.Prefix(t)}
+	cn, err := a.connect(nil)
+	require.NoError(t, err)
+	defer cn.Close()
+
+	keys := make(chan byte)
+	close(keys) // standard input at its end
+	require.NoError(t, topLoop(context.Background(), cn, &syncBuffer{}, keys, time.Hour, 0, func() int { return 10 }))
+
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // Ctrl-C delivered as a signal
+	require.NoError(t, topLoop(ctx, cn, &syncBuffer{}, make(chan byte), time.Hour, 0, func() int { return 10 }))
+}
+
+func TestRunInProcess(t *testing.T) {
+	t.Parallel()
+	var stdout, stderr bytes.Buffer
+	env := func(k string) string {
+		if k == "SLUICE_REDIS_URL" {
+			return redistest.URL(t)
+		}
+		return ""
+	}
+	prefix := redistest.Prefix(t)
+	code := run(context.Background(), []string{"--prefix", prefix, "policy", "set", "acme", "rate=3/s"}, nil, &stdout, &stderr, env)
+	require.Equal(t, 0, code, stderr.String())
+	require.Equal(t, "set policy acme: rate=3/s\n", stdout.String())
+
+	stdout.Reset()
+	code = run(context.Background(), []string{"policy", "get", "acme", "--prefix", prefix}, nil, &stdout, &stderr, env)
+	require.Equal(t, 0, code, stderr.String())
+	require.Equal(t, "rate=3/s\n", stdout.String())
+
+	// A cancelled context (Ctrl-C) while waiting: exit 1, one line.
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	stdout.Reset()
+	stderr.Reset()
+	code = run(ctx, []string{"--prefix", prefix, "top", "--once"}, nil, &stdout, &stderr, env)
+	require.Equal(t, 1, code)
+	require.Equal(t, "sluice: interrupted\n", stderr.String())
+}
+
+func TestParseArgs(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		args     []string
+		wantPos  []string
+		wantJSON bool
+		wantErr  string
+	}{
+		{args: nil, wantPos: nil},
+		{args: []string{"a", "--json", "b"}, wantPos: []string{"a", "b"}, wantJSON: true},
+		{args: []string{"--json", "a"}, wantPos: []string{"a"}, wantJSON: true},
+		{args: []string{"a", "--", "--json", "-x"}, wantPos: []string{"a", "--json", "-x"}},
+		{args: []string{"a", "--nope"}, wantErr: "unknown flag --nope"},
+		{args: []string{"a", "-nope"}, wantErr: "unknown flag --nope"},
+	}
+	for _, tt := range tests {
+		fs := newFlagSet("t")
+		var j bool
+		fs.BoolVar(&j, "json", false, "")
+		pos, err := parseArgs(fs, tt.args)
+		if tt.wantErr != "" {
+			require.Error(t, err)
+			require.Equal(t, tt.wantErr, flagError(err))
+			continue
+		}
+		require.NoError(t, err)
+		require.Equal(t, tt.wantPos, pos, "%v", tt.args)
+		require.Equal(t, tt.wantJSON, j, "%v", tt.args)
+	}
+	fs := newFlagSet("t")
+	var s string
+	fs.StringVar(&s, "f", "", "")
+	_, err := parseArgs(fs, []string{"-f"})
+	require.Equal(t, "flag --f needs a value", flagError(err))
+	require.ErrorIs(t, func() error { _, err := parseArgs(newFlagSet("t"), []string{"--help"}); return err }(), flag.ErrHelp)
+}
+
+func TestShort(t *testing.T) {
+	t.Parallel()
+	for d, want := range map[time.Duration]string{
+		-time.Second:                          "0s",
+		0:                                     "0s",
+		1234 * time.Microsecond:               "1ms",
+		1234 * time.Millisecond:               "1.2s",
+		3*time.Minute + 1500*time.Millisecond: "3m2s",
+	} {
+		require.Equal(t, want, short(d))
+	}
+}
