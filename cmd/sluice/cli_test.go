@@ -58,6 +58,7 @@ func TestCLI(t *testing.T) {
 		"AdmitDryRun":          testAdmitDryRun,
 		"TopOnce":              testTopOnce,
 		"PolicyListEmptyState": testPolicyListEmpty,
+		"Cluster":              testCluster,
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -502,4 +503,30 @@ func testTopOnce(t *testing.T, c *cli) {
 	out = c.mustRun(t, "top", "--once", "--interval", "100ms", "--limit", "1")
 	require.Equal(t, 3, strings.Count(out, "\n"), out)
 	require.True(t, strings.HasSuffix(out, "... and 3 more tenants\n"), out)
+}
+
+// testCluster runs the commands through the Cluster form of --redis against
+// a one-node Redis Cluster.
+func testCluster(t *testing.T, c *cli) {
+	srv := redistest.NewServer(t, &redistest.Options{Args: []string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"}})
+	ctx := context.Background()
+	node := srv.Client(t)
+	require.NoError(t, node.Do(ctx, "CLUSTER", "ADDSLOTSRANGE", 0, 16383).Err())
+	waitFor(t, "cluster_state:ok", func() bool {
+		info, err := node.ClusterInfo(ctx).Result()
+		return err == nil && strings.Contains(info, "cluster_state:ok")
+	})
+	env := map[string]string{"SLUICE_REDIS_URL": "redis+cluster://" + srv.Addr()}
+	sluice := func(args ...string) string {
+		r := c.runWith(t, nil, env, args...)
+		require.Equal(t, 0, r.code, "sluice %v: %s", args, r.stderr)
+		return r.stdout
+	}
+	sluice("policy", "set", "acme", "concurrency=2")
+	sluice("policy", "set", "@global", "rate=10/s")
+	require.Equal(t, "NAME     POLICY\n@global  rate=10/s\nacme     concurrency=2\n", sluice("policy", "list"))
+	require.True(t, strings.HasPrefix(sluice("admit", "acme", "--dry-run"), "a job of acme would be admitted now\n"))
+	out := sluice("stats", "--json")
+	require.Contains(t, out, `"tenant": "@global"`)
+	require.Contains(t, out, `"tenant": "acme"`)
 }
