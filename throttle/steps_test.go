@@ -255,6 +255,34 @@ func TestStepsWindowReservationsFIFO(t *testing.T) {
 	})
 }
 
+// TestStepsStartedMeters: reservations line jobs up, but what counts for
+// the limit is when jobs actually start. Jobs that come back late for
+// their slots (within the grace) push the next ones back, so that the
+// starts themselves never break the rule.
+func TestStepsStartedMeters(t *testing.T) {
+	t.Parallel()
+	stepTable(t, nil, map[string]string{stepTenant: "window=2/s"}, []step{
+		{op: "reserve", id: "r1", allowed: true, reserved: true, slot: 0},
+		{op: "reserve", id: "r2", allowed: true, reserved: true, slot: 0},
+		{op: "reserve", id: "r3", retry: time.Second, rule: "window", reserved: true, slot: time.Second},
+		// r1 and r2 start late, at 900ms
+		{advance: 900 * ms, id: "r1", allowed: true},
+		{id: "r2", allowed: true},
+		// r3 is on time, but two jobs started less than a window ago
+		{advance: 100 * ms, id: "r3", retry: 900 * ms, rule: "window"},
+		{advance: 900*ms - time.Microsecond, id: "r3", retry: time.Microsecond, rule: "window"},
+		{advance: time.Microsecond, id: "r3", allowed: true},
+	})
+	// the same for a rate, less the tolerance (2ms) a started meter allows
+	stepTable(t, nil, map[string]string{stepTenant: "rate=1/s"}, []step{
+		{op: "reserve", id: "r1", allowed: true, reserved: true, slot: 0},
+		{op: "reserve", id: "r2", retry: time.Second, rule: "rate[0]", reserved: true, slot: time.Second},
+		{advance: 900 * ms, id: "r1", allowed: true},
+		{advance: 100 * ms, id: "r2", retry: 898 * ms, rule: "rate[0]"},
+		{advance: 898 * ms, id: "r2", allowed: true},
+	})
+}
+
 func TestStepsQuotaHour(t *testing.T) {
 	t.Parallel()
 	e := setup(t, false, nil)

@@ -178,10 +178,11 @@ func TestPolicyStoreGarbage(t *testing.T) {
 }
 
 // otherWorker is a limiter with a store of its own over the same Redis, as
-// another worker process has.
-func otherWorker(t *testing.T, e *env) *Limiter {
+// another worker process has, checking the version every poll (0: the
+// default).
+func otherWorker(t *testing.T, e *env, poll time.Duration) *Limiter {
 	t.Helper()
-	store, err := NewPolicyStore(e.client, &StoreConfig{Prefix: e.prefix})
+	store, err := NewPolicyStore(e.client, &StoreConfig{Prefix: e.prefix, PollInterval: poll})
 	require.NoError(t, err)
 	lim, err := NewLimiter(e.client, &Config{Prefix: e.prefix, Policies: store})
 	require.NoError(t, err)
@@ -216,18 +217,24 @@ func TestPolicyChangeSeenByOtherWorkers(t *testing.T) {
 	t.Parallel()
 	e := setup(t, false, nil)
 	ctx := context.Background()
-	other := otherWorker(t, e)
+	// this one hardly ever polls: it learns of changes from pub/sub
+	other := otherWorker(t, e, time.Hour)
+	// this one learns from its version poll
+	polling := otherWorker(t, e, 0)
 	e.policy(t, "acme", "rate=1/s")
-	// the other worker reads and caches acme's policy
-	d, err := other.Do(ctx, Request{Tenant: "acme", ID: "probe", DryRun: true})
-	require.NoError(t, err)
-	require.True(t, d.Allowed)
+	// both read and cache acme's policy
+	for _, lim := range []*Limiter{other, polling} {
+		d, err := lim.Do(ctx, Request{Tenant: "acme", ID: "probe", DryRun: true})
+		require.NoError(t, err)
+		require.True(t, d.Allowed)
+	}
 
 	// through the first store: announced on pub/sub
 	e.policy(t, "acme", "concurrency=1 lease=1h")
-	_, err = e.lim.Admit(ctx, "acme", "holder")
+	_, err := e.lim.Admit(ctx, "acme", "holder")
 	require.NoError(t, err)
 	waitForRule(t, other, "concurrency", time.Second)
+	waitForRule(t, polling, "concurrency", time.Second)
 
 	// pub/sub is not used: the hash is changed directly and the version
 	// bumped, as a lost message would leave it; the version poll finds it
@@ -236,10 +243,13 @@ func TestPolicyChangeSeenByOtherWorkers(t *testing.T) {
 	require.NoError(t, e.client.HSet(ctx, policiesKey(e.prefix), "acme", raw).Err())
 	require.NoError(t, e.client.Incr(ctx, policiesVersionKey(e.prefix)).Err())
 	// a worker started now reads the new policy and uses up the quota
-	d, err = otherWorker(t, e).Admit(ctx, "acme", "q")
+	d, err := otherWorker(t, e, 0).Admit(ctx, "acme", "q")
 	require.NoError(t, err)
 	require.True(t, d.Allowed)
-	waitForRule(t, other, "quota", time.Second)
+	waitForRule(t, polling, "quota", time.Second)
+	d, err = other.Do(ctx, Request{Tenant: "acme", ID: "probe", DryRun: true})
+	require.NoError(t, err)
+	require.Equal(t, "concurrency", d.Rule, "without a message, a worker that does not poll still has the old policy")
 
 	// a deletion is seen as well: acme falls back to the default policy
 	e.policy(t, DefaultPolicy, "window=1/day")
