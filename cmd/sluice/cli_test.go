@@ -465,10 +465,17 @@ func testStatsTable(t *testing.T, c *cli) {
 func testAdmitDryRun(t *testing.T, c *cli) {
 	ctx := context.Background()
 	c.mustRun(t, "policy", "set", "slow", "rate=1/h concurrency=2")
-	stateKeys := func() []string {
+	// stateKeys is every key of the tenant with its serialised value.
+	stateKeys := func() map[string]string {
 		keys, err := c.client.Keys(ctx, c.prefix+":{t:slow}:*").Result()
 		require.NoError(t, err)
-		return keys
+		out := map[string]string{}
+		for _, k := range keys {
+			v, err := c.client.Dump(ctx, k).Result()
+			require.NoError(t, err)
+			out[k] = v
+		}
+		return out
 	}
 	out := c.mustRun(t, "admit", "slow", "--dry-run")
 	require.True(t, strings.HasPrefix(out, "a job of slow would be admitted now\n"), out)
