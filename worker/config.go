@@ -1,0 +1,160 @@
+package worker
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/throttle"
+)
+
+// Defaults of GateConfig and Config.
+const (
+	// InProcessWaitDefault is how long a denied job may wait in the worker
+	// for its slot before it is handed back to asynq. It covers the lead
+	// plus the second by which asynq's whole-second schedule may bring a
+	// deferred job back early.
+	InProcessWaitDefault = 1500 * time.Millisecond
+	// LeadDefault is queue.LeadDefault: how long before its slot a deferred
+	// job is due in asynq, at the least.
+	LeadDefault = queue.LeadDefault
+	// BackoffMinDefault and BackoffMaxDefault bound the delay of jobs
+	// deferred because the gate could not decide (Redis unreachable).
+	BackoffMinDefault = time.Second
+	BackoffMaxDefault = 30 * time.Second
+	// CallTimeoutDefault bounds each of the gate's calls to Redis.
+	CallTimeoutDefault = 5 * time.Second
+	// ShutdownWaitDefault bounds how long Shutdown waits, after asynq has
+	// stopped, for handlers still running to return and release their slots.
+	ShutdownWaitDefault = 10 * time.Second
+
+	// ConcurrencyDefault is the asynq Concurrency of a Server. Jobs waiting
+	// in-process for their slot hold an asynq worker goroutine, so a worker
+	// needs room for the jobs that run at once plus, for each throttled
+	// tenant, about its rate × InProcessWait (100/s × 1.5 s = 150).
+	ConcurrencyDefault = 100
+	// DelayedTaskCheckIntervalDefault is how often asynq moves due
+	// scheduled and deferred jobs to the pending list (asynq's own default,
+	// 5 s, would bring deferred jobs back seconds late). It must stay below
+	// the lead.
+	DelayedTaskCheckIntervalDefault = 200 * time.Millisecond
+	// TaskCheckIntervalDefault is how long an idle asynq worker sleeps
+	// between polls (asynq's default is 1 s): it bounds the start latency
+	// of a job enqueued into an empty queue.
+	TaskCheckIntervalDefault = 100 * time.Millisecond
+)
+
+// TenantFunc returns the tenant of a task; "" means the job follows
+// @global only.
+type TenantFunc func(ctx context.Context, task *asynq.Task) string
+
+// GateConfig configures a Gate. The zero value is ready to use.
+type GateConfig struct {
+	// TenantFunc, when set, replaces the tenant header (queue.TenantHeader).
+	TenantFunc TenantFunc
+	// InProcessWait is how long a denied job may wait in the worker for
+	// its slot, in all, before it is deferred (overflow=defer) or dropped
+	// (overflow=drop); overflow=wait waits up to the larger of this and
+	// the policy's max_wait. It must be at least Lead + 1s, or jobs that
+	// asynq's whole-second schedule brings back early would be deferred
+	// again. InProcessWaitDefault when zero.
+	InProcessWait time.Duration
+	// Lead is how long before its slot a deferred job is due in asynq at
+	// the least; it must exceed asynq's DelayedTaskCheckInterval and match
+	// the producers' queue.Config.Lead. LeadDefault when zero.
+	Lead time.Duration
+	// BackoffMin and BackoffMax bound the capped, jittered exponential
+	// backoff of jobs deferred because the gate could not decide.
+	BackoffMin, BackoffMax time.Duration
+	// CallTimeout bounds each call to Redis. CallTimeoutDefault when zero.
+	CallTimeout time.Duration
+	// Logger receives the gate's logs; slog.Default() when nil.
+	Logger *slog.Logger
+	// Registerer receives the gate's metrics; a private registry (see
+	// Gate.Gatherer) when nil.
+	Registerer prometheus.Registerer
+	// TenantLabels adds a tenant label to the per-job metrics. Off by
+	// default: every tenant becomes a time series.
+	TenantLabels bool
+}
+
+func (c GateConfig) withDefaults() GateConfig {
+	c.InProcessWait = cmp.Or(c.InProcessWait, InProcessWaitDefault)
+	c.Lead = cmp.Or(c.Lead, LeadDefault)
+	c.BackoffMin = cmp.Or(c.BackoffMin, BackoffMinDefault)
+	c.BackoffMax = cmp.Or(c.BackoffMax, BackoffMaxDefault)
+	c.CallTimeout = cmp.Or(c.CallTimeout, CallTimeoutDefault)
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+func (c GateConfig) validate() error {
+	switch {
+	case c.Lead <= 0 || c.Lead > time.Minute:
+		return fmt.Errorf("worker config: Lead %s: must be between 1ns and 1m", c.Lead)
+	case c.InProcessWait < c.Lead+time.Second:
+		return fmt.Errorf("worker config: InProcessWait %s: must be at least Lead + 1s (%s): asynq schedules in whole seconds, so deferred jobs come back up to Lead + 1s early", c.InProcessWait, c.Lead+time.Second)
+	case c.BackoffMin <= 0 || c.BackoffMax < c.BackoffMin:
+		return fmt.Errorf("worker config: backoff %s..%s: BackoffMin must be positive and at most BackoffMax", c.BackoffMin, c.BackoffMax)
+	case c.CallTimeout < 10*time.Millisecond:
+		return fmt.Errorf("worker config: CallTimeout %s: must be at least 10ms", c.CallTimeout)
+	}
+	return nil
+}
+
+// Config configures a Server. The zero value is ready to use.
+type Config struct {
+	// Asynq configures the asynq server. Concurrency,
+	// DelayedTaskCheckInterval and TaskCheckInterval get sluice's defaults
+	// when zero; IsFailure, RetryDelayFunc and ErrorHandler are wrapped
+	// (see Gate.Configure), so set your own there as usual.
+	Asynq asynq.Config
+	// Gate configures the gate every job passes.
+	Gate GateConfig
+	// Limiter makes the decisions. When nil, New makes one over the client
+	// with Prefix, and Shutdown closes it.
+	Limiter *throttle.Limiter
+	// Prefix of sluice's keys for the limiter New makes; give it or Limiter.
+	Prefix string
+	// AsynqRedis is the Redis client of asynq's queues when they live apart
+	// from sluice's keys; nil means the client given to New.
+	AsynqRedis redis.UniversalClient
+	// ShutdownWait bounds how long Shutdown waits for handlers that outlive
+	// asynq's ShutdownTimeout to return. ShutdownWaitDefault when zero.
+	ShutdownWait time.Duration
+}
+
+func (c Config) withDefaults() Config {
+	c.Asynq.Concurrency = cmp.Or(c.Asynq.Concurrency, ConcurrencyDefault)
+	c.Asynq.DelayedTaskCheckInterval = cmp.Or(c.Asynq.DelayedTaskCheckInterval, DelayedTaskCheckIntervalDefault)
+	c.Asynq.TaskCheckInterval = cmp.Or(c.Asynq.TaskCheckInterval, TaskCheckIntervalDefault)
+	c.ShutdownWait = cmp.Or(c.ShutdownWait, ShutdownWaitDefault)
+	c.Gate = c.Gate.withDefaults()
+	return c
+}
+
+func (c Config) validate() error {
+	if err := c.Gate.validate(); err != nil {
+		return err
+	}
+	switch {
+	case c.Limiter != nil && c.Prefix != "":
+		return fmt.Errorf("worker config: Prefix %q is given with a Limiter, which has its own prefix; give one or the other", c.Prefix)
+	case c.Asynq.Concurrency < 1:
+		return fmt.Errorf("worker config: Asynq.Concurrency %d: must be at least 1", c.Asynq.Concurrency)
+	case c.Asynq.DelayedTaskCheckInterval >= c.Gate.Lead:
+		return fmt.Errorf("worker config: Asynq.DelayedTaskCheckInterval %s must be below Gate.Lead %s, or deferred jobs come back after their slot", c.Asynq.DelayedTaskCheckInterval, c.Gate.Lead)
+	case c.ShutdownWait < 0:
+		return fmt.Errorf("worker config: ShutdownWait %s must not be negative", c.ShutdownWait)
+	}
+	return nil
+}

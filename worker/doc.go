@@ -1,0 +1,56 @@
+// Package worker runs asynq jobs behind sluice's throttle: every job passes
+// a gate that admits it only when its tenant's policy and @global allow it,
+// fleet-wide.
+//
+// Server wraps asynq.Server with the gate, sluice's asynq settings and
+// metrics:
+//
+//	srv, err := worker.New(rdb, &worker.Config{Asynq: asynq.Config{Queues: map[string]int{"default": 1}}})
+//	if err != nil { ... }
+//	srv.HandleFunc("email", sendEmail)
+//	worker.RegisterBuiltins(srv) // "http" and "sleep"
+//	err = srv.Run(ctx)           // until ctx ends or SIGTERM
+//
+// An application that already runs asynq adopts sluice with a Gate: its
+// Middleware goes first on the ServeMux, and Configure sets the asynq.Config
+// hooks it needs, wrapping the application's own (see the examples).
+//
+// What the gate does with a job:
+//   - The tenant comes from the task header queue.TenantHeader (set by
+//     queue.Client) or a TenantFunc; a job without one follows @global only;
+//     a header that cannot be used is logged and counted, and the job runs
+//     under @global only. The cost comes from queue.CostHeader; the job's
+//     identity, which holds its reservation and concurrency slot, is its
+//     task id (or queue.IDHeader on a copy, below).
+//   - Admitted: the handler runs; a concurrency lease is renewed every
+//     Lease/3 and released when the handler returns, fails or panics. A job
+//     done for good (success, archived, SkipRetry, RevokeTask, dropped)
+//     leaves its tenant's backlog.
+//   - Denied: the job keeps its own future slot (a reservation). When the
+//     slot is near (GateConfig.InProcessWait) the job waits for it
+//     in-process; otherwise, per the policy's overflow: defer (the default)
+//     returns a *DeferError, which the hooks make asynq reschedule shortly
+//     before the slot without counting a failure or using a retry; wait
+//     holds the job up to max_wait, then defers it; drop archives it with a
+//     *DropError, whose message starts with "throttled".
+//   - asynq archives a task at its retry limit whatever IsFailure says, so a
+//     deferred job at its limit (MaxRetry(0) included) is carried on by an
+//     identical copy, enqueued under a task id derived from the job's
+//     identity (a second enqueue conflicts instead of duplicating it), and
+//     the original is revoked.
+//   - A handler that learns the downstream is saturated returns
+//     RetryAfter(d, err): the tenant pauses for d and the job is deferred.
+//   - Redis unreachable: the job is deferred with capped, jittered
+//     exponential backoff (fail closed), unless its policy, as last cached,
+//     says fail_open=true.
+//
+// Deferred jobs come back on asynq's whole-second schedule, some early and
+// some late; the gate holds early ones until their slots, and the limiter's
+// started-jobs meter spaces late ones, so starts stay within the policy.
+//
+// Metrics (Prometheus, GateConfig.Registerer): sluice_worker_decisions_total,
+// sluice_worker_deferrals_total, sluice_worker_drops_total,
+// sluice_worker_wait_seconds, sluice_worker_in_flight,
+// sluice_worker_lease_renewals_total, sluice_worker_errors_total and
+// sluice_worker_handler_outcomes_total.
+package worker

@@ -1,0 +1,583 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/throttle"
+)
+
+// maxIDLen bounds the identity a job may claim in its IDHeader.
+const maxIDLen = 1024
+
+// waitSlack lets a job whose in-process budget is almost spent still wait
+// the few milliseconds the started-jobs meter asks for, rather than go
+// round asynq's schedule again and come back late.
+const waitSlack = 100 * time.Millisecond
+
+// Gate admits every job through the throttle before its handler runs. Use
+// it through Server, or in an existing asynq application through
+// Middleware and Configure.
+//
+// For each job the gate asks the limiter (one round trip, shared with
+// concurrent jobs) with a reservation. An admitted job runs with its
+// concurrency lease renewed every Lease/3 and released when the handler
+// returns, fails or panics. A denied job whose slot is near waits for it
+// in-process (InProcessWait; overflow=wait extends it to max_wait);
+// otherwise it is deferred to its slot (overflow=defer, the default: not a
+// failure, no retry used, never archived) or archived with the reason
+// "throttled" (overflow=drop).
+//
+// A Gate is safe for concurrent use.
+type Gate struct {
+	lim       *throttle.Limiter
+	cfg       GateConfig
+	log       *slog.Logger
+	m         *metrics
+	gatherer  prometheus.Gatherer
+	asynq     *asynq.Client
+	inspector *asynq.Inspector
+
+	stopping chan struct{}
+	stopOnce sync.Once
+	active   tracker
+	outage   atomic.Int64 // when the gate's Redis errors began (unix ns); 0 when healthy
+	logLimit logLimiter
+}
+
+// NewGate returns a gate over lim. asynqRedis is the Redis client of asynq's
+// queues: the gate enqueues there the copy of a job deferred at its retry
+// limit.
+func NewGate(lim *throttle.Limiter, asynqRedis redis.UniversalClient, cfg *GateConfig) (*Gate, error) {
+	if lim == nil {
+		return nil, errors.New("worker: NewGate needs a limiter (throttle.NewLimiter)")
+	}
+	if asynqRedis == nil {
+		return nil, errors.New("worker: NewGate needs the Redis client of asynq's queues")
+	}
+	var c GateConfig
+	if cfg != nil {
+		c = *cfg
+	}
+	c = c.withDefaults()
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
+	g := &Gate{
+		lim:       lim,
+		cfg:       c,
+		log:       c.Logger,
+		asynq:     asynq.NewClientFromRedisClient(asynqRedis),
+		inspector: asynq.NewInspectorFromRedisClient(asynqRedis),
+		stopping:  make(chan struct{}),
+	}
+	reg := c.Registerer
+	if reg == nil {
+		r := prometheus.NewRegistry()
+		reg, g.gatherer = r, r
+	} else if ga, ok := reg.(prometheus.Gatherer); ok {
+		g.gatherer = ga
+	}
+	m, err := newMetrics(reg, c.TenantLabels)
+	if err != nil {
+		return nil, fmt.Errorf("worker: register metrics: %w", err)
+	}
+	g.m = m
+	return g, nil
+}
+
+// Gatherer returns the registry holding the gate's metrics (the private
+// one, or GateConfig.Registerer when it is also a Gatherer); nil otherwise.
+func (g *Gate) Gatherer() prometheus.Gatherer { return g.gatherer }
+
+// Middleware returns the gate as asynq middleware: mux.Use(gate.Middleware()).
+// Register it first, so that it runs before any other middleware, and set
+// the asynq.Config hooks with Configure.
+func (g *Gate) Middleware() asynq.MiddlewareFunc { return g.Wrap }
+
+// Wrap returns h behind the gate.
+func (g *Gate) Wrap(h asynq.Handler) asynq.Handler {
+	return asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
+		g.active.add()
+		defer g.active.done()
+		return g.process(ctx, g.identify(ctx, task), h)
+	})
+}
+
+// Stop ends every in-process wait at once, handing the waiting jobs back to
+// asynq (deferred to their slots); jobs that arrive later are handed back
+// too. Call it when the worker begins shutting down, before asynq's own
+// Shutdown. Running handlers are not interrupted.
+func (g *Gate) Stop() { g.stopOnce.Do(func() { close(g.stopping) }) }
+
+// Wait blocks until no job is inside the gate (every handler has returned
+// and released its slots) or ctx ends.
+func (g *Gate) Wait(ctx context.Context) error { return g.active.wait(ctx) }
+
+// job is what the gate knows of one delivery of a task.
+type job struct {
+	task     *asynq.Task
+	tenant   string // "" when the job follows @global only
+	id       string // identity: holds reservations and concurrency slots
+	taskID   string
+	cost     int64
+	queue    string
+	retried  int
+	maxRetry int
+	gen      int  // copies made so far at the retry limit
+	counted  bool // in its tenant's backlog
+}
+
+// identify reads the job's tenant, identity and cost. A header that cannot
+// be used is logged and counted, and the job runs under what is left
+// (@global only for a bad tenant, cost 1 for a bad cost): nothing is lost.
+func (g *Gate) identify(ctx context.Context, task *asynq.Task) *job {
+	h := task.Headers()
+	j := &job{task: task, cost: 1}
+	j.taskID, _ = asynq.GetTaskID(ctx)
+	j.queue, _ = asynq.GetQueueName(ctx)
+	j.retried, _ = asynq.GetRetryCount(ctx)
+	j.maxRetry, _ = asynq.GetMaxRetry(ctx)
+	if g.cfg.TenantFunc != nil {
+		j.tenant = g.cfg.TenantFunc(ctx, task)
+	} else {
+		j.tenant = h[queue.TenantHeader]
+	}
+	if j.tenant != "" {
+		if err := throttle.ValidateTenant(j.tenant); err != nil {
+			g.m.err(errTenant)
+			g.warn(errTenant, "job's tenant cannot be used: running it under @global only", "task", j.taskID, "type", task.Type(), "err", err)
+			j.tenant = ""
+		}
+	}
+	j.id = j.taskID
+	if id, ok := h[queue.IDHeader]; ok {
+		if id == "" || len(id) > maxIDLen {
+			g.m.err(errIDHeader)
+			g.warn(errIDHeader, "job's identity header cannot be used: using its task id", "task", j.taskID, "header", queue.IDHeader, "length", len(id))
+		} else {
+			j.id = id
+		}
+	}
+	if s, ok := h[queue.CostHeader]; ok {
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil || n < 1 {
+			g.m.err(errCostHeader)
+			g.warn(errCostHeader, "job's cost header is not a whole number of at least 1: counting it as 1", "task", j.taskID, "header", queue.CostHeader, "value", s)
+		} else {
+			j.cost = n
+		}
+	}
+	j.gen, _ = strconv.Atoi(h[queue.GenHeader])
+	j.counted = h[queue.BacklogHeader] == "1"
+	return j
+}
+
+// overflow returns the job's overflow mode and how long it may wait
+// in-process in all, from the cached policies.
+func (g *Gate) overflow(ctx context.Context, j *job) (throttle.Overflow, time.Duration) {
+	pol, _, global, err := g.lim.Policies().Resolve(ctx, j.tenant)
+	if err != nil {
+		return throttle.OverflowDefer, g.cfg.InProcessWait
+	}
+	if j.tenant == "" {
+		pol = global
+	}
+	mode := pol.OverflowMode()
+	if mode == throttle.OverflowWait {
+		return mode, max(g.cfg.InProcessWait, pol.WaitLimit())
+	}
+	return mode, g.cfg.InProcessWait
+}
+
+func (g *Gate) process(ctx context.Context, j *job, next asynq.Handler) error {
+	start := time.Now()
+	mode, budget := g.overflow(ctx, j)
+	// A job that may be dropped takes a reservation only once its slot is
+	// known to be near: a reservation it then does not use is capacity lost.
+	reserve := mode != throttle.OverflowDrop
+	for {
+		select {
+		case <-g.stopping:
+			return g.handBack(ctx, j, 0, false, start)
+		default:
+		}
+		d, err := g.decide(ctx, j, reserve)
+		decided := time.Now()
+		if err != nil {
+			return g.gateError(ctx, j, err, next, start)
+		}
+		if g.outage.Load() != 0 {
+			g.outage.Store(0)
+		}
+		if d.Allowed {
+			g.m.decision(j.tenant, verdictAllowed, "")
+			g.m.wait.Observe(time.Since(start).Seconds())
+			return g.run(ctx, j, d.Lease, next)
+		}
+		g.m.decision(j.tenant, verdictDenied, d.Rule)
+		left := budget - time.Since(start)
+		if d.RetryAfter <= left+waitSlack && g.canWait(ctx, d.RetryAfter) {
+			if !reserve && d.Rule != "concurrency" {
+				reserve = true
+				continue
+			}
+			if !g.sleep(ctx, d.RetryAfter) {
+				return g.handBack(ctx, j, d.RetryAfter-time.Since(decided), d.Reserved, start)
+			}
+			continue
+		}
+		g.m.wait.Observe(time.Since(start).Seconds())
+		if mode == throttle.OverflowDrop {
+			return g.drop(ctx, j, d)
+		}
+		return g.deferJob(ctx, j, &DeferError{
+			Reason: ReasonThrottled, Rule: d.Rule, Policy: d.Policy,
+			RetryAfter: d.RetryAfter, At: g.retryAt(d.RetryAfter, d.Reserved),
+		})
+	}
+}
+
+// decide asks the limiter whether the job may start, waiting at most
+// CallTimeout. The limiter may wait on an unresponsive Redis longer than its
+// caller's deadline (its shared pipelines do not end with one caller's
+// context); an answer that comes after the gate gave up is undone as far as
+// it matters: an admitted job's concurrency slot is released.
+func (g *Gate) decide(ctx context.Context, j *job, reserve bool) (throttle.Decision, error) {
+	type result struct {
+		d   throttle.Decision
+		err error
+	}
+	cctx, cancel := context.WithTimeout(ctx, g.cfg.CallTimeout)
+	answer := make(chan result, 1)
+	go func() {
+		d, err := g.lim.Do(cctx, throttle.Request{Tenant: j.tenant, ID: j.id, Cost: j.cost, Reserve: reserve})
+		answer <- result{d, err}
+	}()
+	select {
+	case r := <-answer:
+		cancel()
+		return r.d, r.err
+	case <-cctx.Done():
+	}
+	g.active.add()
+	go func() {
+		defer g.active.done()
+		r := <-answer
+		cancel()
+		if r.err == nil && r.d.Allowed && r.d.Lease > 0 {
+			g.release(ctx, j, true, false)
+		}
+	}()
+	return throttle.Decision{}, fmt.Errorf("admit job %s of tenant %q: no answer within %s: %w", j.id, j.tenant, g.cfg.CallTimeout, cctx.Err())
+}
+
+// canWait reports whether the job's own deadline leaves room to wait d and
+// still run.
+func (g *Gate) canWait(ctx context.Context, d time.Duration) bool {
+	dl, ok := ctx.Deadline()
+	return !ok || time.Until(dl) > d+time.Second
+}
+
+// sleep waits d; it returns false when the wait was cut short by the
+// job's context or by Stop.
+func (g *Gate) sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	case <-g.stopping:
+		return false
+	}
+}
+
+// retryAt is when asynq should bring back a job that may start after d:
+// a reserved slot is aimed at with the lead, on asynq's whole-second grid.
+func (g *Gate) retryAt(d time.Duration, reserved bool) time.Time {
+	at := time.Now().Add(d)
+	if reserved {
+		return queue.ScheduleFor(at, g.cfg.Lead)
+	}
+	return at
+}
+
+// handBack defers a job whose wait was cut short by shutdown or by its
+// context, to when it may start (left from now); a reservation it holds
+// is kept for it.
+func (g *Gate) handBack(ctx context.Context, j *job, left time.Duration, reserved bool, start time.Time) error {
+	g.m.wait.Observe(time.Since(start).Seconds())
+	left = max(0, left)
+	return g.deferJob(ctx, j, &DeferError{Reason: ReasonShutdown, RetryAfter: left, At: g.retryAt(left, reserved)})
+}
+
+// deferJob hands the job back to asynq until e.At; a job at its retry limit
+// goes on as a copy (see copyJob).
+func (g *Gate) deferJob(ctx context.Context, j *job, e *DeferError) error {
+	e.Tenant = j.tenant
+	g.m.deferral(j.tenant, e.Reason)
+	if j.retried >= j.maxRetry {
+		return g.copyJob(ctx, j, e)
+	}
+	return e
+}
+
+// drop archives a denied job whose policy says overflow=drop.
+func (g *Gate) drop(ctx context.Context, j *job, d throttle.Decision) error {
+	g.m.drop(j.tenant)
+	g.release(ctx, j, false, true)
+	return &DropError{Tenant: j.tenant, Rule: d.Rule, Policy: d.Policy, RetryAfter: d.RetryAfter}
+}
+
+// gateError handles a failed admission. A cost no rule can admit is a
+// configuration problem: deferred with backoff (a policy change may fix it)
+// and logged. Anything else means Redis could not be used: the job runs
+// unthrottled only when its policy (as last cached) says fail_open=true.
+func (g *Gate) gateError(ctx context.Context, j *job, err error, next asynq.Handler, start time.Time) error {
+	var ce *throttle.CostError
+	if errors.As(err, &ce) {
+		g.m.err(errCost)
+		g.log.Error("sluice: job costs more than its policy can ever admit; deferring it until the policy changes", "task", j.taskID, "tenant", j.tenant, "err", err)
+		delay := g.cfg.BackoffMax/2 + rand.N(g.cfg.BackoffMax/2+1)
+		return g.deferJob(ctx, j, &DeferError{Reason: ReasonCost, RetryAfter: delay, At: time.Now().Add(delay), Err: err})
+	}
+	if ctx.Err() != nil {
+		return g.handBack(ctx, j, 0, false, start)
+	}
+	g.m.err(errRedis)
+	cctx, cancel := context.WithTimeout(ctx, g.cfg.CallTimeout)
+	pol, _, global, perr := g.lim.Policies().Resolve(cctx, j.tenant)
+	cancel()
+	if j.tenant == "" {
+		pol = global
+	}
+	if perr == nil && pol != nil && pol.FailOpen {
+		g.m.decision(j.tenant, verdictFailOpen, "")
+		g.warn(errRedis, "sluice: cannot reach Redis; running the job unthrottled (fail_open=true)", "task", j.taskID, "tenant", j.tenant, "err", err)
+		return g.run(ctx, j, 0, next)
+	}
+	delay := g.backoff()
+	g.warn(errRedis, "sluice: cannot reach Redis; deferring the job (fail closed)", "task", j.taskID, "tenant", j.tenant, "retry_in", delay, "err", err)
+	return g.deferJob(ctx, j, &DeferError{Reason: ReasonUnavailable, RetryAfter: delay, At: time.Now().Add(delay), Err: err})
+}
+
+// backoff is the delay of a job the gate could not decide: twice the time
+// since Redis errors began, between BackoffMin and BackoffMax, jittered
+// down by up to half so the fleet's jobs do not come back together. A job
+// deferred again and again during an outage so waits about twice as long
+// each time.
+func (g *Gate) backoff() time.Duration {
+	now := time.Now().UnixNano()
+	g.outage.CompareAndSwap(0, now)
+	d := min(max(2*time.Duration(now-g.outage.Load()), g.cfg.BackoffMin), g.cfg.BackoffMax)
+	return d/2 + rand.N(d/2+1)
+}
+
+// run calls the handler of an admitted job, renewing its lease while it
+// runs, and releases what the job holds when it returns or panics.
+func (g *Gate) run(ctx context.Context, j *job, lease time.Duration, next asynq.Handler) (err error) {
+	gauge := g.m.running(j.tenant)
+	gauge.Inc()
+	defer gauge.Dec()
+	var stopRenew func()
+	if lease > 0 {
+		stopRenew = g.renew(ctx, j, lease)
+	}
+	returned := false
+	final := false
+	defer func() {
+		if stopRenew != nil {
+			stopRenew()
+		}
+		if !returned {
+			// The handler panicked; asynq recovers it and retries or archives.
+			g.m.outcome(j.tenant, outcomePanic)
+			final = j.retried >= j.maxRetry
+		}
+		g.release(ctx, j, lease > 0, final)
+	}()
+	herr := next.ProcessTask(ctx, j.task)
+	returned = true
+	err, final = g.after(ctx, j, herr)
+	return err
+}
+
+// after classifies the handler's result: the error to give asynq, and
+// whether the job is done for good (it leaves the backlog).
+func (g *Gate) after(ctx context.Context, j *job, err error) (error, bool) {
+	var ra *RetryAfterError
+	switch {
+	case err == nil:
+		g.m.outcome(j.tenant, outcomeSuccess)
+		return nil, true
+	case errors.As(err, &ra):
+		g.m.outcome(j.tenant, outcomeCooldown)
+		d := max(ra.Delay, time.Millisecond)
+		scope := j.tenant
+		if scope == "" {
+			scope = throttle.GlobalPolicy
+		}
+		// The pause starts before the slot is released, so no other job of
+		// the tenant starts in between.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.cfg.CallTimeout)
+		_, cerr := g.lim.Cooldown(cctx, scope, d)
+		cancel()
+		if cerr != nil {
+			g.m.err(errCooldown)
+			g.warn(errCooldown, "sluice: could not pause the tenant", "tenant", scope, "err", cerr)
+		}
+		return g.deferJob(ctx, j, &DeferError{Reason: ReasonCooldown, RetryAfter: d, At: time.Now().Add(d), Err: err}), false
+	case errors.Is(err, asynq.SkipRetry):
+		g.m.outcome(j.tenant, outcomeSkip)
+		return err, true
+	case errors.Is(err, asynq.RevokeTask):
+		g.m.outcome(j.tenant, outcomeRevoke)
+		return err, true
+	default:
+		g.m.outcome(j.tenant, outcomeError)
+		return err, j.retried >= j.maxRetry
+	}
+}
+
+// release gives back the job's concurrency slots; a job done for good also
+// leaves its tenant's backlog. Jobs that hold neither cost no round trip.
+func (g *Gate) release(ctx context.Context, j *job, held, final bool) {
+	finish := final && j.counted && j.tenant != ""
+	if !held && !finish {
+		return
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.cfg.CallTimeout)
+	defer cancel()
+	var err error
+	if finish {
+		err = g.lim.Finish(cctx, j.tenant, j.id)
+	} else {
+		err = g.lim.Release(cctx, j.tenant, j.id)
+	}
+	if err != nil {
+		g.m.err(errRelease)
+		g.warn(errRelease, "sluice: could not release the job's slot; it frees itself when its lease runs out", "task", j.taskID, "tenant", j.tenant, "err", err)
+	}
+}
+
+// renew extends the job's lease every lease/3 until the returned function
+// is called.
+func (g *Gate) renew(ctx context.Context, j *job, lease time.Duration) func() {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(lease / 3)
+		defer t.Stop()
+		lost := false
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+			}
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(g.cfg.CallTimeout, lease/3))
+			ok, err := g.lim.Renew(cctx, j.tenant, j.id)
+			cancel()
+			switch {
+			case err != nil:
+				g.m.renewals.WithLabelValues(renewError).Inc()
+			case !ok:
+				g.m.renewals.WithLabelValues(renewLost).Inc()
+				if !lost {
+					g.log.Warn("sluice: a running job lost its concurrency slot (its lease ran out before a renewal); it keeps running but no longer counts", "task", j.taskID, "tenant", j.tenant, "lease", lease)
+				}
+				lost = true
+			default:
+				g.m.renewals.WithLabelValues(renewOK).Inc()
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		wg.Wait()
+	}
+}
+
+// warn logs at most once a second per kind, so that a stream of bad jobs
+// or a Redis outage does not flood the log; the metrics count every one.
+func (g *Gate) warn(kind, msg string, args ...any) {
+	if g.logLimit.allow(kind) {
+		g.log.Warn(msg, args...)
+	}
+}
+
+type logLimiter struct {
+	mu   sync.Mutex
+	last map[string]time.Time
+}
+
+func (l *logLimiter) allow(kind string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := time.Now()
+	if now.Sub(l.last[kind]) < time.Second {
+		return false
+	}
+	if l.last == nil {
+		l.last = map[string]time.Time{}
+	}
+	l.last[kind] = now
+	return true
+}
+
+// tracker counts the jobs inside the gate.
+type tracker struct {
+	mu   sync.Mutex
+	n    int
+	idle chan struct{}
+}
+
+func (t *tracker) add() {
+	t.mu.Lock()
+	if t.n == 0 {
+		t.idle = make(chan struct{})
+	}
+	t.n++
+	t.mu.Unlock()
+}
+
+func (t *tracker) done() {
+	t.mu.Lock()
+	t.n--
+	if t.n == 0 {
+		close(t.idle)
+	}
+	t.mu.Unlock()
+}
+
+func (t *tracker) wait(ctx context.Context) error {
+	t.mu.Lock()
+	if t.n == 0 {
+		t.mu.Unlock()
+		return nil
+	}
+	idle := t.idle
+	t.mu.Unlock()
+	select {
+	case <-idle:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

@@ -1,0 +1,175 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/hibiken/asynq"
+)
+
+// Task types of the built-in handlers.
+const (
+	TypeHTTP  = "http"
+	TypeSleep = "sleep"
+)
+
+// Defaults of the built-in handlers.
+const (
+	// HTTPTimeoutDefault bounds a request whose payload gives no timeout_ms.
+	HTTPTimeoutDefault = 30 * time.Second
+	// RetryAfterDefault is the cooldown after a 429 or 503 whose
+	// Retry-After header is absent, unreadable or not in the future.
+	RetryAfterDefault = time.Second
+	// RetryAfterMax caps the cooldown a downstream can ask for.
+	RetryAfterMax = time.Hour
+)
+
+// HTTPRequest is the payload of an "http" task.
+type HTTPRequest struct {
+	// Method defaults to GET.
+	Method  string            `json:"method,omitempty"`
+	URL     string            `json:"url"`
+	Headers map[string]string `json:"headers,omitempty"`
+	Body    string            `json:"body,omitempty"`
+	// TimeoutMS bounds the request; HTTPTimeoutDefault when 0.
+	TimeoutMS int64 `json:"timeout_ms,omitempty"`
+}
+
+// SleepRequest is the payload of a "sleep" task.
+type SleepRequest struct {
+	MS int64 `json:"ms"`
+}
+
+// HTTPHandler makes the request an "http" task describes: a 2xx answer
+// completes the job; 429 and 503 pause the tenant for the Retry-After the
+// downstream asked for (seconds or an HTTP date; RetryAfterDefault when
+// absent) and defer the job (RetryAfter); other 5xx answers and network
+// errors are retried as usual; other answers (4xx, unfollowed 3xx) archive
+// the job (asynq.SkipRetry), as does a payload that cannot be read.
+type HTTPHandler struct {
+	// Client makes the requests; http.DefaultClient when nil.
+	Client *http.Client
+}
+
+// ProcessTask implements asynq.Handler.
+func (h *HTTPHandler) ProcessTask(ctx context.Context, task *asynq.Task) error {
+	var req HTTPRequest
+	if err := json.Unmarshal(task.Payload(), &req); err != nil {
+		return fmt.Errorf("http task: payload is not {\"method\",\"url\",\"headers\",\"body\",\"timeout_ms\"} JSON: %v: %w", err, asynq.SkipRetry)
+	}
+	if req.URL == "" {
+		return fmt.Errorf("http task: payload has no url: %w", asynq.SkipRetry)
+	}
+	if req.TimeoutMS < 0 {
+		return fmt.Errorf("http task: timeout_ms %d must not be negative: %w", req.TimeoutMS, asynq.SkipRetry)
+	}
+	timeout := HTTPTimeoutDefault
+	if req.TimeoutMS > 0 {
+		timeout = time.Duration(req.TimeoutMS) * time.Millisecond
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	method := req.Method
+	if method == "" {
+		method = http.MethodGet
+	}
+	var body io.Reader
+	if req.Body != "" {
+		body = strings.NewReader(req.Body)
+	}
+	hreq, err := http.NewRequestWithContext(ctx, method, req.URL, body)
+	if err != nil {
+		return fmt.Errorf("http task: %v: %w", err, asynq.SkipRetry)
+	}
+	for k, v := range req.Headers {
+		hreq.Header.Set(k, v)
+	}
+	client := h.Client
+	if client == nil {
+		client = http.DefaultClient
+	}
+	resp, err := client.Do(hreq)
+	if err != nil {
+		return fmt.Errorf("http task: %s %s: %w", method, req.URL, err)
+	}
+	defer resp.Body.Close()
+	// Read a little of the answer for the error message, and drain the rest
+	// (bounded) so the connection can be reused.
+	snippet, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
+	code := resp.StatusCode
+	status := fmt.Sprintf("http task: %s %s: status %d", method, req.URL, code)
+	if s := strings.TrimSpace(string(snippet)); s != "" && (code < 200 || code > 299) {
+		status += ": " + s
+	}
+	switch {
+	case code >= 200 && code <= 299:
+		return nil
+	case code == http.StatusTooManyRequests || code == http.StatusServiceUnavailable:
+		return RetryAfter(ParseRetryAfter(resp.Header.Get("Retry-After"), time.Now()), errors.New(status))
+	case code >= 500:
+		return errors.New(status)
+	default:
+		return fmt.Errorf("%s (retrying would get the same answer): %w", status, asynq.SkipRetry)
+	}
+}
+
+// ParseRetryAfter reads a Retry-After header value: delay-seconds or an
+// HTTP date relative to now. It returns RetryAfterDefault when the value is
+// absent, unreadable or not in the future, and at most RetryAfterMax.
+func ParseRetryAfter(v string, now time.Time) time.Duration {
+	v = strings.TrimSpace(v)
+	d := time.Duration(0)
+	if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+		if n > int64(RetryAfterMax/time.Second) {
+			return RetryAfterMax
+		}
+		d = time.Duration(n) * time.Second
+	} else if t, err := http.ParseTime(v); err == nil {
+		d = t.Sub(now)
+	}
+	if d <= 0 {
+		return RetryAfterDefault
+	}
+	return min(d, RetryAfterMax)
+}
+
+// SleepHandler handles "sleep" tasks: it waits the payload's ms (a
+// stand-in for work in trials and load tests), or until the job's context
+// ends.
+func SleepHandler(ctx context.Context, task *asynq.Task) error {
+	var req SleepRequest
+	if err := json.Unmarshal(task.Payload(), &req); err != nil {
+		return fmt.Errorf("sleep task: payload is not {\"ms\":N} JSON: %v: %w", err, asynq.SkipRetry)
+	}
+	if req.MS < 0 {
+		return fmt.Errorf("sleep task: ms %d must not be negative: %w", req.MS, asynq.SkipRetry)
+	}
+	t := time.NewTimer(time.Duration(req.MS) * time.Millisecond)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Mux is where handlers are registered: *Server and *asynq.ServeMux.
+type Mux interface {
+	Handle(pattern string, h asynq.Handler)
+}
+
+// RegisterBuiltins registers the built-in handlers on mux: "http" (with
+// http.DefaultClient) and "sleep".
+func RegisterBuiltins(mux Mux) {
+	mux.Handle(TypeHTTP, &HTTPHandler{})
+	mux.Handle(TypeSleep, asynq.HandlerFunc(SleepHandler))
+}

@@ -1,0 +1,298 @@
+package worker_test
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/throttle"
+	"github.com/sluicehq/sluice/worker"
+)
+
+// full runs the fleet tests at the sizes the design asks for (2,000 jobs
+// for smoothness, 50,000 for the noisy neighbour, asynq's real crash
+// recovery); without it they run at sizes that keep `go test -race ./...`
+// quick.
+var full = flag.Bool("sluice.full", false, "run the fleet tests at full size (minutes)")
+
+func TestMain(m *testing.M) {
+	redistest.Main(m, goleak.IgnoreCurrent())
+}
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+type env struct {
+	client    *redis.Client
+	prefix    string
+	queue     string // a queue no other test uses (asynq's keys have no prefix)
+	store     *throttle.PolicyStore
+	lim       *throttle.Limiter
+	q         *queue.Client
+	inspector *asynq.Inspector
+}
+
+// setup builds a limiter and a producer over client (the shared test server
+// when nil), with a private key prefix and queue name.
+func setup(tb testing.TB, client *redis.Client) *env {
+	tb.Helper()
+	if client == nil {
+		client = redistest.Client(tb)
+	}
+	prefix := redistest.Prefix(tb)
+	store, err := throttle.NewPolicyStore(client, &throttle.StoreConfig{Prefix: prefix})
+	require.NoError(tb, err)
+	lim, err := throttle.NewLimiter(client, &throttle.Config{Prefix: prefix, Policies: store})
+	require.NoError(tb, err)
+	q, err := queue.New(client, &queue.Config{Limiter: lim})
+	require.NoError(tb, err)
+	tb.Cleanup(func() {
+		require.NoError(tb, q.Close())
+		require.NoError(tb, lim.Close())
+		require.NoError(tb, store.Close())
+	})
+	return &env{client: client, prefix: prefix, queue: "q-" + prefix, store: store, lim: lim, q: q,
+		inspector: asynq.NewInspectorFromRedisClient(client)}
+}
+
+func (e *env) policy(tb testing.TB, name, text string) {
+	tb.Helper()
+	p, err := throttle.ParsePolicy(text)
+	require.NoError(tb, err)
+	require.NoError(tb, e.store.Set(context.Background(), name, p))
+}
+
+// server returns a worker over the env's limiter and queue, quiet, shut
+// down when the test ends; mod adjusts its config.
+func (e *env) server(tb testing.TB, mod func(*worker.Config)) *worker.Server {
+	tb.Helper()
+	cfg := worker.Config{
+		Limiter: e.lim,
+		Asynq: asynq.Config{
+			Queues:   map[string]int{e.queue: 1},
+			LogLevel: asynq.FatalLevel,
+			// Real failures come back quickly in tests.
+			RetryDelayFunc: func(int, error, *asynq.Task) time.Duration { return 100 * time.Millisecond },
+		},
+		Gate: worker.GateConfig{Logger: quiet},
+	}
+	if mod != nil {
+		mod(&cfg)
+	}
+	srv, err := worker.New(e.client, &cfg)
+	require.NoError(tb, err)
+	tb.Cleanup(srv.Shutdown)
+	return srv
+}
+
+func (e *env) enqueue(tb testing.TB, tenant string, n int, payload string, opts ...asynq.Option) []string {
+	tb.Helper()
+	ids := make([]string, n)
+	for i := range ids {
+		info, err := e.q.Enqueue(context.Background(), tenant, asynq.NewTask("job", []byte(payload)), append([]asynq.Option{asynq.Queue(e.queue)}, opts...)...)
+		require.NoError(tb, err)
+		ids[i] = info.ID
+	}
+	return ids
+}
+
+// queueInfo returns the state counts of the env's queue.
+func (e *env) queueInfo(tb testing.TB) *asynq.QueueInfo {
+	tb.Helper()
+	info, err := e.inspector.GetQueueInfo(e.queue)
+	require.NoError(tb, err)
+	return info
+}
+
+// eventually waits for cond, failing the test after timeout.
+func eventually(tb testing.TB, timeout time.Duration, cond func() bool, format string, args ...any) {
+	tb.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			tb.Fatalf("timed out after %s waiting for: %s", timeout, fmt.Sprintf(format, args...))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// recorder is an in-process handler that records what the handlers saw.
+type recorder struct {
+	mu      sync.Mutex
+	starts  map[string][]time.Time // by job identity
+	retried map[string][]int
+	taskIDs map[string][]string
+	done    map[string]int
+	running int
+	maxRun  int
+	// before, when set, runs at the start of each call; a non-nil error is
+	// returned instead of running the job.
+	before func(ctx context.Context, id string, attempt int) error
+	sleep  time.Duration
+}
+
+func newRecorder(sleep time.Duration) *recorder {
+	return &recorder{starts: map[string][]time.Time{}, retried: map[string][]int{}, taskIDs: map[string][]string{}, done: map[string]int{}, sleep: sleep}
+}
+
+func identity(ctx context.Context, t *asynq.Task) string {
+	if id := t.Headers()[queue.IDHeader]; id != "" {
+		return id
+	}
+	id, _ := asynq.GetTaskID(ctx)
+	return id
+}
+
+func (r *recorder) ProcessTask(ctx context.Context, t *asynq.Task) error {
+	id := identity(ctx, t)
+	taskID, _ := asynq.GetTaskID(ctx)
+	retried, _ := asynq.GetRetryCount(ctx)
+	r.mu.Lock()
+	r.starts[id] = append(r.starts[id], time.Now())
+	r.retried[id] = append(r.retried[id], retried)
+	r.taskIDs[id] = append(r.taskIDs[id], taskID)
+	attempt := len(r.starts[id])
+	r.running++
+	r.maxRun = max(r.maxRun, r.running)
+	before := r.before
+	r.mu.Unlock()
+	defer func() {
+		r.mu.Lock()
+		r.running--
+		r.mu.Unlock()
+	}()
+	if before != nil {
+		if err := before(ctx, id, attempt); err != nil {
+			return err
+		}
+	}
+	if r.sleep > 0 {
+		select {
+		case <-time.After(r.sleep):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	r.mu.Lock()
+	r.done[id]++
+	r.mu.Unlock()
+	return nil
+}
+
+func (r *recorder) doneCount() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.done)
+}
+
+// startTimes returns every recorded start, sorted.
+func (r *recorder) startTimes() []time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []time.Time
+	for _, s := range r.starts {
+		out = append(out, s...)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Before(out[j]) })
+	return out
+}
+
+// nonConforming replays start times through a reference GCRA with the
+// given rate (per second) and burst, and counts the starts it would have
+// refused.
+func nonConforming(starts []time.Time, rate float64, burst int) int {
+	if len(starts) == 0 {
+		return 0
+	}
+	interval := float64(time.Second) / rate
+	tau := interval * float64(burst-1)
+	tat := float64(starts[0].UnixNano())
+	bad := 0
+	for _, s := range starts {
+		t := float64(s.UnixNano())
+		if t < tat-tau-1000 { // 1µs for float rounding
+			bad++
+			continue
+		}
+		tat = max(tat, t) + interval
+	}
+	return bad
+}
+
+// metric sums the samples of a counter or gauge whose labels include want.
+func metric(tb testing.TB, g prometheus.Gatherer, name string, want map[string]string) float64 {
+	tb.Helper()
+	families, err := g.Gather()
+	require.NoError(tb, err)
+	total := 0.0
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range f.GetMetric() {
+			for k, v := range want {
+				found := false
+				for _, l := range m.GetLabel() {
+					if l.GetName() == k && l.GetValue() == v {
+						found = true
+					}
+				}
+				if !found {
+					continue next
+				}
+			}
+			switch {
+			case m.Counter != nil:
+				total += m.GetCounter().GetValue()
+			case m.Gauge != nil:
+				total += m.GetGauge().GetValue()
+			case m.Histogram != nil:
+				total += float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	return total
+}
+
+// exampleTB lets Example functions, which get no *testing.T, use redistest:
+// it implements the few testing.TB methods redistest calls and panics on a
+// failure. The embedded nil TB is never called.
+type exampleTB struct {
+	testing.TB
+	name     string
+	cleanups []func()
+}
+
+func (e *exampleTB) Helper()                        {}
+func (e *exampleTB) Name() string                   { return e.name }
+func (e *exampleTB) Cleanup(f func())               { e.cleanups = append(e.cleanups, f) }
+func (e *exampleTB) Fatalf(format string, a ...any) { panic(fmt.Sprintf(format, a...)) }
+
+func (e *exampleTB) close() {
+	for i := len(e.cleanups) - 1; i >= 0; i-- {
+		e.cleanups[i]()
+	}
+}
+
+// exampleEnv gives an Example a Redis client, a key prefix and a queue name
+// of its own; call the returned function when done.
+func exampleEnv(name string) (client *redis.Client, prefix, queueName string, done func()) {
+	tb := &exampleTB{name: name}
+	client, prefix = redistest.Client(tb), redistest.Prefix(tb)
+	return client, prefix, "q-" + strings.ReplaceAll(prefix, ".", "-"), tb.close
+}

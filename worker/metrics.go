@@ -1,0 +1,124 @@
+package worker
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metric label values.
+const (
+	verdictAllowed  = "allowed"
+	verdictDenied   = "denied"
+	verdictFailOpen = "fail_open"
+
+	renewOK    = "ok"
+	renewLost  = "lost"
+	renewError = "error"
+
+	errRedis      = "redis"
+	errCost       = "cost"
+	errTenant     = "tenant_header"
+	errCostHeader = "cost_header"
+	errIDHeader   = "id_header"
+	errCopy       = "copy"
+	errRelease    = "release"
+	errCooldown   = "cooldown"
+
+	outcomeSuccess  = "success"
+	outcomeError    = "error"
+	outcomeSkip     = "skip_retry"
+	outcomeRevoke   = "revoke"
+	outcomePanic    = "panic"
+	outcomeCooldown = "cooldown"
+)
+
+// metrics are the gate's Prometheus metrics. The per-job ones get a tenant
+// label only when GateConfig.TenantLabels is set.
+type metrics struct {
+	tenants   bool
+	decisions *prometheus.CounterVec
+	deferrals *prometheus.CounterVec
+	drops     *prometheus.CounterVec
+	wait      prometheus.Histogram
+	inFlight  *prometheus.GaugeVec
+	renewals  *prometheus.CounterVec
+	errors    *prometheus.CounterVec
+	outcomes  *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer, tenants bool) (*metrics, error) {
+	withTenant := func(labels ...string) []string {
+		if tenants {
+			return append(labels, "tenant")
+		}
+		return labels
+	}
+	m := &metrics{
+		tenants: tenants,
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_worker_decisions_total",
+			Help: "Admission decisions of the gate, by verdict (allowed, denied, fail_open) and the rule that denied.",
+		}, withTenant("verdict", "rule")),
+		deferrals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_worker_deferrals_total",
+			Help: "Jobs handed back to asynq to run later, by reason (throttled, cooldown, unavailable, cost, shutdown).",
+		}, withTenant("reason")),
+		drops: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_worker_drops_total",
+			Help: "Jobs archived because their policy drops denied jobs (overflow=drop).",
+		}, withTenant()),
+		wait: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "sluice_worker_wait_seconds",
+			Help:    "Time a job waited in the worker for its slot, per delivery.",
+			Buckets: []float64{0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 1.5, 2.5, 5, 10},
+		}),
+		inFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "sluice_worker_in_flight",
+			Help: "Jobs admitted by the gate whose handler is running.",
+		}, withTenant()),
+		renewals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_worker_lease_renewals_total",
+			Help: "Concurrency lease renewals, by result (ok; lost: the lease had run out and the slot may be another job's; error).",
+		}, []string{"result"}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_worker_errors_total",
+			Help: "Errors of the gate, by kind (redis, cost, tenant_header, cost_header, id_header, copy, release, cooldown).",
+		}, []string{"kind"}),
+		outcomes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_worker_handler_outcomes_total",
+			Help: "Outcomes of the handlers the gate admitted (success, error, skip_retry, revoke, panic, cooldown).",
+		}, withTenant("outcome")),
+	}
+	for _, c := range []prometheus.Collector{m.decisions, m.deferrals, m.drops, m.wait, m.inFlight, m.renewals, m.errors, m.outcomes} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+func (m *metrics) labels(tenant string, values ...string) []string {
+	if m.tenants {
+		return append(values, tenant)
+	}
+	return values
+}
+
+func (m *metrics) decision(tenant, verdict, rule string) {
+	m.decisions.WithLabelValues(m.labels(tenant, verdict, rule)...).Inc()
+}
+
+func (m *metrics) deferral(tenant, reason string) {
+	m.deferrals.WithLabelValues(m.labels(tenant, reason)...).Inc()
+}
+
+func (m *metrics) drop(tenant string) { m.drops.WithLabelValues(m.labels(tenant)...).Inc() }
+
+func (m *metrics) outcome(tenant, outcome string) {
+	m.outcomes.WithLabelValues(m.labels(tenant, outcome)...).Inc()
+}
+
+func (m *metrics) running(tenant string) prometheus.Gauge {
+	return m.inFlight.WithLabelValues(m.labels(tenant)...)
+}
+
+func (m *metrics) err(kind string) { m.errors.WithLabelValues(kind).Inc() }

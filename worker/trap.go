@@ -1,0 +1,76 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"strconv"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/sluicehq/sluice/queue"
+)
+
+// copyAttempts bounds the tries to enqueue the copy of a job at its retry
+// limit before the gate gives up and lets asynq archive it.
+const copyAttempts = 5
+
+// copyTaskID is the task id of the gen-th copy of job id. It is derived,
+// not random, so that enqueueing the same copy twice (the task processed
+// again after a crash) conflicts instead of running the job twice.
+func copyTaskID(id string, gen int) string {
+	return fmt.Sprintf("%s-sluice%d", id, gen)
+}
+
+// copyJob carries on a deferred job that asynq cannot retry: asynq archives
+// a task at its retry limit whatever IsFailure says. The gate enqueues an
+// identical copy for e.At (same type, payload, headers, queue, timeout,
+// deadline and retention, the retry budget left, and the job's identity in
+// IDHeader so it keeps its reservation, slot and backlog entry) and asks
+// asynq to delete the original (asynq.RevokeTask, through e.CopyID).
+func (g *Gate) copyJob(ctx context.Context, j *job, e *DeferError) error {
+	gen := j.gen + 1
+	id := copyTaskID(j.id, gen)
+	headers := maps.Clone(j.task.Headers())
+	if headers == nil {
+		headers = map[string]string{}
+	}
+	headers[queue.IDHeader] = j.id
+	headers[queue.GenHeader] = strconv.Itoa(gen)
+	opts := []asynq.Option{
+		asynq.Queue(j.queue),
+		asynq.TaskID(id),
+		asynq.MaxRetry(max(0, j.maxRetry-j.retried)),
+		asynq.ProcessAt(e.At),
+	}
+	if info, err := g.inspector.GetTaskInfo(j.queue, j.taskID); err == nil {
+		if info.Timeout > 0 {
+			opts = append(opts, asynq.Timeout(info.Timeout))
+		}
+		if !info.Deadline.IsZero() {
+			opts = append(opts, asynq.Deadline(info.Deadline))
+		}
+		if info.Retention > 0 {
+			opts = append(opts, asynq.Retention(info.Retention))
+		}
+	} else {
+		g.warn(errCopy, "sluice: could not read the task's options; its copy gets asynq's default timeout", "task", j.taskID, "err", err)
+	}
+	task := asynq.NewTaskWithHeaders(j.task.Type(), j.task.Payload(), headers)
+	for attempt := 1; ; attempt++ {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.cfg.CallTimeout)
+		_, err := g.asynq.EnqueueContext(cctx, task, opts...)
+		cancel()
+		if err == nil || errors.Is(err, asynq.ErrTaskIDConflict) {
+			e.CopyID = id
+			return e
+		}
+		g.m.err(errCopy)
+		if attempt == copyAttempts || !g.sleep(ctx, time.Duration(attempt)*200*time.Millisecond) {
+			g.log.Error("sluice: could not enqueue the copy of a deferred job at its retry limit; asynq will archive the job", "task", j.taskID, "tenant", j.tenant, "copy", id, "err", err)
+			return e
+		}
+	}
+}
