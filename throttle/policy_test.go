@@ -341,6 +341,49 @@ empty: ""
 	require.Equal(t, formatted, FormatPolicyFile(back))
 	require.True(t, strings.HasPrefix(string(formatted), "'*': "), string(formatted))
 
+	// anchors, aliases and merge keys share settings between entries
+	got, err = ParsePolicyFile([]byte(`
+defaults: &defaults
+  rate: 10/s
+  burst: 5
+  concurrency: 2
+acme:
+  <<: *defaults
+  concurrency: 5
+globex:
+  <<: *defaults
+  rate: 20/s
+initech: *defaults
+hooli:
+  <<: [*defaults, {window: 5/s, concurrency: 9}]
+  quota: 100/day
+nothing:
+tilde: ~
+`))
+	require.NoError(t, err)
+	texts = map[string]string{}
+	for name, p := range got {
+		texts[name] = p.String()
+	}
+	require.Equal(t, map[string]string{
+		"defaults": "rate=10/s burst=5 concurrency=2",
+		"acme":     "rate=10/s burst=5 concurrency=5",
+		"globex":   "rate=20/s concurrency=2", // the burst went with the merged rate
+		"initech":  "rate=10/s burst=5 concurrency=2",
+		"hooli":    "rate=10/s burst=5 window=5/s quota=100/day concurrency=2",
+		"nothing":  "",
+		"tilde":    "",
+	}, texts)
+
+	// names YAML would read as something else survive a round trip
+	odd := map[string]*Policy{}
+	for _, name := range []string{"yes", "no", "on", "null", "~", "123", "1e3", "a: b", "#x", "- x", "'q'", `"dq"`, "ünï code", "[x]", "{y}", "&a", "!t", "%7B"} {
+		odd[name] = mustPolicy(t, "rate=1/s")
+	}
+	back, err = ParsePolicyFile(FormatPolicyFile(odd))
+	require.NoError(t, err, string(FormatPolicyFile(odd)))
+	require.Equal(t, odd, back)
+
 	for _, empty := range []string{"", "# nothing yet\n", "{}"} {
 		got, err := ParsePolicyFile([]byte(empty))
 		require.NoError(t, err, empty)
@@ -374,6 +417,9 @@ func TestParsePolicyFileErrors(t *testing.T) {
 		{"'*': rate=1/s\n'@globals': rate=1/s\n", []string{"line 2", `"@globals"`}},
 		{"'': rate=1/s\n", []string{"line 1", "empty"}},
 		{"- rate=1/s\n", []string{"line 1", "mapping"}},
+		{"d: &d {rate: 1/s}\nacme:\n  <<: *d\n  colour: red\n", []string{"line 4", `"acme"`, `"colour"`}},
+		{"d: &d {rate: 1/s, colour: red}\nacme:\n  <<: *d\n", []string{"line 1", `"d"`, `"colour"`}},
+		{"acme:\n  <<: 5\n", []string{"line 2", `"acme"`, "<<"}},
 		{"acme: [unclosed\n", []string{"YAML"}},
 	} {
 		got, err := ParsePolicyFile([]byte(c.file))

@@ -90,27 +90,64 @@ var yamlFields = []string{"rate", "burst", "window", "quota", "reset", "tz", "co
 // yamlPolicyText turns one entry into the policy's text form, so the text
 // parser is the only place that reads rules.
 func yamlPolicyText(v *yaml.Node) (string, error) {
+	v = resolveAlias(v)
 	switch v.Kind {
 	case yaml.ScalarNode:
+		if v.Tag == "!!null" {
+			return "", nil // "acme:" or "acme: ~" is the policy with no rules
+		}
 		return v.Value, nil
 	case yaml.MappingNode:
 	default:
 		return "", fmt.Errorf("want the policy text or a mapping of fields (%s)", strings.Join(yamlFields, ", "))
 	}
 	fields := map[string]*yaml.Node{}
+	var merged []*yaml.Node
 	for i := 0; i+1 < len(v.Content); i += 2 {
 		key := v.Content[i].Value
-		known := false
-		for _, f := range yamlFields {
-			known = known || f == key
+		if key == "<<" {
+			// a merge key (<<: *defaults): its fields apply unless given here
+			m := resolveAlias(v.Content[i+1])
+			items := []*yaml.Node{m}
+			if m.Kind == yaml.SequenceNode {
+				items = m.Content
+			}
+			for _, item := range items {
+				if item = resolveAlias(item); item.Kind != yaml.MappingNode {
+					return "", fmt.Errorf("line %d: << merges a mapping of fields or a list of them", item.Line)
+				}
+				merged = append(merged, item)
+			}
+			continue
 		}
-		if !known {
-			return "", fmt.Errorf("line %d: unknown field %q; known: %s", v.Content[i].Line, key, strings.Join(yamlFields, ", "))
+		if err := knownField(key, v.Content[i].Line); err != nil {
+			return "", err
 		}
 		if _, dup := fields[key]; dup {
 			return "", fmt.Errorf("line %d: field %q is given twice", v.Content[i].Line, key)
 		}
 		fields[key] = v.Content[i+1]
+	}
+	explicit := map[string]bool{}
+	for key := range fields {
+		explicit[key] = true
+	}
+	for _, m := range merged {
+		for i := 0; i+1 < len(m.Content); i += 2 {
+			key := m.Content[i].Value
+			if err := knownField(key, m.Content[i].Line); err != nil {
+				return "", err
+			}
+			if _, ok := fields[key]; !ok {
+				fields[key] = m.Content[i+1]
+			}
+		}
+	}
+	if explicit["rate"] && !explicit["burst"] {
+		delete(fields, "burst") // a merged burst belongs to the merged rate
+	}
+	for key, n := range fields {
+		fields[key] = resolveAlias(n)
 	}
 	var parts []string
 	scalar := func(key string) (string, error) {
@@ -169,6 +206,22 @@ func yamlPolicyText(v *yaml.Node) (string, error) {
 		parts = append(parts, key+"="+val)
 	}
 	return strings.Join(parts, " "), nil
+}
+
+func resolveAlias(n *yaml.Node) *yaml.Node {
+	for n.Kind == yaml.AliasNode && n.Alias != nil {
+		n = n.Alias
+	}
+	return n
+}
+
+func knownField(key string, line int) error {
+	for _, f := range yamlFields {
+		if f == key {
+			return nil
+		}
+	}
+	return fmt.Errorf("line %d: unknown field %q; known: %s", line, key, strings.Join(yamlFields, ", "))
 }
 
 // FormatPolicyFile writes policies as a YAML file that ParsePolicyFile reads
