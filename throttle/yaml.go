@@ -29,8 +29,11 @@ import (
 //	  backlog: 50000
 //	  shape: true
 //
-// Every entry is validated; the error names the entry, its line and the
-// field, and nothing is returned unless every entry is good.
+// Entries may share fields through YAML anchors and merge keys
+// ("<<: *defaults"); fields given in the entry win. An empty entry ("acme:")
+// is the policy with no rules. Every entry is validated; the error names the
+// entry, its line and the field, and nothing is returned unless every entry
+// is good.
 func ParsePolicyFile(data []byte) (map[string]*Policy, error) {
 	var root yaml.Node
 	dec := yaml.NewDecoder(bytes.NewReader(data))
