@@ -1,0 +1,239 @@
+package worker_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/throttle"
+	"github.com/sluicehq/sluice/worker"
+)
+
+func ExampleServer() {
+	rdb, prefix, queueName, done := exampleEnv("ExampleServer")
+	defer done()
+	ctx := context.Background()
+
+	// The fleet-wide limits of tenant "acme": 20 jobs/s, 2 at a time.
+	limiter, err := throttle.NewLimiter(rdb, &throttle.Config{Prefix: prefix})
+	if err != nil {
+		panic(err)
+	}
+	defer limiter.Close()
+	policy, _ := throttle.ParsePolicy("rate=20/s concurrency=2")
+	if err := limiter.Policies().Set(ctx, "acme", policy); err != nil {
+		panic(err)
+	}
+
+	srv, err := worker.New(rdb, &worker.Config{
+		Limiter: limiter,
+		Asynq:   asynq.Config{Queues: map[string]int{queueName: 1}, LogLevel: asynq.ErrorLevel},
+	})
+	if err != nil {
+		panic(err)
+	}
+	var running, most atomic.Int64
+	var wg sync.WaitGroup
+	wg.Add(10)
+	srv.HandleFunc("report", func(ctx context.Context, t *asynq.Task) error {
+		defer wg.Done()
+		n := running.Add(1)
+		defer running.Add(-1)
+		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+		}
+		time.Sleep(100 * time.Millisecond)
+		return nil
+	})
+	if err := srv.Start(); err != nil {
+		panic(err)
+	}
+	defer srv.Shutdown()
+
+	producer, err := queue.New(rdb, &queue.Config{Limiter: limiter})
+	if err != nil {
+		panic(err)
+	}
+	defer producer.Close()
+	for i := 0; i < 10; i++ {
+		if _, err := producer.Enqueue(ctx, "acme", asynq.NewTask("report", nil), asynq.Queue(queueName)); err != nil {
+			panic(err)
+		}
+	}
+	wg.Wait()
+	fmt.Println("jobs done: 10")
+	fmt.Println("at most 2 at once:", most.Load() <= 2)
+	// Output:
+	// jobs done: 10
+	// at most 2 at once: true
+}
+
+// An application that already runs asynq adopts sluice in a few lines: the
+// gate goes first on its ServeMux, and Configure wraps its asynq.Config
+// hooks so that deferrals are neither failures nor reported as errors.
+func ExampleGate() {
+	rdb, prefix, queueName, done := exampleEnv("ExampleGate")
+	defer done()
+	ctx := context.Background()
+
+	limiter, err := throttle.NewLimiter(rdb, &throttle.Config{Prefix: prefix})
+	if err != nil {
+		panic(err)
+	}
+	defer limiter.Close()
+	policy, _ := throttle.ParsePolicy("rate=5/s")
+	if err := limiter.Policies().Set(ctx, "acme", policy); err != nil {
+		panic(err)
+	}
+
+	// The application's own asynq set-up, with its error reporting.
+	var reported atomic.Int64
+	cfg := asynq.Config{
+		Queues:       map[string]int{queueName: 1},
+		LogLevel:     asynq.ErrorLevel,
+		ErrorHandler: asynq.ErrorHandlerFunc(func(context.Context, *asynq.Task, error) { reported.Add(1) }),
+	}
+	mux := asynq.NewServeMux()
+
+	// sluice: a gate, its hooks, and its middleware first.
+	gate, err := worker.NewGate(limiter, rdb, nil)
+	if err != nil {
+		panic(err)
+	}
+	gate.Configure(&cfg)
+	mux.Use(gate.Middleware())
+
+	var wg sync.WaitGroup
+	wg.Add(10)
+	mux.HandleFunc("email", func(ctx context.Context, t *asynq.Task) error {
+		wg.Done()
+		return nil
+	})
+	srv := asynq.NewServerFromRedisClient(rdb, cfg)
+	if err := srv.Start(mux); err != nil {
+		panic(err)
+	}
+
+	// 10 jobs at once, 5/s allowed: the first wait in the worker for their
+	// slots, the last are deferred, MaxRetry(0) or not, and none is lost.
+	producer, err := queue.New(rdb, &queue.Config{Limiter: limiter})
+	if err != nil {
+		panic(err)
+	}
+	defer producer.Close()
+	for i := 0; i < 10; i++ {
+		if _, err := producer.Enqueue(ctx, "acme", asynq.NewTask("email", nil), asynq.Queue(queueName), asynq.MaxRetry(0)); err != nil {
+			panic(err)
+		}
+	}
+	wg.Wait()
+	gate.Stop()
+	srv.Shutdown()
+	info, err := asynq.NewInspectorFromRedisClient(rdb).GetQueueInfo(queueName)
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("archived:", info.Archived, "errors reported:", reported.Load())
+	// Output:
+	// archived: 0 errors reported: 0
+}
+
+func ExampleRetryAfter() {
+	rdb, prefix, queueName, done := exampleEnv("ExampleRetryAfter")
+	defer done()
+	ctx := context.Background()
+
+	srv, err := worker.New(rdb, &worker.Config{
+		Prefix: prefix,
+		Asynq:  asynq.Config{Queues: map[string]int{queueName: 1}, LogLevel: asynq.ErrorLevel},
+	})
+	if err != nil {
+		panic(err)
+	}
+	finished := make(chan struct{})
+	var calls atomic.Int64
+	srv.HandleFunc("sync", func(ctx context.Context, t *asynq.Task) error {
+		retried, _ := asynq.GetRetryCount(ctx)
+		if calls.Add(1) == 1 {
+			fmt.Println("attempt 1: the downstream says 429, retry in 300ms")
+			// Pauses tenant "acme" and defers this job, without using a retry.
+			return worker.RetryAfter(300*time.Millisecond, errors.New("429 Too Many Requests"))
+		}
+		fmt.Println("attempt 2: done, retries used:", retried)
+		close(finished)
+		return nil
+	})
+	if err := srv.Start(); err != nil {
+		panic(err)
+	}
+	defer srv.Shutdown()
+
+	producer, err := queue.New(rdb, &queue.Config{Limiter: srv.Limiter()})
+	if err != nil {
+		panic(err)
+	}
+	defer producer.Close()
+	if _, err := producer.Enqueue(ctx, "acme", asynq.NewTask("sync", nil), asynq.Queue(queueName), asynq.MaxRetry(0)); err != nil {
+		panic(err)
+	}
+	<-finished
+	// Output:
+	// attempt 1: the downstream says 429, retry in 300ms
+	// attempt 2: done, retries used: 0
+}
+
+func ExampleRegisterBuiltins() {
+	rdb, prefix, queueName, done := exampleEnv("ExampleRegisterBuiltins")
+	defer done()
+	ctx := context.Background()
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusOK)
+	}))
+	defer api.Close()
+
+	srv, err := worker.New(rdb, &worker.Config{
+		Prefix: prefix,
+		Asynq:  asynq.Config{Queues: map[string]int{queueName: 1}, LogLevel: asynq.ErrorLevel},
+	})
+	if err != nil {
+		panic(err)
+	}
+	worker.RegisterBuiltins(srv) // "http" and "sleep"
+	results := make(chan string, 2)
+	srv.Use(func(next asynq.Handler) asynq.Handler {
+		return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
+			err := next.ProcessTask(ctx, t)
+			results <- fmt.Sprintf("%s: %v", t.Type(), err)
+			return err
+		})
+	})
+	if err := srv.Start(); err != nil {
+		panic(err)
+	}
+	defer srv.Shutdown()
+
+	producer, err := queue.New(rdb, &queue.Config{Limiter: srv.Limiter()})
+	if err != nil {
+		panic(err)
+	}
+	defer producer.Close()
+	call, _ := json.Marshal(worker.HTTPRequest{Method: "POST", URL: api.URL, Body: `{"id":1}`, TimeoutMS: 5000})
+	nap, _ := json.Marshal(worker.SleepRequest{MS: 10})
+	for _, task := range []*asynq.Task{asynq.NewTask(worker.TypeHTTP, call), asynq.NewTask(worker.TypeSleep, nap)} {
+		if _, err := producer.Enqueue(ctx, "acme", task, asynq.Queue(queueName)); err != nil {
+			panic(err)
+		}
+		fmt.Println(<-results)
+	}
+	// Output:
+	// http: <nil>
+	// sleep: <nil>
+}

@@ -1,0 +1,499 @@
+package worker_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/queue"
+)
+
+// TestFleet runs sluice workers as separate processes (the program in
+// internal/testworker) against a private Redis each, the way a fleet runs
+// them, and checks what the handlers themselves recorded. Its subtests run
+// one after the other, before the package's parallel tests, so their
+// timings are not disturbed by them.
+func TestFleet(t *testing.T) {
+	bin := buildTestWorker(t)
+	t.Run("NoLoss", func(t *testing.T) { testNoLoss(t, bin) })
+	t.Run("Smoothness", func(t *testing.T) {
+		n := 600
+		if *full {
+			n = 2000
+		}
+		testSmoothness(t, bin, 50, 1, n)
+		if *full {
+			testSmoothness(t, bin, 20, 3, 600)
+		}
+	})
+	t.Run("ConcurrencyWithKill", func(t *testing.T) { testConcurrencyWithKill(t, bin) })
+	t.Run("NoisyNeighbour", func(t *testing.T) {
+		n := 5000
+		if *full {
+			n = 50_000
+		}
+		on := testNoisyNeighbour(t, bin, n, true)
+		off := testNoisyNeighbour(t, bin, n, false)
+		t.Logf("noisy neighbour, %d jobs of A at once: B's start latency with shaping p50 %s p99 %s; without shaping p50 %s p99 %s",
+			n, on[0], on[1], off[0], off[1])
+		require.LessOrEqual(t, on[1], 2*time.Second, "with shaping, B's jobs start within 2 s (p99)")
+	})
+}
+
+// buildTestWorker compiles the test worker program once for TestFleet.
+func buildTestWorker(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "testworker")
+	args := []string{"build", "-o", bin}
+	if raceEnabled {
+		args = append(args, "-race")
+	}
+	out, err := exec.Command("go", append(args, "github.com/sluicehq/sluice/worker/internal/testworker")...).CombinedOutput()
+	require.NoError(t, err, "go build testworker: %s", out)
+	return bin
+}
+
+// fleet is a set of worker processes sharing a private Redis.
+type fleet struct {
+	bin    string
+	server *redistest.Server
+	client *redis.Client
+	env    *env
+	events string
+
+	mu    sync.Mutex
+	procs []*proc
+}
+
+type proc struct {
+	cmd    *exec.Cmd
+	pid    int
+	exited chan struct{}
+	stderr *safeBuffer
+}
+
+type safeBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *safeBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *safeBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func newFleet(t *testing.T, bin string) *fleet {
+	t.Helper()
+	server := redistest.NewServer(t, nil)
+	client := server.Client(t)
+	f := &fleet{bin: bin, server: server, client: client, env: setup(t, client), events: "events"}
+	t.Cleanup(func() { f.stopAll(t) })
+	return f
+}
+
+// start launches a worker process and waits until it takes jobs.
+func (f *fleet) start(t *testing.T) *proc {
+	t.Helper()
+	cmd := exec.Command(f.bin, "-redis", f.server.URL(), "-prefix", f.env.prefix, "-queue", f.env.queue,
+		"-events", f.events, "-concurrency", "200")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	p := &proc{cmd: cmd, exited: make(chan struct{}), stderr: &safeBuffer{}}
+	cmd.Stderr = p.stderr
+	require.NoError(t, cmd.Start())
+	p.pid = cmd.Process.Pid
+	ready := make(chan struct{})
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			if sc.Text() == "ready" {
+				close(ready)
+			}
+		}
+		_ = cmd.Wait()
+		close(p.exited)
+	}()
+	f.mu.Lock()
+	f.procs = append(f.procs, p)
+	f.mu.Unlock()
+	select {
+	case <-ready:
+	case <-p.exited:
+		t.Fatalf("testworker exited at start: %s", p.stderr.String())
+	case <-time.After(30 * time.Second):
+		t.Fatalf("testworker not ready after 30s: %s", p.stderr.String())
+	}
+	return p
+}
+
+// kill stops a worker at once, as a crash would.
+func (f *fleet) kill(t *testing.T, p *proc) time.Time {
+	t.Helper()
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGKILL))
+	at := time.Now()
+	<-p.exited
+	return at
+}
+
+// stopAll shuts every worker down gracefully (SIGTERM), killing those that
+// do not exit in time.
+func (f *fleet) stopAll(t *testing.T) {
+	f.mu.Lock()
+	procs := f.procs
+	f.procs = nil
+	f.mu.Unlock()
+	for _, p := range procs {
+		select {
+		case <-p.exited:
+			continue
+		default:
+		}
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	}
+	for _, p := range procs {
+		select {
+		case <-p.exited:
+		case <-time.After(20 * time.Second):
+			t.Errorf("testworker %d did not exit 20s after SIGTERM; killing it", p.pid)
+			_ = p.cmd.Process.Kill()
+			<-p.exited
+		}
+		if p.cmd.ProcessState != nil && !p.cmd.ProcessState.Success() && !p.killed() {
+			t.Errorf("testworker %d exited with %s: %s", p.pid, p.cmd.ProcessState, p.stderr.String())
+		}
+	}
+}
+
+func (p *proc) killed() bool {
+	ws, ok := p.cmd.ProcessState.Sys().(syscall.WaitStatus)
+	return ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL
+}
+
+// event is one record of the test worker's handler.
+type event struct {
+	start    bool
+	id       string // the job's identity (its first task id)
+	taskID   string
+	tenant   string
+	pid      int
+	at       time.Time
+	retried  int
+	matched  bool
+	end      time.Time // for a start: when its handler ended (or was killed)
+	finished bool
+}
+
+func (f *fleet) records(t *testing.T) []*event {
+	t.Helper()
+	raw, err := f.client.LRange(context.Background(), f.events, 0, -1).Result()
+	require.NoError(t, err)
+	out := make([]*event, 0, len(raw))
+	for _, r := range raw {
+		p := strings.Split(r, "|")
+		require.GreaterOrEqual(t, len(p), 6, r)
+		pid, _ := strconv.Atoi(p[4])
+		us, _ := strconv.ParseInt(p[5], 10, 64)
+		e := &event{start: p[0] == "S", id: p[1], taskID: p[2], tenant: p[3], pid: pid, at: time.UnixMicro(us)}
+		if e.start {
+			e.retried, _ = strconv.Atoi(p[6])
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
+// runs pairs each start with its end on the same process; a start on a
+// process killed before the end gets the kill time as its end.
+func runs(evs []*event, killedAt map[int]time.Time) []*event {
+	var starts []*event
+	open := map[string][]*event{}
+	key := func(e *event) string { return e.taskID + "|" + strconv.Itoa(e.pid) }
+	sorted := append([]*event(nil), evs...)
+	sort.SliceStable(sorted, func(i, j int) bool { return sorted[i].at.Before(sorted[j].at) })
+	for _, e := range sorted {
+		if e.start {
+			starts = append(starts, e)
+			open[key(e)] = append(open[key(e)], e)
+			continue
+		}
+		if q := open[key(e)]; len(q) > 0 {
+			q[0].end, q[0].finished = e.at, true
+			open[key(e)] = q[1:]
+		}
+	}
+	for _, s := range starts {
+		if !s.finished {
+			if at, ok := killedAt[s.pid]; ok {
+				s.end = at
+			}
+		}
+	}
+	return starts
+}
+
+// maxConcurrent is the most runs of tenant in progress at once, from the
+// handlers' own records; an end at the same instant as a start counts first.
+func maxConcurrent(starts []*event, tenant string) int {
+	type edge struct {
+		at    time.Time
+		delta int
+	}
+	var edges []edge
+	for _, s := range starts {
+		if s.tenant != tenant {
+			continue
+		}
+		end := s.end
+		if end.IsZero() {
+			end = time.Now()
+		}
+		edges = append(edges, edge{s.at, 1}, edge{end, -1})
+	}
+	sort.Slice(edges, func(i, j int) bool {
+		if edges[i].at.Equal(edges[j].at) {
+			return edges[i].delta < edges[j].delta
+		}
+		return edges[i].at.Before(edges[j].at)
+	})
+	n, most := 0, 0
+	for _, e := range edges {
+		n += e.delta
+		most = max(most, n)
+	}
+	return most
+}
+
+func (f *fleet) finishedIDs(t *testing.T) map[string]int {
+	t.Helper()
+	done := map[string]int{}
+	for _, e := range f.records(t) {
+		if !e.start {
+			done[e.id]++
+		}
+	}
+	return done
+}
+
+func (f *fleet) enqueueBatch(t *testing.T, tenant string, n int, payload string, opts ...asynq.Option) []string {
+	t.Helper()
+	ids := make([]string, 0, n)
+	for len(ids) < n {
+		jobs := make([]queue.Job, min(1000, n-len(ids)))
+		for i := range jobs {
+			jobs[i] = queue.Job{Tenant: tenant, Task: asynq.NewTask("rec", []byte(payload)),
+				Options: append([]asynq.Option{asynq.Queue(f.env.queue)}, opts...)}
+		}
+		for _, r := range f.env.q.EnqueueBatch(context.Background(), jobs) {
+			require.NoError(t, r.Err)
+			ids = append(ids, r.Info.ID)
+		}
+	}
+	return ids
+}
+
+func testNoLoss(t *testing.T, bin string) {
+	f := newFleet(t, bin)
+	f.env.policy(t, "t1", "rate=40/s burst=2 backlog=1000")
+	f.env.policy(t, "t2", "rate=20/s concurrency=3 lease=5s")
+	f.env.policy(t, "*", "rate=30/s shape=true")
+	for i := 0; i < 3; i++ {
+		f.start(t)
+	}
+	const per = 200
+	var ids []string
+	for _, tenant := range []string{"t1", "t2", "t3"} {
+		ms := `{"ms":5}`
+		if tenant == "t2" {
+			ms = `{"ms":50}`
+		}
+		// Every third job is at its retry limit from the start.
+		ids = append(ids, f.enqueueBatch(t, tenant, per/3, ms, asynq.MaxRetry(0))...)
+		ids = append(ids, f.enqueueBatch(t, tenant, per-per/3, ms)...)
+	}
+	eventually(t, 60*time.Second, func() bool { return len(f.finishedIDs(t)) == len(ids) }, "all %d jobs done", len(ids))
+
+	starts := runs(f.records(t), nil)
+	count := map[string]int{}
+	for _, s := range starts {
+		count[s.id]++
+		require.Zero(t, s.retried, "job %s used a retry", s.id)
+	}
+	for _, id := range ids {
+		require.Equal(t, 1, count[id], "job %s started once", id)
+	}
+	info := f.env.queueInfo(t)
+	require.Zero(t, info.Archived)
+	require.Zero(t, info.Pending+info.Scheduled+info.Retry+info.Active)
+	require.LessOrEqual(t, maxConcurrent(starts, "t2"), 3)
+	for tenant, rate := range map[string]float64{"t1": 40, "t2": 20, "t3": 30} {
+		var at []time.Time
+		for _, s := range starts {
+			if s.tenant == tenant {
+				at = append(at, s.at)
+			}
+		}
+		sort.Slice(at, func(i, j int) bool { return at[i].Before(at[j]) })
+		burst := 1
+		if tenant == "t1" {
+			burst = 2
+		}
+		require.Zero(t, nonConforming(at, rate, burst+1), "tenant %s", tenant)
+	}
+	st, err := f.env.lim.Stats(context.Background(), "t1")
+	require.NoError(t, err)
+	require.Zero(t, st.Backlog, "finished jobs left the backlog")
+	t.Logf("no loss: %d jobs over 3 tenants and 3 workers, each started once, none archived, no retry used", len(ids))
+}
+
+func testSmoothness(t *testing.T, bin string, rate float64, burst, n int) {
+	f := newFleet(t, bin)
+	f.env.policy(t, "acme", fmt.Sprintf("rate=%d/s burst=%d", int(rate), burst))
+	for i := 0; i < 3; i++ {
+		f.start(t)
+	}
+	ids := f.enqueueBatch(t, "acme", n, `{"ms":1}`)
+	timeout := time.Duration(float64(n)/rate*float64(time.Second)) + 30*time.Second
+	eventually(t, timeout, func() bool { return len(f.finishedIDs(t)) == n }, "all %d jobs done", n)
+
+	starts := runs(f.records(t), nil)
+	require.Len(t, starts, len(ids), "each job started once")
+	at := make([]time.Time, len(starts))
+	for i, s := range starts {
+		at[i] = s.at
+		require.Zero(t, s.retried)
+	}
+	sort.Slice(at, func(i, j int) bool { return at[i].Before(at[j]) })
+	bad := nonConforming(at, rate, burst+1)
+	span := at[len(at)-1].Sub(at[0])
+	achieved := float64(n-burst) / span.Seconds()
+	t.Logf("smoothness rate=%v/s burst=%d, %d jobs, 3 workers: %d non-conforming starts against GCRA(%v/s, %d); achieved %.2f/s (%.2f%% of the limit) over %s",
+		rate, burst, n, bad, rate, burst+1, achieved, 100*achieved/rate, span.Round(time.Millisecond))
+	require.Zero(t, bad)
+	require.InEpsilon(t, rate, achieved, 0.02)
+}
+
+func testConcurrencyWithKill(t *testing.T, bin string) {
+	f := newFleet(t, bin)
+	const limit = 3
+	f.env.policy(t, "acme", fmt.Sprintf("concurrency=%d lease=2s", limit))
+	var procs []*proc
+	for i := 0; i < 3; i++ {
+		procs = append(procs, f.start(t))
+	}
+	ids := f.enqueueBatch(t, "acme", 30, `{"ms":400}`, asynq.MaxRetry(3))
+
+	// Kill a worker while one of its jobs runs.
+	var victim *proc
+	var open []string
+	eventually(t, 20*time.Second, func() bool {
+		for _, p := range procs {
+			open = open[:0]
+			for _, s := range runs(f.records(t), nil) {
+				if s.pid == p.pid && !s.finished {
+					open = append(open, s.taskID)
+				}
+			}
+			if len(open) > 0 {
+				victim = p
+				return true
+			}
+		}
+		return false
+	}, "a worker running a job")
+	killedAt := f.kill(t, victim)
+	killedJobs := append([]string(nil), open...)
+
+	if !*full {
+		// asynq re-queues a crashed worker's jobs once their 30 s lease has
+		// been expired for 30 s, checked every minute. Age the leases of the
+		// dead worker's jobs instead of waiting: the recoverer of the worker
+		// started next runs at once. Live workers extend their jobs' leases
+		// to now+30s every 5 s, so after 8 s a lease that ends before
+		// now+23s belongs to the dead worker (a job running or one waiting
+		// in its gate).
+		time.Sleep(8 * time.Second)
+		key := "asynq:{" + f.env.queue + "}:lease"
+		ctx := context.Background()
+		dead, err := f.client.ZRangeByScore(ctx, key, &redis.ZRangeBy{Min: "-inf", Max: strconv.FormatInt(time.Now().Add(23*time.Second).Unix(), 10)}).Result()
+		require.NoError(t, err)
+		require.Subset(t, dead, killedJobs)
+		for _, id := range dead {
+			require.NoError(t, f.client.ZAddXX(ctx, key, redis.Z{Score: float64(time.Now().Add(-time.Minute).Unix()), Member: id}).Err())
+		}
+	}
+	f.start(t)
+	timeout := 30 * time.Second
+	if *full {
+		timeout = 150 * time.Second
+	}
+	eventually(t, timeout, func() bool { return len(f.finishedIDs(t)) == len(ids) }, "all jobs done, the killed ones included")
+
+	starts := runs(f.records(t), map[int]time.Time{victim.pid: killedAt})
+	most := maxConcurrent(starts, "acme")
+	for _, id := range killedJobs {
+		var after bool
+		for _, s := range starts {
+			if s.taskID == id && s.finished && s.at.After(killedAt) {
+				after = true
+			}
+		}
+		require.True(t, after, "the killed job %s completed later", id)
+	}
+	t.Logf("concurrency=%d, 3 workers, one SIGKILLed mid-job (%d job(s) running there): at most %d running at once, as the handlers counted; killed jobs completed after recovery", limit, len(killedJobs), most)
+	require.LessOrEqual(t, most, limit)
+	require.Zero(t, f.env.queueInfo(t).Archived)
+}
+
+// testNoisyNeighbour returns the p50 and p99 of B's start latency.
+func testNoisyNeighbour(t *testing.T, bin string, n int, shape bool) [2]time.Duration {
+	f := newFleet(t, bin)
+	f.env.policy(t, "a", fmt.Sprintf("rate=100/s shape=%t", shape))
+	for i := 0; i < 3; i++ {
+		f.start(t)
+	}
+	f.enqueueBatch(t, "a", n, `{"ms":1}`)
+	enqueued := map[string]time.Time{}
+	for i := 0; i < 50; i++ {
+		at := time.Now()
+		info, err := f.env.q.Enqueue(context.Background(), "b", asynq.NewTask("rec", []byte(`{"ms":1}`)), asynq.Queue(f.env.queue))
+		require.NoError(t, err)
+		enqueued[info.ID] = at
+		time.Sleep(40 * time.Millisecond)
+	}
+	var lat []time.Duration
+	eventually(t, 120*time.Second, func() bool {
+		lat = lat[:0]
+		for _, e := range f.records(t) {
+			if e.start && e.tenant == "b" {
+				lat = append(lat, e.at.Sub(enqueued[e.id]))
+			}
+		}
+		return len(lat) == len(enqueued)
+	}, "B's 50 jobs started")
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	pct := func(p float64) time.Duration { return lat[int(p*float64(len(lat)-1))].Round(time.Millisecond) }
+	return [2]time.Duration{pct(0.5), pct(0.99)}
+}
