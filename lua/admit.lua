@@ -12,11 +12,15 @@
 -- Several jobs may be decided in one call (ops); each op reads its keys from
 -- KEYS in order. All times are integers in microseconds.
 --
--- KEYS, 5 per scope, for every scope of every op in order:
---   state hash (p<i>/a<i> planned/started rate meters, qa/qc and qb/qd quota
---     window starts and counts, cd cooldown end, n entry sequence, s jobs
---     started, x the expiry last given to the hash), planned window zset, started window zset, reservations zset
---     (job id -> slot), holders zset (job id -> lease end)
+-- KEYS, 3 per scope, for every scope of every op in order:
+--   [1] state hash: p<i>/a<i> planned/started meter of rate i; qa/qc and
+--     qb/qd quota window starts and counts; cd cooldown end; n window entry
+--     sequence; s jobs started; x the expiry last given to the hash;
+--     r:<job> a job's reserved slot, rn how many, rc a cursor sweeping stale
+--     ones; h:<job> a running job's lease end, hc how many, hm a lower
+--     bound of their earliest lease end (while hm is in the future every
+--     recorded slot is live and hc counts them exactly)
+--   [2] planned window zset, [3] started window zset (score: start time)
 -- ARGV:
 --   [1] clock: current time to use, or -1 for Redis TIME (tests only)
 --   [2] number of ops
@@ -39,12 +43,26 @@
 --     4 a new concurrency slot (a job that already held one keeps it)
 -- Errors: "ERR sluice: clock" when the time is outside the quota windows
 --   given (the caller's clock estimate is off; it retries with fresh bounds).
+--
+-- Cost matters here: every redis.call and every number Redis has to print
+-- is paid per decision, so numbers are formatted with %d (Redis would use
+-- the slower %.17g), field names are built once, and a scope's state is read
+-- with one HMGET and written with one HSET.
 
-local call, tonumber, unpack = redis.call, tonumber, unpack
+local call, tonumber, unpack, format = redis.call, tonumber, unpack, string.format
 local floor, max, min = math.floor, math.max, math.min
 local KEYS, ARGV = KEYS, ARGV
 
 local RATE, WINDOW, QUOTA, CONC, COOL, RESV = 1, 2, 3, 4, 5, 6
+
+local function fmt(v)
+  return format('%d', v)
+end
+
+local PF, AF = {}, {}
+for i = 1, 16 do
+  PF[i], AF[i] = 'p' .. i, 'a' .. i
+end
 
 local now
 local clock = tonumber(ARGV[1])
@@ -57,10 +75,6 @@ end
 local nops = tonumber(ARGV[2])
 local horizon, grace = tonumber(ARGV[3]), tonumber(ARGV[4])
 local tolerance, conc_retry = tonumber(ARGV[5]), tonumber(ARGV[6])
-
--- Numbers are passed to redis.call as they are: Redis writes integral
--- numbers in full (never as 1.7e+15), and every time here is an integer.
--- Exclusive bounds are written as inclusive ones one microsecond further.
 
 local function win_index(bounds, t)
   for j = 1, #bounds - 1 do
@@ -91,7 +105,7 @@ end
 -- make key live at least until time t, never shortening its life: GT
 -- extends a key that has a TTL, NX gives one to a key that has none
 local function extend_to(key, t)
-  local ms = floor((t - now) / 1000) + 2
+  local ms = fmt(floor((t - now) / 1000) + 2)
   if call('PEXPIRE', key, ms, 'GT') == 0 then
     call('PEXPIRE', key, ms, 'NX')
   end
@@ -104,8 +118,8 @@ local function add_entries(sc, key, t, n)
   local z = {}
   for c = 1, n do
     seq = seq + 1
-    z[#z + 1] = (t)
-    z[#z + 1] = (seq)
+    z[#z + 1] = fmt(t)
+    z[#z + 1] = fmt(seq)
     if #z >= 2000 or c == n then
       call('ZADD', key, unpack(z))
       z = {}
@@ -114,13 +128,73 @@ local function add_entries(sc, key, t, n)
   sc.n = seq
 end
 
+-- the running jobs of a scope: how many are live, the earliest live lease
+-- end, and the fields of slots whose lease ran out (other than the job's own)
+local function scan(sc)
+  local live, soonest, stale = 0, false, {}
+  local cursor = '0'
+  repeat
+    local res = call('HSCAN', sc.st, cursor, 'MATCH', 'h:*', 'COUNT', '1000')
+    cursor = res[1]
+    local kv = res[2]
+    for i = 1, #kv, 2 do
+      local e = tonumber(kv[i + 1])
+      if e > now then
+        live = live + 1
+        if not soonest or e < soonest then soonest = e end
+      elseif kv[i] ~= sc.hkey then
+        stale[#stale + 1] = kv[i]
+      end
+    end
+  until cursor == '0'
+  return live, soonest, stale
+end
+
+-- count the scope's live slots (sc.live, sc.mine); the slots are listed only
+-- when one may have run out (or, with need_soonest, to know which ends first)
+local function count_holders(sc, need_soonest)
+  if sc.live then
+    if need_soonest and not sc.soonest then
+      local _, soonest = scan(sc)
+      sc.soonest = soonest
+    end
+    return
+  end
+  if sc.hc == 0 then
+    sc.live, sc.mine = 0, false
+  elseif sc.hm > now and not need_soonest then
+    sc.live, sc.mine = sc.hc, sc.hend ~= nil
+  else
+    sc.live, sc.soonest, sc.stale = scan(sc)
+    sc.mine = sc.hend ~= nil and sc.hend > now
+  end
+end
+
+-- forget, a few at a time, reservations of jobs that never came back
+local function sweep(sc)
+  local res = call('HSCAN', sc.st, fmt(sc.rc), 'MATCH', 'r:*', 'COUNT', '64')
+  sc.rc = tonumber(res[1])
+  local stale = {}
+  local kv = res[2]
+  for i = 1, #kv, 2 do
+    if tonumber(kv[i + 1]) + grace <= now and kv[i] ~= sc.rkey then
+      stale[#stale + 1] = kv[i]
+    end
+  end
+  if #stale > 0 then
+    sc.rn = max(sc.rn - call('HDEL', sc.st, unpack(stale)), 0)
+  end
+end
+
 -- charge the planned meters of every scope without a reservation at time t
 local function charge(scopes, t, cost)
   local charged = 0
   for _, sc in ipairs(scopes) do
     if not sc.R then
+      local rt = sc.rt
       for i = 1, sc.nr do
-        sc.P[i] = max(sc.P[i], t) + sc.inc[i]
+        local b = 5 * i - 4
+        rt[b + 3] = max(rt[b + 3], t) + rt[b]
       end
       if sc.wlim > 0 then
         add_entries(sc, sc.wp, t, cost)
@@ -136,11 +210,13 @@ local function charge(scopes, t, cost)
   return charged
 end
 
-local function reserve_at(scopes, t, id)
+local function reserve_at(scopes, t)
   for _, sc in ipairs(scopes) do
     if sc.reservable then
-      call('ZADD', sc.rs, (t), id)
+      if not sc.hadR then sc.rn = sc.rn + 1 end
+      sc.hadR = true
       sc.rtop = t
+      sc.dirty = true
     end
   end
 end
@@ -149,18 +225,34 @@ end
 local function persist(scopes, noexpire)
   for _, sc in ipairs(scopes) do
     if sc.dirty then
+      if sc.rn > 0 and sc.counted and sc.starts % 64 == 0 then
+        sweep(sc)
+      end
       local h = {}
       local until_ = now
+      if sc.rtop then
+        h[1] = sc.rkey; h[2] = fmt(sc.rtop)
+        until_ = sc.rtop + grace
+      elseif sc.dropR then
+        call('HDEL', sc.st, sc.rkey)
+        sc.rn = max(sc.rn - 1, 0)
+      end
+      if sc.rn > 0 or sc.dropR then
+        h[#h + 1] = 'rn'; h[#h + 1] = fmt(sc.rn)
+        h[#h + 1] = 'rc'; h[#h + 1] = fmt(sc.rc)
+      end
+      local rt = sc.rt
       for i = 1, sc.nr do
-        h[#h + 1] = 'p' .. i; h[#h + 1] = (sc.P[i])
-        h[#h + 1] = 'a' .. i; h[#h + 1] = (sc.A[i])
-        until_ = max(until_, sc.P[i], sc.A[i])
+        local b = 5 * i - 4
+        h[#h + 1] = PF[i]; h[#h + 1] = fmt(rt[b + 3])
+        h[#h + 1] = AF[i]; h[#h + 1] = fmt(rt[b + 4])
+        until_ = max(until_, rt[b + 3], rt[b + 4])
       end
       if sc.qlim > 0 then
-        h[#h + 1] = 'qa'; h[#h + 1] = (sc.qa)
-        h[#h + 1] = 'qc'; h[#h + 1] = (sc.qc)
-        h[#h + 1] = 'qb'; h[#h + 1] = (sc.qb)
-        h[#h + 1] = 'qd'; h[#h + 1] = (sc.qd)
+        h[#h + 1] = 'qa'; h[#h + 1] = fmt(sc.qa)
+        h[#h + 1] = 'qc'; h[#h + 1] = fmt(sc.qc)
+        h[#h + 1] = 'qb'; h[#h + 1] = fmt(sc.qb)
+        h[#h + 1] = 'qd'; h[#h + 1] = fmt(sc.qd)
         local b = sc.bounds
         for j = 1, #b - 1 do
           if (b[j] == sc.qa and sc.qc > 0) or (b[j] == sc.qb and sc.qd > 0) then
@@ -170,40 +262,33 @@ local function persist(scopes, noexpire)
       end
       if sc.counted then
         -- counted for sluice top; kept a few seconds past recovery
-        h[#h + 1] = 's'; h[#h + 1] = (sc.starts)
+        h[#h + 1] = 's'; h[#h + 1] = fmt(sc.starts)
         until_ = max(until_, now + 5000000)
       end
+      if sc.hold then
+        h[#h + 1] = sc.hkey; h[#h + 1] = fmt(sc.hold)
+        h[#h + 1] = 'hc'; h[#h + 1] = fmt(sc.hc)
+        h[#h + 1] = 'hm'; h[#h + 1] = fmt(sc.hm)
+        until_ = max(until_, sc.hold)
+        if sc.stale and #sc.stale > 0 then
+          call('HDEL', sc.st, unpack(sc.stale))
+        end
+      end
       if sc.wlim > 0 then
-        h[#h + 1] = 'n'; h[#h + 1] = (sc.n)
+        h[#h + 1] = 'n'; h[#h + 1] = fmt(sc.n)
         until_ = max(until_, (sc.wtop or 0) + sc.wdur, (sc.watop or 0) + sc.wdur)
-        call('ZREMRANGEBYSCORE', sc.wp, '-inf', (now - sc.wdur))
+        call('ZREMRANGEBYSCORE', sc.wp, '-inf', fmt(now - sc.wdur))
         if sc.wtop and not noexpire then extend_to(sc.wp, sc.wtop + sc.wdur) end
         if sc.watop and not noexpire then extend_to(sc.wa, sc.watop + sc.wdur) end
       end
-      if #h > 0 then
-        -- the hash's expiry is moved a second past what is needed, so that
-        -- a busy scope calls PEXPIRE about once a second, not every time
-        if until_ > sc.x and not noexpire then
-          h[#h + 1] = 'x'; h[#h + 1] = (until_ + 1000000)
-          call('HSET', sc.st, unpack(h))
-          extend_to(sc.st, until_ + 1000000)
-        else
-          call('HSET', sc.st, unpack(h))
-        end
-      end
-    end
-    if sc.rtop or sc.hadR then
-      -- forget reservations whose grace is over (renew.lua does the same
-      -- for holders whose lease ran out)
-      call('ZREMRANGEBYSCORE', sc.rs, '-inf', (now - grace))
-      if sc.rtop and not noexpire then extend_to(sc.rs, sc.rtop + grace) end
-    end
-    if sc.ctop and not noexpire then
-      if sc.live == 1 and not sc.mine then
-        -- no other live holder: nothing to protect, one call is enough
-        call('PEXPIRE', sc.cc, floor((sc.ctop - now) / 1000) + 2)
-      else
-        extend_to(sc.cc, sc.ctop)
+      -- the hash's expiry is moved a second past what is needed, so that a
+      -- busy scope calls PEXPIRE about once a second, not every time
+      if until_ > sc.x and not noexpire then
+        h[#h + 1] = 'x'; h[#h + 1] = fmt(until_ + 1000000)
+        call('HSET', sc.st, unpack(h))
+        extend_to(sc.st, until_ + 1000000)
+      elseif #h > 0 then
+        call('HSET', sc.st, unpack(h))
       end
     end
   end
@@ -223,28 +308,35 @@ for op = 1, nops do
   local dry = floor(flags / 4) % 2 == 1
   local plan = floor(flags / 8) % 2 == 1
   local noexpire = floor(flags / 16) % 2 == 1
+  local rkey, hkey = 'r:' .. id, 'h:' .. id
 
   local scopes = {}
   for s = 1, nscopes do
     local features = tonumber(ARGV[a])
     local nr = tonumber(ARGV[a + 1])
     a = a + 2
-    local sc = {
-      st = KEYS[k + 1], wp = KEYS[k + 2], wa = KEYS[k + 3], rs = KEYS[k + 4], cc = KEYS[k + 5],
-      nr = nr, inc = {}, unit = {}, off = {}, P = {}, A = {},
-      wlim = 0, wdur = 0, qlim = 0, bounds = false, cur = false, clim = 0, lease = 0,
-      cd = 0, qa = 0, qc = 0, qb = 0, qd = 0, n = false, starts = 0, x = 0,
-      R = false, hadR = false, reservable = false, dirty = false, counted = false,
-      wtop = false, watop = false, rtop = false, ctop = false, live = false, mine = false,
-    }
-    k = k + 5
+    -- rt holds, per rate: increment for the cost, increment for 1, burst
+    -- offset, planned meter, started meter
+    local rt = {}
     for i = 1, nr do
-      sc.inc[i], sc.unit[i], sc.off[i] = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+      local b = 5 * i - 4
+      rt[b], rt[b + 1], rt[b + 2] = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
       a = a + 3
     end
+    local sc = {
+      st = KEYS[k + 1], wp = KEYS[k + 2], wa = KEYS[k + 3], rkey = rkey, hkey = hkey,
+      nr = nr, rt = rt, wlim = 0, qlim = 0, clim = 0,
+      cd = 0, starts = 0, x = 0, rn = 0, rc = 0, R = false, hadR = false, hc = 0, hm = 0,
+      live = false, mine = false, soonest = false, stale = false,
+      reservable = nr > 0, dirty = false, counted = false,
+    }
+    k = k + 3
+    local fields = { 'cd', 's', 'x', 'rn', 'rc', rkey }
     if features % 2 == 1 then
       sc.wlim, sc.wdur = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
       a = a + 2
+      sc.reservable = true
+      fields[#fields + 1] = 'n'
     end
     if floor(features / 2) % 2 == 1 then
       sc.qlim = tonumber(ARGV[a])
@@ -259,48 +351,53 @@ for op = 1, nops do
       if not sc.cur then
         return redis.error_reply('ERR sluice: clock')
       end
+      sc.reservable = true
+      fields[#fields + 1] = 'qa'; fields[#fields + 1] = 'qc'
+      fields[#fields + 1] = 'qb'; fields[#fields + 1] = 'qd'
     end
     if floor(features / 4) % 2 == 1 then
       sc.clim, sc.lease = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
       a = a + 2
-    end
-    sc.reservable = nr > 0 or sc.wlim > 0 or sc.qlim > 0
-
-    -- the scope's scalar state in one call, only the fields its rules use
-    local fields = { 'cd', 's', 'x' }
-    if sc.wlim > 0 then fields[4] = 'n' end
-    if sc.qlim > 0 then
-      fields[#fields + 1] = 'qa'; fields[#fields + 1] = 'qc'
-      fields[#fields + 1] = 'qb'; fields[#fields + 1] = 'qd'
+      fields[#fields + 1] = 'hc'; fields[#fields + 1] = 'hm'; fields[#fields + 1] = hkey
     end
     local f0 = #fields
     for i = 1, nr do
-      fields[#fields + 1] = 'p' .. i
-      fields[#fields + 1] = 'a' .. i
+      fields[f0 + 2 * i - 1] = PF[i]
+      fields[f0 + 2 * i] = AF[i]
     end
+
+    -- the scope's state in one call, only the fields its rules use
     local v = call('HMGET', sc.st, unpack(fields))
     sc.cd = tonumber(v[1]) or 0
     sc.starts = tonumber(v[2]) or 0
     sc.x = tonumber(v[3]) or 0
-    local j = 4
+    sc.rn = tonumber(v[4]) or 0
+    sc.rc = tonumber(v[5]) or 0
+    local r = tonumber(v[6])
+    local j = 7
     if sc.wlim > 0 then
-      sc.n = tonumber(v[4]) or false
-      j = 5
+      sc.n = tonumber(v[j]) or false
+      j = j + 1
     end
     if sc.qlim > 0 then
       sc.qa, sc.qc = tonumber(v[j]) or 0, tonumber(v[j + 1]) or 0
       sc.qb, sc.qd = tonumber(v[j + 2]) or 0, tonumber(v[j + 3]) or 0
+      j = j + 4
+    end
+    if sc.clim > 0 then
+      sc.hc = tonumber(v[j]) or 0
+      sc.hm = tonumber(v[j + 1]) or 0
+      sc.hend = tonumber(v[j + 2])
     end
     for i = 1, nr do
-      sc.P[i] = tonumber(v[f0 + 2 * i - 1]) or 0
-      sc.A[i] = tonumber(v[f0 + 2 * i]) or 0
+      local b = 5 * i - 4
+      rt[b + 3] = tonumber(v[f0 + 2 * i - 1]) or 0
+      rt[b + 4] = tonumber(v[f0 + 2 * i]) or 0
     end
 
     -- the job's own reservation, if it is still good
-    local r = call('ZSCORE', sc.rs, id)
     if r then
       sc.hadR = true
-      r = tonumber(r)
       if r + grace <= now then
         r = false -- expired: the job is treated as new
       elseif sc.cd > now and r < sc.cd then
@@ -326,20 +423,22 @@ for op = 1, nops do
         S, rule, ridx, rscope = sc.R, RESV, 0, s
       end
     else
+      local rt = sc.rt
       for i = 1, sc.nr do
-        local t = sc.P[i] + sc.inc[i] - sc.off[i]
+        local b = 5 * i - 4
+        local t = rt[b + 3] + rt[b] - rt[b + 2]
         if t > S then
           S, rule, ridx, rscope = t, RATE, i, s
         end
       end
       if sc.wlim > 0 then
-        local lo = now - sc.wdur + 1
+        local lo = fmt(now - sc.wdur + 1)
         -- first in, first out: never before the last planned entry
-        local top = call('ZREVRANGEBYSCORE', sc.wp, '+inf', lo, 'WITHSCORES', 'LIMIT', 0, 1)
+        local top = call('ZREVRANGEBYSCORE', sc.wp, '+inf', lo, 'WITHSCORES', 'LIMIT', '0', '1')
         if top[2] and tonumber(top[2]) > S then
           S, rule, ridx, rscope = tonumber(top[2]), WINDOW, 0, s
         end
-        local e = call('ZREVRANGEBYSCORE', sc.wp, '+inf', lo, 'WITHSCORES', 'LIMIT', sc.wlim - cost, 1)
+        local e = call('ZREVRANGEBYSCORE', sc.wp, '+inf', lo, 'WITHSCORES', 'LIMIT', fmt(sc.wlim - cost), '1')
         if e[2] and tonumber(e[2]) + sc.wdur > S then
           S, rule, ridx, rscope = tonumber(e[2]) + sc.wdur, WINDOW, 0, s
         end
@@ -355,20 +454,20 @@ for op = 1, nops do
     for s, sc in ipairs(scopes) do
       if sc.qlim > 0 and not sc.R then
         local b = sc.bounds
-        local j = win_index(b, S)
+        local w = win_index(b, S)
         while true do
-          if j == nil or j > sc.cur + 1 then
+          if w == nil or w > sc.cur + 1 then
             beyond = true
             break
           end
-          if used(sc, b[j]) + cost <= sc.qlim then break end
-          j = j + 1
-          if j > #b then
+          if used(sc, b[w]) + cost <= sc.qlim then break end
+          w = w + 1
+          if w > #b then
             beyond = true
             break
           end
-          if b[j] > S then
-            S, rule, ridx, rscope = b[j], QUOTA, 0, s
+          if b[w] > S then
+            S, rule, ridx, rscope = b[w], QUOTA, 0, s
             changed = true
           end
         end
@@ -384,7 +483,7 @@ for op = 1, nops do
       slot = S
       if not dry then
         charged = charge(scopes, S, cost)
-        reserve_at(scopes, S, id)
+        reserve_at(scopes, S)
         wrote = true
       end
     elseif retry > horizon then
@@ -396,7 +495,7 @@ for op = 1, nops do
     rule, ridx, rscope = 0, 0, 0
     if not dry then
       charged = charge(scopes, now, cost)
-      reserve_at(scopes, now, id)
+      reserve_at(scopes, now)
       wrote = true
     end
   else
@@ -405,12 +504,10 @@ for op = 1, nops do
     if hold then
       for s, sc in ipairs(scopes) do
         if sc.clim > 0 then
-          sc.live = call('ZCOUNT', sc.cc, now + 1, '+inf')
-          local mine = call('ZSCORE', sc.cc, id)
-          sc.mine = mine and tonumber(mine) > now
+          count_holders(sc, false)
           if not sc.mine and sc.live >= sc.clim then
-            local first = call('ZRANGEBYSCORE', sc.cc, now + 1, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
-            local w = min(tonumber(first[2]) - now, conc_retry)
+            count_holders(sc, true)
+            local w = min(sc.soonest - now, conc_retry)
             if not cwait or w > cwait then
               cwait, rule, ridx, rscope = w, CONC, 0, s
             end
@@ -424,15 +521,17 @@ for op = 1, nops do
       local w = 0
       rule, ridx, rscope = 0, 0, 0
       for s, sc in ipairs(scopes) do
+        local rt = sc.rt
         for i = 1, sc.nr do
-          local tol = min(tolerance, floor(sc.unit[i] / 4))
-          local over = max(sc.A[i], now) + sc.inc[i] - now - sc.off[i] - tol
+          local b = 5 * i - 4
+          local tol = min(tolerance, floor(rt[b + 1] / 4))
+          local over = max(rt[b + 4], now) + rt[b] - now - rt[b + 2] - tol
           if over > w then
             w, rule, ridx, rscope = over, RATE, i, s
           end
         end
         if sc.wlim > 0 then
-          local e = call('ZREVRANGEBYSCORE', sc.wa, '+inf', now - sc.wdur + 1, 'WITHSCORES', 'LIMIT', sc.wlim - cost, 1)
+          local e = call('ZREVRANGEBYSCORE', sc.wa, '+inf', fmt(now - sc.wdur + 1), 'WITHSCORES', 'LIMIT', fmt(sc.wlim - cost), '1')
           if e[2] then
             local over = tonumber(e[2]) + sc.wdur - now
             if over > w then
@@ -447,7 +546,7 @@ for op = 1, nops do
         if reserve and not dry then
           slot = now
           charged = charge(scopes, now, cost)
-          reserve_at(scopes, now, id)
+          reserve_at(scopes, now)
           wrote = true
         end
       else
@@ -461,24 +560,36 @@ for op = 1, nops do
               sc.counted = true
               sc.dirty = true
             end
+            local rt = sc.rt
             for i = 1, sc.nr do
-              sc.A[i] = max(sc.A[i], now) + sc.inc[i]
+              local b = 5 * i - 4
+              rt[b + 4] = max(rt[b + 4], now) + rt[b]
             end
             if sc.wlim > 0 then
               add_entries(sc, sc.wa, now, cost)
-              call('ZREMRANGEBYSCORE', sc.wa, '-inf', (now - sc.wdur))
+              call('ZREMRANGEBYSCORE', sc.wa, '-inf', fmt(now - sc.wdur))
               sc.watop = now
             end
             if sc.hadR then
-              call('ZREM', sc.rs, id)
+              sc.dropR = true
             end
             if hold and sc.clim > 0 then
-              call('ZADD', sc.cc, (now + sc.lease), id)
+              -- after a listing the stale slots go and hc counts the live;
+              -- hm stays a lower bound of the earliest lease end
+              local e = now + sc.lease
+              local hc = sc.stale and sc.live or sc.hc
               if not sc.mine then
-                sc.live = sc.live + 1
-                if charged < 4 then charged = charged + 4 end
+                hc = hc + 1
+                charged = charged + 4
               end
-              sc.ctop = now + sc.lease
+              if sc.stale then
+                sc.hm = min(sc.soonest or e, e)
+              elseif sc.hc == 0 then
+                sc.hm = e
+              else
+                sc.hm = min(sc.hm, e)
+              end
+              sc.hc, sc.live, sc.hold = hc, sc.live + (sc.mine and 0 or 1), e
             end
           end
         end
@@ -493,17 +604,19 @@ for op = 1, nops do
   -- what is left after this decision
   local remaining, reset, inflight = -1, -1, -1
   for _, sc in ipairs(scopes) do
+    local rt = sc.rt
     for i = 1, sc.nr do
-      local tat = max(sc.P[i], now)
-      local n = max(floor((now + sc.off[i] - tat) / sc.unit[i]), 0)
+      local b = 5 * i - 4
+      local tat = max(rt[b + 3], now)
+      local n = max(floor((now + rt[b + 2] - tat) / rt[b + 1]), 0)
       if remaining < 0 or n < remaining then remaining = n end
       reset = max(reset, tat - now)
     end
     if sc.wlim > 0 then
-      local lo = now - sc.wdur + 1
+      local lo = fmt(now - sc.wdur + 1)
       local n = max(sc.wlim - call('ZCOUNT', sc.wp, lo, '+inf'), 0)
       if remaining < 0 or n < remaining then remaining = n end
-      local top = call('ZREVRANGEBYSCORE', sc.wp, '+inf', lo, 'WITHSCORES', 'LIMIT', 0, 1)
+      local top = call('ZREVRANGEBYSCORE', sc.wp, '+inf', lo, 'WITHSCORES', 'LIMIT', '0', '1')
       if top[2] then
         reset = max(reset, tonumber(top[2]) + sc.wdur - now)
       else
@@ -515,16 +628,16 @@ for op = 1, nops do
       local n = max(sc.qlim - used(sc, b[sc.cur]), 0)
       if remaining < 0 or n < remaining then remaining = n end
       local last = 0
-      for j = sc.cur, min(sc.cur + 1, #b - 1) do
-        if used(sc, b[j]) > 0 then last = b[j + 1] end
+      for w = sc.cur, min(sc.cur + 1, #b - 1) do
+        if used(sc, b[w]) > 0 then last = b[w + 1] end
       end
       reset = max(reset, last - now, 0)
     end
     if sc.clim > 0 then
-      local live = sc.live or call('ZCOUNT', sc.cc, now + 1, '+inf')
-      local n = max(sc.clim - live, 0)
+      count_holders(sc, false)
+      local n = max(sc.clim - sc.live, 0)
       if remaining < 0 or n < remaining then remaining = n end
-      if inflight < 0 then inflight = live end
+      if inflight < 0 then inflight = sc.live end
     end
   end
 

@@ -3,7 +3,7 @@
 -- in two steps; when the second step denies it, the first is refunded here.
 --
 -- KEYS[1] -> state hash, KEYS[2] -> planned window zset, KEYS[3] -> started
---   window zset, KEYS[4] -> reservations zset, KEYS[5] -> holders zset
+--   window zset
 -- ARGV[1] -> job id
 -- ARGV[2] -> the time the job was charged at (µs)
 -- ARGV[3] -> what admit.lua charged: 1 planned meters, 2 started meters,
@@ -53,6 +53,11 @@ local function drop(key)
 end
 if planned then drop(KEYS[2]) end
 if started then drop(KEYS[3]) end
-if holder then redis.call('ZREM', KEYS[5], id) end
-redis.call('ZREM', KEYS[4], id)
+if holder and redis.call('HDEL', KEYS[1], 'h:' .. id) == 1 then
+  redis.call('HINCRBY', KEYS[1], 'hc', '-1')
+end
+if redis.call('HDEL', KEYS[1], 'r:' .. id) == 1 then
+  local rn = tonumber(redis.call('HGET', KEYS[1], 'rn')) or 1
+  redis.call('HSET', KEYS[1], 'rn', math.max(rn - 1, 0))
+end
 return 1

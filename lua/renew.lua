@@ -1,6 +1,6 @@
 -- renew.lua: extends the leases of running jobs' concurrency slots.
 --
--- KEYS: the holders zset of every scope of every op, in order
+-- KEYS: the state hash of every scope of every op, in order
 -- ARGV:
 --   [1] clock: current time in µs, or -1 for Redis TIME (tests only)
 --   [2] number of ops
@@ -9,12 +9,13 @@
 --   lease had run out (another job may have the slot by now) or it was gone.
 --   A lost slot is not taken again.
 
+local call, tonumber, format = redis.call, tonumber, string.format
 local now
 local clock = tonumber(ARGV[1])
 if clock >= 0 then
   now = clock
 else
-  local t = redis.call('TIME')
+  local t = call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
@@ -26,21 +27,31 @@ for op = 1, nops do
   local n = tonumber(ARGV[a + 1])
   a = a + 2
   local held = 1
+  local hkey = 'h:' .. id
   for s = 1, n do
     k = k + 1
     local lease = tonumber(ARGV[a])
     a = a + 1
-    -- drop the slots of holders whose lease ran out (crashed workers)
-    redis.call('ZREMRANGEBYSCORE', KEYS[k], '-inf', string.format('%d', now))
-    local score = redis.call('ZSCORE', KEYS[k], id)
-    if score and tonumber(score) > now then
+    local v = call('HMGET', KEYS[k], hkey, 'x')
+    local e = tonumber(v[1])
+    if e and e > now then
       local until_ = now + lease
-      redis.call('ZADD', KEYS[k], 'XX', string.format('%d', until_), id)
-      local want = math.floor(lease / 1000) + 2
-      if redis.call('PEXPIRE', KEYS[k], want, 'GT') == 0 then
-        redis.call('PEXPIRE', KEYS[k], want, 'NX')
+      -- x is the expiry admit.lua last gave the hash; keep it true
+      local x = tonumber(v[2]) or 0
+      if until_ > x then
+        local ms = format('%d', math.floor((until_ + 1000000 - now) / 1000) + 2)
+        call('HSET', KEYS[k], hkey, format('%d', until_), 'x', format('%d', until_ + 1000000))
+        if call('PEXPIRE', KEYS[k], ms, 'GT') == 0 then
+          call('PEXPIRE', KEYS[k], ms, 'NX')
+        end
+      else
+        call('HSET', KEYS[k], hkey, format('%d', until_))
       end
     else
+      if e then
+        call('HDEL', KEYS[k], hkey)
+        call('HINCRBY', KEYS[k], 'hc', '-1')
+      end
       held = 0
     end
   end

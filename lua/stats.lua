@@ -1,47 +1,83 @@
 -- stats.lua: a consistent snapshot of one scope's state, for sluice stats.
 --
 -- KEYS[1] -> state hash, KEYS[2] -> planned window zset, KEYS[3] -> started
---   window zset, KEYS[4] -> reservations zset, KEYS[5] -> holders zset,
---   KEYS[6] -> backlog zset
+--   window zset, KEYS[4] -> backlog zset
 -- ARGV[1] -> clock: current time in µs, or -1 for Redis TIME (tests only)
 -- ARGV[2] -> window length in µs (0: no window rule)
 -- ARGV[3] -> reservation grace in µs
--- Returns: {now, state hash as a flat field/value list, planned entries in
---   the window, started entries in the window, live reservations, first
---   reservation slot (0: none), last reservation slot (0: none), live holders,
---   backlog, holder ids (up to 100) as a flat id/lease-end list}
+-- Returns: {now, the state hash's scalar fields as a flat field/value list,
+--   planned entries in the window, started entries in the window, live
+--   reservations, first reservation slot (0: none), last reservation slot
+--   (0: none), live holders, backlog, holder ids (up to 100) as a flat
+--   id/lease-end list}
+--   Reservations and running jobs come from the hash's r:<job> and h:<job>
+--   fields; past 100,000 fields the reservation count is the hash's rn
+--   counter and the slots and holders are partial.
 
+local call, tonumber = redis.call, tonumber
 local now
 local clock = tonumber(ARGV[1])
 if clock >= 0 then
   now = clock
 else
-  local t = redis.call('TIME')
+  local t = call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
-local function fmt(v) return string.format('%d', v) end
 
 local wdur = tonumber(ARGV[2])
 local grace = tonumber(ARGV[3])
 local planned, started = 0, 0
 if wdur > 0 then
-  planned = redis.call('ZCOUNT', KEYS[2], '(' .. fmt(now - wdur), '+inf')
-  started = redis.call('ZCOUNT', KEYS[3], '(' .. fmt(now - wdur), '+inf')
+  local lo = string.format('%d', now - wdur + 1)
+  planned = call('ZCOUNT', KEYS[2], lo, '+inf')
+  started = call('ZCOUNT', KEYS[3], lo, '+inf')
 end
-local live_from = '(' .. fmt(now - grace)
-local reservations = redis.call('ZCOUNT', KEYS[4], live_from, '+inf')
-local first = redis.call('ZRANGEBYSCORE', KEYS[4], live_from, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
-local last = redis.call('ZREVRANGEBYSCORE', KEYS[4], '+inf', live_from, 'WITHSCORES', 'LIMIT', 0, 1)
-local holders = redis.call('ZRANGEBYSCORE', KEYS[5], '(' .. fmt(now), '+inf', 'WITHSCORES', 'LIMIT', 0, 100)
+
+local scalars = {}
+local reservations, first, last = 0, 0, 0
+local live, holders = 0, {}
+local cursor, scanned = '0', 0
+repeat
+  local res = call('HSCAN', KEYS[1], cursor, 'COUNT', 1000)
+  cursor = res[1]
+  local kv = res[2]
+  for i = 1, #kv, 2 do
+    local kind = kv[i]:sub(1, 2)
+    if kind == 'r:' then
+      local slot = tonumber(kv[i + 1])
+      if slot + grace > now then
+        reservations = reservations + 1
+        if first == 0 or slot < first then first = slot end
+        if slot > last then last = slot end
+      end
+    elseif kind == 'h:' then
+      if tonumber(kv[i + 1]) > now then
+        live = live + 1
+        if #holders < 200 then
+          holders[#holders + 1] = kv[i]:sub(3)
+          holders[#holders + 1] = kv[i + 1]
+        end
+      end
+    else
+      scalars[#scalars + 1] = kv[i]
+      scalars[#scalars + 1] = kv[i + 1]
+    end
+  end
+  scanned = scanned + #kv / 2
+until cursor == '0' or scanned > 100000
+if cursor ~= '0' then
+  reservations = tonumber(call('HGET', KEYS[1], 'rn')) or reservations
+end
+
 return {
   now,
-  redis.call('HGETALL', KEYS[1]),
+  scalars,
   planned,
   started,
   reservations,
-  tonumber(first[2]) or 0,
-  tonumber(last[2]) or 0,
-  redis.call('ZCOUNT', KEYS[5], '(' .. fmt(now), '+inf'),
-  redis.call('ZCARD', KEYS[6]),
+  first,
+  last,
+  live,
+  call('ZCARD', KEYS[4]),
   holders,
 }

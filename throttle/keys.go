@@ -7,14 +7,14 @@ import (
 
 // Every Redis key sluice writes is built in this file.
 //
-// A scope (a tenant, or @global) owns five keys that share one hash tag, so
-// every script touching a scope runs in one Cluster slot:
+// A scope (a tenant, or @global) owns these keys, which share one hash tag,
+// so every script touching a scope runs in one Cluster slot:
 //
-//	PREFIX:{t:TENANT}:s   hash: rate meters, quota counters, cooldown, sequence
+//	PREFIX:{t:TENANT}:s   hash: rate meters, quota counters, cooldown, sequence,
+//	                      reservations (field r:JOBID = slot, µs) and running
+//	                      jobs' concurrency slots (field h:JOBID = lease end, µs)
 //	PREFIX:{t:TENANT}:w   zset: planned window entries (score = start time, µs)
 //	PREFIX:{t:TENANT}:a   zset: started window entries
-//	PREFIX:{t:TENANT}:r   zset: reservations (member = job id, score = slot, µs)
-//	PREFIX:{t:TENANT}:c   zset: concurrency holders (member = job id, score = lease end, µs)
 //	PREFIX:{t:TENANT}:b   zset: backlog (member = job id), kept by the queue package
 //
 // TENANT is escaped so that braces, colons, spaces and percent signs never
@@ -29,13 +29,13 @@ const PrefixDefault = "sluice"
 
 // keys of one scope.
 type scopeKeys struct {
-	state, planned, started, reservations, holders, backlog string
+	state, planned, started, backlog string
 }
 
-const scopeKeyCount = 5 // keys passed to admit.lua per scope
+const scopeKeyCount = 3 // keys passed to admit.lua per scope
 
 func (k scopeKeys) admitKeys() []string {
-	return []string{k.state, k.planned, k.started, k.reservations, k.holders}
+	return []string{k.state, k.planned, k.started}
 }
 
 // escapeTenant percent-encodes the bytes that could change a key's meaning
@@ -68,17 +68,15 @@ func hashTag(scope string) string {
 func keysFor(prefix, scope string) scopeKeys {
 	base := prefix + ":" + hashTag(scope) + ":"
 	return scopeKeys{
-		state:        base + "s",
-		planned:      base + "w",
-		started:      base + "a",
-		reservations: base + "r",
-		holders:      base + "c",
-		backlog:      base + "b",
+		state:   base + "s",
+		planned: base + "w",
+		started: base + "a",
+		backlog: base + "b",
 	}
 }
 
 func (k scopeKeys) all() []string {
-	return []string{k.state, k.planned, k.started, k.reservations, k.holders, k.backlog}
+	return []string{k.state, k.planned, k.started, k.backlog}
 }
 
 // The policy hash and its version share a hash tag so one MULTI updates both.

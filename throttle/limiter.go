@@ -521,10 +521,10 @@ func (l *Limiter) release(ctx context.Context, tenant, id string, finish bool) (
 	var groups [][]string
 	var tenantKeys, globalKeys []string
 	if tenant != "" && r.tenant != nil && r.tenant.Concurrency != nil {
-		tenantKeys = []string{keysFor(l.cfg.Prefix, tenant).holders}
+		tenantKeys = []string{keysFor(l.cfg.Prefix, tenant).state}
 	}
 	if r.global != nil && r.global.Concurrency != nil {
-		globalKeys = []string{keysFor(l.cfg.Prefix, GlobalPolicy).holders}
+		globalKeys = []string{keysFor(l.cfg.Prefix, GlobalPolicy).state}
 	}
 	backlog := finish && tenant != "" && r.tenant != nil && r.tenant.Backlog > 0
 	if l.cluster {
@@ -642,7 +642,7 @@ func (l *Limiter) Renew(ctx context.Context, tenant, id string) (bool, error) {
 		keys := make([]string, len(g))
 		args := []any{l.clockArg(), 1, id, len(g)}
 		for i, s := range g {
-			keys[i] = s.keys.holders
+			keys[i] = s.keys.state
 			args = append(args, micros(s.policy.Concurrency.lease()))
 		}
 		res, err := l.batch.run(ctx, lua.Renew, keys, args)
@@ -694,7 +694,7 @@ func (l *Limiter) Reset(ctx context.Context, tenant string) error {
 		}
 	}
 	k := keysFor(l.cfg.Prefix, tenant)
-	if err := l.client.Del(ctx, k.state, k.planned, k.started, k.reservations, k.holders).Err(); err != nil {
+	if err := l.client.Del(ctx, k.state, k.planned, k.started).Err(); err != nil {
 		return fmt.Errorf("reset tenant %q: %w", tenant, err)
 	}
 	return nil

@@ -393,7 +393,7 @@ func TestTenantKeys(t *testing.T) {
 	require.Len(t, slots, len(tenants))
 	for _, tenant := range tenants {
 		keys := keysFor(e.prefix, tenant)
-		for _, k := range []string{keys.state, keys.planned, keys.started, keys.reservations, keys.holders} {
+		for _, k := range []string{keys.state, keys.planned, keys.started} {
 			require.Contains(t, written, k, tenant)
 		}
 	}

@@ -23,9 +23,13 @@ type fakeClock struct {
 	t  time.Time
 }
 
+// fakeEpoch is where every fake clock starts, so that runs are repeatable
+// (quota windows fall at the same steps every time). The scripts give keys
+// TTLs relative to the clock they are handed, so any start works.
+var fakeEpoch = time.Date(2026, time.March, 3, 9, 0, 0, 0, time.UTC)
+
 func newFakeClock() *fakeClock {
-	// Start at the real time (key TTLs are relative to it) on a whole second.
-	return &fakeClock{t: time.Now().Truncate(time.Second).Add(time.Second)}
+	return &fakeClock{t: fakeEpoch}
 }
 
 func (c *fakeClock) Now() time.Time {

@@ -26,7 +26,7 @@ var modelMixes = []modelMix{
 		name:     "rate",
 		policies: map[string]string{"a": "rate=10/s burst=3"},
 		tenants:  []string{"a"},
-		maxStep:  time.Second,
+		maxStep:  20 * time.Second,
 	},
 	{
 		name:     "rates+window",
@@ -50,7 +50,7 @@ var modelMixes = []modelMix{
 		name:     "cron quota",
 		policies: map[string]string{"a": `rate=2/s burst=3 quota=25 reset="*/2 * * * *"`},
 		tenants:  []string{"a"},
-		maxStep:  40 * time.Second,
+		maxStep:  5 * time.Minute,
 	},
 	{
 		name: "default+global+tenants",

@@ -3,6 +3,7 @@ package throttle
 import (
 	"context"
 	"fmt"
+	"sort"
 	"strconv"
 	"time"
 
@@ -115,7 +116,7 @@ func (l *Limiter) Stats(ctx context.Context, tenant string) (*Stats, error) {
 	if p.Window != nil {
 		wdur = micros(p.Window.Period)
 	}
-	res, err := l.batch.run(ctx, lua.Stats, []string{k.state, k.planned, k.started, k.reservations, k.holders, k.backlog},
+	res, err := l.batch.run(ctx, lua.Stats, []string{k.state, k.planned, k.started, k.backlog},
 		[]any{l.clockArg(), wdur, micros(l.cfg.Grace)})
 	if err != nil {
 		return nil, fmt.Errorf("stats of tenant %q: %w", tenant, err)
@@ -191,6 +192,7 @@ func (l *Limiter) Stats(ctx context.Context, tenant string) (*Stats, error) {
 				cs.Holders = append(cs.Holders, Holder{ID: id, LeaseEnd: time.UnixMicro(int64(us))})
 			}
 		}
+		sort.Slice(cs.Holders, func(i, j int) bool { return cs.Holders[i].LeaseEnd.Before(cs.Holders[j].LeaseEnd) })
 		s.Concurrency = cs
 	}
 	return s, nil

@@ -54,7 +54,7 @@ type storedPolicy struct {
 }
 
 // PollIntervalDefault is how often a PolicyStore checks the version number.
-const PollIntervalDefault = 500 * time.Millisecond
+const PollIntervalDefault = 250 * time.Millisecond
 
 // maxCachedPolicies bounds the cache; past it the cache starts afresh.
 const maxCachedPolicies = 200_000
@@ -343,8 +343,21 @@ func (s *PolicyStore) watch() {
 	defer close(s.done)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	go func() {
+		select {
+		case <-s.stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
 	sub := s.client.Subscribe(ctx, policiesChannel(s.prefix))
 	defer sub.Close()
+	// Policies read before the subscription was live may have changed
+	// unannounced: once it is, start afresh.
+	rctx, rcancel := context.WithTimeout(ctx, 5*time.Second)
+	_, _ = sub.Receive(rctx)
+	rcancel()
+	s.invalidate()
 	msgs := sub.Channel()
 	tick := time.NewTicker(s.poll)
 	defer tick.Stop()
