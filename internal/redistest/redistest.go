@@ -1,4 +1,5 @@
-// Package redistest starts private redis-server processes for sluice's tests.
+// Package redistest starts private redis-server processes for sluice's tests:
+// single servers and Redis Clusters.
 //
 // Every test binary gets its own server on a free loopback port, with no
 // persistence and a temporary working directory that is removed afterwards.
@@ -16,6 +17,45 @@
 //		client, prefix := redistest.Client(t), redistest.Prefix(t)
 //		...
 //	}
+//
+// # Redis Cluster
+//
+// NewCluster starts a private Cluster: three masters (ClusterOptions.Masters)
+// with ClusterOptions.Replicas replicas each, every node a redis-server
+// --cluster-enabled yes process in its own directory on a free loopback port
+// whose bus port (port+10000) is free too. The slots are split evenly with
+// CLUSTER ADDSLOTSRANGE, the nodes joined with CLUSTER MEET, the replicas
+// attached with CLUSTER REPLICATE, and NewCluster returns once every node
+// reports cluster_state:ok and all agree on the slot map. Node(i) is a
+// *Server, so a test can Kill, Freeze, Thaw or Restart any node, then call
+// Wait for the Cluster to settle (a replica's promotion, a node's return):
+//
+//	c := redistest.NewCluster(t, &redistest.ClusterOptions{Replicas: 1, NodeTimeout: time.Second})
+//	client := c.Client(t)         // *redis.ClusterClient; c.URL() is redis+cluster://…
+//	c.MasterOf(slot).Kill()       // its replica takes over after NodeTimeout
+//	c.Wait(t, 10*time.Second)
+//
+// Like the shared server, one shared Cluster per test binary is started on
+// first use (ClusterClient, ClusterURL; REDIS_CLUSTER_URL names an existing
+// one instead) and stopped by Main.
+//
+// # The Cluster pass
+//
+// With SLUICE_TEST_CLUSTER=1 (ClusterMode), UniversalClient and
+// ExampleClient return a client of the shared Cluster instead of the shared
+// server, so a suite written against redis.UniversalClient runs unchanged
+// on a Cluster; `make test-cluster` runs the packages that opt in this way.
+// Whatever must see the whole data set (SCAN, KEYS, INFO) goes through
+// ForEachMaster. A test about single-node behaviour calls SkipOnCluster with
+// the reason; Client and NewServer always give a single server.
+//
+//	func TestSomething(t *testing.T) {
+//		client, prefix := redistest.UniversalClient(t), redistest.Prefix(t)
+//		...
+//	}
+//
+// Every process redistest starts is killed by its pid when the test (or
+// Main) ends, and dies with the test binary if that is killed (Pdeathsig).
 package redistest
 
 import (
@@ -63,6 +103,9 @@ func Main(m *testing.M, leakOpts ...goleak.Option) {
 	if shared != nil {
 		shared.stop()
 	}
+	if sharedCluster != nil {
+		sharedCluster.stop()
+	}
 	if code == 0 {
 		if err := goleak.Find(leakOpts...); err != nil {
 			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
@@ -96,12 +139,21 @@ func sharedServerURL() (string, error) {
 	return sharedURL, sharedErr
 }
 
-// ExampleClient is Client and Prefix for Example functions, which have no
-// testing.TB: it returns a new client of the shared server and a key prefix
-// no other caller uses. The caller closes the client; Main stops the server.
-// It panics when no server can be reached, which only ever happens inside
-// go test, where a panicking example fails.
-func ExampleClient() (*redis.Client, string) {
+// ExampleClient is UniversalClient and Prefix for Example functions, which
+// have no testing.TB: it returns a new client of the shared server (of the
+// shared Cluster in the Cluster pass) and a key prefix no other caller uses.
+// The caller closes the client; Main stops the server. It panics when no
+// server can be reached, which only ever happens inside go test, where a
+// panicking example fails.
+func ExampleClient() (redis.UniversalClient, string) {
+	prefix := fmt.Sprintf("t%d.%d.example", os.Getpid(), prefixSeq.Add(1))
+	if ClusterMode() {
+		addrs, err := sharedClusterAddrs()
+		if err != nil {
+			panic(fmt.Sprintf("redistest: %v", err))
+		}
+		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs}), prefix
+	}
 	u, err := sharedServerURL()
 	if err != nil {
 		panic(fmt.Sprintf("redistest: %v", err))
@@ -110,7 +162,7 @@ func ExampleClient() (*redis.Client, string) {
 	if err != nil {
 		panic(fmt.Sprintf("redistest: REDIS_URL: %v", err))
 	}
-	return redis.NewClient(opt), fmt.Sprintf("t%d.%d.example", os.Getpid(), prefixSeq.Add(1))
+	return redis.NewClient(opt), prefix
 }
 
 // Client returns a client of the shared server, closed when the test ends.
@@ -156,6 +208,7 @@ type Server struct {
 	cmd    *exec.Cmd
 	exited chan struct{}
 	out    *strings.Builder
+	frozen bool
 }
 
 // NewServer starts a private server that only this test uses; it is stopped
@@ -271,7 +324,7 @@ func (s *Server) launch() error {
 		time.Sleep(10 * time.Millisecond)
 	}
 	s.mu.Lock()
-	s.cmd, s.exited, s.out = cmd, exited, out
+	s.cmd, s.exited, s.out, s.frozen = cmd, exited, out, false
 	s.mu.Unlock()
 	return nil
 }
@@ -318,25 +371,48 @@ func (s *Server) Client(tb testing.TB) *redis.Client {
 
 // Freeze stops the server process (SIGSTOP): connections stay open and
 // nothing answers, as with a Redis stuck behind a long fork or a full disk.
-func (s *Server) Freeze() error { return s.signal(syscall.SIGSTOP) }
+func (s *Server) Freeze() error { return s.signal(syscall.SIGSTOP, true) }
 
 // Thaw resumes a frozen server (SIGCONT).
-func (s *Server) Thaw() error { return s.signal(syscall.SIGCONT) }
+func (s *Server) Thaw() error { return s.signal(syscall.SIGCONT, false) }
 
-func (s *Server) signal(sig syscall.Signal) error {
+// Frozen reports whether the server is frozen (Freeze without Thaw).
+func (s *Server) Frozen() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.frozen
+}
+
+// running reports whether the process runs and is not frozen.
+func (s *Server) running() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cmd != nil && !s.frozen
+}
+
+// probe is a short-lived client of this server for redistest's own checks.
+func (s *Server) probe() *redis.Client {
+	return redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1, DialTimeout: time.Second, ReadTimeout: time.Second})
+}
+
+func (s *Server) signal(sig syscall.Signal, frozen bool) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.cmd == nil {
 		return errors.New("redistest: server is not running")
 	}
-	return s.cmd.Process.Signal(sig)
+	if err := s.cmd.Process.Signal(sig); err != nil {
+		return err
+	}
+	s.frozen = frozen
+	return nil
 }
 
 // Kill stops the server at once (SIGKILL), without saving anything.
 func (s *Server) Kill() {
 	s.mu.Lock()
 	cmd, exited := s.cmd, s.exited
-	s.cmd = nil
+	s.cmd, s.frozen = nil, false
 	s.mu.Unlock()
 	if cmd == nil {
 		return
