@@ -57,7 +57,7 @@ func TestCluster(t *testing.T) {
 			require.Equal(t, "master", role[0], "node %d", i)
 		} else {
 			require.Equal(t, "slave", role[0], "node %d", i)
-			require.Equal(t, int64(c.Node((i - 3)).Port()), role[2], "node %d follows master %d", i, i-3)
+			require.Equal(t, int64(c.Node(i-3).Port()), role[2], "node %d follows master %d", i, i-3)
 		}
 	}
 	// the slots are split evenly, one range per master
