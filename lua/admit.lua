@@ -26,15 +26,18 @@
 --   [2] number of ops
 --   [3] horizon, [4] reservation grace, [5] started-meter tolerance,
 --   [6] longest retry-after of a concurrency denial
---   per op: job id, cost, flags, not_before, number of scopes, then per scope:
---     features (1 window, 2 quota, 4 concurrency), number of rates,
---     {increment for the cost, increment for cost 1, burst offset} per rate,
---     then if window: limit, length; if quota: limit, number of window
---     starts, the starts; if concurrency: limit, lease
+--   [7] number of policies, then per policy: features (1 window, 2 quota,
+--     4 concurrency), number of rates, {increment for cost 1, burst offset}
+--     per rate, then if window: limit, length; if quota: limit, number of
+--     window starts, the starts; if concurrency: limit, lease
+--   per op: job id, cost, flags, not_before, number of scopes, then per
+--     scope: its policy's number in the list above, and when the cost is not
+--     1, the increment for the cost of each of the policy's rates
 --   flags: 1 reserve on denial, 2 hold a concurrency slot, 4 dry run (write
 --     nothing), 8 plan only (take the slot, do not start), 16 set no expiry
--- Returns: per op {allowed, retry_after, rule, rule_index, scope, remaining,
---   reset_after, in_flight, slot, now, charged}
+-- Returns: per op {allowed + 2 * charged, retry_after,
+--   rule * 65536 + rule_index * 256 + scope, remaining, reset_after,
+--   in_flight, slot}, then the time of the decisions
 --   rule: 0 none, 1 rate, 2 window, 3 quota, 4 concurrency, 5 cooldown,
 --     6 reserved (the job's own slot is not due yet); rule_index is 1-based
 --   remaining, reset_after, in_flight: -1 when no rule applies
@@ -64,6 +67,15 @@ for i = 1, 16 do
   PF[i], AF[i] = 'p' .. i, 'a' .. i
 end
 
+-- small numbers (counts, flags, indexes) are looked up instead of parsed
+local SMALL = {}
+for i = 0, 64 do
+  SMALL[tostring(i)] = i
+end
+local function num(s)
+  return SMALL[s] or tonumber(s)
+end
+
 local now
 local clock = tonumber(ARGV[1])
 if clock >= 0 then
@@ -72,7 +84,7 @@ else
   local t = call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
-local nops = tonumber(ARGV[2])
+local nops = num(ARGV[2])
 local horizon, grace = tonumber(ARGV[3]), tonumber(ARGV[4])
 local tolerance, conc_retry = tonumber(ARGV[5]), tonumber(ARGV[6])
 
@@ -192,9 +204,8 @@ local function charge(scopes, t, cost)
   for _, sc in ipairs(scopes) do
     if not sc.R then
       local rt = sc.rt
-      for i = 1, sc.nr do
-        local b = 5 * i - 4
-        rt[b + 3] = max(rt[b + 3], t) + rt[b]
+      for b = 1, 3 * sc.nr, 3 do
+        rt[b + 1] = max(rt[b + 1], t) + rt[b]
       end
       if sc.wlim > 0 then
         add_entries(sc, sc.wp, t, cost)
@@ -241,12 +252,21 @@ local function persist(scopes, noexpire)
         h[#h + 1] = 'rn'; h[#h + 1] = fmt(sc.rn)
         h[#h + 1] = 'rc'; h[#h + 1] = fmt(sc.rc)
       end
+      -- a started meter equal to its planned one is not stored
       local rt = sc.rt
       for i = 1, sc.nr do
-        local b = 5 * i - 4
-        h[#h + 1] = PF[i]; h[#h + 1] = fmt(rt[b + 3])
-        h[#h + 1] = AF[i]; h[#h + 1] = fmt(rt[b + 4])
-        until_ = max(until_, rt[b + 3], rt[b + 4])
+        local b = 3 * i - 2
+        h[#h + 1] = PF[i]; h[#h + 1] = fmt(rt[b + 1])
+        if rt[b + 2] ~= rt[b + 1] then
+          h[#h + 1] = AF[i]; h[#h + 1] = fmt(rt[b + 2])
+        elseif sc.astored[i] then
+          sc.adel = sc.adel or {}
+          sc.adel[#sc.adel + 1] = AF[i]
+        end
+        until_ = max(until_, rt[b + 1], rt[b + 2])
+      end
+      if sc.adel then
+        call('HDEL', sc.st, unpack(sc.adel))
       end
       if sc.qlim > 0 then
         h[#h + 1] = 'qa'; h[#h + 1] = fmt(sc.qa)
@@ -294,14 +314,61 @@ local function persist(scopes, noexpire)
   end
 end
 
+-- the policies of this call, read once
+local POL = {}
+local a = 8
+for p = 1, num(ARGV[7]) do
+  local features, nr = num(ARGV[a]), num(ARGV[a + 1])
+  a = a + 2
+  local pol = { nr = nr, unit = {}, off = {}, wlim = 0, wdur = 0, qlim = 0, clim = 0, lease = 0 }
+  for i = 1, nr do
+    pol.unit[i], pol.off[i] = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
+    a = a + 2
+  end
+  local fields = {}
+  if features % 2 == 1 then
+    pol.wlim, pol.wdur = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
+    a = a + 2
+    fields[#fields + 1] = 'n'
+  end
+  if floor(features / 2) % 2 == 1 then
+    pol.qlim = tonumber(ARGV[a])
+    local nb = num(ARGV[a + 1])
+    a = a + 2
+    local b = {}
+    for j = 1, nb do
+      b[j] = tonumber(ARGV[a]); a = a + 1
+    end
+    pol.bounds = b
+    pol.cur = win_index(b, now)
+    if not pol.cur then
+      return redis.error_reply('ERR sluice: clock')
+    end
+    fields[#fields + 1] = 'qa'; fields[#fields + 1] = 'qc'
+    fields[#fields + 1] = 'qb'; fields[#fields + 1] = 'qd'
+  end
+  if floor(features / 4) % 2 == 1 then
+    pol.clim, pol.lease = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
+    a = a + 2
+    fields[#fields + 1] = 'hc'; fields[#fields + 1] = 'hm'
+  end
+  for i = 1, nr do
+    fields[#fields + 1] = PF[i]
+    fields[#fields + 1] = AF[i]
+  end
+  pol.fields = fields
+  pol.reservable = nr > 0 or pol.wlim > 0 or pol.qlim > 0
+  POL[p] = pol
+end
+
 local out = {}
-local a, k = 7, 0
+local k = 0
 for op = 1, nops do
   local id = ARGV[a]
-  local cost = tonumber(ARGV[a + 1])
-  local flags = tonumber(ARGV[a + 2])
-  local not_before = tonumber(ARGV[a + 3])
-  local nscopes = tonumber(ARGV[a + 4])
+  local cost = num(ARGV[a + 1])
+  local flags = num(ARGV[a + 2])
+  local not_before = num(ARGV[a + 3])
+  local nscopes = num(ARGV[a + 4])
   a = a + 5
   local reserve = flags % 2 == 1
   local hold = floor(flags / 2) % 2 == 1
@@ -312,69 +379,45 @@ for op = 1, nops do
 
   local scopes = {}
   for s = 1, nscopes do
-    local features = tonumber(ARGV[a])
-    local nr = tonumber(ARGV[a + 1])
-    a = a + 2
-    -- rt holds, per rate: increment for the cost, increment for 1, burst
-    -- offset, planned meter, started meter
+    local pol = POL[num(ARGV[a])]
+    a = a + 1
+    local nr = pol.nr
+    -- rt holds, per rate: increment for the cost, planned meter, started meter
     local rt = {}
     for i = 1, nr do
-      local b = 5 * i - 4
-      rt[b], rt[b + 1], rt[b + 2] = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
-      a = a + 3
+      if cost == 1 then
+        rt[3 * i - 2] = pol.unit[i]
+      else
+        rt[3 * i - 2] = tonumber(ARGV[a]); a = a + 1
+      end
     end
     local sc = {
       st = KEYS[k + 1], wp = KEYS[k + 2], wa = KEYS[k + 3], rkey = rkey, hkey = hkey,
-      nr = nr, rt = rt, wlim = 0, qlim = 0, clim = 0,
-      cd = 0, starts = 0, x = 0, rn = 0, rc = 0, R = false, hadR = false, hc = 0, hm = 0,
-      live = false, mine = false, soonest = false, stale = false,
-      reservable = nr > 0, dirty = false, counted = false,
+      pol = pol, nr = nr, rt = rt, wlim = pol.wlim, wdur = pol.wdur, qlim = pol.qlim,
+      clim = pol.clim, lease = pol.lease, bounds = pol.bounds, cur = pol.cur,
+      reservable = pol.reservable, astored = {},
     }
     k = k + 3
-    local fields = { 'cd', 's', 'x', 'rn', 'rc', rkey }
-    if features % 2 == 1 then
-      sc.wlim, sc.wdur = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
-      a = a + 2
-      sc.reservable = true
-      fields[#fields + 1] = 'n'
-    end
-    if floor(features / 2) % 2 == 1 then
-      sc.qlim = tonumber(ARGV[a])
-      local nb = tonumber(ARGV[a + 1])
-      a = a + 2
-      local b = {}
-      for j = 1, nb do
-        b[j] = tonumber(ARGV[a]); a = a + 1
-      end
-      sc.bounds = b
-      sc.cur = win_index(b, now)
-      if not sc.cur then
-        return redis.error_reply('ERR sluice: clock')
-      end
-      sc.reservable = true
-      fields[#fields + 1] = 'qa'; fields[#fields + 1] = 'qc'
-      fields[#fields + 1] = 'qb'; fields[#fields + 1] = 'qd'
-    end
-    if floor(features / 4) % 2 == 1 then
-      sc.clim, sc.lease = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
-      a = a + 2
-      fields[#fields + 1] = 'hc'; fields[#fields + 1] = 'hm'; fields[#fields + 1] = hkey
-    end
-    local f0 = #fields
-    for i = 1, nr do
-      fields[f0 + 2 * i - 1] = PF[i]
-      fields[f0 + 2 * i] = AF[i]
-    end
 
     -- the scope's state in one call, only the fields its rules use
-    local v = call('HMGET', sc.st, unpack(fields))
+    local v
+    if sc.clim > 0 then
+      v = call('HMGET', sc.st, 'cd', 's', 'x', 'rn', 'rc', rkey, hkey, unpack(pol.fields))
+    else
+      v = call('HMGET', sc.st, 'cd', 's', 'x', 'rn', 'rc', rkey, unpack(pol.fields))
+    end
     sc.cd = tonumber(v[1]) or 0
     sc.starts = tonumber(v[2]) or 0
     sc.x = tonumber(v[3]) or 0
     sc.rn = tonumber(v[4]) or 0
     sc.rc = tonumber(v[5]) or 0
+    sc.hc, sc.hm = 0, 0
     local r = tonumber(v[6])
     local j = 7
+    if sc.clim > 0 then
+      sc.hend = tonumber(v[7])
+      j = 8
+    end
     if sc.wlim > 0 then
       sc.n = tonumber(v[j]) or false
       j = j + 1
@@ -387,12 +430,19 @@ for op = 1, nops do
     if sc.clim > 0 then
       sc.hc = tonumber(v[j]) or 0
       sc.hm = tonumber(v[j + 1]) or 0
-      sc.hend = tonumber(v[j + 2])
+      j = j + 2
     end
     for i = 1, nr do
-      local b = 5 * i - 4
-      rt[b + 3] = tonumber(v[f0 + 2 * i - 1]) or 0
-      rt[b + 4] = tonumber(v[f0 + 2 * i]) or 0
+      local P = tonumber(v[j]) or 0
+      local A = v[j + 1]
+      if A then
+        sc.astored[i] = true
+        A = tonumber(A)
+      else
+        A = P
+      end
+      rt[3 * i - 1], rt[3 * i] = P, A
+      j = j + 2
     end
 
     -- the job's own reservation, if it is still good
@@ -425,8 +475,8 @@ for op = 1, nops do
     else
       local rt = sc.rt
       for i = 1, sc.nr do
-        local b = 5 * i - 4
-        local t = rt[b + 3] + rt[b] - rt[b + 2]
+        local b = 3 * i - 2
+        local t = rt[b + 1] + rt[b] - sc.pol.off[i]
         if t > S then
           S, rule, ridx, rscope = t, RATE, i, s
         end
@@ -523,9 +573,9 @@ for op = 1, nops do
       for s, sc in ipairs(scopes) do
         local rt = sc.rt
         for i = 1, sc.nr do
-          local b = 5 * i - 4
-          local tol = min(tolerance, floor(rt[b + 1] / 4))
-          local over = max(rt[b + 4], now) + rt[b] - now - rt[b + 2] - tol
+          local b = 3 * i - 2
+          local tol = min(tolerance, floor(sc.pol.unit[i] / 4))
+          local over = max(rt[b + 2], now) + rt[b] - now - sc.pol.off[i] - tol
           if over > w then
             w, rule, ridx, rscope = over, RATE, i, s
           end
@@ -562,8 +612,8 @@ for op = 1, nops do
             end
             local rt = sc.rt
             for i = 1, sc.nr do
-              local b = 5 * i - 4
-              rt[b + 4] = max(rt[b + 4], now) + rt[b]
+              local b = 3 * i - 2
+              rt[b + 2] = max(rt[b + 2], now) + rt[b]
             end
             if sc.wlim > 0 then
               add_entries(sc, sc.wa, now, cost)
@@ -606,9 +656,8 @@ for op = 1, nops do
   for _, sc in ipairs(scopes) do
     local rt = sc.rt
     for i = 1, sc.nr do
-      local b = 5 * i - 4
-      local tat = max(rt[b + 3], now)
-      local n = max(floor((now + rt[b + 2] - tat) / rt[b + 1]), 0)
+      local tat = max(rt[3 * i - 1], now)
+      local n = max(floor((now + sc.pol.off[i] - tat) / sc.pol.unit[i]), 0)
       if remaining < 0 or n < remaining then remaining = n end
       reset = max(reset, tat - now)
     end
@@ -641,7 +690,8 @@ for op = 1, nops do
     end
   end
 
-  out[op] = { allowed, retry, rule, ridx, rscope, remaining, reset, inflight, slot, now, charged }
+  out[op] = { allowed + 2 * charged, retry, rule * 65536 + ridx * 256 + rscope, remaining, reset, inflight, slot }
 end
 
+out[nops + 1] = now
 return out

@@ -31,6 +31,7 @@ type call struct {
 	script *redis.Script
 	keys   []string
 	args   []any
+	admit  *admitArgs // admit.lua's arguments, merged their own way
 	res    any
 	err    error
 	done   chan struct{}
@@ -54,11 +55,23 @@ var callPool = sync.Pool{New: func() any { return &call{done: make(chan struct{}
 
 // run executes script with keys and args, alone or in a shared pipeline.
 func (b *batcher) run(ctx context.Context, script *redis.Script, keys []string, args []any) (any, error) {
+	return b.do(ctx, script, keys, args, nil)
+}
+
+// runAdmit executes admit.lua for one op, alone or merged with others.
+func (b *batcher) runAdmit(ctx context.Context, keys []string, aa *admitArgs) (any, error) {
+	return b.do(ctx, lua.Admit, keys, nil, aa)
+}
+
+func (b *batcher) do(ctx context.Context, script *redis.Script, keys []string, args []any, aa *admitArgs) (any, error) {
 	if b.max <= 1 {
+		if aa != nil {
+			args = aa.flatten()
+		}
 		return script.Run(ctx, b.client, keys, args...).Result()
 	}
 	c := callPool.Get().(*call)
-	c.ctx, c.script, c.keys, c.args = ctx, script, keys, args
+	c.ctx, c.script, c.keys, c.args, c.admit = ctx, script, keys, args, aa
 	b.mu.RLock()
 	if b.shut {
 		b.mu.RUnlock()
@@ -77,7 +90,7 @@ func (b *batcher) run(ctx context.Context, script *redis.Script, keys []string, 
 	// for it so the result (and the call's memory) is never left behind.
 	<-c.done
 	res, err := c.res, c.err
-	c.ctx, c.script, c.keys, c.args, c.res, c.err = nil, nil, nil, nil, nil, nil
+	c.ctx, c.script, c.keys, c.args, c.admit, c.res, c.err = nil, nil, nil, nil, nil, nil, nil
 	callPool.Put(c)
 	return res, err
 }
@@ -122,6 +135,9 @@ func (b *batcher) drain() {
 func (b *batcher) send(batch []*call) {
 	if len(batch) == 1 {
 		c := batch[0]
+		if c.admit != nil {
+			c.args = c.admit.flatten()
+		}
 		c.res, c.err = c.script.Run(c.ctx, b.client, c.keys, c.args...).Result()
 		c.done <- struct{}{}
 		return
@@ -171,12 +187,19 @@ func (u *unit) deliver(cmd *redis.Cmd) {
 		return
 	}
 	ops, ok := res.([]any)
-	if err == nil && (!ok || len(ops) != len(u.calls)) {
+	// admit.lua adds the decisions' time after the ops
+	want := len(u.calls)
+	if u.script == lua.Admit {
+		want++
+	}
+	if err == nil && (!ok || len(ops) != want) {
 		err = fmt.Errorf("merged script call: %d replies for %d ops", len(ops), len(u.calls))
 	}
 	for i, c := range u.calls {
 		if err != nil {
 			c.res, c.err = nil, err
+		} else if u.script == lua.Admit {
+			c.res, c.err = []any{ops[i], ops[len(ops)-1]}, nil
 		} else {
 			c.res, c.err = []any{ops[i]}, nil
 		}
@@ -190,12 +213,21 @@ func (u *unit) deliver(cmd *redis.Cmd) {
 // can be merged into one. The value is the header's length. On a Cluster
 // the keys of different tenants live in different slots, so nothing is
 // merged there.
-var mergeable = map[*redis.Script]int{lua.Admit: 6, lua.Release: 2, lua.Renew: 2}
+var mergeable = map[*redis.Script]int{lua.Release: 2, lua.Renew: 2}
 
 func (b *batcher) units(batch []*call) []*unit {
 	out := make([]*unit, 0, len(batch))
 	merged := map[*redis.Script]*unit{}
+	var admits []*call
 	for _, c := range batch {
+		if c.admit != nil {
+			if b.cluster {
+				out = append(out, &unit{script: c.script, keys: c.keys, args: c.admit.flatten(), calls: []*call{c}})
+			} else {
+				admits = append(admits, c)
+			}
+			continue
+		}
 		header := mergeable[c.script]
 		if b.cluster || header == 0 {
 			out = append(out, &unit{script: c.script, keys: c.keys, args: c.args, calls: []*call{c}})
@@ -219,7 +251,52 @@ func (b *batcher) units(batch []*call) []*unit {
 			u.args[1] = len(u.calls)
 		}
 	}
+	if len(admits) > 0 {
+		out = append(out, mergeAdmits(admits))
+	}
 	return out
+}
+
+// mergeAdmits puts admissions into one admit.lua run: each distinct policy
+// is sent (and read by the script) once, and the ops refer to it.
+func mergeAdmits(calls []*call) *unit {
+	if len(calls) == 1 {
+		c := calls[0]
+		return &unit{script: lua.Admit, keys: c.keys, args: c.admit.flatten(), calls: calls}
+	}
+	u := &unit{script: lua.Admit, calls: calls}
+	index := map[policyKey]int{}
+	var policies [][]any
+	var ops []any
+	for _, c := range calls {
+		aa := c.admit
+		u.keys = append(u.keys, c.keys...)
+		local := make([]int, len(aa.policies))
+		for i, p := range aa.policies {
+			n, ok := index[p.key]
+			if !ok {
+				policies = append(policies, p.args)
+				n = len(policies)
+				index[p.key] = n
+			}
+			local[i] = n
+		}
+		start := len(ops)
+		ops = append(ops, aa.op...)
+		for _, at := range aa.refs {
+			ops[start+at] = local[aa.op[at].(int)-1]
+		}
+	}
+	header := calls[0].admit.header
+	args := make([]any, 0, len(header)+1+len(ops)+8*len(policies))
+	args = append(args, header...)
+	args[1] = len(calls)
+	args = append(args, len(policies))
+	for _, p := range policies {
+		args = append(args, p...)
+	}
+	u.args = append(args, ops...)
+	return u
 }
 
 func (b *batcher) exec(ctx context.Context, units []*unit, eval bool) []*redis.Cmd {

@@ -300,8 +300,8 @@ func (l *Limiter) do(ctx context.Context, req Request, flags int) (Decision, err
 // with fresh quota windows when the local clock estimate was off.
 func (l *Limiter) admitOnce(ctx context.Context, id string, cost int64, flags int, scopes []scope, notBefore int64) (Decision, error) {
 	for attempt := 0; ; attempt++ {
-		keys, args := l.encodeAdmit(id, cost, flags, scopes, notBefore)
-		res, err := l.batch.run(ctx, lua.Admit, keys, args)
+		keys, aa := l.encodeAdmit(id, cost, flags, scopes, notBefore)
+		res, err := l.batch.runAdmit(ctx, keys, aa)
 		if err != nil {
 			if attempt == 0 && strings.Contains(err.Error(), "sluice: clock") {
 				if err := l.syncClock(ctx); err != nil {
@@ -385,86 +385,152 @@ func quotaBounds(q *Quota, now time.Time) []int64 {
 	return out
 }
 
-func (l *Limiter) encodeAdmit(id string, cost int64, flags int, scopes []scope, notBefore int64) ([]string, []any) {
+// admitArgs is one admission's part of admit.lua's ARGV: the policies it
+// uses and its op, whose policy references are positions in that list.
+// Calls merged into one script run share the policies they have in common.
+type admitArgs struct {
+	header   []any // clock, 1, horizon, grace, tolerance, concurrency retry
+	policies []encodedPolicy
+	op       []any
+	refs     []int // indexes in op of the policy references
+}
+
+type encodedPolicy struct {
+	key  policyKey
+	args []any
+}
+
+// policyKey identifies an encoded policy: the cached *Policy and, for a
+// quota, the first window start sent with it.
+type policyKey struct {
+	p     *Policy
+	start int64
+}
+
+var noPolicy = &Policy{}
+
+// flatten lays the parts out as admit.lua reads them, for a call of its own.
+func (aa *admitArgs) flatten() []any {
+	n := len(aa.header) + 1 + len(aa.op)
+	for _, p := range aa.policies {
+		n += len(p.args)
+	}
+	args := make([]any, 0, n)
+	args = append(args, aa.header...)
+	args = append(args, len(aa.policies))
+	for _, p := range aa.policies {
+		args = append(args, p.args...)
+	}
+	return append(args, aa.op...)
+}
+
+func encodePolicyArgs(p *Policy, now func() time.Time) encodedPolicy {
+	features := 0
+	if p.Window != nil {
+		features |= 1
+	}
+	if p.Quota != nil {
+		features |= 2
+	}
+	if p.Concurrency != nil {
+		features |= 4
+	}
+	args := make([]any, 0, 4+2*len(p.Rates))
+	args = append(args, features, len(p.Rates))
+	for _, r := range p.Rates {
+		_, unit, off := rateArgs(r, 1)
+		args = append(args, unit, off)
+	}
+	if w := p.Window; w != nil {
+		args = append(args, w.Limit, micros(w.Period))
+	}
+	key := policyKey{p: p}
+	if q := p.Quota; q != nil {
+		bounds := quotaBounds(q, now())
+		key.start = bounds[0]
+		args = append(args, q.Limit, len(bounds))
+		for _, b := range bounds {
+			args = append(args, b)
+		}
+	}
+	if c := p.Concurrency; c != nil {
+		args = append(args, c.Limit, micros(c.lease()))
+	}
+	return encodedPolicy{key: key, args: args}
+}
+
+func (l *Limiter) encodeAdmit(id string, cost int64, flags int, scopes []scope, notBefore int64) ([]string, *admitArgs) {
 	keys := make([]string, 0, scopeKeyCount*len(scopes))
-	args := make([]any, 0, 12+8*len(scopes))
-	args = append(args, l.clockArg(), 1, micros(l.cfg.Horizon), micros(l.cfg.Grace),
-		micros(l.cfg.Tolerance), micros(l.cfg.ConcurrencyRetry),
-		id, cost, flags, notBefore, len(scopes))
-	var now time.Time
+	aa := &admitArgs{
+		header: []any{l.clockArg(), 1, micros(l.cfg.Horizon), micros(l.cfg.Grace),
+			micros(l.cfg.Tolerance), micros(l.cfg.ConcurrencyRetry)},
+		op: make([]any, 0, 5+2*len(scopes)),
+	}
+	aa.op = append(aa.op, id, cost, flags, notBefore, len(scopes))
 	for _, s := range scopes {
 		keys = append(keys, s.keys.admitKeys()...)
 		p := s.policy
 		if p == nil {
-			p = &Policy{}
+			p = noPolicy
 		}
-		features := 0
-		if p.Window != nil {
-			features |= 1
-		}
-		if p.Quota != nil {
-			features |= 2
-		}
-		if p.Concurrency != nil {
-			features |= 4
-		}
-		args = append(args, features, len(p.Rates))
-		for _, r := range p.Rates {
-			inc, unit, off := rateArgs(r, cost)
-			args = append(args, inc, unit, off)
-		}
-		if w := p.Window; w != nil {
-			args = append(args, w.Limit, micros(w.Period))
-		}
-		if q := p.Quota; q != nil {
-			if now.IsZero() {
-				now = l.estimatedNow()
-			}
-			bounds := quotaBounds(q, now)
-			args = append(args, q.Limit, len(bounds))
-			for _, b := range bounds {
-				args = append(args, b)
+		ref := -1
+		for i, ep := range aa.policies {
+			if ep.key.p == p {
+				ref = i
 			}
 		}
-		if c := p.Concurrency; c != nil {
-			args = append(args, c.Limit, micros(c.lease()))
+		if ref < 0 {
+			aa.policies = append(aa.policies, encodePolicyArgs(p, l.estimatedNow))
+			ref = len(aa.policies) - 1
+		}
+		aa.refs = append(aa.refs, len(aa.op))
+		aa.op = append(aa.op, ref+1)
+		if cost != 1 {
+			for _, r := range p.Rates {
+				inc, _, _ := rateArgs(r, cost)
+				aa.op = append(aa.op, inc)
+			}
 		}
 	}
-	return keys, args
+	return keys, aa
 }
 
-// decode reads admit.lua's reply for a single op.
+// decode reads admit.lua's reply for a single op: {op, now}.
 func (l *Limiter) decode(res any, scopes []scope) (Decision, error) {
-	ops, ok := res.([]any)
-	if !ok || len(ops) != 1 {
+	arr, ok := res.([]any)
+	if !ok || len(arr) != 2 {
 		return Decision{}, fmt.Errorf("admit.lua: unexpected reply %T %v", res, res)
 	}
-	v, err := int64s(ops[0], 11)
+	v, err := int64s(arr[0], 7)
 	if err != nil {
 		return Decision{}, fmt.Errorf("admit.lua: %w", err)
 	}
-	now := time.UnixMicro(v[9])
+	nowUs, ok := arr[1].(int64)
+	if !ok {
+		return Decision{}, fmt.Errorf("admit.lua: unexpected time %T %v", arr[1], arr[1])
+	}
 	if l.clock == nil {
-		l.offset.Store(v[9] - time.Now().UnixMicro())
+		l.offset.Store(nowUs - time.Now().UnixMicro())
 	}
+	rule, ridx, rscope := v[2]>>16, (v[2]>>8)&0xff, v[2]&0xff
 	d := Decision{
-		Allowed:    v[0] == 1,
+		Allowed:    v[0]&1 == 1,
 		RetryAfter: time.Duration(v[1]) * time.Microsecond,
-		Rule:       ruleName(v[2], v[3]),
-		Remaining:  v[5],
-		ResetAfter: time.Duration(v[6]) * time.Microsecond,
-		InFlight:   v[7],
-		Now:        now,
-		charged:    v[10],
+		Rule:       ruleName(rule, ridx),
+		Remaining:  v[3],
+		ResetAfter: time.Duration(v[4]) * time.Microsecond,
+		InFlight:   v[5],
+		Now:        time.UnixMicro(nowUs),
+		charged:    v[0] >> 1,
 	}
-	if v[6] < 0 {
+	if v[4] < 0 {
 		d.ResetAfter = -1
 	}
-	if v[4] > 0 && int(v[4]) <= len(scopes) {
-		d.Policy = scopes[v[4]-1].name
+	if rscope > 0 && int(rscope) <= len(scopes) {
+		d.Policy = scopes[rscope-1].name
 	}
-	if v[8] > 0 {
-		d.Reserved, d.Slot = true, time.UnixMicro(v[8])
+	if v[6] > 0 {
+		d.Reserved, d.Slot = true, time.UnixMicro(v[6])
 	}
 	if d.Allowed {
 		d.RetryAfter = -1

@@ -282,35 +282,52 @@ func (s *PolicyStore) resolve(ctx context.Context, tenant string) (resolved, err
 		t, tok = cachedPolicy{}, true
 	}
 	if !(tok && dok && gok) {
+		// Read only what is missing, in one round trip; the default and
+		// @global stay the same objects for every tenant that uses them.
 		gen := s.gen.Load()
-		fields := []string{DefaultPolicy, GlobalPolicy}
-		if tenant != "" {
+		var fields []string
+		if !dok {
+			fields = append(fields, DefaultPolicy)
+		}
+		if !gok {
+			fields = append(fields, GlobalPolicy)
+		}
+		if !tok {
 			fields = append(fields, tenant)
 		}
 		vals, err := s.client.HMGet(ctx, policiesKey(s.prefix), fields...).Result()
 		if err != nil {
 			return resolved{}, fmt.Errorf("read policies: %w", err)
 		}
-		read := func(i int) cachedPolicy {
-			raw, ok := vals[i].(string)
-			if !ok {
-				return cachedPolicy{}
+		for i, name := range fields {
+			c := cachedPolicy{}
+			if raw, ok := vals[i].(string); ok {
+				c.policy, c.err = decodePolicy(name, raw)
 			}
-			p, err := decodePolicy(fields[i], raw)
-			return cachedPolicy{policy: p, err: err}
-		}
-		d, g = read(0), read(1)
-		if tenant != "" {
-			t = read(2)
+			switch name {
+			case DefaultPolicy:
+				d = c
+			case GlobalPolicy:
+				g = c
+			}
+			if name == tenant {
+				t = c
+			}
 		}
 		s.mu.Lock()
 		if s.gen.Load() == gen {
 			if len(s.cache) > maxCachedPolicies {
 				s.cache = map[string]cachedPolicy{}
 			}
-			s.cache[DefaultPolicy], s.cache[GlobalPolicy] = d, g
-			if tenant != "" {
-				s.cache[tenant] = t
+			for _, name := range fields {
+				switch name {
+				case DefaultPolicy:
+					s.cache[name] = d
+				case GlobalPolicy:
+					s.cache[name] = g
+				default:
+					s.cache[name] = t
+				}
 			}
 		}
 		s.mu.Unlock()
