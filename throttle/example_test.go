@@ -11,7 +11,8 @@ import (
 )
 
 // In these examples redistest.ExampleClient stands for your own
-// *redis.Client; the prefix it returns only keeps the examples apart.
+// redis.UniversalClient (a single node, Sentinel or Cluster client); the
+// prefix it returns only keeps the examples apart.
 
 func ExampleParsePolicy() {
 	p, err := throttle.ParsePolicy("concurrency=5 rate=100/s burst=20 quota=10000/day tz=UTC")

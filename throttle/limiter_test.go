@@ -9,7 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
+
+	"github.com/sluicehq/sluice/internal/redistest"
 )
 
 // TestReservationsEvenlySpaced: 10,000 denied jobs get 10,000 distinct
@@ -196,19 +199,28 @@ func TestConfigValidation(t *testing.T) {
 	require.ErrorContains(t, err, `"x}"`)
 }
 
-// snapshot is every key under the test's prefix with its DUMP.
+// snapshot is every key under the test's prefix with its DUMP, from every
+// master of a Cluster.
 func snapshot(t *testing.T, e *env) map[string]string {
 	t.Helper()
 	ctx := context.Background()
+	var mu sync.Mutex
 	out := map[string]string{}
-	iter := e.client.Scan(ctx, 0, e.prefix+":*", 1000).Iterator()
-	for iter.Next(ctx) {
-		k := iter.Val()
-		v, err := e.client.Dump(ctx, k).Result()
-		require.NoError(t, err, k)
-		out[k] = v
-	}
-	require.NoError(t, iter.Err())
+	err := redistest.ForEachMaster(ctx, e.client, func(ctx context.Context, node redis.Cmdable) error {
+		iter := node.Scan(ctx, 0, e.prefix+":*", 1000).Iterator()
+		for iter.Next(ctx) {
+			k := iter.Val()
+			v, err := node.Dump(ctx, k).Result()
+			if err != nil {
+				return fmt.Errorf("DUMP %s: %w", k, err)
+			}
+			mu.Lock()
+			out[k] = v
+			mu.Unlock()
+		}
+		return iter.Err()
+	})
+	require.NoError(t, err)
 	return out
 }
 

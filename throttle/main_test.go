@@ -51,18 +51,19 @@ func (c *fakeClock) Set(t time.Time) {
 }
 
 type env struct {
-	client *redis.Client
+	client redis.UniversalClient // a Cluster client in the Cluster pass
 	prefix string
 	lim    *Limiter
 	store  *PolicyStore
 	clock  *fakeClock
 }
 
-// setup builds a limiter over the shared test server with a private prefix
-// and, unless real is set, a fake clock.
+// setup builds a limiter over the shared test server (the shared Cluster
+// when SLUICE_TEST_CLUSTER=1) with a private prefix and, unless real is set,
+// a fake clock.
 func setup(t *testing.T, real bool, cfg *Config) *env {
 	t.Helper()
-	client := redistest.Client(t)
+	client := redistest.UniversalClient(t)
 	prefix := redistest.Prefix(t)
 	var c Config
 	if cfg != nil {

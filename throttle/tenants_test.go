@@ -72,7 +72,7 @@ func TestTenants(t *testing.T) {
 
 func TestTenantsPrefixWithGlobCharacters(t *testing.T) {
 	t.Parallel()
-	client := redistest.Client(t)
+	client := redistest.UniversalClient(t)
 	ctx := context.Background()
 	base := redistest.Prefix(t)
 	lim, err := NewLimiter(client, &Config{Prefix: base + "*"})
