@@ -1,0 +1,81 @@
+package main
+
+import (
+	"strings"
+
+	"github.com/sluicehq/sluice/internal/redisurl"
+)
+
+func helpText() string {
+	return `enqueue adds jobs to sluice's queues, each tagged with the tenant whose
+limits it counts against; sluice workers run them when the limits allow.
+
+Usage:
+  enqueue --tenant T --type TYPE [--payload JSON] [JOB FLAGS] [--count N]
+  enqueue --file F|- [JOB FLAGS]
+  enqueue --cron SPEC --tenant T --type TYPE [--payload JSON] [JOB FLAGS] [--count N]
+
+Job flags (with --file, defaults for the lines that leave them out):
+  --tenant T         the tenant: the customer, account or user the job is for
+  --type TYPE        the job's type, which picks its handler (http, sleep, ...)
+  --payload JSON     the job's payload: any JSON value, passed to the handler
+                     as it is written (not with --file)
+  --queue Q          the queue (default "default")
+  --cost C           how much the job weighs on its tenant's rate, window and
+                     quota rules (default 1)
+  --in DUR           run the job no sooner than DUR from now, e.g. 30s or 5m
+  --id ID            the task id; a second job with the same id in the queue is
+                     refused (one job only)
+  --max-retry N      retries after handler errors (asynq's default is 25);
+                     throttling never uses one
+
+Modes:
+  --count N          enqueue N jobs alike (default 1)
+  --file F           enqueue one job per JSON line of F (- reads standard input):
+                       {"tenant": "acme", "type": "http", "payload": {...},
+                        "queue": "default", "cost": 1, "id": "order-17",
+                        "process_in": "30s", "max_retry": 3}
+                     every good line is enqueued; each bad one is reported with
+                     its line number
+  --cron SPEC        enqueue the job (or --count of them) each time SPEC fires,
+                     until SIGINT or SIGTERM: "*/5 * * * *" (5 fields), six
+                     fields with seconds first, "@every 30s", "@hourly";
+                     "CRON_TZ=Europe/Paris 0 9 * * *" picks a time zone
+
+Other flags:
+  --redis URL        the Redis of the workers (forms below); default
+                     $SLUICE_REDIS_URL, else redis://127.0.0.1:6379
+  --prefix PREFIX    the key prefix the workers use (default "sluice")
+  -q, --quiet        no progress display (errors and the summary are printed)
+  --version          print the version
+  -h, --help         print this help
+
+Redis URL forms:
+` + indent(redisurl.Forms, "  ") + `
+
+Output: one job prints its task id on stdout; --count and --file print a
+summary there, report each job that was not enqueued on stderr (with its line
+number), and show progress on stderr: a bar with the rate and the time left on
+a terminal, a line every 2s otherwise. A tenant whose backlog is full
+(backlog= in its policy) refuses jobs; each is reported. SIGINT or SIGTERM
+stops after the batch in progress and says exactly how many jobs were
+enqueued.
+
+Examples:
+  enqueue --tenant acme --type sleep --payload '{"ms":200}' --count 100
+  enqueue --tenant acme --type http --payload '{"url":"https://api.example.com/sync"}' --in 5m
+  enqueue --file jobs.jsonl --queue imports
+  enqueue --cron '@every 10s' --tenant acme --type sleep --payload '{"ms":50}'
+
+Exit status: 0 when every job was enqueued, 1 when any was not (or Redis is
+unreachable, or enqueue was interrupted), 2 on bad usage.
+`
+}
+
+func indent(s, prefix string) string {
+	lines := strings.Split(s, "\n")
+	for i, l := range lines {
+		lines[i] = prefix + l
+	}
+	return strings.Join(lines, "\n")
+}
