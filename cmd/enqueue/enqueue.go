@@ -34,7 +34,7 @@ const (
 // otherwise the module version from the build info is used.
 var version string
 
-const usageLine = "enqueue [--redis URL] --tenant T --type TYPE [--payload JSON] [FLAGS] | --file F|- | --cron SPEC ..."
+const usageLine = "enqueue [--tenant T --type TYPE [--payload JSON] | --file F|-] [FLAGS]"
 
 // usageError is a malformed command line: exit code 2 and the usage line.
 type usageError struct{ msg string }

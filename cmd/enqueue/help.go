@@ -13,7 +13,7 @@ limits it counts against; sluice workers run them when the limits allow.
 Usage:
   enqueue --tenant T --type TYPE [--payload JSON] [JOB FLAGS] [--count N]
   enqueue --file F|- [JOB FLAGS]
-  enqueue --cron SPEC --tenant T --type TYPE [--payload JSON] [JOB FLAGS] [--count N]
+  enqueue --cron SPEC --tenant T --type TYPE [--payload JSON] [JOB FLAGS]
 
 Job flags (with --file, defaults for the lines that leave them out):
   --tenant T         the tenant: the customer, account or user the job is for
@@ -31,7 +31,7 @@ Job flags (with --file, defaults for the lines that leave them out):
 
 Modes:
   --count N          enqueue N jobs alike (default 1)
-  --file F           enqueue one job per JSON line of F (- reads standard input):
+  --file F           enqueue one job per JSON line of F (- reads stdin):
                        {"tenant": "acme", "type": "http", "payload": {...},
                         "queue": "default", "cost": 1, "id": "order-17",
                         "process_in": "30s", "max_retry": 3}
@@ -63,7 +63,8 @@ enqueued.
 
 Examples:
   enqueue --tenant acme --type sleep --payload '{"ms":200}' --count 100
-  enqueue --tenant acme --type http --payload '{"url":"https://api.example.com/sync"}' --in 5m
+  enqueue --tenant acme --type http --in 5m \
+          --payload '{"method":"POST","url":"https://api.example.com/sync"}'
   enqueue --file jobs.jsonl --queue imports
   enqueue --cron '@every 10s' --tenant acme --type sleep --payload '{"ms":50}'
 

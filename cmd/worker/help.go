@@ -15,19 +15,20 @@ Usage:
   ` + usageLine + `
 
 Flags:
-  --redis URL              the Redis of the queues and the limits (forms below);
-                           default $SLUICE_REDIS_URL, else redis://127.0.0.1:6379.
-                           memory://HOST:PORT starts an embedded Redis on that
-                           address, for a trial on one machine
+  --redis URL              the Redis of the queues and the limits (forms
+                           below); default $SLUICE_REDIS_URL, else
+                           redis://127.0.0.1:6379. memory://HOST:PORT starts
+                           an embedded Redis there, for a trial on one machine
   --queues LIST            the queues to take jobs from, with their priorities:
                            default=1,critical=6 (default "default=1")
   --concurrency N          jobs handled at once, those waiting in the worker for
                            their slot included (default 100)
-  --admin ADDR             address of the admin endpoints (default 127.0.0.1:9464;
-                           port 0 picks a free one; "off" turns them off)
+  --admin ADDR             address of the admin endpoints (default
+                           127.0.0.1:9464; port 0 picks a free one; "off"
+                           turns them off)
   --prefix PREFIX          the key prefix of sluice's limits (default "sluice")
-  --shutdown-timeout D     how long running jobs may take to finish after SIGTERM
-                           before they go back to the queue (default 8s)
+  --shutdown-timeout D     how long running jobs may take to finish after
+                           SIGTERM before they go back to the queue (default 8s)
   --log-format FORMAT      text or json (default text); logs go to stderr
   --log-level LEVEL        debug, info, warn or error (default info)
   --version                print the version
@@ -58,7 +59,8 @@ at once.
 Example, a trial on one machine:
   worker --redis memory://127.0.0.1:6379
   sluice --redis memory://127.0.0.1:6379 policy set acme 'rate=2/s'
-  enqueue --redis memory://127.0.0.1:6379 --tenant acme --type sleep --payload '{"ms":100}' --count 10
+  enqueue --redis memory://127.0.0.1:6379 --tenant acme --type sleep \
+          --payload '{"ms":100}' --count 10
 
 Exit status: 0 after a clean shutdown, 1 on failure (Redis unreachable, the
 admin address taken), 2 on bad usage.

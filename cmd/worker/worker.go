@@ -47,7 +47,7 @@ const (
 // otherwise the module version from the build info is used.
 var version string
 
-const usageLine = "worker [--redis URL] [--queues default=1] [--concurrency N] [--admin ADDR] [FLAGS]"
+const usageLine = "worker [--redis URL] [--queues Q=1,...] [--concurrency N] [FLAGS]"
 
 // usageError is a malformed command line: exit code 2 and the usage line.
 type usageError struct{ msg string }
