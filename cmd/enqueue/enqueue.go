@@ -286,9 +286,12 @@ func flagError(err error) string {
 		return "unknown flag --" + strings.TrimPrefix(name, "-")
 	}
 	msg = strings.Replace(msg, " for flag -", " for flag --", 1)
-	msg = strings.Replace(msg, ": parse error", ": want a whole number", 1)
-	msg = strings.Replace(msg, ": invalid syntax", ": want a whole number", 1)
-	return msg
+	want := "want a whole number"
+	if strings.Contains(msg, " for flag --in: ") {
+		want = "want a duration such as 30s or 5m"
+	}
+	msg = strings.Replace(msg, ": parse error", ": "+want, 1)
+	return strings.Replace(msg, ": invalid syntax", ": "+want, 1)
 }
 
 // enqueuer runs one mode.

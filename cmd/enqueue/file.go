@@ -36,6 +36,7 @@ const knownFields = "tenant, type, payload, queue, cost, id, process_in, max_ret
 
 // parseLine turns one line into a job, with the flags as defaults.
 func (o *options) parseLine(b []byte) (queue.Job, error) {
+	b = bytes.TrimRight(b, "\r\n")
 	var l line
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()

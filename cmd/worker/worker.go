@@ -201,11 +201,12 @@ func flagError(err error) string {
 		return "unknown flag --" + strings.TrimPrefix(name, "-")
 	}
 	msg = strings.Replace(msg, " for flag -", " for flag --", 1)
-	if strings.Contains(msg, "parse error") || strings.Contains(msg, "invalid syntax") {
-		msg = strings.Replace(msg, ": parse error", ": want a number", 1)
-		msg = strings.Replace(msg, ": invalid syntax", ": want a number", 1)
+	want := "want a whole number"
+	if strings.Contains(msg, " for flag --shutdown-timeout: ") {
+		want = "want a duration such as 30s or 5m"
 	}
-	return msg
+	msg = strings.Replace(msg, ": parse error", ": "+want, 1)
+	return strings.Replace(msg, ": invalid syntax", ": "+want, 1)
 }
 
 // parseQueues reads NAME[=PRIORITY][,NAME[=PRIORITY]...].

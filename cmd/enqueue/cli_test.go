@@ -1,0 +1,414 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/throttle"
+)
+
+var update = flag.Bool("update", false, "rewrite testdata/*.golden from the current output")
+
+func TestMain(m *testing.M) { redistest.Main(m) }
+
+// cli runs the enqueue binary against the test's Redis, prefix and queue.
+type cli struct {
+	bin    string
+	url    string
+	prefix string
+	queue  string // asynq's keys cannot be prefixed: each test has its own queue
+}
+
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+// TestCLI builds the binary once and runs its tests against a private Redis.
+func TestCLI(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "enqueue")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	require.NoError(t, err, "go build: %s", out)
+
+	for name, fn := range map[string]func(*testing.T, *cli){
+		"Help":        testHelp,
+		"BadUsage":    testBadUsage,
+		"Unreachable": testUnreachable,
+		"One":         testOne,
+		"Count":       testCount,
+		"File":        testFile,
+		"Stdin":       testStdin,
+		"Cron":        testCron,
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			p := redistest.Prefix(t)
+			fn(t, &cli{bin: bin, url: redistest.URL(t), prefix: p, queue: strings.ReplaceAll(p, ":", ".")})
+		})
+	}
+}
+
+func (c *cli) command(ctx context.Context, t *testing.T, stdin []byte, env map[string]string, args ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, c.bin, args...)
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + t.TempDir()}
+	for k, v := range env {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
+	if stdin != nil {
+		cmd.Stdin = bytes.NewReader(stdin)
+	}
+	return cmd
+}
+
+// run runs enqueue with the test's Redis, prefix and queue.
+func (c *cli) run(t *testing.T, stdin []byte, args ...string) result {
+	t.Helper()
+	return c.runEnv(t, stdin, map[string]string{"SLUICE_REDIS_URL": c.url}, append([]string{"--prefix", c.prefix, "--queue", c.queue}, args...)...)
+}
+
+func (c *cli) runEnv(t *testing.T, stdin []byte, env map[string]string, args ...string) result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := c.command(ctx, t, stdin, env, args...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	code := 0
+	if err != nil {
+		ee, ok := err.(*exec.ExitError)
+		require.True(t, ok, "run %v: %v", args, err)
+		code = ee.ExitCode()
+	}
+	return result{code: code, stdout: stdout.String(), stderr: stderr.String()}
+}
+
+// tasks lists every task of the test's queue, by task id.
+func (c *cli) tasks(t *testing.T) map[string]*asynq.TaskInfo {
+	t.Helper()
+	in := asynq.NewInspectorFromRedisClient(redistest.Client(t))
+	out := map[string]*asynq.TaskInfo{}
+	for _, list := range []func(string, ...asynq.ListOption) ([]*asynq.TaskInfo, error){in.ListPendingTasks, in.ListScheduledTasks} {
+		for page := 1; ; page++ {
+			infos, err := list(c.queue, asynq.Page(page), asynq.PageSize(1000))
+			if errors.Is(err, asynq.ErrQueueNotFound) {
+				return out
+			}
+			require.NoError(t, err)
+			for _, i := range infos {
+				out[i.ID] = i
+			}
+			if len(infos) < 1000 {
+				break
+			}
+		}
+	}
+	return out
+}
+
+func golden(t *testing.T, name, got string) {
+	t.Helper()
+	path := filepath.Join("testdata", name+".golden")
+	if *update {
+		require.NoError(t, os.WriteFile(path, []byte(got), 0o644))
+		return
+	}
+	want, err := os.ReadFile(path)
+	require.NoError(t, err, "run go test ./cmd/enqueue -run TestCLI -update to create it")
+	require.Equal(t, string(want), got)
+}
+
+func testHelp(t *testing.T, c *cli) {
+	r := c.runEnv(t, nil, nil, "--help")
+	require.Equal(t, 0, r.code)
+	require.Empty(t, r.stderr)
+	golden(t, "help", r.stdout)
+	require.Equal(t, r, c.runEnv(t, nil, nil, "-h"))
+	v := c.runEnv(t, nil, nil, "--version")
+	require.Equal(t, 0, v.code)
+	require.Regexp(t, `^enqueue \S+ go1\.\S+ \w+/\w+\n$`, v.stdout)
+}
+
+func testBadUsage(t *testing.T, c *cli) {
+	job := []string{"--tenant", "acme", "--type", "sleep"}
+	for _, tt := range []struct {
+		args []string
+		env  map[string]string // replaces the test's environment when set
+		want string
+	}{
+		{[]string{"--bogus"}, nil, "unknown flag --bogus"},
+		{nil, nil, "missing --tenant: the tenant whose limits the job counts against (or --file for JSON lines)"},
+		{[]string{"--tenant", "acme"}, nil, "missing --type: the job's type, e.g. http or sleep"},
+		{[]string{"--tenant", "*", "--type", "sleep"}, nil, `--tenant: invalid tenant: tenant "*" is a reserved name`},
+		{[]string{"--tenant", "", "--file", "x"}, nil, "--tenant: invalid tenant: the tenant is empty"},
+		{append(job, "--payload", `{"ms":`), nil, `--payload "{\"ms\":": not valid JSON (unexpected end of JSON input at byte 6); quote it for the shell, e.g. --payload '{"ms":100}'`},
+		{append(job, "--payload", `ms=100`), nil, `--payload "ms=100": not valid JSON (invalid character 'm' looking for beginning of value at byte 1)`},
+		{append(job, `{"ms":1}`), nil, `unexpected argument "{\"ms\":1}"; enqueue takes only flags (quote a payload: --payload '{"ms":100}')`},
+		{append(job, "--queue", " "), nil, `--queue " ": the queue name must not be blank (default "default")`},
+		{append(job, "--cost", "0"), nil, "--cost 0: must be at least 1 (the default)"},
+		{append(job, "--cost", "x"), nil, `invalid value "x" for flag --cost: want a whole number`},
+		{append(job, "--count", "0"), nil, "--count 0: must be at least 1"},
+		{append(job, "--in", "-1s"), nil, "--in -1s: must not be negative"},
+		{append(job, "--in", "5"), nil, `invalid value "5" for flag --in: want a duration such as 30s or 5m`},
+		{append(job, "--max-retry", "-1"), nil, "--max-retry -1: must be 0 or more"},
+		{append(job, "--id", "a", "--count", "2"), nil, "--id names one job: it cannot be used with --count 2 or --cron"},
+		{append(job, "--id", " "), nil, `--id " ": the task id must not be blank; leave --id out for a random one`},
+		{append(job, "--cron", "* * *"), nil, `--cron "* * *": expected 5 to 6 fields, found 3: [* * *]; e.g. "*/5 * * * *"`},
+		{append(job, "--cron", "@every 1s", "--id", "x"), nil, "--id names one job: it cannot be used with --count 1 or --cron"},
+		{[]string{"--file", "x", "--payload", "{}"}, nil, "--payload cannot be used with --file: each line gives its own job"},
+		{[]string{"--file", "x", "--count", "3"}, nil, "--count cannot be used with --file"},
+		{[]string{"--file", "x", "--cron", "@hourly"}, nil, "--cron cannot be used with --file"},
+		{append(job, "--prefix", "a{b}"), nil, `--prefix "a{b}": must be non-empty and without { or }`},
+		{append(job, "--redis", "redis://u:secret@h:1/x"), nil, `--redis: Redis URL "redis://u:xxxxx@h:1/x": database "x": must be a number`},
+		{job, map[string]string{"SLUICE_REDIS_URL": "http://x"}, `SLUICE_REDIS_URL: Redis URL "http://x": unknown scheme "http"`},
+	} {
+		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+			var r result
+			if tt.env != nil {
+				r = c.runEnv(t, nil, tt.env, append([]string{"--queue", c.queue}, tt.args...)...)
+			} else {
+				r = c.run(t, nil, tt.args...)
+			}
+			require.Equal(t, 2, r.code, r.stderr)
+			require.Empty(t, r.stdout)
+			lines := strings.Split(strings.TrimSuffix(r.stderr, "\n"), "\n")
+			require.Len(t, lines, 3, r.stderr)
+			require.True(t, strings.HasPrefix(lines[0], "enqueue: "+tt.want), "got  %q\nwant %q", lines[0], "enqueue: "+tt.want)
+			require.Equal(t, "usage: enqueue [--tenant T --type TYPE [--payload JSON] | --file F|-] [FLAGS]", lines[1])
+			require.Equal(t, "run 'enqueue --help' for the flags", lines[2])
+			require.NotContains(t, r.stderr, "secret")
+			require.Empty(t, c.tasks(t), "a bad command line enqueues nothing")
+		})
+	}
+}
+
+func testUnreachable(t *testing.T, c *cli) {
+	port, err := redistest.FreePort()
+	require.NoError(t, err)
+	addr := "127.0.0.1:" + strconv.Itoa(port)
+	file := filepath.Join(t.TempDir(), "jobs.jsonl")
+	require.NoError(t, os.WriteFile(file, []byte(`{"tenant":"a","type":"sleep"}`+"\n"), 0o600))
+	for _, args := range [][]string{
+		{"--tenant", "acme", "--type", "sleep"},
+		{"--tenant", "acme", "--type", "sleep", "--count", "10"},
+		{"--file", file},
+		{"--cron", "@every 1s", "--tenant", "acme", "--type", "sleep"},
+	} {
+		r := c.runEnv(t, nil, map[string]string{"SLUICE_REDIS_URL": "redis://" + addr}, args...)
+		require.Equal(t, result{code: 1, stderr: "enqueue: cannot reach Redis at " + addr + ": connection refused; is redis-server running? set --redis or SLUICE_REDIS_URL\n"}, r, "enqueue %v", args)
+	}
+	r := c.runEnv(t, nil, nil, "--redis", "memory://"+addr, "--tenant", "a", "--type", "sleep")
+	require.Equal(t, result{code: 1, stderr: "enqueue: cannot reach Redis at " + addr + ": connection refused; is a worker started with --redis memory://" + addr + " running? set --redis or SLUICE_REDIS_URL\n"}, r)
+	r = c.run(t, nil, "--file", filepath.Join(t.TempDir(), "missing.jsonl"))
+	require.Equal(t, 1, r.code)
+	require.Regexp(t, `^enqueue: cannot read /\S+/missing.jsonl: no such file or directory\n$`, r.stderr)
+}
+
+var oneRE = regexp.MustCompile(`^enqueued task (\S+) \(type (\S+), tenant (\S+), queue (\S+)(, due (\S+))?\)\n$`)
+
+func testOne(t *testing.T, c *cli) {
+	r := c.run(t, nil, "--tenant", "acme", "--type", "http", "--payload", ` {"url": "http://127.0.0.1:1/x"} `, "--cost", "3", "--max-retry", "0")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Empty(t, r.stderr)
+	m := oneRE.FindStringSubmatch(r.stdout)
+	require.NotNil(t, m, r.stdout)
+	require.Equal(t, []string{"http", "acme", c.queue, ""}, []string{m[2], m[3], m[4], m[6]})
+	tasks := c.tasks(t)
+	require.Len(t, tasks, 1)
+	info := tasks[m[1]]
+	require.NotNil(t, info)
+	require.Equal(t, `{"url": "http://127.0.0.1:1/x"}`, string(info.Payload))
+	require.Equal(t, "acme", info.Headers[queue.TenantHeader])
+	require.Equal(t, "3", info.Headers[queue.CostHeader])
+	require.Equal(t, 0, info.MaxRetry)
+
+	// --id and --in: a scheduled job under a known id; the same id again is refused.
+	before := time.Now()
+	r = c.run(t, nil, "--tenant", "acme", "--type", "sleep", "--id", "order-17", "--in", "1h")
+	require.Equal(t, 0, r.code, r.stderr)
+	m = oneRE.FindStringSubmatch(r.stdout)
+	require.NotNil(t, m, r.stdout)
+	require.Equal(t, "order-17", m[1])
+	due, err := time.Parse(time.RFC3339, m[6])
+	require.NoError(t, err)
+	require.WithinDuration(t, before.Add(time.Hour), due, 5*time.Second)
+	info = c.tasks(t)["order-17"]
+	require.Equal(t, asynq.TaskStateScheduled, info.State)
+	require.Empty(t, info.Payload)
+
+	r = c.run(t, nil, "--tenant", "acme", "--type", "sleep", "--id", "order-17")
+	require.Equal(t, 1, r.code)
+	require.Empty(t, r.stdout)
+	require.Equal(t, "enqueue: enqueue sleep task for tenant \"acme\": task ID conflicts with another task: a task with this id is already in the queue (give another --id or \"id\")\n", r.stderr)
+	require.Len(t, c.tasks(t), 2)
+}
+
+func testCount(t *testing.T, c *cli) {
+	client := redistest.Client(t)
+	lim, err := throttle.NewLimiter(client, &throttle.Config{Prefix: c.prefix})
+	require.NoError(t, err)
+	defer lim.Close()
+	ctx := context.Background()
+	p, err := throttle.ParsePolicy("backlog=250")
+	require.NoError(t, err)
+	require.NoError(t, lim.Policies().Set(ctx, "acme", p))
+
+	r := c.run(t, nil, "--tenant", "acme", "--type", "sleep", "--payload", `{"ms":1}`, "--count", "300")
+	require.Equal(t, 1, r.code, r.stderr)
+	require.Regexp(t, `^enqueued 250 of 300 jobs for tenant acme in \d+\.\d\ds \(\d+/s\); 50 failed \(reported above\)\n$`, r.stdout)
+	lines := strings.Split(strings.TrimSuffix(r.stderr, "\n"), "\n")
+	require.Len(t, lines, 50)
+	for i, l := range lines {
+		require.Equal(t, "enqueue: job "+strconv.Itoa(251+i)+": tenant \"acme\": backlog full (250 queued or deferred jobs, cap 250): retry later or raise backlog= in its policy", l)
+	}
+	require.Len(t, c.tasks(t), 250)
+	st, err := lim.Stats(ctx, "acme")
+	require.NoError(t, err)
+	require.EqualValues(t, 250, st.Backlog)
+}
+
+// fileLines are the lines of testFile: good ones (with ids, to find them),
+// bad ones, and blank ones.
+const fileLines = `{"tenant":"acme","type":"sleep","payload":{"ms":5},"id":"j1"}
+
+{"tenant":"acme","type":"sleep","payload":{"ms":5}
+{"type":"sleep","id":"j4"}
+{"tenant":"acme","type":"sleep","payload":[1,"two"],"queue":"%Q","cost":2,"id":"j5","process_in":"10m","max_retry":2}
+{"tenant":"acme","type":"sleep","queueu":"x"}
+{"tenant":"acme","type":"sleep","cost":"2"}
+{"tenant":"acme","type":"sleep","cost":0}
+{"tenant":"acme","type":"sleep","process_in":"ten minutes"}
+{"tenant":"*","type":"sleep"}
+["tenant","acme"]
+{"tenant":"acme","type":"sleep","id":"j1"}
+{"tenant":"small","id":"j13"}
+{"tenant":"small","id":"j14"}
+{"tenant":"acme","type":"sleep","payload":"hi","id":"j15"} {"x":1}
+{"tenant":"acme","type":"sleep","payload":"hi","queue":"","id":"j16"}
+  {"tenant":"other","type":"sleep","payload":null,"id":"j17"}  
+`
+
+func testFile(t *testing.T, c *cli) {
+	client := redistest.Client(t)
+	lim, err := throttle.NewLimiter(client, &throttle.Config{Prefix: c.prefix})
+	require.NoError(t, err)
+	defer lim.Close()
+	p, err := throttle.ParsePolicy("backlog=1")
+	require.NoError(t, err)
+	require.NoError(t, lim.Policies().Set(context.Background(), "small", p))
+
+	file := filepath.Join(t.TempDir(), "jobs.jsonl")
+	require.NoError(t, os.WriteFile(file, []byte(strings.ReplaceAll(fileLines, "%Q", c.queue)), 0o600))
+	// --type is the default of the lines without one; --quiet keeps
+	// progress lines out of the comparison.
+	r := c.run(t, nil, "--file", file, "--type", "email", "--quiet")
+	require.Equal(t, 1, r.code)
+	require.Equal(t, `enqueue: line 3: not valid JSON: unexpected end of JSON input at byte 50
+enqueue: line 4: no tenant: add "tenant" to the line or give --tenant
+enqueue: line 6: unknown field "queueu"; known: tenant, type, payload, queue, cost, id, process_in, max_retry
+enqueue: line 7: "cost" is a JSON string; want a whole number
+enqueue: line 8: cost 0: must be at least 1 (the default)
+enqueue: line 9: process_in "ten minutes": want a duration such as "90s" or "5m"
+enqueue: line 10: invalid tenant: tenant "*" is a reserved name (* is the default policy, names starting with @ are sluice's); choose another
+enqueue: line 11: not a JSON object; want {"tenant": …, "type": …, "payload": …}
+enqueue: line 12: id "j1": line 1 already gave this task id in queue "`+c.queue+`"; task ids must be unique
+enqueue: line 15: more than one JSON value on the line; put one job on each line
+enqueue: line 16: queue "": the queue name must not be blank; leave "queue" out for "`+c.queue+`"
+enqueue: line 14: tenant "small": backlog full (1 queued or deferred jobs, cap 1): retry later or raise backlog= in its policy
+`, r.stderr)
+	require.Regexp(t, `^enqueued 4 of 16 jobs from `+regexp.QuoteMeta(file)+` in \d+\.\d\ds \(\d+/s\); 12 failed \(reported above\)\n$`, r.stdout)
+
+	tasks := c.tasks(t)
+	require.Len(t, tasks, 4)
+	require.Equal(t, `{"ms":5}`, string(tasks["j1"].Payload))
+	require.Equal(t, "sleep", tasks["j1"].Type)
+	j5 := tasks["j5"]
+	require.Equal(t, `[1,"two"]`, string(j5.Payload))
+	require.Equal(t, "2", j5.Headers[queue.CostHeader])
+	require.Equal(t, 2, j5.MaxRetry)
+	require.Equal(t, asynq.TaskStateScheduled, j5.State)
+	require.WithinDuration(t, time.Now().Add(10*time.Minute), j5.NextProcessAt, 10*time.Second)
+	require.Equal(t, "email", tasks["j13"].Type, "--type is the default")
+	require.Equal(t, "small", tasks["j13"].Headers[queue.TenantHeader])
+	require.Empty(t, tasks["j17"].Payload, "a null payload is no payload")
+	require.Equal(t, "other", tasks["j17"].Headers[queue.TenantHeader])
+
+	// A file of good lines only: exit 0.
+	good := filepath.Join(t.TempDir(), "good.jsonl")
+	require.NoError(t, os.WriteFile(good, []byte(`{"tenant":"acme","type":"sleep"}`+"\n"+`{"tenant":"acme","type":"sleep"}`), 0o600))
+	r = c.run(t, nil, "--file", good)
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Empty(t, r.stderr)
+	require.Regexp(t, `^enqueued 2 of 2 jobs from `, r.stdout)
+	require.Len(t, c.tasks(t), 6)
+}
+
+func testStdin(t *testing.T, c *cli) {
+	var b strings.Builder
+	for i := 1; i <= 600; i++ {
+		b.WriteString(`{"tenant":"t` + strconv.Itoa(i%7) + `","type":"sleep","payload":{"ms":1}}` + "\n")
+	}
+	r := c.run(t, []byte(b.String()), "--file", "-")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Regexp(t, `^enqueued 600 of 600 jobs from standard input in `, r.stdout)
+	require.Len(t, c.tasks(t), 600)
+}
+
+// testCron: the job on a schedule until SIGINT, then the exact count.
+func testCron(t *testing.T, c *cli) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := c.command(ctx, t, nil, map[string]string{"SLUICE_REDIS_URL": c.url}, "--prefix", c.prefix, "--queue", c.queue, "--cron", "@every 1s", "--tenant", "acme", "--type", "sleep", "--count", "2")
+	var stdout, stderr syncBuffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	require.NoError(t, cmd.Start())
+	deadline := time.Now().Add(20 * time.Second)
+	for len(c.tasks(t)) < 4 {
+		require.True(t, time.Now().Before(deadline), "two runs within 20s; stderr: %s", stderr.String())
+		time.Sleep(50 * time.Millisecond)
+	}
+	require.NoError(t, cmd.Process.Signal(syscall.SIGINT))
+	require.NoError(t, cmd.Wait(), stderr.String())
+	lines := strings.Split(strings.TrimSuffix(stdout.String(), "\n"), "\n")
+	n := len(c.tasks(t))
+	require.Equal(t, "stopped: enqueued "+strconv.Itoa(n)+" jobs in "+strconv.Itoa(n/2)+" runs", lines[len(lines)-1])
+	require.Len(t, lines, n/2+1)
+	for _, l := range lines[:n/2] {
+		require.Regexp(t, `^\S+Z enqueued 2 of 2 jobs for tenant acme$`, l)
+	}
+	require.Regexp(t, `^enqueue: on schedule "@every 1s" until SIGINT or SIGTERM \(Ctrl-C\); first run at \S+\n$`, stderr.String())
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
