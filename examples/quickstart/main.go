@@ -19,12 +19,13 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"golang.org/x/term"
+
+	"github.com/sluicehq/sluice/examples/internal/demo"
 )
 
 func main() {
-	redis.SetLogger(quiet{})
+	demo.Quiet()
 	fs := flag.NewFlagSet("quickstart", flag.ContinueOnError)
 	short := fs.Bool("short", false, "a smaller workload (about 10 s instead of 30 s)")
 	redisURL := fs.String("redis", "", "use this Redis instead of an embedded one (e.g. redis://127.0.0.1:6379)")
@@ -57,7 +58,3 @@ func main() {
 		os.Exit(1)
 	}
 }
-
-type quiet struct{}
-
-func (quiet) Printf(context.Context, string, ...any) {}

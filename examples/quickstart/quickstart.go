@@ -8,15 +8,13 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"strconv"
 	"sync"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/sluicehq/sluice/internal/redisurl"
+	"github.com/sluicehq/sluice/examples/internal/demo"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/throttle"
 	"github.com/sluicehq/sluice/worker"
@@ -103,44 +101,14 @@ func run(ctx context.Context, o options) (*report, error) {
 	ctx, cancel := context.WithTimeout(ctx, o.deadline)
 	defer cancel()
 
-	// Redis: embedded unless a URL is given.
-	var (
-		newClient func() redis.UniversalClient
-		where     string
-	)
-	runID := strconv.FormatInt(time.Now().UnixNano(), 36)
-	qname, prefix := "quickstart", "sluice"
-	if o.redisURL == "" {
-		m := miniredis.NewMiniRedis()
-		if err := m.StartAddr("127.0.0.1:0"); err != nil {
-			return nil, fmt.Errorf("embedded Redis: %w", err)
-		}
-		defer m.Close()
-		where = "an embedded Redis (miniredis)"
-		newClient = func() redis.UniversalClient { return redis.NewClient(&redis.Options{Addr: m.Addr(), PoolSize: 64}) }
-	} else {
-		u, err := redisurl.Parse(o.redisURL)
-		if err != nil {
-			return nil, err
-		}
-		probe := u.NewClient()
-		err = u.Ping(ctx, probe, 0)
-		_ = probe.Close()
-		if err != nil {
-			return nil, err
-		}
-		// Keys and queue of their own, so that runs never mix.
-		qname, prefix = "quickstart-"+runID, "sluice-quickstart-"+runID
-		where = "Redis at " + u.Where()
-		newClient = func() redis.UniversalClient {
-			o := u.UniversalOptions()
-			o.PoolSize = 64
-			return redis.NewUniversalClient(o)
-		}
+	env, err := demo.Start(ctx, o.redisURL, "quickstart")
+	if err != nil {
+		return nil, err
 	}
+	defer env.Close()
+	where, qname, prefix, newClient := env.Where, env.Queue, env.Prefix, env.Client
 
 	admin := newClient()
-	defer admin.Close()
 	lim, err := throttle.NewLimiter(admin, &throttle.Config{Prefix: prefix})
 	if err != nil {
 		return nil, err
@@ -162,10 +130,7 @@ func run(ctx context.Context, o options) (*report, error) {
 	// The fleet: three workers, each with its own connection pool, as three
 	// processes would have.
 	logger := slog.New(slog.NewTextHandler(o.out, &slog.HandlerOptions{Level: slog.LevelError}))
-	var (
-		servers []*worker.Server
-		clients []redis.UniversalClient
-	)
+	var servers []*worker.Server
 	defer func() {
 		var wg sync.WaitGroup
 		for _, s := range servers {
@@ -173,13 +138,9 @@ func run(ctx context.Context, o options) (*report, error) {
 			go func() { defer wg.Done(); s.Shutdown() }()
 		}
 		wg.Wait()
-		for _, c := range clients {
-			_ = c.Close()
-		}
 	}()
 	for i := 0; i < workers; i++ {
 		c := newClient()
-		clients = append(clients, c)
 		// Jobs denied by concurrency look for a free slot every 100 ms
 		// (throttle's default is 1 s), so that the short requests of a
 		// concurrency-limited tenant keep its slots busy.
@@ -205,7 +166,6 @@ func run(ctx context.Context, o options) (*report, error) {
 
 	// The producer: every tenant's bursts, on time.
 	pc := newClient()
-	defer pc.Close()
 	producer, err := queue.New(pc, &queue.Config{Prefix: prefix})
 	if err != nil {
 		return nil, err
@@ -237,7 +197,7 @@ func run(ctx context.Context, o options) (*report, error) {
 						Headers: map[string]string{"X-Tenant": t.name, "X-Job": id},
 					})
 					jobs[i] = queue.Job{Tenant: t.name, Task: asynq.NewTask(worker.TypeHTTP, payload),
-						Options: []asynq.Option{asynq.Queue(qname), asynq.TaskID(runID + "-" + id)}}
+						Options: []asynq.Option{asynq.Queue(qname), asynq.TaskID(id)}}
 				}
 				ok := 0
 				for _, r := range producer.EnqueueBatch(ctx, jobs) {
@@ -307,21 +267,13 @@ func run(ctx context.Context, o options) (*report, error) {
 		rep.tenants = append(rep.tenants, tenantReport(t, api.view(t.name), enqueued[t.name], waiting[t.name]))
 	}
 	v.final()
-	if o.redisURL != "" {
-		// A run against a real Redis removes its queue; sluice's keys
-		// expire by themselves.
-		in := asynq.NewInspectorFromRedisClient(admin)
-		_ = in.DeleteQueue(qname, true)
-	}
 	return rep, nil
 }
 
 // waitingJobs counts, per tenant, the jobs still in the queue (waiting,
 // deferred or running) and those archived.
 func waitingJobs(newClient func() redis.UniversalClient, qname string) (map[string][2]int, error) {
-	c := newClient()
-	defer c.Close()
-	in := asynq.NewInspectorFromRedisClient(c)
+	in := asynq.NewInspectorFromRedisClient(newClient())
 	out := map[string][2]int{}
 	lists := []func(string, ...asynq.ListOption) ([]*asynq.TaskInfo, error){
 		in.ListPendingTasks, in.ListActiveTasks, in.ListScheduledTasks, in.ListRetryTasks, in.ListArchivedTasks,
