@@ -1,0 +1,195 @@
+// Command shaping shows enqueue-time shaping (shape=true): a noisy tenant
+// enqueues a large burst at once, and a small tenant's jobs, enqueued just
+// after, wait behind it, or, with shaping, do not.
+//
+// Without shaping the whole burst sits in asynq's pending list, first in
+// line; the workers must take every one of those jobs out, ask the gate, and
+// defer it to its slot before they reach the small tenant's job. With
+// shape=true, queue.Client takes each job's slot when it is enqueued and
+// schedules the job for it, so the pending list holds only jobs that are due.
+//
+//	go run ./examples/shaping [--short] [--redis URL]
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/sluicehq/sluice/examples/internal/demo"
+	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/throttle"
+	"github.com/sluicehq/sluice/worker"
+)
+
+func main() {
+	demo.Quiet()
+	short := flag.Bool("short", false, "a smaller burst")
+	redisURL := flag.String("redis", "", "use this Redis instead of an embedded one")
+	flag.Parse()
+	res, err := run(context.Background(), *redisURL, *short, os.Stdout)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "shaping:", err)
+		os.Exit(1)
+	}
+	if !res.ok() {
+		os.Exit(1)
+	}
+}
+
+// phase is one half of the demo: the same traffic under one policy.
+type phase struct {
+	policy  string
+	pending int // bulk jobs in the pending list when tiny's first job came
+	waits   []time.Duration
+}
+
+func (p phase) median() time.Duration { return p.waits[len(p.waits)/2] }
+func (p phase) worst() time.Duration  { return p.waits[len(p.waits)-1] }
+
+type result struct{ plain, shaped phase }
+
+// ok: with shaping the small tenant waits at most half as long.
+func (r result) ok() bool { return r.shaped.median()*2 < r.plain.median() }
+
+// sizes of the demo.
+type sizes struct {
+	bulk      int           // jobs of the noisy tenant's burst
+	tiny      int           // jobs of the small tenant
+	tinyEvery time.Duration // between the small tenant's jobs
+}
+
+func run(ctx context.Context, redisURL string, short bool, out io.Writer) (result, error) {
+	sz := sizes{bulk: 2000, tiny: 10, tinyEvery: 200 * time.Millisecond}
+	if redisURL != "" {
+		// A real Redis serves the workers faster than the embedded one: it
+		// takes a larger burst to show the queueing.
+		sz.bulk = 20000
+	}
+	if short {
+		sz = sizes{bulk: 600, tiny: 5, tinyEvery: 200 * time.Millisecond}
+	}
+	var res result
+	fmt.Fprintf(out, "The noisy tenant \"bulk\" (rate=50/s) enqueues %d jobs at once; right after, the small\n", sz.bulk)
+	fmt.Fprintf(out, "tenant \"tiny\" (no limit) enqueues a job every %s. How long does tiny wait to start?\n\n", sz.tinyEvery)
+	var err error
+	for i, policy := range []string{"rate=50/s", "rate=50/s shape=true"} {
+		p, perr := runPhase(ctx, redisURL, policy, sz, i)
+		if perr != nil {
+			return res, perr
+		}
+		if i == 0 {
+			res.plain = p
+		} else {
+			res.shaped = p
+		}
+		fmt.Fprintf(out, "bulk %-21s tiny waited %5.2fs (median), %5.2fs (worst); bulk jobs in the pending list: %d\n",
+			policy+":", p.median().Seconds(), p.worst().Seconds(), p.pending)
+	}
+	fmt.Fprintln(out)
+	if res.ok() {
+		fmt.Fprintln(out, "With shape=true, bulk's jobs waited for their slots in asynq's schedule instead of in the")
+		fmt.Fprintln(out, "pending list, so tiny's jobs were next in line as soon as they were enqueued.")
+	} else {
+		fmt.Fprintln(out, "UNEXPECTED: shaping did not halve tiny's median wait.")
+	}
+	return res, err
+}
+
+func runPhase(ctx context.Context, redisURL, policy string, sz sizes, n int) (phase, error) {
+	ph := phase{policy: policy}
+	env, err := demo.Start(ctx, redisURL, fmt.Sprintf("shaping%d", n))
+	if err != nil {
+		return ph, err
+	}
+	defer env.Close()
+	rdb := env.Client()
+	lim, err := throttle.NewLimiter(rdb, &throttle.Config{Prefix: env.Prefix})
+	if err != nil {
+		return ph, err
+	}
+	defer lim.Close()
+	p, err := throttle.ParsePolicy(policy)
+	if err != nil {
+		return ph, err
+	}
+	if err := lim.Policies().Set(ctx, "bulk", p); err != nil {
+		return ph, err
+	}
+
+	// One worker; tiny's jobs record how long they waited.
+	var (
+		mu       sync.Mutex
+		enqueued = map[string]time.Time{}
+		done     = make(chan struct{})
+	)
+	srv, err := worker.New(rdb, &worker.Config{
+		Limiter: lim,
+		Asynq:   asynq.Config{Queues: map[string]int{env.Queue: 1}, LogLevel: asynq.FatalLevel},
+		Gate:    worker.GateConfig{Logger: slog.New(slog.DiscardHandler)},
+	})
+	if err != nil {
+		return ph, err
+	}
+	srv.HandleFunc("bulk", func(context.Context, *asynq.Task) error { return nil })
+	srv.HandleFunc("tiny", func(ctx context.Context, t *asynq.Task) error {
+		now := time.Now()
+		mu.Lock()
+		defer mu.Unlock()
+		ph.waits = append(ph.waits, now.Sub(enqueued[string(t.Payload())]))
+		if len(ph.waits) == sz.tiny {
+			close(done)
+		}
+		return nil
+	})
+	if err := srv.Start(); err != nil {
+		return ph, err
+	}
+	defer srv.Shutdown()
+
+	producer, err := queue.New(rdb, &queue.Config{Limiter: lim})
+	if err != nil {
+		return ph, err
+	}
+	defer producer.Close()
+	jobs := make([]queue.Job, sz.bulk)
+	for i := range jobs {
+		jobs[i] = queue.Job{Tenant: "bulk", Task: asynq.NewTask("bulk", nil), Options: []asynq.Option{asynq.Queue(env.Queue)}}
+	}
+	for _, r := range producer.EnqueueBatch(ctx, jobs) {
+		if r.Err != nil {
+			return ph, r.Err
+		}
+	}
+	if info, err := asynq.NewInspectorFromRedisClient(rdb).GetQueueInfo(env.Queue); err == nil {
+		ph.pending = info.Pending
+	}
+	for i := 0; i < sz.tiny; i++ {
+		id := fmt.Sprint(i)
+		mu.Lock()
+		enqueued[id] = time.Now()
+		mu.Unlock()
+		if _, err := producer.Enqueue(ctx, "tiny", asynq.NewTask("tiny", []byte(id)), asynq.Queue(env.Queue)); err != nil {
+			return ph, err
+		}
+		time.Sleep(sz.tinyEvery)
+	}
+	select {
+	case <-done:
+	case <-time.After(2 * time.Minute):
+		return ph, errors.New("tiny's jobs did not all run within 2 minutes")
+	}
+	mu.Lock()
+	sort.Slice(ph.waits, func(i, j int) bool { return ph.waits[i] < ph.waits[j] })
+	mu.Unlock()
+	return ph, nil
+}
