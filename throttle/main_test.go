@@ -63,7 +63,13 @@ type env struct {
 // a fake clock.
 func setup(t *testing.T, real bool, cfg *Config) *env {
 	t.Helper()
-	client := redistest.UniversalClient(t)
+	return setupOn(t, redistest.UniversalClient(t), real, cfg)
+}
+
+// setupOn is setup over the given client: cluster_test.go runs the same
+// sequence on a single server and on a Cluster side by side.
+func setupOn(t *testing.T, client redis.UniversalClient, real bool, cfg *Config) *env {
+	t.Helper()
 	prefix := redistest.Prefix(t)
 	var c Config
 	if cfg != nil {

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/sluicehq/sluice/internal/redistest"
 )
 
 // TestMergedCallsMatchSingle runs the same admissions once one call per
@@ -15,6 +17,7 @@ import (
 // policies, costs, reservations, @global), at the same fake times: the
 // decisions must be identical, so merging never changes an answer.
 func TestMergedCallsMatchSingle(t *testing.T) {
+	redistest.SkipOnCluster(t, "merges different tenants' calls into one script run, which a Cluster refuses (CROSSSLOT); the limiter never merges on a Cluster")
 	t.Parallel()
 	ctx := context.Background()
 	policies := map[string]string{

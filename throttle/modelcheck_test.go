@@ -94,16 +94,32 @@ func TestModel(t *testing.T) {
 // deleted as soon as their TTL (counted on the fake clock) runs out, which
 // must not change any decision either.
 func runModel(t *testing.T, mix modelMix, seed uint64, steps int, expire bool) (deleted int) {
-	e := setup(t, false, &Config{Horizon: 30 * time.Second, Grace: 2 * time.Second})
-	e.lim.noExpire = !expire
+	return runModelOn(t, []*env{setup(t, false, modelConfig)}, mix, seed, steps, expire)
+}
+
+var modelConfig = &Config{Horizon: 30 * time.Second, Grace: 2 * time.Second}
+
+// runModelOn runs one scenario on several limiters side by side (a single
+// server and a Cluster, say), each with its own reference model: on a
+// Cluster the model is admitAsCluster's. Until a model records something
+// only a Cluster leaves behind, every limiter must reach the same decisions.
+func runModelOn(t *testing.T, envs []*env, mix modelMix, seed uint64, steps int, expire bool) (deleted int) {
 	ctx := context.Background()
-	m := newModel(e.lim.cfg)
+	models := make([]*model, len(envs))
+	expiries := make([]map[string]time.Time, len(envs)) // fake-clock time each key dies at
+	for i, e := range envs {
+		e.lim.noExpire = !expire
+		models[i] = newModel(e.lim.cfg)
+		expiries[i] = map[string]time.Time{}
+	}
 	apply := func(policies map[string]string) {
 		for name, text := range policies {
 			p, err := ParsePolicy(text)
 			require.NoError(t, err)
-			require.NoError(t, e.store.Set(ctx, name, p))
-			m.policies[name] = p
+			for i, e := range envs {
+				require.NoError(t, e.store.Set(ctx, name, p))
+				models[i].policies[name] = p
+			}
 		}
 	}
 	apply(mix.policies)
@@ -112,31 +128,38 @@ func runModel(t *testing.T, mix modelMix, seed uint64, steps int, expire bool) (
 	for i := range ids {
 		ids[i] = fmt.Sprintf("job-%d", i)
 	}
-	expiries := map[string]time.Time{} // fake-clock time each key dies at
 	var tally [4]int
 	for step := 0; step < steps; step++ {
 		if mix.change != nil && step == steps/2 {
 			apply(mix.change)
 		}
 		// advance the clock
+		var advance time.Duration
 		switch r := rng.IntN(100); {
 		case r < 20:
 		case r < 70:
-			e.clock.Advance(time.Duration(rng.IntN(50_000)) * time.Microsecond)
+			advance = time.Duration(rng.IntN(50_000)) * time.Microsecond
 		case r < 95:
-			e.clock.Advance(time.Duration(50_000+rng.IntN(450_000)) * time.Microsecond)
+			advance = time.Duration(50_000+rng.IntN(450_000)) * time.Microsecond
 		default:
-			e.clock.Advance(time.Duration(rng.Int64N(int64(mix.maxStep))))
+			advance = time.Duration(rng.Int64N(int64(mix.maxStep)))
 		}
-		now := e.clock.Now()
-		if expire {
-			deleted += expireKeys(t, e, expiries, now)
+		for i, e := range envs {
+			e.clock.Advance(advance)
+			if expire {
+				n := expireKeys(t, e, expiries[i], e.clock.Now())
+				if i == 0 {
+					deleted += n
+				}
+			}
 		}
+		now := envs[0].clock.Now()
 		tenant := mix.tenants[rng.IntN(len(mix.tenants))]
 		id := ids[rng.IntN(len(ids))]
 		where := fmt.Sprintf("%s step %d at +%s tenant %q job %s", mix.name, step, now.Sub(time.Unix(0, 0)).Truncate(time.Millisecond), tenant, id)
-		switch r := rng.IntN(100); {
-		case r < 70:
+		op := rng.IntN(100)
+		switch {
+		case op < 70:
 			cost := int64(1)
 			if rng.IntN(4) == 0 {
 				cost = 2
@@ -151,31 +174,47 @@ func runModel(t *testing.T, mix modelMix, seed uint64, steps int, expire bool) (
 				req.DryRun = true
 				flags |= flagDry
 			}
-			var got Decision
-			var err error
-			if rng.IntN(10) == 0 {
+			plan := rng.IntN(10) == 0
+			if plan {
 				flags = flagReserve | flagPlan
-				got, err = e.lim.Reserve(ctx, tenant, id, cost)
-			} else {
-				got, err = e.lim.Do(ctx, req)
 			}
-			require.NoError(t, err, where)
-			want := m.admit(now.UnixMicro(), tenant, id, cost, flags)
-			requireSameDecision(t, want, got, where)
+			var first Decision
+			for i, e := range envs {
+				var got Decision
+				var err error
+				if plan {
+					got, err = e.lim.Reserve(ctx, tenant, id, cost)
+				} else {
+					got, err = e.lim.Do(ctx, req)
+				}
+				lane := fmt.Sprintf("%s (limiter %d of %d)", where, i+1, len(envs))
+				require.NoError(t, err, lane)
+				want := models[i].admitOn(e.lim.cluster, now.UnixMicro(), tenant, id, cost, flags)
+				requireSameDecision(t, want, got, lane)
+				if i == 0 {
+					first = got
+				} else if !anyResidue(models) {
+					requireSameDecision(t, decisionOf(first), got, lane+": differs from limiter 1")
+				}
+			}
 			tally[0]++
-			if got.Allowed {
+			if first.Allowed {
 				tally[1]++
 			}
-			if got.Reserved {
+			if first.Reserved {
 				tally[2]++
 			}
-		case r < 85:
-			require.NoError(t, e.lim.Release(ctx, tenant, id), where)
-			m.release(tenant, id)
-		case r < 97:
-			ok, err := e.lim.Renew(ctx, tenant, id)
-			require.NoError(t, err, where)
-			require.Equal(t, m.renew(now.UnixMicro(), tenant, id), ok, "renew: "+where)
+		case op < 85:
+			for i, e := range envs {
+				require.NoError(t, e.lim.Release(ctx, tenant, id), where)
+				models[i].release(tenant, id)
+			}
+		case op < 97:
+			for i, e := range envs {
+				ok, err := e.lim.Renew(ctx, tenant, id)
+				require.NoError(t, err, where)
+				require.Equal(t, models[i].renew(now.UnixMicro(), tenant, id), ok, "renew: "+where)
+			}
 		default:
 			if tenant == "" {
 				continue
@@ -184,13 +223,22 @@ func runModel(t *testing.T, mix modelMix, seed uint64, steps int, expire bool) (
 			if d == 0 {
 				d = time.Millisecond
 			}
-			until, err := e.lim.Cooldown(ctx, tenant, d)
-			require.NoError(t, err, where)
-			require.Equal(t, m.cooldown(now.UnixMicro(), tenant, micros(d)), until.UnixMicro(), "cooldown: "+where)
+			for i, e := range envs {
+				until, err := e.lim.Cooldown(ctx, tenant, d)
+				require.NoError(t, err, where)
+				require.Equal(t, models[i].cooldown(now.UnixMicro(), tenant, micros(d)), until.UnixMicro(), "cooldown: "+where)
+			}
 			tally[3]++
 		}
-		if expire {
-			recordExpiries(t, e, expiries, now, tenant)
+		for i, e := range envs {
+			if expire {
+				recordExpiries(t, e, expiries[i], now, tenant)
+			} else if op >= 85 {
+				// renew.lua and cooldown.lua set TTLs of their own, which
+				// real time (slower or faster than the fake clock) must not
+				// run out
+				persistKeys(t, e, tenant)
+			}
 		}
 	}
 	t.Logf("%s: %d decisions, %d allowed, %d reserved, %d cooldowns", mix.name, tally[0], tally[1], tally[2], tally[3])
@@ -242,6 +290,18 @@ func recordExpiries(t *testing.T, e *env, expiries map[string]time.Time, now tim
 				expiries[k] = at
 			}
 			require.NoError(t, e.client.Persist(ctx, k).Err())
+		}
+	}
+}
+
+// persistKeys removes the TTLs of the keys of tenant and @global.
+func persistKeys(t *testing.T, e *env, tenant string) {
+	ctx := context.Background()
+	for _, s := range []string{tenant, GlobalPolicy} {
+		if s != "" {
+			for _, k := range keysFor(e.prefix, s).admitKeys() {
+				require.NoError(t, e.client.Persist(ctx, k).Err())
+			}
 		}
 	}
 }

@@ -30,6 +30,13 @@ import (
 // The steps are not one transaction: between them another job may see the
 // tenant charged for a moment, which can only make that job more cautious.
 // A failed refund leaves a scope charged, which is the cautious side too.
+//
+// Two traces remain when @global denies a job its tenant alone admits,
+// because admit.lua does not report the values its tenant step replaced: a
+// job that already held its tenant's concurrency slot (a redelivery) keeps
+// the lease that step renewed, so the slot is held at most one lease longer;
+// and a reservation the job started on is put back at the refund's time, so
+// its grace counts from then. cluster_test.go's model carries both.
 
 // The kinds of answer admit.lua gives for one scope, weakest first.
 const (
