@@ -2,9 +2,14 @@
 GO ?= go
 REDIS_SERVER ?= redis-server
 
-.PHONY: test deps vet unit cluster bench bench-engine bench-worker bench-fleet
+.PHONY: test deps vet unit cluster test-cluster bench bench-engine bench-worker bench-fleet
 
-test: deps vet unit
+# CLUSTER_PKGS run their suites a second time on a local three-master Redis
+# Cluster. A package opts in by taking redistest.UniversalClient in its
+# tests (see internal/redistest).
+CLUSTER_PKGS ?= ./throttle/
+
+test: deps vet unit cluster
 
 # deps makes sure every program the tests start is present: redis-server
 # comes from the system's packages. As root it is installed; otherwise the
@@ -28,6 +33,11 @@ vet:
 
 unit:
 	$(GO) test -race -count=1 -timeout 15m ./...
+
+# cluster is the Cluster pass: SLUICE_TEST_CLUSTER=1 makes the shared test
+# client a Cluster client.
+cluster test-cluster: deps
+	SLUICE_TEST_CLUSTER=1 $(GO) test -race -count=1 -timeout 5m $(CLUSTER_PKGS)
 
 bench-engine: deps
 	$(GO) test -run '^$$' -bench . -benchtime 3s ./throttle/
