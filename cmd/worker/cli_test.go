@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,6 +18,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -55,6 +57,7 @@ func TestCLI(t *testing.T) {
 		"HandBack":      testHandBack,
 		"Memory":        testMemory,
 		"JSONLogLevels": testJSONLogLevels,
+		"HTTPJobs":      testHTTPJobs,
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -481,4 +484,46 @@ func testJSONLogLevels(t *testing.T, b *bins) {
 	})
 	require.Equal(t, 0, w.stop(syscall.SIGTERM, 20*time.Second))
 	require.Empty(t, w.stderr.String())
+}
+
+// testHTTPJobs: the built-in http handler calls the URL of the payload; a
+// 429 with Retry-After pauses the tenant and the job runs again after it.
+func testHTTPJobs(t *testing.T, b *bins) {
+	url, prefix, q := redistest.URL(t), redistest.Prefix(t), qname(t)
+	var okCalls, busyCalls atomic.Int64
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/ok":
+			require.Equal(t, http.MethodPost, r.Method)
+			require.Equal(t, "yes", r.Header.Get("X-Test"))
+			okCalls.Add(1)
+		case "/busy":
+			if busyCalls.Add(1) == 1 {
+				w.Header().Set("Retry-After", "1")
+				w.WriteHeader(http.StatusTooManyRequests)
+				return
+			}
+		}
+	}))
+	defer api.Close()
+	w := startWorker(t, b, "--redis", url, "--prefix", prefix, "--queues", q, "--admin", "127.0.0.1:0")
+	admin := w.admin()
+	env := map[string]string{"SLUICE_REDIS_URL": url}
+	for _, payload := range []string{
+		`{"method":"POST","url":"` + api.URL + `/ok","headers":{"X-Test":"yes"},"body":"hi","timeout_ms":5000}`,
+		`{"url":"` + api.URL + `/busy"}`,
+	} {
+		r := runBin(t, b.enqueue, env, "--prefix", prefix, "--queue", q, "--tenant", "acme", "--type", "http", "--payload", payload, "--max-retry", "0")
+		require.Equal(t, 0, r.code, r.stderr)
+	}
+	waitFor(t, "both http jobs done", 30*time.Second, func() bool {
+		return metric(t, admin, `sluice_worker_handler_outcomes_total{outcome="success"}`) == 2
+	})
+	require.EqualValues(t, 1, okCalls.Load())
+	require.EqualValues(t, 2, busyCalls.Load(), "the 429 job ran again after the cooldown")
+	require.EqualValues(t, 1, metric(t, admin, `sluice_worker_handler_outcomes_total{outcome="cooldown"}`))
+	require.Equal(t, 0, w.stop(syscall.SIGTERM, 20*time.Second))
+	info, err := asynq.NewInspectorFromRedisClient(redistest.Client(t)).GetQueueInfo(q)
+	require.NoError(t, err)
+	require.Zero(t, info.Archived, "a 429 at MaxRetry(0) is not archived")
 }

@@ -11,11 +11,18 @@ import (
 	"github.com/sluicehq/sluice/throttle"
 )
 
-// jitterAllowance is how much the fake API forgives in its time-based
-// limits: the time between sluice admitting a job and the job's request
-// reaching the API (scheduling, the HTTP round trip) varies by a few
-// milliseconds from job to job, and by more on a busy machine.
+// jitterAllowance is how much the fake API forgives in its rate limits:
+// the time between sluice admitting a job and the job's request reaching
+// the API (scheduling, the HTTP round trip) varies by a few milliseconds
+// from job to job, and by more on a busy machine.
 const jitterAllowance = 100 * time.Millisecond
+
+// windowAllowance is the same for a sliding window, whose limit is reached
+// by a whole burst of requests at once: the first requests of a burst reach
+// the API later than the rest when the machine is busy.
+func windowAllowance(w *throttle.Window) time.Duration {
+	return max(jitterAllowance, w.Period/10)
+}
 
 // api is the fake downstream: an HTTP API that enforces each tenant's
 // limits itself, as a real third-party API would, answers 429 with
@@ -125,7 +132,7 @@ func (t *apiTenant) admit(now time.Time) string {
 	}
 	inWin := 0
 	if w := t.window; w != nil {
-		from := now.Add(-(w.Period - jitterAllowance))
+		from := now.Add(-(w.Period - windowAllowance(w)))
 		i := sort.Search(len(t.arrivals), func(i int) bool { return t.arrivals[i].After(from) })
 		inWin = len(t.arrivals) - i
 		if int64(inWin) >= w.Limit {

@@ -89,6 +89,9 @@ type options struct {
 	plainEvery time.Duration
 	// deadline bounds the whole run; jobs not done by then are reported.
 	deadline time.Duration
+	// rateLow is the least fraction of its limit a rate-limited tenant
+	// must achieve; rateLowDefault when zero.
+	rateLow float64
 }
 
 // run runs the demo and returns its report.
@@ -125,7 +128,8 @@ func run(ctx context.Context, o options) (*report, error) {
 		return nil, err
 	}
 	defer api.close()
-	defer http.DefaultClient.CloseIdleConnections()
+	httpClient := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 200, IdleConnTimeout: 30 * time.Second}}
+	defer httpClient.CloseIdleConnections()
 
 	// The fleet: three workers, each with its own connection pool, as three
 	// processes would have.
@@ -157,7 +161,10 @@ func run(ctx context.Context, o options) (*report, error) {
 		if err != nil {
 			return nil, err
 		}
-		worker.RegisterBuiltins(srv)
+		// The built-in http handler, with a client that keeps a connection
+		// per running request (http.DefaultClient, which RegisterBuiltins
+		// uses, keeps 2 per host and would dial for most requests).
+		srv.Handle(worker.TypeHTTP, &worker.HTTPHandler{Client: httpClient})
 		if err := srv.Start(); err != nil {
 			return nil, err
 		}
@@ -258,13 +265,17 @@ func run(ctx context.Context, o options) (*report, error) {
 	elapsed := time.Since(start)
 	v.draw(context.WithoutCancel(ctx), counts())
 
-	rep := &report{where: where, elapsed: elapsed, failures: failures, short: o.short}
+	rateLow := o.rateLow
+	if rateLow == 0 {
+		rateLow = rateLowDefault
+	}
+	rep := &report{where: where, elapsed: elapsed, failures: failures, short: o.short, rateLow: rateLow}
 	waiting, err := waitingJobs(newClient, qname)
 	if err != nil {
 		rep.failures = append(rep.failures, "count the jobs still queued: "+err.Error())
 	}
 	for _, t := range specs {
-		rep.tenants = append(rep.tenants, tenantReport(t, api.view(t.name), enqueued[t.name], waiting[t.name]))
+		rep.tenants = append(rep.tenants, tenantReport(t, api.view(t.name), enqueued[t.name], waiting[t.name], rateLow))
 	}
 	v.final()
 	return rep, nil

