@@ -70,8 +70,11 @@ type GateConfig struct {
 	// the least; it must exceed asynq's DelayedTaskCheckInterval and match
 	// the producers' queue.Config.Lead. LeadDefault when zero.
 	Lead time.Duration
-	// BackoffMin and BackoffMax bound the capped, jittered exponential
-	// backoff of jobs deferred because the gate could not decide.
+	// BackoffMin and BackoffMax bound the delay of jobs deferred because
+	// the gate could not reach Redis: twice the time since the errors
+	// began, jittered, so a job deferred again and again waits about twice
+	// as long each time. A job whose cost no rule can admit is deferred by
+	// about BackoffMax. BackoffMinDefault and BackoffMaxDefault when zero.
 	BackoffMin, BackoffMax time.Duration
 	// CallTimeout bounds each call to Redis. CallTimeoutDefault when zero.
 	CallTimeout time.Duration

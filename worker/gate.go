@@ -224,8 +224,9 @@ func (g *Gate) process(ctx context.Context, j *job, next asynq.Handler) error {
 		}
 		if d.Allowed {
 			g.m.decision(j.tenant, verdictAllowed, "")
-			g.m.wait.Observe(time.Since(start).Seconds())
-			return g.run(ctx, j, d.Lease, next)
+			waited := time.Since(start)
+			g.m.wait.Observe(waited.Seconds())
+			return g.run(ctx, j, Admission{Tenant: j.tenant, ID: j.id, Cost: j.cost, Decision: d, Waited: waited}, next)
 		}
 		g.m.decision(j.tenant, verdictDenied, d.Rule)
 		left := budget - time.Since(start)
@@ -282,6 +283,35 @@ func (g *Gate) decide(ctx context.Context, j *job, reserve bool) (throttle.Decis
 		}
 	}()
 	return throttle.Decision{}, fmt.Errorf("admit job %s of tenant %q: no answer within %s: %w", j.id, j.tenant, g.cfg.CallTimeout, cctx.Err())
+}
+
+// Admission describes how the gate admitted the job a handler runs; get it
+// with AdmissionFrom.
+type Admission struct {
+	// Tenant is the tenant the job was admitted for; "" when it follows
+	// @global only (a tenant header that could not be used included).
+	Tenant string
+	// ID is the job's identity, which holds its reservation and slots.
+	ID string
+	// Cost is what the job weighed on its rules.
+	Cost int64
+	// Decision is the limiter's decision; its Now is the Redis time of
+	// the admission. Zero when FailOpen.
+	Decision throttle.Decision
+	// Waited is how long this delivery of the job waited in the worker.
+	Waited time.Duration
+	// FailOpen reports that Redis could not be reached and the job's
+	// policy let it run unthrottled.
+	FailOpen bool
+}
+
+type admissionKey struct{}
+
+// AdmissionFrom returns how the gate admitted the job whose handler got
+// ctx; false outside the gate.
+func AdmissionFrom(ctx context.Context) (Admission, bool) {
+	a, ok := ctx.Value(admissionKey{}).(Admission)
+	return a, ok
 }
 
 // canWait reports whether the job's own deadline leaves room to wait d and
@@ -368,7 +398,7 @@ func (g *Gate) gateError(ctx context.Context, j *job, err error, next asynq.Hand
 	if perr == nil && pol != nil && pol.FailOpen {
 		g.m.decision(j.tenant, verdictFailOpen, "")
 		g.warn(errRedis, "sluice: cannot reach Redis; running the job unthrottled (fail_open=true)", "task", j.taskID, "tenant", j.tenant, "err", err)
-		return g.run(ctx, j, 0, next)
+		return g.run(ctx, j, Admission{Tenant: j.tenant, ID: j.id, Cost: j.cost, FailOpen: true, Waited: time.Since(start)}, next)
 	}
 	delay := g.backoff()
 	g.warn(errRedis, "sluice: cannot reach Redis; deferring the job (fail closed)", "task", j.taskID, "tenant", j.tenant, "retry_in", delay, "err", err)
@@ -389,7 +419,9 @@ func (g *Gate) backoff() time.Duration {
 
 // run calls the handler of an admitted job, renewing its lease while it
 // runs, and releases what the job holds when it returns or panics.
-func (g *Gate) run(ctx context.Context, j *job, lease time.Duration, next asynq.Handler) (err error) {
+func (g *Gate) run(ctx context.Context, j *job, a Admission, next asynq.Handler) (err error) {
+	lease := a.Decision.Lease
+	ctx = context.WithValue(ctx, admissionKey{}, a)
 	gauge := g.m.running(j.tenant)
 	gauge.Inc()
 	defer gauge.Dec()

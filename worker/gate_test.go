@@ -26,7 +26,7 @@ func TestConcurrencyHeldWhileRunningAndReleased(t *testing.T) {
 	e := setup(t, nil)
 	e.policy(t, "acme", "concurrency=2 lease=3s")
 	rec := newRecorder(100 * time.Millisecond)
-	srv := e.server(t, nil)
+	srv := e.server(t, func(c *worker.Config) { c.Gate.TenantLabels = true })
 	srv.Handle("job", rec)
 	require.NoError(t, srv.Start())
 	e.enqueue(t, "acme", 12, "")
@@ -38,7 +38,7 @@ func TestConcurrencyHeldWhileRunningAndReleased(t *testing.T) {
 		return st.Concurrency.InFlight == 0
 	}, "every slot released")
 	g := srv.Gate().Gatherer()
-	require.Equal(t, 12.0, metric(t, g, "sluice_worker_handler_outcomes_total", map[string]string{"outcome": "success"}))
+	require.Equal(t, 12.0, metric(t, g, "sluice_worker_handler_outcomes_total", map[string]string{"outcome": "success", "tenant": "acme"}))
 	require.Equal(t, 12.0, metric(t, g, "sluice_worker_decisions_total", map[string]string{"verdict": "allowed"}))
 	require.Zero(t, metric(t, g, "sluice_worker_in_flight", nil))
 }
@@ -441,4 +441,25 @@ func mustQueue(tb testing.TB, sluiceRedis *redis.Client, lim *throttle.Limiter, 
 	require.NoError(tb, err)
 	tb.Cleanup(func() { require.NoError(tb, q.Close()) })
 	return q
+}
+
+func TestRunShutsDownWhenTheContextEnds(t *testing.T) {
+	t.Parallel()
+	e := setup(t, nil)
+	rec := newRecorder(0)
+	srv := e.server(t, nil)
+	srv.Handle("job", rec)
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan error, 1)
+	go func() { ran <- srv.Run(ctx) }()
+	e.enqueue(t, "acme", 3, "")
+	eventually(t, 10*time.Second, func() bool { return rec.doneCount() == 3 }, "jobs done while running")
+	cancel()
+	select {
+	case err := <-ran:
+		require.NoError(t, err)
+	case <-time.After(15 * time.Second):
+		t.Fatal("Run did not return after its context ended")
+	}
+	require.ErrorIs(t, srv.Start(), asynq.ErrServerClosed)
 }

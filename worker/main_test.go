@@ -121,12 +121,19 @@ func (e *env) queueInfo(tb testing.TB) *asynq.QueueInfo {
 // eventually waits for cond, failing the test after timeout.
 func eventually(tb testing.TB, timeout time.Duration, cond func() bool, format string, args ...any) {
 	tb.Helper()
+	poll(tb, timeout, 10*time.Millisecond, cond, format, args...)
+}
+
+// poll checks cond every interval until it holds, failing the test after
+// timeout.
+func poll(tb testing.TB, timeout, interval time.Duration, cond func() bool, format string, args ...any) {
+	tb.Helper()
 	deadline := time.Now().Add(timeout)
 	for !cond() {
 		if time.Now().After(deadline) {
 			tb.Fatalf("timed out after %s waiting for: %s", timeout, fmt.Sprintf(format, args...))
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(interval)
 	}
 }
 
@@ -215,17 +222,22 @@ func (r *recorder) startTimes() []time.Time {
 // given rate (per second) and burst, and counts the starts it would have
 // refused.
 func nonConforming(starts []time.Time, rate float64, burst int) int {
+	return len(nonConformingAt(starts, rate, burst))
+}
+
+// nonConformingAt returns the indexes of the starts nonConforming counts.
+func nonConformingAt(starts []time.Time, rate float64, burst int) []int {
 	if len(starts) == 0 {
-		return 0
+		return nil
 	}
 	interval := float64(time.Second) / rate
 	tau := interval * float64(burst-1)
 	tat := float64(starts[0].UnixNano())
-	bad := 0
-	for _, s := range starts {
+	var bad []int
+	for i, s := range starts {
 		t := float64(s.UnixNano())
 		if t < tat-tau-1000 { // 1µs for float rounding
-			bad++
+			bad = append(bad, i)
 			continue
 		}
 		tat = max(tat, t) + interval

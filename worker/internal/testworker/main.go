@@ -6,7 +6,7 @@
 //
 // Each event is one list element, fields separated by "|":
 //
-//	S|identity|task id|tenant|pid|unix µs|retried
+//	S|identity|task id|tenant|pid|unix µs|retried|admitted (Redis time, µs; 0 without a decision)
 //	E|identity|task id|tenant|pid|unix µs
 //
 // The "rec" payload is {"ms": N}: the job sleeps N ms between its events.
@@ -102,7 +102,11 @@ func run() error {
 			f := append([]string{kind, id, taskID, tenant, fmt.Sprint(pid), fmt.Sprint(time.Now().UnixMicro())}, extra...)
 			return rdb.RPush(context.WithoutCancel(ctx), *events, strings.Join(f, "|")).Err()
 		}
-		if err := ev("S", fmt.Sprint(retried)); err != nil {
+		admitted := int64(0)
+		if a, ok := worker.AdmissionFrom(ctx); ok && !a.FailOpen {
+			admitted = a.Decision.Now.UnixMicro()
+		}
+		if err := ev("S", fmt.Sprint(retried), fmt.Sprint(admitted)); err != nil {
 			return err
 		}
 		timer := time.NewTimer(time.Duration(p.MS) * time.Millisecond)
