@@ -62,19 +62,10 @@ local function fmt(v)
   return format('%d', v)
 end
 
-local PF, AF = {}, {}
-for i = 1, 16 do
-  PF[i], AF[i] = 'p' .. i, 'a' .. i
-end
-
--- small numbers (counts, flags, indexes) are looked up instead of parsed
-local SMALL = {}
-for i = 0, 64 do
-  SMALL[tostring(i)] = i
-end
-local function num(s)
-  return SMALL[s] or tonumber(s)
-end
+-- field names of the rate meters (a policy has at most 12 rates)
+local PF = { 'p1', 'p2', 'p3', 'p4', 'p5', 'p6', 'p7', 'p8', 'p9', 'p10', 'p11', 'p12' }
+local AF = { 'a1', 'a2', 'a3', 'a4', 'a5', 'a6', 'a7', 'a8', 'a9', 'a10', 'a11', 'a12' }
+local num = tonumber
 
 local now
 local clock = tonumber(ARGV[1])

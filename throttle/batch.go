@@ -58,9 +58,10 @@ func (b *batcher) run(ctx context.Context, script *redis.Script, keys []string, 
 	return b.do(ctx, script, keys, args, nil)
 }
 
-// runAdmit executes admit.lua for one op, alone or merged with others.
-func (b *batcher) runAdmit(ctx context.Context, keys []string, aa *admitArgs) (any, error) {
-	return b.do(ctx, lua.Admit, keys, nil, aa)
+// runAdmit executes an admission script (admit.lua or admit_fast.lua) for
+// one op, alone or merged with others of the same script.
+func (b *batcher) runAdmit(ctx context.Context, script *redis.Script, keys []string, aa *admitArgs) (any, error) {
+	return b.do(ctx, script, keys, nil, aa)
 }
 
 func (b *batcher) do(ctx context.Context, script *redis.Script, keys []string, args []any, aa *admitArgs) (any, error) {
@@ -187,9 +188,10 @@ func (u *unit) deliver(cmd *redis.Cmd) {
 		return
 	}
 	ops, ok := res.([]any)
-	// admit.lua adds the decisions' time after the ops
+	// the admission scripts add the decisions' time after the ops
+	admit := u.calls[0].admit != nil
 	want := len(u.calls)
-	if u.script == lua.Admit {
+	if admit {
 		want++
 	}
 	if err == nil && (!ok || len(ops) != want) {
@@ -198,7 +200,7 @@ func (u *unit) deliver(cmd *redis.Cmd) {
 	for i, c := range u.calls {
 		if err != nil {
 			c.res, c.err = nil, err
-		} else if u.script == lua.Admit {
+		} else if admit {
 			c.res, c.err = []any{ops[i], ops[len(ops)-1]}, nil
 		} else {
 			c.res, c.err = []any{ops[i]}, nil
@@ -218,13 +220,13 @@ var mergeable = map[*redis.Script]int{lua.Release: 2, lua.Renew: 2}
 func (b *batcher) units(batch []*call) []*unit {
 	out := make([]*unit, 0, len(batch))
 	merged := map[*redis.Script]*unit{}
-	var admits []*call
+	admits := map[*redis.Script][]*call{}
 	for _, c := range batch {
 		if c.admit != nil {
 			if b.cluster {
 				out = append(out, &unit{script: c.script, keys: c.keys, args: c.admit.flatten(), calls: []*call{c}})
 			} else {
-				admits = append(admits, c)
+				admits[c.script] = append(admits[c.script], c)
 			}
 			continue
 		}
@@ -251,8 +253,8 @@ func (b *batcher) units(batch []*call) []*unit {
 			u.args[1] = len(u.calls)
 		}
 	}
-	if len(admits) > 0 {
-		out = append(out, mergeAdmits(admits))
+	for _, calls := range admits {
+		out = append(out, mergeAdmits(calls))
 	}
 	return out
 }
@@ -260,11 +262,12 @@ func (b *batcher) units(batch []*call) []*unit {
 // mergeAdmits puts admissions into one admit.lua run: each distinct policy
 // is sent (and read by the script) once, and the ops refer to it.
 func mergeAdmits(calls []*call) *unit {
+	script := calls[0].script
 	if len(calls) == 1 {
 		c := calls[0]
-		return &unit{script: lua.Admit, keys: c.keys, args: c.admit.flatten(), calls: calls}
+		return &unit{script: script, keys: c.keys, args: c.admit.flatten(), calls: calls}
 	}
-	u := &unit{script: lua.Admit, calls: calls}
+	u := &unit{script: script, calls: calls}
 	index := map[policyKey]int{}
 	var policies [][]any
 	var ops []any

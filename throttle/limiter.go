@@ -301,7 +301,7 @@ func (l *Limiter) do(ctx context.Context, req Request, flags int) (Decision, err
 func (l *Limiter) admitOnce(ctx context.Context, id string, cost int64, flags int, scopes []scope, notBefore int64) (Decision, error) {
 	for attempt := 0; ; attempt++ {
 		keys, aa := l.encodeAdmit(id, cost, flags, scopes, notBefore)
-		res, err := l.batch.runAdmit(ctx, keys, aa)
+		res, err := l.batch.runAdmit(ctx, admitScript(scopes), keys, aa)
 		if err != nil {
 			if attempt == 0 && strings.Contains(err.Error(), "sluice: clock") {
 				if err := l.syncClock(ctx); err != nil {
@@ -383,6 +383,18 @@ func quotaBounds(q *Quota, now time.Time) []int64 {
 		out[i] = t.UnixMicro()
 	}
 	return out
+}
+
+// admitScript picks the script for an admission: admit_fast.lua when the
+// job has one scope whose policy has only rate and concurrency rules (most
+// jobs), admit.lua otherwise. Both decide alike.
+func admitScript(scopes []scope) *redis.Script {
+	if len(scopes) == 1 {
+		if p := scopes[0].policy; p == nil || (p.Window == nil && p.Quota == nil) {
+			return lua.AdmitFast
+		}
+	}
+	return lua.Admit
 }
 
 // admitArgs is one admission's part of admit.lua's ARGV: the policies it

@@ -18,14 +18,26 @@ import (
 // decisions must be identical, so merging never changes an answer.
 func TestMergedCallsMatchSingle(t *testing.T) {
 	redistest.SkipOnCluster(t, "merges different tenants' calls into one script run, which a Cluster refuses (CROSSSLOT); the limiter never merges on a Cluster")
+	t.Run("with @global", func(t *testing.T) {
+		testMergedCalls(t, map[string]string{
+			"*":       "rate=20/s burst=3 concurrency=4 lease=2s",
+			"@global": "rate=50/s burst=5",
+			"b":       "rate=5/s burst=2 window=8/s quota=40/hour",
+			"c":       "concurrency=2 lease=1s",
+		})
+	})
+	t.Run("fast path", func(t *testing.T) {
+		testMergedCalls(t, map[string]string{
+			"*": "rate=20/s burst=3 concurrency=4 lease=2s",
+			"b": "rate=5/s burst=2 rate=100/min burst=4",
+			"c": "concurrency=2 lease=1s",
+		})
+	})
+}
+
+func testMergedCalls(t *testing.T, policies map[string]string) {
 	t.Parallel()
 	ctx := context.Background()
-	policies := map[string]string{
-		"*":       "rate=20/s burst=3 concurrency=4 lease=2s",
-		"@global": "rate=50/s burst=5",
-		"b":       "rate=5/s burst=2 window=8/s quota=40/hour",
-		"c":       "concurrency=2 lease=1s",
-	}
 	single := setup(t, false, &Config{MaxBatch: 1})
 	merged := setup(t, false, nil)
 	for _, e := range []*env{single, merged} {
@@ -59,28 +71,47 @@ func TestMergedCallsMatchSingle(t *testing.T) {
 			require.NoError(t, err)
 			want = append(want, d)
 		}
-		// the same requests as one merged script run
-		var calls []*call
-		var scopesOf [][]scope
-		for _, r := range reqs {
-			sc, err := merged.lim.scopes(ctx, r.tenant)
-			require.NoError(t, err)
-			keys, aa := merged.lim.encodeAdmit(r.id, r.cost, r.flags, sc, 0)
-			calls = append(calls, &call{script: nil, keys: keys, admit: aa, done: make(chan struct{}, 1)})
-			scopesOf = append(scopesOf, sc)
-		}
-		u := mergeAdmits(calls)
-		res, err := u.script.Run(ctx, merged.client, u.keys, u.args...).Result()
-		require.NoError(t, err)
-		ops := res.([]any)
-		require.Len(t, ops, n+1)
-		for i := range reqs {
-			got, err := merged.lim.decode([]any{ops[i], ops[n]}, scopesOf[i])
-			require.NoError(t, err)
-			if got.Allowed && reqs[i].flags&flagHold != 0 {
-				got.Lease = want[i].Lease
+		// the same requests merged: each run of consecutive requests for
+		// the same script goes out as one script run
+		for i := 0; i < n; {
+			var calls []*call
+			var scopesOf [][]scope
+			first := i
+			for ; i < n; i++ {
+				r := reqs[i]
+				sc, err := merged.lim.scopes(ctx, r.tenant)
+				require.NoError(t, err)
+				if len(sc) == 0 {
+					// no rule applies: the limiter answers without Redis
+					if len(calls) == 0 {
+						first++
+						continue
+					}
+					break
+				}
+				if len(calls) > 0 && admitScript(sc) != calls[0].script {
+					break
+				}
+				keys, aa := merged.lim.encodeAdmit(r.id, r.cost, r.flags, sc, 0)
+				calls = append(calls, &call{script: admitScript(sc), keys: keys, admit: aa})
+				scopesOf = append(scopesOf, sc)
 			}
-			require.Equal(t, want[i], got, "round %d op %d %+v", round, i, reqs[i])
+			if len(calls) == 0 {
+				continue
+			}
+			u := mergeAdmits(calls)
+			res, err := u.script.Run(ctx, merged.client, u.keys, u.args...).Result()
+			require.NoError(t, err)
+			ops := res.([]any)
+			require.Len(t, ops, len(calls)+1)
+			for j := range calls {
+				got, err := merged.lim.decode([]any{ops[j], ops[len(calls)]}, scopesOf[j])
+				require.NoError(t, err)
+				if got.Allowed && reqs[first+j].flags&flagHold != 0 {
+					got.Lease = want[first+j].Lease
+				}
+				require.Equal(t, want[first+j], got, "round %d op %d %+v", round, first+j, reqs[first+j])
+			}
 		}
 		step := rng.IntN(200)
 		single.clock.Advance(msec(step))

@@ -35,6 +35,16 @@ var modelMixes = []modelMix{
 		maxStep:  3 * time.Second,
 	},
 	{
+		// admit_fast.lua's case: one scope, rates and concurrency only
+		name: "rates+concurrency",
+		policies: map[string]string{
+			"a": "rate=8/s burst=3 rate=100/min burst=5 concurrency=3 lease=1s",
+			"b": "concurrency=2 lease=2s",
+		},
+		tenants: []string{"a", "b"},
+		maxStep: 20 * time.Second,
+	},
+	{
 		name:     "window+concurrency",
 		policies: map[string]string{"a": "window=5/s concurrency=2 lease=2s"},
 		tenants:  []string{"a"},

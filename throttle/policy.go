@@ -31,6 +31,9 @@ const (
 	GlobalPolicy = "@global"
 )
 
+// MaxRates is the most rate rules one policy may have.
+const MaxRates = 12
+
 // MaxTenantLen is the longest tenant name, in bytes.
 const MaxTenantLen = 256
 
@@ -357,6 +360,9 @@ func splitPolicy(text string) ([]string, error) {
 // Validate checks every rule and option; the error names the field, the
 // value and what to do instead.
 func (p *Policy) Validate() error {
+	if len(p.Rates) > MaxRates {
+		return &PolicyError{"rate", strconv.Itoa(len(p.Rates)) + " rules", fmt.Sprintf("a policy has at most %d rate rules; combine them", MaxRates)}
+	}
 	for i, r := range p.Rates {
 		if err := r.validate(fmt.Sprintf("rate[%d]", i)); err != nil {
 			return &PolicyError{Msg: err.Error()}
