@@ -221,6 +221,12 @@ func TestPolicyChangeSeenByOtherWorkers(t *testing.T) {
 	other := otherWorker(t, e, time.Hour)
 	// this one learns from its version poll
 	polling := otherWorker(t, e, 0)
+	// other subscribes before anything is announced, so it hears every
+	// announcement; its watcher drops the cache once the subscription is live
+	_, _, _, err := other.policies.Resolve(ctx, "acme")
+	require.NoError(t, err)
+	heard := func(n uint64) func() bool { return func() bool { return other.policies.gen.Load() >= 1+n } }
+	require.Eventually(t, heard(0), 5*time.Second, time.Millisecond, "other's subscription never went live")
 	e.policy(t, "acme", "rate=1/s")
 	// both read and cache acme's policy
 	for _, lim := range []*Limiter{other, polling} {
@@ -231,8 +237,13 @@ func TestPolicyChangeSeenByOtherWorkers(t *testing.T) {
 
 	// through the first store: announced on pub/sub
 	e.policy(t, "acme", "concurrency=1 lease=1h")
-	_, err := e.lim.Admit(ctx, "acme", "holder")
+	_, err = e.lim.Admit(ctx, "acme", "holder")
 	require.NoError(t, err)
+	waitForRule(t, other, "concurrency", time.Second)
+	// both announcements have reached other, which may take a while on a
+	// Cluster (relayed between nodes): none is left to arrive later, and
+	// other caches acme's policy again
+	require.Eventually(t, heard(2), 5*time.Second, time.Millisecond, "other missed an announcement")
 	waitForRule(t, other, "concurrency", time.Second)
 	waitForRule(t, polling, "concurrency", time.Second)
 
