@@ -20,7 +20,7 @@ const (
 	HorizonDefault          = time.Hour
 	GraceDefault            = time.Minute
 	ToleranceDefault        = 2 * time.Millisecond
-	ConcurrencyRetryDefault = time.Second
+	ConcurrencyRetryDefault = 200 * time.Millisecond
 	MaxBatchDefault         = 128
 	PipelinesDefault        = 4
 )
@@ -45,8 +45,9 @@ type Config struct {
 	// absorbs the jitter of sleeping and round trips. ToleranceDefault when
 	// zero; negative means none.
 	Tolerance time.Duration
-	// ConcurrencyRetry caps the retry-after of a concurrency denial.
-	// ConcurrencyRetryDefault when zero.
+	// ConcurrencyRetry caps the retry-after of a concurrency denial: a slot
+	// freed by a finished job is not announced, so a waiting job looks again
+	// this often. ConcurrencyRetryDefault when zero.
 	ConcurrencyRetry time.Duration
 	// MaxBatch is how many concurrent decisions may share one round trip.
 	// MaxBatchDefault when zero; 1 turns sharing off.

@@ -324,7 +324,7 @@ func TestStepsQuotaCron(t *testing.T) {
 
 func TestStepsConcurrency(t *testing.T) {
 	t.Parallel()
-	stepTable(t, nil, map[string]string{stepTenant: "concurrency=2 lease=10s"}, []step{
+	stepTable(t, &Config{ConcurrencyRetry: time.Second}, map[string]string{stepTenant: "concurrency=2 lease=10s"}, []step{
 		{id: "j1", allowed: true, check: func(t *testing.T, d Decision) {
 			require.Equal(t, int64(1), d.InFlight)
 			require.Equal(t, int64(1), d.Remaining)
@@ -356,7 +356,7 @@ func TestStepsConcurrency(t *testing.T) {
 
 func TestStepsConcurrencyLeaseRetry(t *testing.T) {
 	t.Parallel()
-	stepTable(t, nil, map[string]string{stepTenant: "concurrency=1 lease=1s"}, []step{
+	stepTable(t, &Config{ConcurrencyRetry: time.Second}, map[string]string{stepTenant: "concurrency=1 lease=1s"}, []step{
 		{id: "j1", allowed: true, check: func(t *testing.T, d Decision) { require.Equal(t, time.Second, d.Lease) }},
 		// retry-after is the time until the first lease ends
 		{advance: 300 * ms, id: "j2", retry: 700 * ms, rule: "concurrency"},
@@ -462,7 +462,7 @@ func TestStepsReserve(t *testing.T) {
 
 func TestStepsDryRun(t *testing.T) {
 	t.Parallel()
-	stepTable(t, nil, map[string]string{stepTenant: "rate=1/s window=5/min concurrency=1"}, []step{
+	stepTable(t, &Config{ConcurrencyRetry: time.Second}, map[string]string{stepTenant: "rate=1/s window=5/min concurrency=1"}, []step{
 		{id: "a", dry: true, allowed: true, check: counts(1, 0, 0)},
 		{id: "a", dry: true, allowed: true},
 		{id: "a", allowed: true, check: counts(0, time.Minute, 1)},
