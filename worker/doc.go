@@ -44,6 +44,9 @@
 //     exponential backoff (fail closed), unless its policy, as last cached,
 //     says fail_open=true.
 //
+// A handler learns how its job was admitted (tenant, cost, the limiter's
+// decision, how long it waited) from AdmissionFrom(ctx).
+//
 // Deferred jobs come back on asynq's whole-second schedule, some early and
 // some late; the gate holds early ones until their slots, and the limiter's
 // started-jobs meter spaces late ones, so starts stay within the policy.
