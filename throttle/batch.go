@@ -51,8 +51,6 @@ func newBatcher(client redis.UniversalClient, max, pipelines int) *batcher {
 	return b
 }
 
-var callPool = sync.Pool{New: func() any { return &call{done: make(chan struct{}, 1)} }}
-
 // run executes script with keys and args, alone or in a shared pipeline.
 func (b *batcher) run(ctx context.Context, script *redis.Script, keys []string, args []any) (any, error) {
 	return b.do(ctx, script, keys, args, nil)
@@ -71,12 +69,10 @@ func (b *batcher) do(ctx context.Context, script *redis.Script, keys []string, a
 		}
 		return script.Run(ctx, b.client, keys, args...).Result()
 	}
-	c := callPool.Get().(*call)
-	c.ctx, c.script, c.keys, c.args, c.admit = ctx, script, keys, args, aa
+	c := &call{ctx: ctx, script: script, keys: keys, args: args, admit: aa, done: make(chan struct{}, 1)}
 	b.mu.RLock()
 	if b.shut {
 		b.mu.RUnlock()
-		callPool.Put(c)
 		return nil, errClosed
 	}
 	select {
@@ -84,16 +80,17 @@ func (b *batcher) do(ctx context.Context, script *redis.Script, keys []string, a
 		b.mu.RUnlock()
 	case <-ctx.Done():
 		b.mu.RUnlock()
-		callPool.Put(c)
 		return nil, ctx.Err()
 	}
-	// The call has been handed over and may run even if ctx ends now; wait
-	// for it so the result (and the call's memory) is never left behind.
-	<-c.done
-	res, err := c.res, c.err
-	c.ctx, c.script, c.keys, c.args, c.admit, c.res, c.err = nil, nil, nil, nil, nil, nil, nil
-	callPool.Put(c)
-	return res, err
+	// The call now shares a pipeline with others and runs to its end; a
+	// caller whose context ends first stops waiting (the outcome is then
+	// unknown to it: the decision may have been applied).
+	select {
+	case <-c.done:
+		return c.res, c.err
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
 }
 
 func (b *batcher) loop() {

@@ -198,6 +198,10 @@ func (l *Limiter) Reserve(ctx context.Context, tenant, id string, n int64) (Deci
 }
 
 // Do makes the admission described by req: Admit with options.
+//
+// When ctx ends before Redis answers, Do returns ctx's error at once; the
+// decision may still have been applied, so a caller that gives up should
+// Release the job (always safe) and let an unused reservation expire.
 func (l *Limiter) Do(ctx context.Context, req Request) (Decision, error) {
 	flags := flagHold
 	if req.Reserve {
@@ -264,7 +268,8 @@ func (l *Limiter) do(ctx context.Context, req Request, flags int) (Decision, err
 	}
 	lease := time.Duration(0)
 	for _, s := range scopes {
-		if max, rule := s.policy.MaxCost(); max >= 0 && cost > max {
+		if max := s.policy.maxCost(); max >= 0 && cost > max {
+			_, rule := s.policy.MaxCost()
 			return Decision{}, &CostError{Tenant: req.Tenant, Cost: cost, Max: max, Rule: s.name + " " + rule}
 		}
 		if c := s.policy; c != nil && c.Concurrency != nil {

@@ -403,9 +403,33 @@ func (p *Policy) Validate() error {
 	return nil
 }
 
+// maxCost is MaxCost's number alone, without describing the rule (the
+// description is only needed for an error, and admissions check every time).
+func (p *Policy) maxCost() int64 {
+	max := int64(-1)
+	if p == nil {
+		return max
+	}
+	lower := func(n int64) {
+		if max < 0 || n < max {
+			max = n
+		}
+	}
+	for _, r := range p.Rates {
+		lower(r.burst())
+	}
+	if p.Window != nil {
+		lower(p.Window.Limit)
+	}
+	if p.Quota != nil {
+		lower(p.Quota.Limit)
+	}
+	return max
+}
+
 // MaxCost is the largest cost a job may have under this policy: a job that
 // costs more than a rule's burst, window or quota could never be admitted.
-// It returns -1 when no rule bounds the cost.
+// It returns -1 when no rule bounds the cost, and names the rule.
 func (p *Policy) MaxCost() (int64, string) {
 	max, rule := int64(-1), ""
 	lower := func(n int64, r string) {
