@@ -8,7 +8,7 @@
 //	srv, err := worker.New(rdb, &worker.Config{Asynq: asynq.Config{Queues: map[string]int{"default": 1}}})
 //	if err != nil { ... }
 //	srv.HandleFunc("email", sendEmail)
-//	worker.RegisterBuiltins(srv) // "http" and "sleep"
+//	worker.RegisterBuiltins(srv, nil, 0) // "http" and "sleep"
 //	err = srv.Run(ctx)           // until ctx ends or SIGTERM
 //
 // An application that already runs asynq adopts sluice with a Gate: its

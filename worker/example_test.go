@@ -206,7 +206,7 @@ func ExampleRegisterBuiltins() {
 	if err != nil {
 		panic(err)
 	}
-	worker.RegisterBuiltins(srv) // "http" and "sleep"
+	worker.RegisterBuiltins(srv, nil, 0) // "http" and "sleep"
 	results := make(chan string, 2)
 	srv.Use(func(next asynq.Handler) asynq.Handler {
 		return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {

@@ -167,9 +167,26 @@ type Mux interface {
 	Handle(pattern string, h asynq.Handler)
 }
 
-// RegisterBuiltins registers the built-in handlers on mux: "http" (with
-// http.DefaultClient) and "sleep".
-func RegisterBuiltins(mux Mux) {
-	mux.Handle(TypeHTTP, &HTTPHandler{})
+// RegisterBuiltins registers the built-in handlers on mux: "http" and
+// "sleep". The http handler uses client, or when it is nil a client that
+// keeps up to maxConns idle connections per host (0: 100), so a worker
+// running many calls to one API reuses its connections.
+func RegisterBuiltins(mux Mux, client *http.Client, maxConns int) {
+	if client == nil {
+		client = NewHTTPClient(maxConns)
+	}
+	mux.Handle(TypeHTTP, &HTTPHandler{Client: client})
 	mux.Handle(TypeSleep, asynq.HandlerFunc(SleepHandler))
+}
+
+// NewHTTPClient returns a client for the http handler that keeps up to
+// maxConns idle connections per host (0: 100).
+func NewHTTPClient(maxConns int) *http.Client {
+	if maxConns <= 0 {
+		maxConns = 100
+	}
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.MaxIdleConns = max(t.MaxIdleConns, maxConns)
+	t.MaxIdleConnsPerHost = maxConns
+	return &http.Client{Transport: t}
 }

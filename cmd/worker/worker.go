@@ -299,15 +299,11 @@ func serve(ctx context.Context, o *options, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	// The built-in handlers, as RegisterBuiltins registers them, but with an
-	// HTTP client that keeps a connection for each job that may run at once
-	// (http.DefaultClient keeps 2 per host and would dial for most calls).
-	transport := http.DefaultTransport.(*http.Transport).Clone()
-	transport.MaxIdleConnsPerHost = o.concurrency
-	httpClient := &http.Client{Transport: transport}
+	// The built-in handlers, with an HTTP client that keeps a connection for
+	// each job that may run at once.
+	httpClient := worker.NewHTTPClient(o.concurrency)
 	defer httpClient.CloseIdleConnections()
-	srv.Handle(worker.TypeHTTP, &worker.HTTPHandler{Client: httpClient})
-	srv.Handle(worker.TypeSleep, asynq.HandlerFunc(worker.SleepHandler))
+	worker.RegisterBuiltins(srv, httpClient, 0)
 	var processed atomic.Int64
 	srv.Use(func(next asynq.Handler) asynq.Handler {
 		return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {

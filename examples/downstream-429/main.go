@@ -149,7 +149,7 @@ func run(ctx context.Context, redisURL string, short bool, out io.Writer) (resul
 	if err != nil {
 		return res, err
 	}
-	worker.RegisterBuiltins(srv)
+	worker.RegisterBuiltins(srv, nil, 0)
 	var retried sync.Map
 	srv.Use(func(next asynq.Handler) asynq.Handler {
 		return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {

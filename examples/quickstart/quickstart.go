@@ -161,10 +161,8 @@ func run(ctx context.Context, o options) (*report, error) {
 		if err != nil {
 			return nil, err
 		}
-		// The built-in http handler, with a client that keeps a connection
-		// per running request (http.DefaultClient, which RegisterBuiltins
-		// uses, keeps 2 per host and would dial for most requests).
-		srv.Handle(worker.TypeHTTP, &worker.HTTPHandler{Client: httpClient})
+		// The built-in handlers, sharing one client for the fake API.
+		worker.RegisterBuiltins(srv, httpClient, 0)
 		if err := srv.Start(); err != nil {
 			return nil, err
 		}
