@@ -257,30 +257,25 @@ func (g *Gate) process(ctx context.Context, j *job, next asynq.Handler) error {
 // context); an answer that comes after the gate gave up is undone as far as
 // it matters: an admitted job's concurrency slot is released.
 func (g *Gate) decide(ctx context.Context, j *job, reserve bool) (throttle.Decision, error) {
-	type result struct {
-		d   throttle.Decision
-		err error
-	}
 	cctx, cancel := context.WithTimeout(ctx, g.cfg.CallTimeout)
-	answer := make(chan result, 1)
-	go func() {
-		d, err := g.lim.Do(cctx, throttle.Request{Tenant: j.tenant, ID: j.id, Cost: j.cost, Reserve: reserve})
-		answer <- result{d, err}
-	}()
-	select {
-	case r := <-answer:
-		cancel()
-		return r.d, r.err
-	case <-cctx.Done():
+	defer cancel()
+	d, err := g.lim.Do(cctx, throttle.Request{Tenant: j.tenant, ID: j.id, Cost: j.cost, Reserve: reserve})
+	if err == nil || cctx.Err() == nil {
+		return d, err
 	}
+	// No answer in time: the admission may still land after the gate gave
+	// up. Give back any slot it takes, once it has had time to arrive (a
+	// release sent at once could overtake it on another connection).
 	g.active.add()
 	go func() {
 		defer g.active.done()
-		r := <-answer
-		cancel()
-		if r.err == nil && r.d.Allowed && r.d.Lease > 0 {
-			g.release(ctx, j, true, false)
+		t := time.NewTimer(g.cfg.CallTimeout)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-g.stopping:
 		}
+		g.release(context.WithoutCancel(ctx), j, true, false)
 	}()
 	return throttle.Decision{}, fmt.Errorf("admit job %s of tenant %q: no answer within %s: %w", j.id, j.tenant, g.cfg.CallTimeout, cctx.Err())
 }
