@@ -41,3 +41,16 @@ cluster test-cluster: deps
 
 bench-engine: deps
 	$(GO) test -run '^$$' -bench . -benchtime 3s ./throttle/
+
+# bench-fleet is issue 5's fleet benchmark: 1,000 tenants and 200,000 jobs
+# through asynq + x/time/rate, asynq + redis_rate and sluice, each with its
+# own redis-server, worker processes and strict downstream, side by side
+# (20–30 minutes). It rewrites docs/benchmarks.md and docs/img/fleet-*.png.
+# bench-fleet-small is the scaled-down smoke run (100 tenants, 15,000 jobs,
+# a few minutes); it writes its report to a temporary directory.
+.PHONY: bench-fleet-small
+bench-fleet: deps
+	$(GO) run ./internal/fleetbench -config full -out docs
+
+bench-fleet-small: deps
+	@out=$$(mktemp -d) && $(GO) run ./internal/fleetbench -config small -out "$$out"

@@ -1,0 +1,159 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// call makes one request of tenant ti for job ji and returns its status
+// and Retry-After header.
+func call(t *testing.T, url string, ti, ji int) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url, nil)
+	require.NoError(t, err)
+	req.Header.Set("X-Tenant", strconv.Itoa(ti))
+	req.Header.Set("X-Job", strconv.Itoa(ji))
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	_, _ = io.Copy(io.Discard, resp.Body)
+	_ = resp.Body.Close()
+	return resp.StatusCode, resp.Header.Get("Retry-After")
+}
+
+func TestDownstreamEnforcesAndRecords(t *testing.T) {
+	t.Parallel()
+	w := &workload{
+		tenants: []tenant{
+			{id: 0, rate: 1, burst: 1},                           // one per second
+			{id: 1, conc: 1, hold: 300 * time.Millisecond},       // one at a time
+			{id: 2, rate: 1000, burst: 1000, hold: 0, conc: 100}, // never limited here
+		},
+		jobs: make([]job, 10),
+	}
+	ds, err := startDownstream(w, 0, time.Now())
+	require.NoError(t, err)
+	t.Cleanup(ds.close)
+
+	code, _ := call(t, ds.url, 0, 0)
+	require.Equal(t, http.StatusOK, code)
+	code, retry := call(t, ds.url, 0, 1)
+	require.Equal(t, http.StatusTooManyRequests, code, "second request within the second")
+	require.Equal(t, "1", retry)
+
+	// Tenant 1: a request held for 300 ms, and another while it runs.
+	held := make(chan int, 1)
+	go func() {
+		req, _ := http.NewRequest(http.MethodPost, ds.url, nil)
+		req.Header.Set("X-Tenant", "1")
+		req.Header.Set("X-Job", "2")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			held <- 0
+			return
+		}
+		_ = resp.Body.Close()
+		held <- resp.StatusCode
+	}()
+	require.Eventually(t, func() bool {
+		ds.tenants[1].mu.Lock()
+		defer ds.tenants[1].mu.Unlock()
+		return ds.tenants[1].running == 1
+	}, 5*time.Second, time.Millisecond)
+	code, _ = call(t, ds.url, 1, 3)
+	require.Equal(t, http.StatusTooManyRequests, code, "over the concurrency cap")
+	require.Equal(t, http.StatusOK, <-held)
+
+	// The same job twice is recorded as served twice.
+	for range 2 {
+		code, _ = call(t, ds.url, 2, 4)
+		require.Equal(t, http.StatusOK, code)
+	}
+	code, _ = call(t, ds.url, 7, 0)
+	require.Equal(t, http.StatusBadRequest, code, "unknown tenant")
+	code, _ = call(t, ds.url, 0, 99)
+	require.Equal(t, http.StatusBadRequest, code, "unknown job")
+
+	arr := ds.snapshot()
+	require.Equal(t, []uint8{accepted, rejectedRate}, statuses(arr[0]))
+	require.Equal(t, []uint8{accepted, rejectedConc}, statuses(arr[1]))
+	require.Equal(t, int32(2), arr[1][1].conc, "the refused request counts itself")
+	require.Equal(t, uint32(2), ds.served[4].Load())
+	require.Equal(t, int64(3), ds.done.Load(), "jobs 0, 2 and 4")
+}
+
+func statuses(arr []arrival) []uint8 {
+	var out []uint8
+	for _, a := range arr {
+		out = append(out, a.status)
+	}
+	return out
+}
+
+func TestBadFlags(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{
+		{"-config", "huge"},
+		{"-setups", "xrate,celery"},
+		{"-workers", "-1"},
+		{"-allowance", "5s"},
+		{"-nope"},
+	} {
+		var stdout, stderr bytes.Buffer
+		require.Equal(t, 2, runMain(args, &stdout, &stderr), "%v", args)
+		require.NotEmpty(t, stderr.String(), "%v says why", args)
+	}
+}
+
+// TestTinyRun runs the smallest configuration end to end: a private
+// redis-server, two worker processes per set-up (this test binary, see
+// TestMain), the three set-ups, the report and its plots.
+func TestTinyRun(t *testing.T) {
+	o := options{cfg: presets["tiny"], setups: setups, allowance: 20 * time.Millisecond, log: io.Discard}
+	if testing.Verbose() {
+		o.log = os.Stderr
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	b, err := bench(ctx, o)
+	require.NoError(t, err)
+	require.Len(t, b.results, 3)
+	for _, r := range b.results {
+		require.Equal(t, r.jobs, r.enqueued, "%s: every job enqueued (%s)", r.setup, r.firstErr)
+		require.Positive(t, r.completed, r.setup)
+		require.Positive(t, r.deliveries, r.setup)
+		require.Positive(t, r.redisCPU+r.redisPeak, r.setup)
+		require.Empty(t, r.problems, r.setup)
+	}
+	s := b.resultOf(setupSluice)
+	require.Equal(t, s.jobs, s.completed, "sluice completes every job")
+	require.Zero(t, s.lost)
+	require.Zero(t, s.unfinished)
+	require.Zero(t, s.duplicates)
+	require.Zero(t, s.tenantsOverCap, "sluice never exceeds a cap")
+	require.NotEmpty(t, s.waits)
+
+	dir := t.TempDir()
+	b.command = "go run ./internal/fleetbench -config tiny"
+	require.NoError(t, b.write(dir))
+	md, err := os.ReadFile(filepath.Join(dir, "benchmarks.md"))
+	require.NoError(t, err)
+	require.Contains(t, string(md), "| downstream rejections (429) |")
+	require.Contains(t, string(md), "## sluice against the targets of issue 5")
+	for _, f := range []string{"fleet-wait.png", "fleet-arrivals-xrate.png", "fleet-arrivals-redisrate.png", "fleet-arrivals-sluice.png"} {
+		png, err := os.ReadFile(filepath.Join(dir, "img", f))
+		require.NoError(t, err)
+		require.True(t, bytes.HasPrefix(png, []byte("\x89PNG")), f)
+	}
+	var out bytes.Buffer
+	printTable(&out, b.results)
+	require.Contains(t, out.String(), "3. sluice")
+}

@@ -1,0 +1,163 @@
+// Command fleetbench is sluice's fleet benchmark (issue 5): the same
+// bursty multi-tenant workload through three set-ups, side by side:
+//
+//  1. asynq with golang.org/x/time/rate per process (asynq's documented
+//     rate-limiting pattern);
+//  2. asynq with a go-redis/redis_rate middleware and RetryDelayFunc
+//     (distributed, no reservations, no concurrency cap);
+//  3. sluice (worker.Server; the tenants' policies in sluice's policy
+//     store; shape=true on every policy with a rate rule).
+//
+// For each set-up it starts a private redis-server (its own port, no
+// persistence), N worker processes (this program again, as a worker of
+// that set-up) and a downstream HTTP server on 127.0.0.1 that enforces
+// every tenant's limits strictly, answers 429 with Retry-After when one is
+// exceeded and records every arrival. Then it enqueues the workload on
+// schedule, waits until every job is done (or a deadline), stops the
+// workers with SIGTERM and reads Redis's CPU and memory from INFO.
+//
+// It prints the comparison and, with -out DIR, writes DIR/benchmarks.md and
+// its plots under DIR/img/.
+//
+//	go run ./internal/fleetbench -config full -out docs     # make bench-fleet
+//	go run ./internal/fleetbench -config small              # make bench-fleet-small
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+)
+
+func main() {
+	if os.Getenv(roleEnv) == "worker" {
+		os.Exit(runWorker(os.Args[1:]))
+	}
+	os.Exit(runMain(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// runMain is the benchmark's command line; it returns the exit code.
+func runMain(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("fleetbench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	name := fs.String("config", "small", "workload size: full, small or tiny")
+	out := fs.String("out", "", "write benchmarks.md and img/ into this directory (nothing written when empty)")
+	only := fs.String("setups", strings.Join(setups, ","), "set-ups to run, comma-separated: xrate, redisrate, sluice")
+	workers := fs.Int("workers", 0, "worker processes per set-up (0: the config's)")
+	allowance := fs.Duration("allowance", 20*time.Millisecond, "jitter the downstream forgives on a rate (GCRA tolerance)")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	cfg, ok := presets[*name]
+	if !ok {
+		fmt.Fprintf(stderr, "fleetbench: -config %q: want full, small or tiny\n", *name)
+		return 2
+	}
+	if *workers < 0 || *workers > 64 {
+		fmt.Fprintf(stderr, "fleetbench: -workers %d: want 1–64 (0 for the config's %d)\n", *workers, cfg.workers)
+		return 2
+	}
+	if *workers > 0 {
+		cfg.workers = *workers
+	}
+	if *allowance < 0 || *allowance > time.Second {
+		fmt.Fprintf(stderr, "fleetbench: -allowance %s: want 0–1s\n", *allowance)
+		return 2
+	}
+	var chosen []string
+	for _, s := range strings.Split(*only, ",") {
+		s = strings.TrimSpace(s)
+		if !slices.Contains(setups, s) {
+			fmt.Fprintf(stderr, "fleetbench: -setups: %q is not one of xrate, redisrate, sluice\n", s)
+			return 2
+		}
+		if !slices.Contains(chosen, s) {
+			chosen = append(chosen, s)
+		}
+	}
+	// Keep the set-ups in their numbered order.
+	slices.SortFunc(chosen, func(a, b string) int { return slices.Index(setups, a) - slices.Index(setups, b) })
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	o := options{cfg: cfg, setups: chosen, allowance: *allowance, log: stderr}
+	b, err := bench(ctx, o)
+	if err != nil {
+		fmt.Fprintln(stderr, "fleetbench:", err)
+		return 1
+	}
+	printTable(stdout, b.results)
+	if *out != "" {
+		b.command = "go run ./internal/fleetbench " + strings.Join(args, " ")
+		if err := b.write(*out); err != nil {
+			fmt.Fprintln(stderr, "fleetbench:", err)
+			return 1
+		}
+		fmt.Fprintf(stdout, "\nwrote %s\n", filepath.Join(*out, "benchmarks.md"))
+	}
+	return 0
+}
+
+// benchmark is a whole run: the workload and each set-up's recordings.
+type benchmark struct {
+	o       options
+	w       *workload
+	runs    []*runData
+	results []*result
+	machine machine
+	began   time.Time
+	took    time.Duration
+	command string
+	plotted []int
+	plotEnd time.Duration
+}
+
+func bench(ctx context.Context, o options) (*benchmark, error) {
+	w, err := newWorkload(o.cfg)
+	if err != nil {
+		return nil, err
+	}
+	b := &benchmark{o: o, w: w, machine: readMachine(), began: time.Now()}
+	from, to := w.burstWindow()
+	fmt.Fprintf(o.log, "workload %s: %d tenants, %d jobs (big burst %d at %s, drained by %s under its limit); ideal end %s\n",
+		o.cfg.name, len(w.tenants), len(w.jobs), o.cfg.big, from, to, w.idealEnd().Round(time.Second))
+	for _, s := range o.setups {
+		rd, err := runSetup(ctx, o, w, s)
+		if err != nil {
+			return nil, fmt.Errorf("set-up %s: %w", s, err)
+		}
+		b.runs = append(b.runs, rd)
+		b.results = append(b.results, compute(w, rd))
+		b.plotEnd = max(b.plotEnd, rd.elapsed)
+	}
+	b.took = time.Since(b.began)
+	b.plotted = plotTenants(w, 3)
+	return b, nil
+}
+
+// write writes benchmarks.md and the plots into dir.
+func (b *benchmark) write(dir string) error {
+	img := filepath.Join(dir, "img")
+	for _, rd := range b.runs {
+		if err := plotArrivals(b.w, rd, b.plotted, b.plotEnd, filepath.Join(img, "fleet-arrivals-"+rd.setup+".png")); err != nil {
+			return fmt.Errorf("plot: %w", err)
+		}
+	}
+	if err := plotWaits(b.results, filepath.Join(img, "fleet-wait.png")); err != nil {
+		return fmt.Errorf("plot: %w", err)
+	}
+	f, err := os.Create(filepath.Join(dir, "benchmarks.md"))
+	if err != nil {
+		return err
+	}
+	b.markdown(f)
+	return f.Close()
+}

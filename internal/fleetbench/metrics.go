@@ -1,0 +1,158 @@
+package main
+
+import (
+	"math"
+	"sort"
+	"time"
+)
+
+// The report's pure computations: each takes times as parameters, so the
+// tests check them without running anything.
+
+// rateWindow is the window over which a tenant's sent rate is compared
+// with its limit.
+const rateWindow = 10 * time.Second
+
+// rateExcess is how far a tenant's requests went over its rate limit: the
+// most requests sent in any window of length w (starting at a request)
+// beyond what the limit allows in w (burst + rate·w), as a fraction of
+// rate·w. 0 when the limit was never exceeded. times must be sorted.
+func rateExcess(times []time.Duration, perSecond, burst int64, w time.Duration) float64 {
+	if perSecond <= 0 || w <= 0 {
+		return 0
+	}
+	allowed := float64(max(burst, 1)) + float64(perSecond)*w.Seconds()
+	most := 0
+	j := 0
+	for i := range times {
+		for j < len(times) && times[j] < times[i]+w {
+			j++
+		}
+		most = max(most, j-i)
+	}
+	return max(0, float64(most)-allowed) / (float64(perSecond) * w.Seconds())
+}
+
+// nonConforming counts the requests a strict GCRA (rate perSecond, burst,
+// allowance) would refuse; a refused request is not charged. times must be
+// sorted.
+func nonConforming(times []time.Duration, perSecond, burst int64, allowance time.Duration) int {
+	g := newGCRA(perSecond, burst, allowance)
+	n := 0
+	for _, t := range times {
+		if !g.conforms(t) {
+			n++
+			continue
+		}
+		g.charge(t)
+	}
+	return n
+}
+
+// achievedRate is the rate of a backlogged tenant's requests: after the
+// first burst, which starts at once, the rest over the time they took.
+// times must be sorted; 0 when there are too few.
+func achievedRate(times []time.Duration, burst int64) float64 {
+	n := len(times)
+	b := int(max(burst, 1))
+	if n <= b {
+		return 0
+	}
+	span := (times[n-1] - times[0]).Seconds()
+	if span <= 0 {
+		return 0
+	}
+	return float64(n-b) / span
+}
+
+// percentile is the nearest-rank p-th percentile (0 < p ≤ 100) of sorted
+// values; 0 for none.
+func percentile(sorted []time.Duration, p float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	rank := int(math.Ceil(p / 100 * float64(len(sorted))))
+	return sorted[min(max(rank, 1), len(sorted))-1]
+}
+
+// peakConcurrency is the most requests of a tenant in progress at once at
+// the downstream, counting each arriving request (accepted or not).
+func peakConcurrency(arr []arrival) int {
+	peak := 0
+	for _, a := range arr {
+		peak = max(peak, int(a.conc))
+	}
+	return peak
+}
+
+// perJob is deliveries divided by jobs (0 for no jobs).
+func perJob(deliveries int64, jobs int) float64 {
+	if jobs == 0 {
+		return 0
+	}
+	return float64(deliveries) / float64(jobs)
+}
+
+// lostAndDuplicated compares the enqueued jobs with the downstream's 2xx
+// answers per job: a job enqueued and never answered 2xx is missing (lost,
+// or unfinished if still queued), and answers beyond a job's first are
+// duplicates.
+func lostAndDuplicated(enqueued []bool, served []uint32) (missing, duplicates int) {
+	for i, ok := range enqueued {
+		if !ok {
+			continue
+		}
+		switch s := served[i]; {
+		case s == 0:
+			missing++
+		case s > 1:
+			duplicates += int(s - 1)
+		}
+	}
+	return missing, duplicates
+}
+
+// idealStarts is when each job could have started under its own tenant's
+// limits alone, had nothing else been queued: a GCRA of the tenant's rate
+// and burst, and conc slots each held for hold. enq must be sorted.
+func idealStarts(enq []time.Duration, perSecond, burst, conc int64, hold time.Duration) []time.Duration {
+	out := make([]time.Duration, len(enq))
+	var g gcra
+	if perSecond > 0 {
+		g = newGCRA(perSecond, burst, 0)
+	}
+	var free []time.Duration // when each slot frees up
+	if conc > 0 {
+		free = make([]time.Duration, conc)
+	}
+	for i, t := range enq {
+		start := t
+		if perSecond > 0 {
+			start = max(start, g.tat-time.Duration(g.burst-1)*g.interval)
+		}
+		slot := -1
+		if conc > 0 {
+			slot = 0
+			for k := range free {
+				if free[k] < free[slot] {
+					slot = k
+				}
+			}
+			start = max(start, free[slot])
+		}
+		if perSecond > 0 {
+			g.charge(start)
+		}
+		if slot >= 0 {
+			free[slot] = start + hold
+		}
+		out[i] = start
+	}
+	return out
+}
+
+// sortDurations sorts in place and returns its argument.
+func sortDurations(d []time.Duration) []time.Duration {
+	sort.Slice(d, func(i, j int) bool { return d[i] < d[j] })
+	return d
+}

@@ -1,0 +1,267 @@
+package main
+
+import (
+	"os"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+)
+
+// TestMain also runs this test binary as a worker process: the end-to-end
+// test starts the benchmark, which starts its workers from its own
+// executable.
+func TestMain(m *testing.M) {
+	if os.Getenv(roleEnv) == "worker" {
+		os.Exit(runWorker(os.Args[1:]))
+	}
+	redistest.Main(m)
+}
+
+func ms(n int) time.Duration { return time.Duration(n) * time.Millisecond }
+
+func msList(ns ...int) []time.Duration {
+	out := make([]time.Duration, len(ns))
+	for i, n := range ns {
+		out[i] = ms(n)
+	}
+	return out
+}
+
+func TestGCRASteps(t *testing.T) {
+	t.Parallel()
+	// 10/s (100 ms apart), burst 2, allowance 5 ms: each step is a request
+	// at `at`; a conforming one is charged.
+	steps := []struct {
+		at   int
+		want bool
+	}{
+		{0, true},    // full bucket
+		{0, true},    // the burst's second
+		{0, false},   // tat is 200 ms ahead: more than (2-1)·100 ms + 5 ms
+		{96, true},   // tat 200 − 96 = 104 ≤ 105: within the allowance
+		{100, false}, // tat 300 − 100 = 200 > 105
+		{195, true},  // 300 − 195 = 105
+		{250, false}, // 400 − 250 = 150
+		{1000, true}, // a long pause refills the bucket
+		{1000, true},
+		{1000, false},
+	}
+	g := newGCRA(10, 2, ms(5))
+	for i, s := range steps {
+		got := g.conforms(ms(s.at))
+		require.Equal(t, s.want, got, "step %d at %d ms", i, s.at)
+		if got {
+			g.charge(ms(s.at))
+		}
+	}
+}
+
+func TestNonConforming(t *testing.T) {
+	t.Parallel()
+	// 10/s burst 1: 100 ms apart conforms; 90 ms apart does not without
+	// an allowance, does with 10 ms.
+	even := msList(0, 100, 200, 300, 400)
+	require.Equal(t, 0, nonConforming(even, 10, 1, 0))
+	tight := msList(0, 90, 180, 270)
+	require.Equal(t, 2, nonConforming(tight, 10, 1, 0)) // 90 refused (not charged), 180 ok, 270 refused
+	require.Equal(t, 0, nonConforming(tight, 10, 1, ms(30)))
+	require.Equal(t, 0, nonConforming(nil, 10, 1, 0))
+}
+
+func TestRateExcess(t *testing.T) {
+	t.Parallel()
+	uniform := func(n int, every time.Duration) []time.Duration {
+		out := make([]time.Duration, n)
+		for i := range out {
+			out[i] = time.Duration(i) * every
+		}
+		return out
+	}
+	cases := []struct {
+		name  string
+		times []time.Duration
+		rate  int64
+		burst int64
+		w     time.Duration
+		want  float64
+	}{
+		{"none", nil, 10, 1, time.Second, 0},
+		{"at the limit", uniform(100, 100*time.Millisecond), 10, 1, 10 * time.Second, 0},
+		// 10/s for 10 s allows 1 + 100; 200 requests in 10 s is 99 too many: 99%.
+		{"twice the limit", uniform(200, 50*time.Millisecond), 10, 1, 10 * time.Second, 0.99},
+		// 6 at once fit in a 1 s window of 10/s burst 5 (5 + 10).
+		{"a burst within the window", make([]time.Duration, 6), 10, 5, time.Second, 0},
+		{"burst 1, 12 at once", make([]time.Duration, 12), 10, 1, time.Second, 0.1},
+		{"no rate rule", uniform(100, 0), 0, 1, time.Second, 0},
+	}
+	for _, c := range cases {
+		require.InDelta(t, c.want, rateExcess(c.times, c.rate, c.burst, c.w), 1e-9, c.name)
+	}
+}
+
+func TestAchievedRate(t *testing.T) {
+	t.Parallel()
+	// A burst of 5 at 0, then one every 10 ms until 1 s: 100 more in 1 s.
+	times := make([]time.Duration, 5)
+	for i := 1; i <= 100; i++ {
+		times = append(times, ms(10*i))
+	}
+	require.InDelta(t, 100, achievedRate(times, 5), 1e-9)
+	require.Zero(t, achievedRate(times[:5], 5))
+	require.Zero(t, achievedRate(nil, 1))
+	require.Zero(t, achievedRate(make([]time.Duration, 3), 1), "no time passed")
+}
+
+func TestPercentile(t *testing.T) {
+	t.Parallel()
+	vals := msList(1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
+	require.Equal(t, ms(5), percentile(vals, 50))
+	require.Equal(t, ms(10), percentile(vals, 99))
+	require.Equal(t, ms(10), percentile(vals, 100))
+	require.Equal(t, ms(1), percentile(vals, 1))
+	require.Equal(t, ms(1), percentile(vals, 0))
+	require.Zero(t, percentile(nil, 50))
+	hundred := make([]time.Duration, 100)
+	for i := range hundred {
+		hundred[i] = ms(i + 1)
+	}
+	require.Equal(t, ms(99), percentile(hundred, 99))
+	require.Equal(t, ms(50), percentile(hundred, 50))
+	require.Equal(t, msList(1, 2, 3), sortDurations(msList(3, 1, 2)))
+}
+
+func TestPeakConcurrencyAndDeliveries(t *testing.T) {
+	t.Parallel()
+	arr := []arrival{{conc: 1}, {conc: 3, status: rejectedConc}, {conc: 2}}
+	require.Equal(t, 3, peakConcurrency(arr))
+	require.Zero(t, peakConcurrency(nil))
+	require.InDelta(t, 1.5, perJob(150, 100), 1e-9)
+	require.Zero(t, perJob(10, 0))
+}
+
+func TestLostAndDuplicated(t *testing.T) {
+	t.Parallel()
+	enqueued := []bool{true, true, true, false, true}
+	served := []uint32{1, 0, 3, 0, 2}
+	missing, dups := lostAndDuplicated(enqueued, served)
+	require.Equal(t, 1, missing, "job 1 was never answered; job 3 was never enqueued")
+	require.Equal(t, 3, dups, "job 2 twice more, job 4 once more")
+}
+
+func TestIdealStarts(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name              string
+		enq               []time.Duration
+		rate, burst, conc int64
+		hold              time.Duration
+		want              []time.Duration
+	}{
+		{"no limits", msList(0, 0, 5), 0, 0, 0, 0, msList(0, 0, 5)},
+		{"rate 10/s burst 2", msList(0, 0, 0, 0, 500), 10, 2, 0, 0, msList(0, 0, 100, 200, 500)},
+		{"concurrency 2, hold 50 ms", msList(0, 0, 0, 10, 200), 0, 0, 2, ms(50), msList(0, 0, 50, 50, 200)},
+		{"rate 20/s and concurrency 1, hold 100 ms", msList(0, 0, 0), 20, 1, 1, ms(100), msList(0, 100, 200)},
+		{"rate 20/s and concurrency 2, hold 100 ms", msList(0, 0, 0, 0), 20, 1, 2, ms(100), msList(0, 50, 100, 150)},
+	}
+	for _, c := range cases {
+		require.Equal(t, c.want, idealStarts(c.enq, c.rate, c.burst, c.conc, c.hold), c.name)
+	}
+}
+
+func TestWorkload(t *testing.T) {
+	t.Parallel()
+	for _, name := range []string{"tiny", "small", "full"} {
+		cfg := presets[name]
+		w, err := newWorkload(cfg)
+		require.NoError(t, err, name)
+		require.Len(t, w.jobs, cfg.jobs, name)
+		require.Len(t, w.tenants, cfg.tenants, name)
+		sum := 0
+		for _, tn := range w.tenants {
+			require.Positive(t, tn.jobs, "%s: %s has jobs", name, tn.name)
+			_, err := tn.policy(true)
+			require.NoError(t, err, "%s: %s policy %q", name, tn.name, tn.policyText(true))
+			sum += tn.jobs
+		}
+		require.Equal(t, cfg.jobs, sum, name)
+		per := map[int32]int{}
+		for i, j := range w.jobs {
+			per[j.tenant]++
+			if i > 0 {
+				require.LessOrEqual(t, w.jobs[i-1].at, j.at, "%s: jobs sorted", name)
+			}
+		}
+		for _, tn := range w.tenants {
+			require.Equal(t, tn.jobs, per[int32(tn.id)], "%s: %s", name, tn.name)
+		}
+		for i := w.bigFrom; i < w.bigFrom+cfg.big; i++ {
+			require.Equal(t, int32(0), w.jobs[i].tenant, "%s: the big burst is contiguous", name)
+			require.Equal(t, cfg.bigAt, w.jobs[i].at)
+		}
+		again, err := newWorkload(cfg)
+		require.NoError(t, err)
+		require.Equal(t, w.jobs, again.jobs, "%s: deterministic", name)
+	}
+	require.Equal(t, "rate=5/s burst=2 concurrency=3 shape=true", tenant{rate: 5, burst: 2, conc: 3}.policyText(true))
+	require.Equal(t, "concurrency=3", tenant{conc: 3}.policyText(true))
+	_, err := newWorkload(config{name: "bad"})
+	require.Error(t, err)
+}
+
+func TestCompute(t *testing.T) {
+	t.Parallel()
+	w, err := newWorkload(presets["tiny"])
+	require.NoError(t, err)
+	rd := &runData{setup: setupSluice, enq: make([]time.Duration, len(w.jobs)), served: make([]uint32, len(w.jobs)),
+		arrivals: make([][]arrival, len(w.tenants)), deliveries: int64(len(w.jobs)) + 7, leftover: map[string]int{}, elapsed: time.Minute}
+	// Every job enqueued on schedule and started 10 ms later, once; job 0
+	// a second time (a duplicate); the last job never (lost).
+	for i, j := range w.jobs {
+		rd.enq[i] = j.at
+		if i == len(w.jobs)-1 {
+			continue
+		}
+		rd.served[i] = 1
+		rd.arrivals[j.tenant] = append(rd.arrivals[j.tenant], arrival{at: j.at + ms(10), job: int32(i), conc: 1})
+		rd.lastOK = max(rd.lastOK, j.at+ms(10))
+	}
+	rd.served[0] = 2
+	// And 1,500 more requests of the big tenant (100/s burst 20), refused:
+	// 1,700 sent within 10 ms, against 20 + 1,000 allowed in 10 s and
+	// 20 + 100 in 1 s.
+	for k := 0; k < 1500; k++ {
+		rd.arrivals[0] = append(rd.arrivals[0], arrival{at: time.Second + ms(20), job: int32(w.bigFrom), conc: 1, status: rejectedRate})
+	}
+	r := compute(w, rd)
+	require.Equal(t, len(w.jobs), r.enqueued)
+	require.Equal(t, len(w.jobs)-1, r.completed)
+	require.Equal(t, 1, r.lost)
+	require.Equal(t, 1, r.duplicates)
+	require.Equal(t, 1500, r.rejRate)
+	require.Zero(t, r.rejConc)
+	require.InDelta(t, float64(len(w.jobs)+7)/float64(len(w.jobs)), r.perJob, 1e-9)
+	require.NotEmpty(t, r.waits, "small tenants' conforming jobs in the burst window")
+	require.Equal(t, ms(10), r.waitP50)
+	require.Equal(t, "t0000", r.rateErrTenant)
+	require.InDelta(t, 0.68, r.rateErr, 1e-9)
+	require.Equal(t, "t0000", r.rateErr1sTenant)
+	require.InDelta(t, 15.8, r.rateErr1s, 1e-9)
+	// A job still queued at the end is unfinished, not lost.
+	rd.leftover["retry"] = 1
+	r = compute(w, rd)
+	require.Zero(t, r.lost)
+	require.Equal(t, 1, r.unfinished)
+}
+
+func TestInfoField(t *testing.T) {
+	t.Parallel()
+	text := "# CPU\r\nused_cpu_sys:1.250000\r\nused_cpu_user:2.5\r\n"
+	v, err := infoField(text, "used_cpu_user")
+	require.NoError(t, err)
+	require.InDelta(t, 2.5, v, 1e-9)
+	_, err = infoField(text, "used_memory_peak")
+	require.Error(t, err)
+}

@@ -1,0 +1,352 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// result is one set-up's line of the report.
+type result struct {
+	setup      string
+	jobs       int
+	enqueued   int
+	enqErrs    int
+	firstErr   string
+	completed  int
+	unfinished int // still queued when the run ended (deadline)
+	archived   int
+	lost       int // enqueued, never completed, not queued at the end
+	duplicates int
+	requests   int
+	rejRate    int
+	rejConc    int
+
+	rateErr         float64 // largest rateExcess (10 s windows) of any rate-limited tenant
+	rateErrTenant   string
+	tenantsOverRate int // tenants whose rateExcess is above 1%
+	rateErr1s       float64 // the same over 1 s windows
+	rateErr1sTenant string
+	tenantsOver1s   int
+	bigAchieved     float64
+	bigLimit        int64
+
+	concPeak       int
+	concCap        int64
+	concTenant     string
+	tenantsOverCap int
+
+	deliveries int64
+	perJob     float64
+
+	waits            []time.Duration // sorted: small tenants' conforming jobs enqueued during the burst
+	waitP50, waitP99 time.Duration
+	waitOver2s       int
+
+	jobsPerSec float64
+	makespan   time.Duration
+	redisCPU   float64
+	redisPeak  float64
+	workerCPU  time.Duration
+	timedOut   bool
+	loadBefore string
+	loadAfter  string
+	problems   []string
+}
+
+// conformSlack is how close to its enqueue a job's ideal start must be for
+// the job to count as one its own limits would have started at once.
+const conformSlack = time.Millisecond
+
+// compute turns a set-up's recordings into its report line.
+func compute(w *workload, rd *runData) *result {
+	r := &result{setup: rd.setup, jobs: len(w.jobs), enqErrs: rd.enqErrs, firstErr: rd.firstErr,
+		deliveries: rd.deliveries, redisCPU: rd.redisCPU, redisPeak: rd.redisPeak, workerCPU: rd.workerCPU,
+		timedOut: rd.timedOut, loadBefore: rd.loadBefore, loadAfter: rd.loadAfter, problems: rd.problems}
+	enqueued := make([]bool, len(w.jobs))
+	for i, t := range rd.enq {
+		if t >= 0 {
+			enqueued[i] = true
+			r.enqueued++
+		}
+	}
+	missing, dups := lostAndDuplicated(enqueued, rd.served)
+	r.duplicates = dups
+	r.completed = r.enqueued - missing
+	for _, k := range []string{"pending", "active", "scheduled", "retry"} {
+		r.unfinished += rd.leftover[k]
+	}
+	r.archived = rd.leftover["archived"]
+	r.lost = max(0, missing-r.unfinished)
+	r.perJob = perJob(rd.deliveries, r.enqueued)
+	if rd.lastOK > 0 {
+		r.makespan = rd.lastOK
+		r.jobsPerSec = float64(r.completed) / rd.lastOK.Seconds()
+	}
+
+	// When each job first reached the downstream and was accepted.
+	firstOK := make([]time.Duration, len(w.jobs))
+	for i := range firstOK {
+		firstOK[i] = -1
+	}
+	for ti, arr := range rd.arrivals {
+		t := w.tenants[ti]
+		times := make([]time.Duration, 0, len(arr))
+		var acc []time.Duration
+		for _, a := range arr {
+			r.requests++
+			times = append(times, a.at)
+			switch a.status {
+			case rejectedRate:
+				r.rejRate++
+			case rejectedConc:
+				r.rejConc++
+			default:
+				acc = append(acc, a.at)
+				if f := firstOK[a.job]; f < 0 || a.at < f {
+					firstOK[a.job] = a.at
+				}
+			}
+		}
+		if t.rate > 0 {
+			sortDurations(times)
+			ex := rateExcess(times, t.rate, t.burst, rateWindow)
+			if ex > 0.01 {
+				r.tenantsOverRate++
+			}
+			if ex > r.rateErr {
+				r.rateErr, r.rateErrTenant = ex, t.name
+			}
+			ex1 := rateExcess(times, t.rate, t.burst, time.Second)
+			if ex1 > 0.01 {
+				r.tenantsOver1s++
+			}
+			if ex1 > r.rateErr1s {
+				r.rateErr1s, r.rateErr1sTenant = ex1, t.name
+			}
+		}
+		if t.class == classBig {
+			r.bigLimit = t.rate
+			r.bigAchieved = achievedRate(sortDurations(acc), t.burst)
+		}
+		if t.conc > 0 {
+			peak := peakConcurrency(arr)
+			if peak > int(t.conc) {
+				r.tenantsOverCap++
+			}
+			if r.concTenant == "" || float64(peak)/float64(t.conc) > float64(r.concPeak)/float64(r.concCap) {
+				r.concPeak, r.concCap, r.concTenant = peak, t.conc, t.name
+			}
+		}
+	}
+
+	// Queue wait of small tenants during the big burst: jobs enqueued in
+	// the burst window that their own limits would have started at once.
+	from, to := w.burstWindow()
+	per := make([][]int, len(w.tenants))
+	for i, j := range w.jobs {
+		if enqueued[i] {
+			per[j.tenant] = append(per[j.tenant], i)
+		}
+	}
+	for ti, idx := range per {
+		t := w.tenants[ti]
+		if !t.small() || len(idx) == 0 {
+			continue
+		}
+		sort.Slice(idx, func(a, b int) bool { return rd.enq[idx[a]] < rd.enq[idx[b]] })
+		enq := make([]time.Duration, len(idx))
+		for k, i := range idx {
+			enq[k] = rd.enq[i]
+		}
+		ideal := idealStarts(enq, t.rate, t.burst, t.conc, t.hold)
+		for k, i := range idx {
+			if enq[k] < from || enq[k] > to || ideal[k]-enq[k] > conformSlack {
+				continue
+			}
+			started := firstOK[i]
+			if started < 0 {
+				// Never started: it waited the whole run.
+				started = rd.elapsed
+			}
+			r.waits = append(r.waits, max(0, started-enq[k]))
+		}
+	}
+	sortDurations(r.waits)
+	r.waitP50, r.waitP99 = percentile(r.waits, 50), percentile(r.waits, 99)
+	for _, d := range r.waits {
+		if d > 2*time.Second {
+			r.waitOver2s++
+		}
+	}
+	return r
+}
+
+// row is one line of the comparison table.
+type row struct {
+	name string
+	cell func(r *result) string
+}
+
+func pct(f float64) string { return fmt.Sprintf("%.1f%%", f*100) }
+
+func secs(d time.Duration) string {
+	switch {
+	case d < time.Second:
+		return fmt.Sprintf("%d ms", d.Milliseconds())
+	default:
+		return fmt.Sprintf("%.2f s", d.Seconds())
+	}
+}
+
+func thousands(n int64) string {
+	s := fmt.Sprint(n)
+	neg := strings.HasPrefix(s, "-")
+	s = strings.TrimPrefix(s, "-")
+	var b strings.Builder
+	for i, c := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(c)
+	}
+	if neg {
+		return "-" + b.String()
+	}
+	return b.String()
+}
+
+func overLimit(worst float64, tenant string, over int) string {
+	if worst == 0 {
+		return "0% (no tenant over its limit)"
+	}
+	return fmt.Sprintf("%s (%s); %d tenants over 1%%", pct(worst), tenant, over)
+}
+
+var rows = []row{
+	{"jobs enqueued (of workload)", func(r *result) string {
+		s := fmt.Sprintf("%s of %s", thousands(int64(r.enqueued)), thousands(int64(r.jobs)))
+		if r.enqErrs > 0 {
+			s += fmt.Sprintf(" (%d enqueue errors)", r.enqErrs)
+		}
+		return s
+	}},
+	{"jobs completed (2xx)", func(r *result) string { return thousands(int64(r.completed)) }},
+	{"downstream rejections (429)", func(r *result) string {
+		return fmt.Sprintf("%s (rate %s, concurrency %s)", thousands(int64(r.rejRate+r.rejConc)), thousands(int64(r.rejRate)), thousands(int64(r.rejConc)))
+	}},
+	{"max rate error: sent over limit in any 10 s", func(r *result) string {
+		return overLimit(r.rateErr, r.rateErrTenant, r.tenantsOverRate)
+	}},
+	{"… in any 1 s", func(r *result) string {
+		return overLimit(r.rateErr1s, r.rateErr1sTenant, r.tenantsOver1s)
+	}},
+	{"big tenant achieved rate vs limit", func(r *result) string {
+		if r.bigLimit == 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.1f/s vs %d/s (%+.1f%%)", r.bigAchieved, r.bigLimit, (r.bigAchieved/float64(r.bigLimit)-1)*100)
+	}},
+	{"max concurrency vs cap", func(r *result) string {
+		return fmt.Sprintf("%d vs cap %d (%s); %d tenants over cap", r.concPeak, r.concCap, r.concTenant, r.tenantsOverCap)
+	}},
+	{"jobs lost / duplicated", func(r *result) string {
+		s := fmt.Sprintf("%d / %d", r.lost, r.duplicates)
+		if r.archived > 0 {
+			s += fmt.Sprintf(" (%d archived)", r.archived)
+		}
+		if r.unfinished > 0 {
+			s += fmt.Sprintf(" (%d unfinished at the deadline)", r.unfinished)
+		}
+		return s
+	}},
+	{"deliveries per job", func(r *result) string {
+		return fmt.Sprintf("%.2f (%s dequeues)", r.perJob, thousands(r.deliveries))
+	}},
+	{"small-tenant queue wait during burst, p50 / p99", func(r *result) string {
+		return fmt.Sprintf("%s / %s (n=%s, %d over 2 s)", secs(r.waitP50), secs(r.waitP99), thousands(int64(len(r.waits))), r.waitOver2s)
+	}},
+	{"fleet jobs/s (completed / time to last)", func(r *result) string {
+		return fmt.Sprintf("%.0f (%.0f s)", r.jobsPerSec, r.makespan.Seconds())
+	}},
+	{"Redis CPU / peak memory", func(r *result) string {
+		return fmt.Sprintf("%.1f s / %.1f MB", r.redisCPU, r.redisPeak/1e6)
+	}},
+	{"worker CPU (all processes)", func(r *result) string { return fmt.Sprintf("%.1f s", r.workerCPU.Seconds()) }},
+}
+
+// printTable writes the comparison as aligned text.
+func printTable(out io.Writer, results []*result) {
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	fmt.Fprint(tw, "\t")
+	for _, r := range results {
+		fmt.Fprintf(tw, "%s\t", setupTitle(r.setup))
+	}
+	fmt.Fprintln(tw)
+	for _, rw := range rows {
+		fmt.Fprintf(tw, "%s\t", rw.name)
+		for _, r := range results {
+			fmt.Fprintf(tw, "%s\t", rw.cell(r))
+		}
+		fmt.Fprintln(tw)
+	}
+	_ = tw.Flush()
+	for _, r := range results {
+		for _, p := range r.problems {
+			fmt.Fprintf(out, "%s: %s\n", setupTitle(r.setup), p)
+		}
+		if r.firstErr != "" {
+			fmt.Fprintf(out, "%s: first enqueue error: %s\n", setupTitle(r.setup), r.firstErr)
+		}
+	}
+}
+
+// markdownTable writes the comparison as a Markdown table.
+func markdownTable(out io.Writer, results []*result) {
+	fmt.Fprint(out, "| |")
+	for _, r := range results {
+		fmt.Fprintf(out, " %s |", setupTitle(r.setup))
+	}
+	fmt.Fprint(out, "\n|---|")
+	for range results {
+		fmt.Fprint(out, "---|")
+	}
+	fmt.Fprintln(out)
+	for _, rw := range rows {
+		fmt.Fprintf(out, "| %s |", rw.name)
+		for _, r := range results {
+			fmt.Fprintf(out, " %s |", rw.cell(r))
+		}
+		fmt.Fprintln(out)
+	}
+}
+
+// target is one of issue 5's performance targets for sluice.
+type target struct {
+	name   string
+	met    bool
+	actual string
+}
+
+// targets checks sluice's result against the targets; base is set-up 1's
+// result for the throughput target (nil when it did not run).
+func targets(s, base *result) []target {
+	t := []target{
+		{"0 downstream rejections", s.rejRate+s.rejConc == 0, thousands(int64(s.rejRate + s.rejConc))},
+		{"rate error ≤ 1% per tenant (sent over limit in any 10 s)", s.rateErr <= 0.01, overLimit(s.rateErr, s.rateErrTenant, s.tenantsOverRate)},
+		{"big tenant achieves its limit within 1%", s.bigLimit > 0 && s.bigAchieved >= 0.99*float64(s.bigLimit) && s.bigAchieved <= 1.01*float64(s.bigLimit),
+			fmt.Sprintf("%.1f/s of %d/s", s.bigAchieved, s.bigLimit)},
+		{"concurrency never above cap", s.tenantsOverCap == 0, fmt.Sprintf("peak %d vs cap %d (%s)", s.concPeak, s.concCap, s.concTenant)},
+		{"0 jobs lost", s.lost == 0 && s.unfinished == 0, fmt.Sprintf("%d lost, %d unfinished", s.lost, s.unfinished)},
+		{"deliveries per job ≤ 1.1", s.perJob <= 1.1, fmt.Sprintf("%.2f", s.perJob)},
+		{"small-tenant p99 wait ≤ 2 s during the burst", s.waitP99 <= 2*time.Second, secs(s.waitP99)},
+	}
+	if base != nil && base.jobsPerSec > 0 {
+		t = append(t, target{"fleet jobs/s ≥ 0.85× set-up 1", s.jobsPerSec >= 0.85*base.jobsPerSec,
+			fmt.Sprintf("%.0f vs %.0f (%.2f×)", s.jobsPerSec, base.jobsPerSec, s.jobsPerSec/base.jobsPerSec)})
+	}
+	return t
+}

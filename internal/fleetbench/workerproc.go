@@ -1,0 +1,324 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"os/signal"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/go-redis/redis_rate/v10"
+	"github.com/hibiken/asynq"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+	"golang.org/x/time/rate"
+
+	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/worker"
+)
+
+// The set-ups compared.
+const (
+	setupXRate     = "xrate"
+	setupRedisRate = "redisrate"
+	setupSluice    = "sluice"
+)
+
+var setups = []string{setupXRate, setupRedisRate, setupSluice}
+
+// setupTitle names a set-up in the report.
+func setupTitle(s string) string {
+	switch s {
+	case setupXRate:
+		return "1. asynq + x/time/rate per process"
+	case setupRedisRate:
+		return "2. asynq + redis_rate"
+	default:
+		return "3. sluice"
+	}
+}
+
+// roleEnv makes the benchmark's own executable run as a worker process.
+const roleEnv = "FLEETBENCH_ROLE"
+
+// limits is one tenant's limits as the set-ups 1 and 2 read them from the
+// file the benchmark writes (set-up 3 reads sluice's policy store).
+type limits struct {
+	Rate  int64 `json:"rate,omitempty"`
+	Burst int64 `json:"burst,omitempty"`
+	Conc  int64 `json:"conc,omitempty"`
+}
+
+// workerStats is what a worker process prints when it exits.
+type workerStats struct {
+	Deliveries int64 `json:"deliveries"` // tasks dequeued (handler invocations of any kind)
+	Calls      int64 `json:"calls"`      // requests the http handler made
+	// Gate holds sluice's gate counters (set-up 3): decisions by verdict
+	// and rule, deferrals by reason, handler outcomes.
+	Gate map[string]float64 `json:"gate,omitempty"`
+}
+
+// gateCounters are the gate's metrics a sluice worker reports at exit.
+var gateCounters = []string{"sluice_worker_decisions_total", "sluice_worker_deferrals_total", "sluice_worker_handler_outcomes_total"}
+
+// gatherCounters reads the named counters as "name{label=value,...}".
+func gatherCounters(g prometheus.Gatherer, names []string) map[string]float64 {
+	out := map[string]float64{}
+	if g == nil {
+		return out
+	}
+	mfs, err := g.Gather()
+	if err != nil {
+		return out
+	}
+	for _, mf := range mfs {
+		if !slices.Contains(names, mf.GetName()) {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			var labels []string
+			for _, l := range m.GetLabel() {
+				labels = append(labels, l.GetName()+"="+l.GetValue())
+			}
+			out[mf.GetName()+"{"+strings.Join(labels, ",")+"}"] += m.GetCounter().GetValue()
+		}
+	}
+	return out
+}
+
+// rateLimitError is asynq's documented rate-limit error (asynq wiki, "Rate
+// Limiting"): IsFailure says it is not a failure and RetryDelayFunc brings
+// the task back after RetryIn.
+type rateLimitError struct {
+	RetryIn time.Duration
+	Why     string
+}
+
+func (e *rateLimitError) Error() string {
+	return fmt.Sprintf("rate limited (%s; retry in %v)", e.Why, e.RetryIn)
+}
+
+func isRateLimitError(err error) bool {
+	var e *rateLimitError
+	return errors.As(err, &e)
+}
+
+func retryDelay(n int, err error, t *asynq.Task) time.Duration {
+	var e *rateLimitError
+	if errors.As(err, &e) {
+		return e.RetryIn
+	}
+	return asynq.DefaultRetryDelayFunc(n, err, t)
+}
+
+// wikiRetryIn is the asynq wiki's retry delay for a rate-limited task: a
+// random whole number of seconds below 10.
+func wikiRetryIn() time.Duration { return time.Duration(rand.IntN(10)) * time.Second }
+
+// runWorker is a worker process of one set-up: it prints "ready" once it
+// takes jobs and, on SIGTERM, shuts down and prints its workerStats as
+// JSON. It returns the process's exit code.
+func runWorker(args []string) int {
+	fs := flag.NewFlagSet("fleetbench worker", flag.ContinueOnError)
+	setup := fs.String("setup", "", "xrate, redisrate or sluice")
+	addr := fs.String("redis", "", "Redis address host:port")
+	conc := fs.Int("concurrency", 100, "asynq Concurrency")
+	procs := fs.Int("procs", 1, "worker processes in the fleet (set-up 1 divides each limit by it)")
+	limitsFile := fs.String("limits", "", "JSON file of tenant → limits (set-ups 1 and 2)")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if err := workerMain(*setup, *addr, *conc, *procs, *limitsFile); err != nil {
+		fmt.Fprintln(os.Stderr, "fleetbench worker:", err)
+		return 1
+	}
+	return 0
+}
+
+func workerMain(setup, addr string, conc, procs int, limitsFile string) error {
+	if addr == "" || conc < 1 || procs < 1 {
+		return errors.New("-redis, -concurrency ≥ 1 and -procs ≥ 1 are required")
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 100})
+	defer rdb.Close()
+
+	var deliveries, calls atomic.Int64
+	// BaseContext is called once for every task asynq dequeues, whatever
+	// the handler then does with it: it counts deliveries the same way in
+	// every set-up.
+	cfg := asynq.Config{
+		Concurrency:              conc,
+		Queues:                   map[string]int{"default": 1},
+		TaskCheckInterval:        worker.TaskCheckIntervalDefault,
+		DelayedTaskCheckInterval: worker.DelayedTaskCheckIntervalDefault,
+		LogLevel:                 asynq.FatalLevel,
+		BaseContext: func() context.Context {
+			deliveries.Add(1)
+			return context.Background()
+		},
+	}
+	// The same handler in every set-up: sluice's built-in http handler,
+	// with a client that keeps a connection per running job.
+	transport := http.DefaultTransport.(*http.Transport).Clone()
+	transport.MaxIdleConnsPerHost = conc
+	httpClient := &http.Client{Transport: transport}
+	defer httpClient.CloseIdleConnections()
+	builtin := &worker.HTTPHandler{Client: httpClient}
+	handler := asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
+		calls.Add(1)
+		return builtin.ProcessTask(ctx, t)
+	})
+
+	var start func() error
+	var stop func()
+	var gatherer func() prometheus.Gatherer
+	switch setup {
+	case setupXRate, setupRedisRate:
+		lim, err := readLimits(limitsFile)
+		if err != nil {
+			return err
+		}
+		cfg.IsFailure = func(err error) bool { return !isRateLimitError(err) }
+		cfg.RetryDelayFunc = retryDelay
+		var mw asynq.MiddlewareFunc
+		if setup == setupXRate {
+			mw = xrateMiddleware(lim, procs)
+		} else {
+			mw = redisRateMiddleware(rdb, lim)
+		}
+		mux := asynq.NewServeMux()
+		mux.Use(mw)
+		mux.Handle(worker.TypeHTTP, handler)
+		srv := asynq.NewServerFromRedisClient(rdb, cfg)
+		start = func() error { return srv.Start(mux) }
+		stop = srv.Shutdown
+	case setupSluice:
+		srv, err := worker.New(rdb, &worker.Config{
+			Asynq: cfg,
+			Gate:  worker.GateConfig{Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))},
+		})
+		if err != nil {
+			return err
+		}
+		srv.Handle(worker.TypeHTTP, handler)
+		start = srv.Start
+		stop = srv.Shutdown
+		gatherer = srv.Gate().Gatherer
+	default:
+		return fmt.Errorf("-setup %q: want xrate, redisrate or sluice", setup)
+	}
+
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	if err := start(); err != nil {
+		return err
+	}
+	fmt.Println("ready")
+	<-sig
+	stop()
+	st := workerStats{Deliveries: deliveries.Load(), Calls: calls.Load()}
+	if gatherer != nil {
+		st.Gate = gatherCounters(gatherer(), gateCounters)
+	}
+	return json.NewEncoder(os.Stdout).Encode(st)
+}
+
+func readLimits(path string) (map[string]limits, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("-limits: %w", err)
+	}
+	m := map[string]limits{}
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, fmt.Errorf("-limits %s: %w", path, err)
+	}
+	return m, nil
+}
+
+// asRateLimit turns a downstream 429 (the built-in handler's
+// RetryAfterError) into a rate-limit error, so that set-ups 1 and 2 honour
+// Retry-After without counting a failure, as sluice does.
+func asRateLimit(err error) error {
+	var ra *worker.RetryAfterError
+	if errors.As(err, &ra) {
+		return &rateLimitError{RetryIn: ra.Delay, Why: "downstream 429"}
+	}
+	return err
+}
+
+// xrateMiddleware is set-up 1: asynq's documented pattern, one
+// golang.org/x/time/rate limiter per tenant in each process, each allowing
+// 1/procs of the tenant's rate (at least a burst of 1), and a per-process
+// semaphore for a concurrency cap (cap/procs slots, at least 1). A denied
+// task is retried after a random 0–9 s, as in the asynq wiki.
+func xrateMiddleware(lim map[string]limits, procs int) asynq.MiddlewareFunc {
+	type local struct {
+		rl  *rate.Limiter
+		sem chan struct{}
+	}
+	locals := map[string]*local{}
+	for name, l := range lim {
+		lc := &local{}
+		if l.Rate > 0 {
+			lc.rl = rate.NewLimiter(rate.Limit(float64(l.Rate)/float64(procs)), int(max(1, l.Burst/int64(procs))))
+		}
+		if l.Conc > 0 {
+			lc.sem = make(chan struct{}, max(1, l.Conc/int64(procs)))
+		}
+		locals[name] = lc
+	}
+	return func(next asynq.Handler) asynq.Handler {
+		return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
+			lc := locals[t.Headers()[queue.TenantHeader]]
+			if lc == nil {
+				return asRateLimit(next.ProcessTask(ctx, t))
+			}
+			if lc.sem != nil {
+				select {
+				case lc.sem <- struct{}{}:
+					defer func() { <-lc.sem }()
+				default:
+					return &rateLimitError{RetryIn: wikiRetryIn(), Why: "concurrency"}
+				}
+			}
+			if lc.rl != nil && !lc.rl.Allow() {
+				return &rateLimitError{RetryIn: wikiRetryIn(), Why: "rate"}
+			}
+			return asRateLimit(next.ProcessTask(ctx, t))
+		})
+	}
+}
+
+// redisRateMiddleware is set-up 2: one go-redis/redis_rate limiter shared
+// by the fleet (GCRA in Redis, keyed by tenant); a denied task is retried
+// after the RetryAfter redis_rate gives (no reservation: every denied task
+// aims at the next free token). No concurrency cap.
+func redisRateMiddleware(rdb *redis.Client, lim map[string]limits) asynq.MiddlewareFunc {
+	rl := redis_rate.NewLimiter(rdb)
+	return func(next asynq.Handler) asynq.Handler {
+		return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
+			tenant := t.Headers()[queue.TenantHeader]
+			l, ok := lim[tenant]
+			if ok && l.Rate > 0 {
+				res, err := rl.Allow(ctx, "rl:"+tenant, redis_rate.Limit{Rate: int(l.Rate), Burst: int(max(1, l.Burst)), Period: time.Second})
+				if err != nil {
+					return fmt.Errorf("redis_rate: %w", err)
+				}
+				if res.Allowed == 0 {
+					return &rateLimitError{RetryIn: max(res.RetryAfter, 0), Why: "rate"}
+				}
+			}
+			return asRateLimit(next.ProcessTask(ctx, t))
+		})
+	}
+}
