@@ -53,8 +53,22 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 	only := fs.String("setups", strings.Join(setups, ","), "set-ups to run, comma-separated: xrate, redisrate, sluice")
 	workers := fs.Int("workers", 0, "worker processes per set-up (0: the config's)")
 	allowance := fs.Duration("allowance", 20*time.Millisecond, "jitter the downstream forgives on a rate (GCRA tolerance)")
+	save := fs.String("save", "", "also save the run's recordings to this file (for -render)")
+	render := fs.String("render", "", "run nothing: write the report of the run saved in this file (with -out)")
 	if err := fs.Parse(args); err != nil {
 		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "fleetbench: unexpected argument %q\n", fs.Arg(0))
+		return 2
+	}
+	if *render != "" {
+		b, err := load(*render)
+		if err != nil {
+			fmt.Fprintln(stderr, "fleetbench:", err)
+			return 1
+		}
+		return b.finish(*out, stdout, stderr)
 	}
 	cfg, ok := presets[*name]
 	if !ok {
@@ -94,15 +108,44 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "fleetbench:", err)
 		return 1
 	}
-	printTable(stdout, b.results)
-	if *out != "" {
-		b.command = "go run ./internal/fleetbench " + strings.Join(args, " ")
-		if err := b.write(*out); err != nil {
+	b.command = "go run ./internal/fleetbench " + strings.Join(commandArgs(args), " ")
+	if *save != "" {
+		if err := b.save(*save); err != nil {
 			fmt.Fprintln(stderr, "fleetbench:", err)
 			return 1
 		}
-		fmt.Fprintf(stdout, "\nwrote %s\n", filepath.Join(*out, "benchmarks.md"))
 	}
+	return b.finish(*out, stdout, stderr)
+}
+
+// commandArgs is the command line as the report shows it: without the
+// -save file, a path of this machine.
+func commandArgs(args []string) []string {
+	var out []string
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		switch {
+		case a == "-save" || a == "--save":
+			i++
+		case strings.HasPrefix(a, "-save=") || strings.HasPrefix(a, "--save="):
+		default:
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// finish prints the table and writes the report into out, if given.
+func (b *benchmark) finish(out string, stdout, stderr io.Writer) int {
+	printTable(stdout, b.results)
+	if out == "" {
+		return 0
+	}
+	if err := b.write(out); err != nil {
+		fmt.Fprintln(stderr, "fleetbench:", err)
+		return 1
+	}
+	fmt.Fprintf(stdout, "\nwrote %s\n", filepath.Join(out, "benchmarks.md"))
 	return 0
 }
 

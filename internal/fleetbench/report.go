@@ -27,7 +27,7 @@ type result struct {
 
 	rateErr         float64 // largest rateExcess (10 s windows) of any rate-limited tenant
 	rateErrTenant   string
-	tenantsOverRate int // tenants whose rateExcess is above 1%
+	tenantsOverRate int     // tenants whose rateExcess is above 1%
 	rateErr1s       float64 // the same over 1 s windows
 	rateErr1sTenant string
 	tenantsOver1s   int
@@ -43,6 +43,7 @@ type result struct {
 	perJob     float64
 
 	waits            []time.Duration // sorted: small tenants' conforming jobs enqueued during the burst
+	waitsByClass     map[string][]time.Duration
 	waitP50, waitP99 time.Duration
 	waitOver2s       int
 
@@ -65,7 +66,8 @@ const conformSlack = time.Millisecond
 func compute(w *workload, rd *runData) *result {
 	r := &result{setup: rd.setup, jobs: len(w.jobs), enqErrs: rd.enqErrs, firstErr: rd.firstErr,
 		deliveries: rd.deliveries, redisCPU: rd.redisCPU, redisPeak: rd.redisPeak, workerCPU: rd.workerCPU,
-		timedOut: rd.timedOut, loadBefore: rd.loadBefore, loadAfter: rd.loadAfter, problems: rd.problems}
+		timedOut: rd.timedOut, loadBefore: rd.loadBefore, loadAfter: rd.loadAfter, problems: rd.problems,
+		waitsByClass: map[string][]time.Duration{}}
 	enqueued := make([]bool, len(w.jobs))
 	for i, t := range rd.enq {
 		if t >= 0 {
@@ -173,9 +175,13 @@ func compute(w *workload, rd *runData) *result {
 				started = rd.elapsed
 			}
 			r.waits = append(r.waits, max(0, started-enq[k]))
+			r.waitsByClass[t.class] = append(r.waitsByClass[t.class], max(0, started-enq[k]))
 		}
 	}
 	sortDurations(r.waits)
+	for _, ws := range r.waitsByClass {
+		sortDurations(ws)
+	}
 	r.waitP50, r.waitP99 = percentile(r.waits, 50), percentile(r.waits, 99)
 	for _, d := range r.waits {
 		if d > 2*time.Second {
@@ -276,6 +282,15 @@ var rows = []row{
 		return fmt.Sprintf("%.1f s / %.1f MB", r.redisCPU, r.redisPeak/1e6)
 	}},
 	{"worker CPU (all processes)", func(r *result) string { return fmt.Sprintf("%.1f s", r.workerCPU.Seconds()) }},
+	{"CPU per completed job (Redis + workers)", func(r *result) string { return fmt.Sprintf("%.2f ms", r.cpuPerJob()*1000) }},
+}
+
+// cpuPerJob is Redis's and the workers' CPU seconds per completed job.
+func (r *result) cpuPerJob() float64 {
+	if r.completed == 0 {
+		return 0
+	}
+	return (r.redisCPU + r.workerCPU.Seconds()) / float64(r.completed)
 }
 
 // printTable writes the comparison as aligned text.
