@@ -7,7 +7,7 @@ REDIS_SERVER ?= redis-server
 # CLUSTER_PKGS run their suites a second time on a local three-master Redis
 # Cluster. A package opts in by taking redistest.UniversalClient in its
 # tests (see internal/redistest).
-CLUSTER_PKGS ?= ./throttle/
+CLUSTER_PKGS ?= ./throttle/ ./queue/ ./worker/
 
 test: deps vet unit cluster
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/hibiken/asynq"
@@ -12,6 +13,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/redisurl"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/throttle"
 )
@@ -21,7 +23,8 @@ func TestMain(m *testing.M) {
 }
 
 type env struct {
-	client    *redis.Client
+	client    redis.UniversalClient // sluice's keys: a Cluster client in the Cluster pass
+	asynq     redis.UniversalClient // asynq's queues: the same Redis, see asynqClient
 	prefix    string
 	queue     string // a queue no other test uses (asynq's keys have no prefix)
 	store     *throttle.PolicyStore
@@ -30,11 +33,12 @@ type env struct {
 	inspector *asynq.Inspector
 }
 
-// setup builds a queue client over the shared test server with a private
-// key prefix and queue name.
+// setup builds a queue client over the shared test server (the shared
+// Cluster when SLUICE_TEST_CLUSTER=1) with a private key prefix and queue
+// name.
 func setup(tb testing.TB, lcfg *throttle.Config) *env {
 	tb.Helper()
-	client, prefix := redistest.Client(tb), redistest.Prefix(tb)
+	client, asynqRedis, prefix := redistest.UniversalClient(tb), asynqClient(tb), redistest.Prefix(tb)
 	store, err := throttle.NewPolicyStore(client, &throttle.StoreConfig{Prefix: prefix})
 	require.NoError(tb, err)
 	var c throttle.Config
@@ -44,15 +48,36 @@ func setup(tb testing.TB, lcfg *throttle.Config) *env {
 	c.Prefix, c.Policies = prefix, store
 	lim, err := throttle.NewLimiter(client, &c)
 	require.NoError(tb, err)
-	q, err := queue.New(client, &queue.Config{Limiter: lim})
+	q, err := queue.New(client, &queue.Config{Limiter: lim, Asynq: asynqRedis})
 	require.NoError(tb, err)
 	tb.Cleanup(func() {
 		require.NoError(tb, q.Close())
 		require.NoError(tb, lim.Close())
 		require.NoError(tb, store.Close())
 	})
-	return &env{client: client, prefix: prefix, queue: "q-" + prefix, store: store, lim: lim, q: q,
-		inspector: asynq.NewInspectorFromRedisClient(client)}
+	return &env{client: client, asynq: asynqRedis, prefix: prefix, queue: "q-" + prefix, store: store, lim: lim, q: q,
+		inspector: asynq.NewInspectorFromRedisClient(asynqRedis)}
+}
+
+// asynqClient returns a client for asynq's queues on the shared test
+// server, closed when the test ends. In the Cluster pass it is made the way
+// an asynq application reaches a Cluster, from asynq.RedisClusterClientOpt
+// (through internal/redisurl, as the binaries do), apart from the
+// *redis.ClusterClient sluice's limiter uses.
+func asynqClient(tb testing.TB) redis.UniversalClient {
+	tb.Helper()
+	if !redistest.ClusterMode() {
+		return redistest.Client(tb)
+	}
+	u, err := redisurl.Parse(redistest.ClusterURL(tb))
+	require.NoError(tb, err)
+	opt := u.AsynqOpt()
+	_, ok := opt.(asynq.RedisClusterClientOpt)
+	require.True(tb, ok, "the cluster URL gives asynq.RedisClusterClientOpt, got %T", opt)
+	c, ok := opt.MakeRedisClient().(redis.UniversalClient)
+	require.True(tb, ok)
+	tb.Cleanup(func() { _ = c.Close() })
+	return c
 }
 
 func (e *env) policy(tb testing.TB, name, text string) {
@@ -66,8 +91,15 @@ func (e *env) policy(tb testing.TB, name, text string) {
 // written for it.
 func (e *env) asynqKeys(tb testing.TB) []string {
 	tb.Helper()
-	keys, err := e.client.Keys(context.Background(), "asynq:{"+e.queue+"}:*").Result()
-	require.NoError(tb, err)
+	var mu sync.Mutex
+	var keys []string
+	require.NoError(tb, redistest.ForEachMaster(context.Background(), e.asynq, func(ctx context.Context, node redis.Cmdable) error {
+		k, err := node.Keys(ctx, "asynq:{"+e.queue+"}:*").Result()
+		mu.Lock()
+		keys = append(keys, k...)
+		mu.Unlock()
+		return err
+	}))
 	return keys
 }
 
@@ -102,10 +134,11 @@ func (e *exampleTB) close() {
 	}
 }
 
-// exampleEnv gives an Example a Redis client, a key prefix and a queue name
-// of its own; call the returned function when done.
-func exampleEnv(name string) (client *redis.Client, prefix, queueName string, done func()) {
+// exampleEnv gives an Example a Redis client (of the shared Cluster in the
+// Cluster pass), a key prefix and a queue name of its own; call the
+// returned function when done.
+func exampleEnv(name string) (client redis.UniversalClient, prefix, queueName string, done func()) {
 	tb := &exampleTB{name: name}
-	client, prefix = redistest.Client(tb), redistest.Prefix(tb)
+	client, prefix = redistest.UniversalClient(tb), redistest.Prefix(tb)
 	return client, prefix, "q-" + strings.ReplaceAll(prefix, ".", "-"), tb.close
 }

@@ -27,10 +27,18 @@ import (
 // internal/testworker) against a private Redis each, the way a fleet runs
 // them, and checks what the handlers themselves recorded. Its subtests run
 // one after the other, before the package's parallel tests, so their
-// timings are not disturbed by them.
+// timings are not disturbed by them. In the Cluster pass they run on the
+// shared Cluster at smaller sizes (the whole pass is meant to take a couple
+// of minutes); a worker crash is tested in faults_test.go.
 func TestFleet(t *testing.T) {
 	bin := buildTestWorker(t)
-	t.Run("NoLoss", func(t *testing.T) { testNoLoss(t, bin) })
+	t.Run("NoLoss", func(t *testing.T) {
+		per := 200
+		if redistest.ClusterMode() && !*full {
+			per = 100
+		}
+		testNoLoss(t, bin, per)
+	})
 	t.Run("Smoothness", func(t *testing.T) {
 		if *full {
 			testSmoothness(t, bin, 50, 1, 2000)
@@ -40,13 +48,19 @@ func TestFleet(t *testing.T) {
 		// A lower rate in CI: with burst 1 every scheduling delay of a
 		// start beyond the limiter's 2 ms tolerance is lost for good, so a
 		// busy shared CI machine costs a high rate more than a low one.
-		testSmoothness(t, bin, 25, 1, 400)
+		n := 400
+		if redistest.ClusterMode() {
+			n = 200
+		}
+		testSmoothness(t, bin, 25, 1, n)
 	})
-	t.Run("ConcurrencyWithKill", func(t *testing.T) { testConcurrencyWithKill(t, bin) })
 	t.Run("NoisyNeighbour", func(t *testing.T) {
 		n := 5000
-		if *full {
+		switch {
+		case *full:
 			n = 50_000
+		case redistest.ClusterMode():
+			n = 2000
 		}
 		on := testNoisyNeighbour(t, bin, n, true)
 		off := testNoisyNeighbour(t, bin, n, false)
@@ -68,13 +82,21 @@ func buildTestWorker(t *testing.T) string {
 	return bin
 }
 
-// fleet is a set of worker processes sharing a private Redis.
+// fleet is a set of worker processes sharing a private Redis, or the
+// shared Cluster in the Cluster pass.
 type fleet struct {
 	bin    string
-	server *redistest.Server
-	client *redis.Client
+	url    string            // the Redis the workers use (redis+cluster:// in the Cluster pass)
+	server *redistest.Server // the private server; nil on the Cluster
+	client redis.UniversalClient
 	env    *env
-	events string
+	// events is the list the workers' handlers record in, on eventsClient:
+	// the Redis under test unless eventsURL names another.
+	events       string
+	eventsURL    string
+	eventsClient redis.UniversalClient
+	// args are extra testworker flags for every worker started.
+	args []string
 
 	mu    sync.Mutex
 	procs []*proc
@@ -106,9 +128,25 @@ func (s *safeBuffer) String() string {
 
 func newFleet(t *testing.T, bin string) *fleet {
 	t.Helper()
-	server := redistest.NewServer(t, nil)
+	if redistest.ClusterMode() {
+		e := setup(t, nil)
+		f := &fleet{bin: bin, url: redistest.ClusterURL(t), client: e.client, env: e, events: e.prefix + ":events", eventsClient: e.client}
+		t.Cleanup(func() { f.stopAll(t) })
+		return f
+	}
+	return newFleetOn(t, bin, redistest.NewServer(t, nil), false)
+}
+
+// newFleetOn is a fleet on server; with eventsApart the handlers record on
+// a private Redis of their own, which survives what a test does to server.
+func newFleetOn(t *testing.T, bin string, server *redistest.Server, eventsApart bool) *fleet {
+	t.Helper()
 	client := server.Client(t)
-	f := &fleet{bin: bin, server: server, client: client, env: setup(t, client), events: "events"}
+	f := &fleet{bin: bin, url: server.URL(), server: server, client: client, env: setup(t, client), events: "events", eventsClient: client}
+	if eventsApart {
+		events := redistest.NewServer(t, nil)
+		f.eventsURL, f.eventsClient = events.URL(), events.Client(t)
+	}
 	t.Cleanup(func() { f.stopAll(t) })
 	return f
 }
@@ -116,8 +154,11 @@ func newFleet(t *testing.T, bin string) *fleet {
 // start launches a worker process and waits until it takes jobs.
 func (f *fleet) start(t *testing.T) *proc {
 	t.Helper()
-	cmd := exec.Command(f.bin, "-redis", f.server.URL(), "-prefix", f.env.prefix, "-queue", f.env.queue,
-		"-events", f.events, "-concurrency", "200")
+	args := []string{"-redis", f.url, "-prefix", f.env.prefix, "-queue", f.env.queue, "-events", f.events, "-concurrency", "200"}
+	if f.eventsURL != "" {
+		args = append(args, "-events-redis", f.eventsURL)
+	}
+	cmd := exec.Command(f.bin, append(args, f.args...)...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	stdout, err := cmd.StdoutPipe()
 	require.NoError(t, err)
@@ -209,7 +250,7 @@ type event struct {
 
 func (f *fleet) records(t *testing.T) []*event {
 	t.Helper()
-	raw, err := f.client.LRange(context.Background(), f.events, 0, -1).Result()
+	raw, err := f.eventsClient.LRange(context.Background(), f.events, 0, -1).Result()
 	require.NoError(t, err)
 	out := make([]*event, 0, len(raw))
 	for _, r := range raw {
@@ -296,7 +337,7 @@ func maxConcurrent(starts []*event, tenant string) int {
 func (f *fleet) waitFinished(t *testing.T, n int, timeout time.Duration) {
 	t.Helper()
 	poll(t, timeout, 100*time.Millisecond, func() bool {
-		l, err := f.client.LLen(context.Background(), f.events).Result()
+		l, err := f.eventsClient.LLen(context.Background(), f.events).Result()
 		require.NoError(t, err)
 		return l >= int64(2*n) && len(f.finishedIDs(t)) == n
 	}, "all %d jobs done", n)
@@ -330,7 +371,7 @@ func (f *fleet) enqueueBatch(t *testing.T, tenant string, n int, payload string,
 	return ids
 }
 
-func testNoLoss(t *testing.T, bin string) {
+func testNoLoss(t *testing.T, bin string, per int) {
 	f := newFleet(t, bin)
 	f.env.policy(t, "t1", "rate=40/s burst=2 backlog=1000")
 	f.env.policy(t, "t2", "rate=20/s concurrency=3 lease=5s")
@@ -338,7 +379,6 @@ func testNoLoss(t *testing.T, bin string) {
 	for i := 0; i < 3; i++ {
 		f.start(t)
 	}
-	const per = 200
 	var ids []string
 	for _, tenant := range []string{"t1", "t2", "t3"} {
 		ms := `{"ms":5}`
@@ -451,78 +491,6 @@ func testSmoothness(t *testing.T, bin string, rate float64, burst, n int) {
 		epsilon = 0.02
 	}
 	require.InEpsilon(t, rate, achieved, epsilon)
-}
-
-func testConcurrencyWithKill(t *testing.T, bin string) {
-	f := newFleet(t, bin)
-	const limit = 3
-	f.env.policy(t, "acme", fmt.Sprintf("concurrency=%d lease=2s", limit))
-	var procs []*proc
-	for i := 0; i < 3; i++ {
-		procs = append(procs, f.start(t))
-	}
-	ids := f.enqueueBatch(t, "acme", 30, `{"ms":400}`, asynq.MaxRetry(3))
-
-	// Kill a worker while one of its jobs runs.
-	var victim *proc
-	var open []string
-	poll(t, 20*time.Second, 50*time.Millisecond, func() bool {
-		for _, p := range procs {
-			open = open[:0]
-			for _, s := range runs(f.records(t), nil) {
-				if s.pid == p.pid && !s.finished {
-					open = append(open, s.taskID)
-				}
-			}
-			if len(open) > 0 {
-				victim = p
-				return true
-			}
-		}
-		return false
-	}, "a worker running a job")
-	killedAt := f.kill(t, victim)
-	killedJobs := append([]string(nil), open...)
-
-	if !*full {
-		// asynq re-queues a crashed worker's jobs once their 30 s lease has
-		// been expired for 30 s, checked every minute. Age the leases of the
-		// dead worker's jobs instead of waiting: the recoverer of the worker
-		// started next runs at once. Live workers extend their jobs' leases
-		// to now+30s every 5 s, so after 8 s a lease that ends before
-		// now+23s belongs to the dead worker (a job running or one waiting
-		// in its gate).
-		time.Sleep(8 * time.Second)
-		key := "asynq:{" + f.env.queue + "}:lease"
-		ctx := context.Background()
-		dead, err := f.client.ZRangeByScore(ctx, key, &redis.ZRangeBy{Min: "-inf", Max: strconv.FormatInt(time.Now().Add(23*time.Second).Unix(), 10)}).Result()
-		require.NoError(t, err)
-		require.Subset(t, dead, killedJobs)
-		for _, id := range dead {
-			require.NoError(t, f.client.ZAddXX(ctx, key, redis.Z{Score: float64(time.Now().Add(-time.Minute).Unix()), Member: id}).Err())
-		}
-	}
-	f.start(t)
-	timeout := 30 * time.Second
-	if *full {
-		timeout = 150 * time.Second
-	}
-	poll(t, timeout, 200*time.Millisecond, func() bool { return len(f.finishedIDs(t)) == len(ids) }, "all jobs done, the killed ones included")
-
-	starts := runs(f.records(t), map[int]time.Time{victim.pid: killedAt})
-	most := maxConcurrent(starts, "acme")
-	for _, id := range killedJobs {
-		var after bool
-		for _, s := range starts {
-			if s.taskID == id && s.finished && s.at.After(killedAt) {
-				after = true
-			}
-		}
-		require.True(t, after, "the killed job %s completed later", id)
-	}
-	t.Logf("concurrency=%d, 3 workers, one SIGKILLed mid-job (%d job(s) running there): at most %d running at once, as the handlers counted; killed jobs completed after recovery", limit, len(killedJobs), most)
-	require.LessOrEqual(t, most, limit)
-	require.Zero(t, f.env.queueInfo(t).Archived)
 }
 
 // testNoisyNeighbour returns the p50 and p99 of B's start latency.

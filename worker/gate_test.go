@@ -187,9 +187,9 @@ func TestFailClosedWhileRedisIsFrozen(t *testing.T) {
 	private := redistest.NewServer(t, nil)
 	sluiceRedis := private.Client(t)
 	e := setup(t, sluiceRedis)
-	asynqRedis := redistest.Client(t)
+	asynqRedis := asynqClient(t)
 	e.q = mustQueue(t, sluiceRedis, e.lim, asynqRedis)
-	e.inspector = asynq.NewInspectorFromRedisClient(asynqRedis)
+	e.asynq, e.inspector = asynqRedis, asynq.NewInspectorFromRedisClient(asynqRedis)
 	e.policy(t, "acme", "rate=4/s")
 	rec := newRecorder(0)
 	cfg := func(c *worker.Config) {
@@ -240,9 +240,9 @@ func TestFailOpenRunsJobsWhileRedisIsFrozen(t *testing.T) {
 	private := redistest.NewServer(t, nil)
 	sluiceRedis := private.Client(t)
 	e := setup(t, sluiceRedis)
-	asynqRedis := redistest.Client(t)
+	asynqRedis := asynqClient(t)
 	e.q = mustQueue(t, sluiceRedis, e.lim, asynqRedis)
-	e.inspector = asynq.NewInspectorFromRedisClient(asynqRedis)
+	e.asynq, e.inspector = asynqRedis, asynq.NewInspectorFromRedisClient(asynqRedis)
 	e.policy(t, "acme", "rate=1/min fail_open=true")
 	rec := newRecorder(0)
 	srv := e.server(t, func(c *worker.Config) {
@@ -314,7 +314,7 @@ func TestUnusableHeadersRunTheJobUnderGlobal(t *testing.T) {
 	})
 	srv.Handle("job", rec)
 	require.NoError(t, srv.Start())
-	ac := asynq.NewClientFromRedisClient(e.client)
+	ac := asynq.NewClientFromRedisClient(e.asynq)
 	for _, h := range []map[string]string{
 		{queue.TenantHeader: strings.Repeat("x", 300)},
 		{queue.TenantHeader: "acme", queue.CostHeader: "lots"},
@@ -395,7 +395,7 @@ func TestCostNoRuleAdmitsIsDeferredUntilThePolicyChanges(t *testing.T) {
 	require.NoError(t, srv.Start())
 	// A producer that bypassed queue.Client's check (or a policy changed
 	// after enqueue) left a job no rule can admit.
-	_, err := asynq.NewClientFromRedisClient(e.client).Enqueue(
+	_, err := asynq.NewClientFromRedisClient(e.asynq).Enqueue(
 		asynq.NewTaskWithHeaders("job", nil, map[string]string{queue.TenantHeader: "acme", queue.CostHeader: "5"}),
 		asynq.Queue(e.queue), asynq.MaxRetry(0))
 	require.NoError(t, err)
@@ -435,7 +435,7 @@ func TestConfigValidation(t *testing.T) {
 
 // mustQueue returns a producer whose sluice keys and asynq queues live on
 // different servers.
-func mustQueue(tb testing.TB, sluiceRedis *redis.Client, lim *throttle.Limiter, asynqRedis *redis.Client) *queue.Client {
+func mustQueue(tb testing.TB, sluiceRedis redis.UniversalClient, lim *throttle.Limiter, asynqRedis redis.UniversalClient) *queue.Client {
 	tb.Helper()
 	q, err := queue.New(sluiceRedis, &queue.Config{Limiter: lim, Asynq: asynqRedis})
 	require.NoError(tb, err)

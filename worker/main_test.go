@@ -19,6 +19,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/redisurl"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/throttle"
 	"github.com/sluicehq/sluice/worker"
@@ -37,7 +38,8 @@ func TestMain(m *testing.M) {
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
 type env struct {
-	client    *redis.Client
+	client    redis.UniversalClient // sluice's keys: a Cluster client in the Cluster pass
+	asynq     redis.UniversalClient // asynq's queues: the same Redis, see asynqClient
 	prefix    string
 	queue     string // a queue no other test uses (asynq's keys have no prefix)
 	store     *throttle.PolicyStore
@@ -46,27 +48,51 @@ type env struct {
 	inspector *asynq.Inspector
 }
 
-// setup builds a limiter and a producer over client (the shared test server
-// when nil), with a private key prefix and queue name.
-func setup(tb testing.TB, client *redis.Client) *env {
+// setup builds a limiter and a producer over client, with a private key
+// prefix and queue name. When client is nil it uses the shared test server,
+// or the shared Cluster in the Cluster pass (SLUICE_TEST_CLUSTER=1), with
+// asynq's client made apart (see asynqClient).
+func setup(tb testing.TB, client redis.UniversalClient) *env {
 	tb.Helper()
+	asynqRedis := client
 	if client == nil {
-		client = redistest.Client(tb)
+		client, asynqRedis = redistest.UniversalClient(tb), asynqClient(tb)
 	}
 	prefix := redistest.Prefix(tb)
 	store, err := throttle.NewPolicyStore(client, &throttle.StoreConfig{Prefix: prefix})
 	require.NoError(tb, err)
 	lim, err := throttle.NewLimiter(client, &throttle.Config{Prefix: prefix, Policies: store})
 	require.NoError(tb, err)
-	q, err := queue.New(client, &queue.Config{Limiter: lim})
+	q, err := queue.New(client, &queue.Config{Limiter: lim, Asynq: asynqRedis})
 	require.NoError(tb, err)
 	tb.Cleanup(func() {
 		require.NoError(tb, q.Close())
 		require.NoError(tb, lim.Close())
 		require.NoError(tb, store.Close())
 	})
-	return &env{client: client, prefix: prefix, queue: "q-" + prefix, store: store, lim: lim, q: q,
-		inspector: asynq.NewInspectorFromRedisClient(client)}
+	return &env{client: client, asynq: asynqRedis, prefix: prefix, queue: "q-" + prefix, store: store, lim: lim, q: q,
+		inspector: asynq.NewInspectorFromRedisClient(asynqRedis)}
+}
+
+// asynqClient returns a client for asynq's queues on the shared test
+// server, closed when the test ends. In the Cluster pass it is made the way
+// an asynq application reaches a Cluster, from asynq.RedisClusterClientOpt
+// (through internal/redisurl, as the binaries do), apart from the
+// *redis.ClusterClient sluice's limiter uses.
+func asynqClient(tb testing.TB) redis.UniversalClient {
+	tb.Helper()
+	if !redistest.ClusterMode() {
+		return redistest.Client(tb)
+	}
+	u, err := redisurl.Parse(redistest.ClusterURL(tb))
+	require.NoError(tb, err)
+	opt := u.AsynqOpt()
+	_, ok := opt.(asynq.RedisClusterClientOpt)
+	require.True(tb, ok, "the cluster URL gives asynq.RedisClusterClientOpt, got %T", opt)
+	c, ok := opt.MakeRedisClient().(redis.UniversalClient)
+	require.True(tb, ok)
+	tb.Cleanup(func() { _ = c.Close() })
+	return c
 }
 
 func (e *env) policy(tb testing.TB, name, text string) {
@@ -81,7 +107,8 @@ func (e *env) policy(tb testing.TB, name, text string) {
 func (e *env) server(tb testing.TB, mod func(*worker.Config)) *worker.Server {
 	tb.Helper()
 	cfg := worker.Config{
-		Limiter: e.lim,
+		Limiter:    e.lim,
+		AsynqRedis: e.asynq,
 		Asynq: asynq.Config{
 			Queues:   map[string]int{e.queue: 1},
 			LogLevel: asynq.FatalLevel,
@@ -301,10 +328,11 @@ func (e *exampleTB) close() {
 	}
 }
 
-// exampleEnv gives an Example a Redis client, a key prefix and a queue name
-// of its own; call the returned function when done.
-func exampleEnv(name string) (client *redis.Client, prefix, queueName string, done func()) {
+// exampleEnv gives an Example a Redis client (of the shared Cluster in the
+// Cluster pass), a key prefix and a queue name of its own; call the
+// returned function when done.
+func exampleEnv(name string) (client redis.UniversalClient, prefix, queueName string, done func()) {
 	tb := &exampleTB{name: name}
-	client, prefix = redistest.Client(tb), redistest.Prefix(tb)
+	client, prefix = redistest.UniversalClient(tb), redistest.Prefix(tb)
 	return client, prefix, "q-" + strings.ReplaceAll(prefix, ".", "-"), tb.close
 }

@@ -12,6 +12,12 @@
 // The "rec" payload is {"ms": N}: the job sleeps N ms between its events.
 // The program prints "ready" once it takes jobs, and on SIGTERM or SIGINT
 // shuts down gracefully and exits 0.
+//
+// Every Redis flag takes the URLs of internal/redisurl (redis://, and
+// redis+cluster:// for a Cluster, on which asynq gets
+// asynq.RedisClusterClientOpt's client). -events-redis keeps the records
+// on a Redis of their own, so that tests which stop, freeze or restart the
+// Redis under test lose none.
 package main
 
 import (
@@ -29,6 +35,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice/internal/redisurl"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/worker"
 )
@@ -43,36 +50,42 @@ func main() {
 func run() error {
 	redisURL := flag.String("redis", "", "Redis URL of asynq's queues and, unless -sluice-redis is given, sluice's keys")
 	sluiceURL := flag.String("sluice-redis", "", "Redis URL of sluice's keys when apart from asynq's")
+	eventsURL := flag.String("events-redis", "", "Redis URL of the -events list when apart from -redis")
 	prefix := flag.String("prefix", "", "sluice key prefix")
 	qname := flag.String("queue", "default", "queue to process")
-	events := flag.String("events", "", "Redis list (on -redis) the handler records its events in")
+	events := flag.String("events", "", "Redis list (on -redis, or -events-redis) the handler records its events in")
 	concurrency := flag.Int("concurrency", 100, "asynq concurrency")
 	retryDelay := flag.Duration("retry-delay", time.Second, "delay before a failed job is retried")
+	backoffMax := flag.Duration("backoff-max", 0, "the gate's BackoffMax (0: its default)")
+	clusterReload := flag.Duration("cluster-reload", 0, "on a Cluster, how often the clients reload the slot map (0: go-redis's default, 60s, and asynq's client from asynq.RedisClusterClientOpt)")
 	flag.Parse()
 	if *redisURL == "" || *events == "" {
 		return fmt.Errorf("-redis and -events are required")
 	}
-	opt, err := redis.ParseURL(*redisURL)
+	rdb, err := connect("-redis", *redisURL, true, *clusterReload)
 	if err != nil {
-		return fmt.Errorf("-redis %q: %w", *redisURL, err)
+		return err
 	}
-	opt.PoolSize = 64
-	rdb := redis.NewClient(opt)
 	defer rdb.Close()
 	sluice := rdb
 	if *sluiceURL != "" {
-		sopt, err := redis.ParseURL(*sluiceURL)
-		if err != nil {
-			return fmt.Errorf("-sluice-redis %q: %w", *sluiceURL, err)
+		if sluice, err = connect("-sluice-redis", *sluiceURL, false, *clusterReload); err != nil {
+			return err
 		}
-		sluice = redis.NewClient(sopt)
 		defer sluice.Close()
+	}
+	eventsRedis := rdb
+	if *eventsURL != "" {
+		if eventsRedis, err = connect("-events-redis", *eventsURL, false, *clusterReload); err != nil {
+			return err
+		}
+		defer eventsRedis.Close()
 	}
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	srv, err := worker.New(sluice, &worker.Config{
 		Prefix:     *prefix,
 		AsynqRedis: rdb,
-		Gate:       worker.GateConfig{Logger: logger},
+		Gate:       worker.GateConfig{Logger: logger, BackoffMax: *backoffMax},
 		Asynq: asynq.Config{
 			Concurrency:    *concurrency,
 			Queues:         map[string]int{*qname: 1},
@@ -100,7 +113,7 @@ func run() error {
 		tenant := t.Headers()[queue.TenantHeader]
 		ev := func(kind string, extra ...string) error {
 			f := append([]string{kind, id, taskID, tenant, fmt.Sprint(pid), fmt.Sprint(time.Now().UnixMicro())}, extra...)
-			return rdb.RPush(context.WithoutCancel(ctx), *events, strings.Join(f, "|")).Err()
+			return eventsRedis.RPush(context.WithoutCancel(ctx), *events, strings.Join(f, "|")).Err()
 		}
 		admitted := int64(0)
 		if a, ok := worker.AdmissionFrom(ctx); ok && !a.FailOpen {
@@ -127,4 +140,33 @@ func run() error {
 	<-sig
 	srv.Shutdown()
 	return nil
+}
+
+// connect returns a client for url; for asynq's queues on a Cluster, the
+// one asynq.RedisClusterClientOpt makes, as an asynq application has. With
+// reload, a Cluster client reloads its slot map that often instead (go-redis
+// otherwise keeps sending a failed master's slots to it for up to a minute,
+// and asynq.RedisClusterClientOpt cannot change that).
+func connect(flagName, url string, forAsynq bool, reload time.Duration) (redis.UniversalClient, error) {
+	u, err := redisurl.Parse(url)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", flagName, err)
+	}
+	if u.Kind == redisurl.KindCluster && reload > 0 {
+		o := u.UniversalOptions().Cluster()
+		o.ClusterStateReloadInterval = reload
+		if !forAsynq {
+			o.PoolSize = 64
+		}
+		return redis.NewClusterClient(o), nil
+	}
+	if forAsynq && u.Kind == redisurl.KindCluster {
+		c, ok := u.AsynqOpt().MakeRedisClient().(redis.UniversalClient)
+		if !ok {
+			return nil, fmt.Errorf("%s: asynq's cluster option made no go-redis client", flagName)
+		}
+		return c, nil
+	}
+	u.PoolSize = 64
+	return u.NewClient(), nil
 }
