@@ -17,9 +17,10 @@
 //
 // What the gate does with a job:
 //   - The tenant comes from the task header queue.TenantHeader (set by
-//     queue.Client) or a TenantFunc; a job without one follows @global only;
-//     a header that cannot be used is logged and counted, and the job runs
-//     under @global only. The cost comes from queue.CostHeader; the job's
+//     queue.Client) or a TenantFunc; a job without one follows @global only
+//     (a missing header is logged and counted, a TenantFunc returning "" is
+//     not); a tenant that cannot be used is logged and counted, and the job
+//     runs under @global only. The cost comes from queue.CostHeader; the job's
 //     identity, which holds its reservation and concurrency slot, is its
 //     task id (or queue.IDHeader on a copy, below).
 //   - Admitted: the handler runs; a concurrency lease is renewed every
@@ -42,7 +43,8 @@
 //     RetryAfter(d, err): the tenant pauses for d and the job is deferred.
 //   - Redis unreachable: the job is deferred with capped, jittered
 //     exponential backoff (fail closed), unless its policy, as last cached,
-//     says fail_open=true.
+//     says fail_open=true. A stored policy that cannot be read (garbage in
+//     Redis) defers the job with backoff until the policy is replaced.
 //
 // A handler learns how its job was admitted (tenant, cost, the limiter's
 // decision, how long it waited) from AdmissionFrom(ctx).

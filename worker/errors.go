@@ -45,6 +45,10 @@ const (
 	// ReasonCost: the job costs more than its policy can ever admit; a
 	// policy change may fix it, so it is deferred with backoff and logged.
 	ReasonCost = "cost"
+	// ReasonPolicy: a policy the job needs is stored in Redis but cannot
+	// be read (not valid JSON, or rules that do not parse); it is deferred
+	// with backoff and logged until the policy is replaced.
+	ReasonPolicy = "policy"
 	// ReasonShutdown: the worker stopped while the job waited for its slot.
 	ReasonShutdown = "shutdown"
 )
@@ -68,7 +72,7 @@ type DeferError struct {
 	// limit; empty otherwise.
 	CopyID string
 	// Err is the handler's error behind a cooldown, or the gate's error
-	// behind ReasonUnavailable and ReasonCost.
+	// behind ReasonUnavailable, ReasonCost and ReasonPolicy.
 	Err error
 }
 

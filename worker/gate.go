@@ -152,8 +152,11 @@ func (g *Gate) identify(ctx context.Context, task *asynq.Task) *job {
 	j.maxRetry, _ = asynq.GetMaxRetry(ctx)
 	if g.cfg.TenantFunc != nil {
 		j.tenant = g.cfg.TenantFunc(ctx, task)
-	} else {
-		j.tenant = h[queue.TenantHeader]
+	} else if j.tenant = h[queue.TenantHeader]; j.tenant == "" {
+		// Most likely a producer that bypassed queue.Client; a worker whose
+		// jobs follow @global only by design says so with a TenantFunc.
+		g.m.err(errNoTenant)
+		g.warn(errNoTenant, "job has no tenant header: running it under @global only", "task", j.taskID, "type", task.Type(), "header", queue.TenantHeader)
 	}
 	if j.tenant != "" {
 		if err := throttle.ValidateTenant(j.tenant); err != nil {
@@ -368,10 +371,11 @@ func (g *Gate) drop(ctx context.Context, j *job, d throttle.Decision) error {
 	return &DropError{Tenant: j.tenant, Rule: d.Rule, Policy: d.Policy, RetryAfter: d.RetryAfter}
 }
 
-// gateError handles a failed admission. A cost no rule can admit is a
-// configuration problem: deferred with backoff (a policy change may fix it)
-// and logged. Anything else means Redis could not be used: the job runs
-// unthrottled only when its policy (as last cached) says fail_open=true.
+// gateError handles a failed admission. A cost no rule can admit, or a
+// stored policy that cannot be read, is a configuration problem: the job is
+// deferred with backoff (a policy change fixes it) and it is logged.
+// Anything else means Redis could not be used: the job runs unthrottled
+// only when its policy (as last cached) says fail_open=true.
 func (g *Gate) gateError(ctx context.Context, j *job, err error, next asynq.Handler, start time.Time) error {
 	var ce *throttle.CostError
 	if errors.As(err, &ce) {
@@ -383,10 +387,20 @@ func (g *Gate) gateError(ctx context.Context, j *job, err error, next asynq.Hand
 	if ctx.Err() != nil {
 		return g.handBack(ctx, j, 0, false, start)
 	}
-	g.m.err(errRedis)
 	cctx, cancel := context.WithTimeout(ctx, g.cfg.CallTimeout)
 	pol, _, global, perr := g.lim.Policies().Resolve(cctx, j.tenant)
 	cancel()
+	if perr != nil && errors.Is(err, perr) {
+		// The admission failed on the very error the policy store reports
+		// (it keeps a policy it could not read, error and all): Redis
+		// answers, but a stored policy is not valid. Like a cost no rule
+		// admits, it takes a policy change to fix.
+		g.m.err(errPolicy)
+		delay := g.cfg.BackoffMax/2 + rand.N(g.cfg.BackoffMax/2+1)
+		g.warn(errPolicy, "sluice: a policy in Redis cannot be read; deferring the job until it is fixed (fail closed)", "task", j.taskID, "tenant", j.tenant, "retry_in", delay, "err", err)
+		return g.deferJob(ctx, j, &DeferError{Reason: ReasonPolicy, RetryAfter: delay, At: time.Now().Add(delay), Err: err})
+	}
+	g.m.err(errRedis)
 	if j.tenant == "" {
 		pol = global
 	}

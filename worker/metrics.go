@@ -17,6 +17,8 @@ const (
 	errRedis      = "redis"
 	errCost       = "cost"
 	errTenant     = "tenant_header"
+	errNoTenant   = "no_tenant"
+	errPolicy     = "policy"
 	errCostHeader = "cost_header"
 	errIDHeader   = "id_header"
 	errCopy       = "copy"
@@ -60,7 +62,7 @@ func newMetrics(reg prometheus.Registerer, tenants bool) (*metrics, error) {
 		}, withTenant("verdict", "rule")),
 		deferrals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_worker_deferrals_total",
-			Help: "Jobs handed back to asynq to run later, by reason (throttled, cooldown, unavailable, cost, shutdown).",
+			Help: "Jobs handed back to asynq to run later, by reason (throttled, cooldown, unavailable, cost, policy, shutdown).",
 		}, withTenant("reason")),
 		drops: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_worker_drops_total",
@@ -81,7 +83,7 @@ func newMetrics(reg prometheus.Registerer, tenants bool) (*metrics, error) {
 		}, []string{"result"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_worker_errors_total",
-			Help: "Errors of the gate, by kind (redis, cost, tenant_header, cost_header, id_header, copy, release, cooldown).",
+			Help: "Errors of the gate, by kind (redis, policy, cost, tenant_header, no_tenant, cost_header, id_header, copy, release, cooldown).",
 		}, []string{"kind"}),
 		outcomes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_worker_handler_outcomes_total",
