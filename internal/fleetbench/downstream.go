@@ -36,8 +36,14 @@ type gcra struct {
 	tat       time.Duration
 }
 
+// newGCRA returns a GCRA of perSecond with burst; a rate below 1/s limits
+// nothing.
 func newGCRA(perSecond, burst int64, allowance time.Duration) gcra {
-	return gcra{interval: time.Second / time.Duration(perSecond), burst: max(burst, 1), allowance: allowance}
+	g := gcra{burst: max(burst, 1), allowance: allowance}
+	if perSecond >= 1 {
+		g.interval = time.Second / time.Duration(perSecond)
+	}
+	return g
 }
 
 // conforms reports whether a request at now conforms, without charging it.

@@ -197,6 +197,9 @@ func (b *benchmark) write(dir string) error {
 	if err := plotWaits(b.results, filepath.Join(img, "fleet-wait.png")); err != nil {
 		return fmt.Errorf("plot: %w", err)
 	}
+	if err := plotQueues(b.runs, b.plotEnd, filepath.Join(img, "fleet-queues.png")); err != nil {
+		return fmt.Errorf("plot: %w", err)
+	}
 	f, err := os.Create(filepath.Join(dir, "benchmarks.md"))
 	if err != nil {
 		return err

@@ -191,8 +191,10 @@ func (b *benchmark) markdown(out io.Writer) {
 	p("  The workload is paced by its limits, so this mostly shows whether a set-up kept up with")
 	p("  them: the ideal is %s jobs in %.0f s = %.0f jobs/s.", thousands(int64(len(w.jobs))), w.idealEnd().Seconds(), float64(len(w.jobs))/w.idealEnd().Seconds())
 	p("- *Redis CPU*: `used_cpu_user + used_cpu_sys` of the private Redis (INFO cpu) over the run;")
-	p("  *peak memory*: `used_memory_peak` (INFO memory). *Worker CPU*: user + system time of the")
-	p("  worker processes.")
+	p("  *peak memory*: `used_memory_peak` (INFO memory). *Redis busiest 10 s*: the most of one core")
+	p("  Redis used over any 10 s, and *longest pending list*: the most tasks due and waiting for a")
+	p("  worker, both from a sample every second. *Worker CPU*: user + system time of the worker")
+	p("  processes.")
 	p("")
 
 	if s := b.resultOf(setupSluice); s != nil {
@@ -223,6 +225,10 @@ func (b *benchmark) markdown(out io.Writer) {
 	p("Small tenants' queue wait during the big burst (cumulative distribution, log scale):")
 	p("")
 	p("![queue wait](img/fleet-wait.png)")
+	p("")
+	p("The pending list and Redis's CPU through each run (sampled every second):")
+	p("")
+	p("![pending list and Redis CPU](img/fleet-queues.png)")
 	p("")
 
 	p("## Commentary")
@@ -330,24 +336,58 @@ func (b *benchmark) sluiceCommentary(out io.Writer, r *result) {
 		p("  back late, or that a cap denies after their rate slot, are deferred once more.")
 	}
 	if r.waitP99 > 2*time.Second {
-		p("- **Small-tenant p99 wait %s** (%d of %s jobs over 2 s). By class: %s. Jobs of", secs(r.waitP99), r.waitOver2s, thousands(int64(len(r.waits))), classWaits(r))
-		p("  concurrency-limited tenants start only when the gate sees a free slot, which it learns by")
-		p("  looking again (every 200 ms), and a job deferred after its in-process wait comes back on")
-		p("  asynq's whole-second schedule.")
+		p("- **Small-tenant p99 wait %s** (%d of %s jobs over 2 s). By class: %s.", secs(r.waitP99), r.waitOver2s, thousands(int64(len(r.waits))), classWaits(r))
+		b.capacityNote(out, r)
 	}
 	if r.rateErr > 0.01 {
 		p("- **Rate error %s (%s)**: requests sent over the limit in a 10 s window.", pct(r.rateErr), r.rateErrTenant)
 	}
 	if r.bigLimit > 0 && (r.bigAchieved < 0.99*float64(r.bigLimit) || r.bigAchieved > 1.01*float64(r.bigLimit)) {
-		p("- **Big tenant %.1f/s of %d/s**: its slots are reserved at enqueue; a slot whose job arrives", r.bigAchieved, r.bigLimit)
-		p("  late (a busy worker, asynq's schedule) starts late, and the started-jobs meter keeps the")
-		p("  next ones from catching up faster than the rate.")
+		p("- **Big tenant %.1f/s of %d/s**: its slots are reserved at enqueue, but a job that reaches", r.bigAchieved, r.bigLimit)
+		p("  a worker after its slot starts late, and the started-jobs meter keeps the next ones from")
+		p("  catching up faster than the rate, so a late start is capacity lost.")
+		if r.waitP99 <= 2*time.Second {
+			b.capacityNote(out, r)
+		} else {
+			p("  Jobs reached the workers late for the reason above.")
+		}
 	}
 	if r.tenantsOverCap > 0 {
 		p("- **Concurrency over cap** (%d tenants, worst %s: %d against %d).", r.tenantsOverCap, r.concTenant, r.concPeak, r.concCap)
 	}
 	if r.lost > 0 || r.unfinished > 0 {
 		p("- **%d lost, %d unfinished** when the run stopped.", r.lost, r.unfinished)
+	}
+}
+
+// capacityNote says whether the fleet kept up with the jobs coming due.
+func (b *benchmark) capacityNote(out io.Writer, r *result) {
+	p := func(format string, args ...any) { fmt.Fprintf(out, format+"\n", args...) }
+	perDelivery := func(x *result) float64 {
+		if x.deliveries == 0 {
+			return 0
+		}
+		return x.redisCPU / float64(x.deliveries) * 1e6
+	}
+	p("  The pending list grew to %s tasks and Redis used %s of a core in its busiest 10 s", thousands(r.peakPending), pct(r.redisBusy))
+	p("  (plot above; load average %s after the run).", r.loadAfter)
+	if r.redisBusy >= 0.9 {
+		p("  Redis was the bottleneck: during the burst the fleet could not admit jobs as fast as they")
+		p("  came due (the big tenant's %d/s, the medium tenants' and the small ones'), so every job,", r.bigLimit)
+		p("  small tenants' included, queued behind the backlog in the pending list. Each delivery cost")
+		p("  Redis %.0f µs of CPU with sluice (the gate's admission and release scripts, the shaping", perDelivery(r))
+		if base := b.resultOf(setupXRate); base != nil {
+			p("  reservation at enqueue, the concurrency look-agains), against %.0f µs with set-up 1 (asynq's", perDelivery(base))
+			p("  own dequeue and done scripts and nothing else).")
+		} else {
+			p("  reservation at enqueue, the concurrency look-agains).")
+		}
+		p("  On this shared 2-core machine Redis, %d workers, the producer and the downstream compete", b.o.cfg.workers)
+		p("  for the same cores; a fleet whose Redis has a core of its own has more headroom, but the")
+		p("  per-job Redis cost is what limits a fleet's jobs/s per Redis (see BENCHMARKS.md).")
+	} else {
+		p("  Redis was not saturated; the workers and the machine (shared, see the load) were the limit:")
+		p("  jobs came due faster than the fleet dequeued and admitted them.")
 	}
 }
 

@@ -69,6 +69,7 @@ func TestNonConforming(t *testing.T) {
 	require.Equal(t, 2, nonConforming(tight, 10, 1, 0)) // 90 refused (not charged), 180 ok, 270 refused
 	require.Equal(t, 0, nonConforming(tight, 10, 1, ms(30)))
 	require.Equal(t, 0, nonConforming(nil, 10, 1, 0))
+	require.Equal(t, 0, nonConforming(tight, 0, 1, 0), "no rate: nothing refused")
 }
 
 func TestRateExcess(t *testing.T) {
@@ -264,4 +265,21 @@ func TestInfoField(t *testing.T) {
 	require.InDelta(t, 2.5, v, 1e-9)
 	_, err = infoField(text, "used_memory_peak")
 	require.Error(t, err)
+}
+
+func TestSamples(t *testing.T) {
+	t.Parallel()
+	// Redis busy 0.5 core for 10 s, then a whole core for 10 s.
+	var ss []sample
+	for i := 0; i <= 20; i++ {
+		cpu := 0.5 * float64(min(i, 10))
+		if i > 10 {
+			cpu += float64(i - 10)
+		}
+		ss = append(ss, sample{At: time.Duration(i) * time.Second, RedisCPU: cpu, Pending: int64(i % 7)})
+	}
+	require.InDelta(t, 1.0, redisBusy(ss, 10*time.Second), 1e-9)
+	require.InDelta(t, 0.5, redisBusy(ss[:11], 10*time.Second), 1e-9)
+	require.Zero(t, redisBusy(nil, 10*time.Second))
+	require.Equal(t, int64(6), peakPending(ss))
 }

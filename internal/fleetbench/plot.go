@@ -215,3 +215,50 @@ func savePlots(file string, plots [][]*plot.Plot, w, h vg.Length) error {
 	}
 	return f.Close()
 }
+
+// plotQueues draws, per set-up, the pending list's length and Redis's CPU
+// (share of one core, over 5 s) through the run.
+func plotQueues(runs []*runData, end time.Duration, file string) error {
+	pend := plot.New()
+	pend.Title.Text = "asynq's pending list (tasks due and waiting for a worker)"
+	pend.X.Label.Text = "time since start (s)"
+	pend.Y.Label.Text = "tasks"
+	pend.Legend.Top = true
+	cpu := plot.New()
+	cpu.Title.Text = "Redis CPU (share of one core, 5 s average)"
+	cpu.X.Label.Text = "time since start (s)"
+	cpu.Y.Label.Text = "share of one core"
+	cpu.Legend.Top = true
+	for k, rd := range runs {
+		c := palette[k%len(palette)]
+		xy := make(plotter.XYs, 0, len(rd.samples))
+		for _, s := range rd.samples {
+			xy = append(xy, plotter.XY{X: s.At.Seconds(), Y: float64(s.Pending)})
+		}
+		var busy plotter.XYs
+		j := 0
+		for i, s := range rd.samples {
+			for j < i && s.At-rd.samples[j].At > 5*time.Second {
+				j++
+			}
+			if d := (s.At - rd.samples[j].At).Seconds(); d > 0 {
+				busy = append(busy, plotter.XY{X: s.At.Seconds(), Y: (s.RedisCPU - rd.samples[j].RedisCPU) / d})
+			}
+		}
+		if len(xy) > 1 {
+			if err := line(pend, xy, c, false, setupTitle(rd.setup)); err != nil {
+				return err
+			}
+		}
+		if len(busy) > 1 {
+			if err := line(cpu, busy, c, false, setupTitle(rd.setup)); err != nil {
+				return err
+			}
+		}
+	}
+	for _, p := range []*plot.Plot{pend, cpu} {
+		p.X.Min, p.X.Max, p.Y.Min = 0, end.Seconds(), 0
+	}
+	cpu.Y.Max = 1.05
+	return savePlots(file, [][]*plot.Plot{{pend}, {cpu}}, 10*vg.Inch, 8*vg.Inch)
+}

@@ -47,15 +47,17 @@ type result struct {
 	waitP50, waitP99 time.Duration
 	waitOver2s       int
 
-	jobsPerSec float64
-	makespan   time.Duration
-	redisCPU   float64
-	redisPeak  float64
-	workerCPU  time.Duration
-	timedOut   bool
-	loadBefore string
-	loadAfter  string
-	problems   []string
+	peakPending int64   // longest pending list
+	redisBusy   float64 // most of one core Redis used over any 10 s
+	jobsPerSec  float64
+	makespan    time.Duration
+	redisCPU    float64
+	redisPeak   float64
+	workerCPU   time.Duration
+	timedOut    bool
+	loadBefore  string
+	loadAfter   string
+	problems    []string
 }
 
 // conformSlack is how close to its enqueue a job's ideal start must be for
@@ -84,6 +86,7 @@ func compute(w *workload, rd *runData) *result {
 	r.archived = rd.leftover["archived"]
 	r.lost = max(0, missing-r.unfinished)
 	r.perJob = perJob(rd.deliveries, r.enqueued)
+	r.peakPending, r.redisBusy = peakPending(rd.samples), redisBusy(rd.samples, 10*time.Second)
 	if rd.lastOK > 0 {
 		r.makespan = rd.lastOK
 		r.jobsPerSec = float64(r.completed) / rd.lastOK.Seconds()
@@ -281,6 +284,8 @@ var rows = []row{
 	{"Redis CPU / peak memory", func(r *result) string {
 		return fmt.Sprintf("%.1f s / %.1f MB", r.redisCPU, r.redisPeak/1e6)
 	}},
+	{"Redis busiest 10 s (share of one core)", func(r *result) string { return pct(r.redisBusy) }},
+	{"longest pending list", func(r *result) string { return thousands(r.peakPending) }},
 	{"worker CPU (all processes)", func(r *result) string { return fmt.Sprintf("%.1f s", r.workerCPU.Seconds()) }},
 	{"CPU per completed job (Redis + workers)", func(r *result) string { return fmt.Sprintf("%.2f ms", r.cpuPerJob()*1000) }},
 }

@@ -45,6 +45,7 @@ type runData struct {
 	deliveries int64
 	calls      int64
 	gate       map[string]float64 // sluice's gate counters, summed over the workers
+	samples    []sample           // the queue and Redis, every second
 	workerCPU  time.Duration
 	redisCPU   float64 // seconds, user+sys, during the run
 	redisPeak  float64 // bytes, used_memory_peak
@@ -183,6 +184,10 @@ func runSetup(ctx context.Context, o options, w *workload, setup string) (*runDa
 	for i := range rd.enq {
 		rd.enq[i] = -1
 	}
+	sctx, stopSampling := context.WithCancel(ctx)
+	defer stopSampling()
+	sampled := make(chan []sample, 1)
+	go func() { sampled <- sampleQueue(sctx, rdb, start) }()
 	prod := &producer{w: w, e: enq, url: ds.url, start: start, enq: rd.enq}
 	produced := make(chan struct{})
 	go func() { prod.run(ctx); close(produced) }()
@@ -229,6 +234,8 @@ func runSetup(ctx context.Context, o options, w *workload, setup string) (*runDa
 		rd.firstErr = *e
 	}
 	rd.redisCPU = redisCPU(ctx, rdb) - cpu0
+	stopSampling()
+	rd.samples = <-sampled
 	stopAll()
 	rd.arrivals = ds.snapshot()
 	rd.served = make([]uint32, len(ds.served))

@@ -45,6 +45,7 @@ type savedRun struct {
 	TimedOut              bool
 	LoadBefore, LoadAfter string
 	Problems              []string
+	Samples               []sample
 }
 
 func (b *benchmark) save(file string) error {
@@ -56,7 +57,7 @@ func (b *benchmark) save(file string) error {
 		r := savedRun{Setup: rd.setup, Enq: rd.enq, EnqErrs: rd.enqErrs, FirstErr: rd.firstErr, Served: rd.served,
 			LastOK: rd.lastOK, Elapsed: rd.elapsed, Deliveries: rd.deliveries, Calls: rd.calls, Gate: rd.gate,
 			WorkerCPU: rd.workerCPU, RedisCPU: rd.redisCPU, RedisPeak: rd.redisPeak, Leftover: rd.leftover,
-			TimedOut: rd.timedOut, LoadBefore: rd.loadBefore, LoadAfter: rd.loadAfter, Problems: rd.problems}
+			TimedOut: rd.timedOut, LoadBefore: rd.loadBefore, LoadAfter: rd.loadAfter, Problems: rd.problems, Samples: rd.samples}
 		for _, arr := range rd.arrivals {
 			at, job, conc, st := make([]time.Duration, len(arr)), make([]int32, len(arr)), make([]int32, len(arr)), make([]uint8, len(arr))
 			for i, a := range arr {
@@ -108,7 +109,7 @@ func load(file string) (*benchmark, error) {
 		rd := &runData{setup: r.Setup, enq: r.Enq, enqErrs: r.EnqErrs, firstErr: r.FirstErr, served: r.Served,
 			lastOK: r.LastOK, elapsed: r.Elapsed, deliveries: r.Deliveries, calls: r.Calls, gate: r.Gate,
 			workerCPU: r.WorkerCPU, redisCPU: r.RedisCPU, redisPeak: r.RedisPeak, leftover: r.Leftover,
-			timedOut: r.TimedOut, loadBefore: r.LoadBefore, loadAfter: r.LoadAfter, problems: r.Problems}
+			timedOut: r.TimedOut, loadBefore: r.LoadBefore, loadAfter: r.LoadAfter, problems: r.Problems, samples: r.Samples}
 		for ti := range r.At {
 			if len(r.Job[ti]) != len(r.At[ti]) || len(r.Conc[ti]) != len(r.At[ti]) || len(r.Status[ti]) != len(r.At[ti]) {
 				return nil, fmt.Errorf("%s: set-up %s: tenant %d's arrivals are inconsistent", file, r.Setup, ti)
