@@ -168,19 +168,30 @@ func (f *fleet) ageDeadLeases(t *testing.T) []string {
 	return dead
 }
 
+// orphans are the jobs a fault left in asynq's active list with nobody
+// running them, handed to asynq's recoverer.
+type orphans struct {
+	ids      []string
+	finished int // of them, jobs whose handler had finished: asynq could not record it
+}
+
+func (o orphans) String() string {
+	return fmt.Sprintf("%d job(s) left in asynq's active list with nobody running them (%d of them had finished, which asynq could not record) handed to its recoverer", len(o.ids), o.finished)
+}
+
 // waitDone waits until every job of ids has finished at least once. Jobs
 // asynq lost track of in a fault that began at fault (left in its active
 // list with nobody running them) come back only through its recoverer:
 // unless -sluice.full, once nothing else is left and nothing progresses,
 // their leases are aged (see ageDeadLeases) and a worker started to
-// recover them. It returns the task ids so recovered.
-func (f *fleet) waitDone(t *testing.T, ids []string, fault time.Time, timeout time.Duration) []string {
+// recover them. It returns the jobs so recovered.
+func (f *fleet) waitDone(t *testing.T, ids []string, fault time.Time, timeout time.Duration) orphans {
 	t.Helper()
 	if *full {
 		timeout = max(timeout, 150*time.Second)
 	}
 	deadline := time.Now().Add(timeout)
-	var recovered []string
+	var recovered orphans
 	last, progressed := -1, time.Now()
 	for {
 		done := f.finishedIDs(t)
@@ -215,10 +226,15 @@ func (f *fleet) waitDone(t *testing.T, ids []string, fault time.Time, timeout ti
 			t.Fatalf("timed out after %s: %d of %d jobs done; queue: %d pending, %d active, %d scheduled, %d retry, %d archived\n%s",
 				timeout, n, len(ids), info.Pending, info.Active, info.Scheduled, info.Retry, info.Archived, strings.Join(diag, "\n"))
 		}
-		if !*full && recovered == nil && time.Since(fault) > 8*time.Second && time.Since(progressed) > 2*time.Second {
+		if !*full && recovered.ids == nil && time.Since(fault) > 8*time.Second && time.Since(progressed) > 2*time.Second {
 			info := f.env.queueInfo(t)
 			if info.Pending+info.Scheduled+info.Retry == 0 && info.Active > 0 {
-				if recovered = f.ageDeadLeases(t); len(recovered) > 0 {
+				if recovered.ids = f.ageDeadLeases(t); len(recovered.ids) > 0 {
+					for _, id := range recovered.ids {
+						if done[id] > 0 {
+							recovered.finished++
+						}
+					}
 					f.start(t)
 				}
 			}
@@ -302,8 +318,8 @@ func testRedisRestart(t *testing.T, bin string, stateLost bool) {
 		return info.Pending+info.Active+info.Scheduled+info.Retry == 0
 	}, "the queue empty")
 	info := f.env.queueInfo(t)
-	t.Logf("Redis restarted from AOF (state lost: %t; down %s): all %d jobs done by the same 3 workers, none archived; acme (rate=%d/s burst=%d): %d start(s) beyond GCRA(%d/s, %d), %d beyond one extra burst; beta at most %d running (cap %d); first start %s after Redis was back; %d job(s) left orphaned in asynq's active list and recovered",
-		stateLost, up.Sub(down).Round(time.Millisecond), len(ids), rate, burst, extra, rate, burst+1, over, most, conc, resumed.Sub(up).Round(time.Millisecond), len(recovered))
+	t.Logf("Redis restarted from AOF (state lost: %t; down %s): all %d jobs done by the same 3 workers, none archived; acme (rate=%d/s burst=%d): %d start(s) beyond GCRA(%d/s, %d), %d beyond one extra burst; beta at most %d running (cap %d); first start %s after Redis was back; %s",
+		stateLost, up.Sub(down).Round(time.Millisecond), len(ids), rate, burst, extra, rate, burst+1, over, most, conc, resumed.Sub(up).Round(time.Millisecond), recovered)
 	require.Zero(t, info.Archived)
 	require.Zero(t, over, "no more than one burst beyond the limit")
 	if stateLost {
@@ -355,8 +371,8 @@ func testRedisFrozen(t *testing.T, bin string) {
 	resumed := firstStartAfter(starts, thawedAt)
 	require.False(t, resumed.IsZero())
 	bad := nonConforming(startsOf(starts, "acme"), rate, burst+1)
-	t.Logf("Redis frozen 5 s (SIGSTOP/SIGCONT): no admission while frozen (%d start(s) in the window, each admitted before it: %v); first start %s after SIGCONT; all %d jobs done, none archived; %d start(s) beyond GCRA(%d/s, %d); %d job(s) left orphaned in asynq's active list and recovered",
-		len(during), during, resumed.Sub(thawedAt).Round(time.Millisecond), len(ids), bad, rate, burst+1, len(recovered))
+	t.Logf("Redis frozen 5 s (SIGSTOP/SIGCONT): no admission while frozen (%d start(s) in the window, each admitted before it: %v); first start %s after SIGCONT; all %d jobs done, none archived; %d start(s) beyond GCRA(%d/s, %d); %s",
+		len(during), during, resumed.Sub(thawedAt).Round(time.Millisecond), len(ids), bad, rate, burst+1, recovered)
 	require.Zero(t, bad, "nothing started unthrottled")
 	require.LessOrEqual(t, resumed.Sub(thawedAt), 2*time.Second, "processing resumes within 2 s of SIGCONT")
 	require.Zero(t, f.env.queueInfo(t).Archived)
@@ -430,8 +446,8 @@ func testClusterFailover(t *testing.T, bin string) {
 		report = append(report, fmt.Sprintf("%s (%s): %d start(s) beyond GCRA(%d/s, %d), %d beyond one extra burst, at most %d running (cap %d)",
 			tenant, map[bool]string{true: "on the failed master", false: "elsewhere"}[tenant == onVictim], extra[tenant], rate, burst+1, over[tenant], most[tenant], conc))
 	}
-	t.Logf("Cluster master (asynq's queue and tenant %s) SIGKILLed, replica promoted %s later: all %d jobs done by the same 3 workers, none archived; first start %s after the promotion; %s; %d job(s) left orphaned in asynq's active list and recovered",
-		onVictim, promotedAt.Sub(killedAt).Round(time.Millisecond), len(ids), resumed.Sub(promotedAt).Round(time.Millisecond), strings.Join(report, "; "), len(recovered))
+	t.Logf("Cluster master (asynq's queue and tenant %s) SIGKILLed, replica promoted %s later: all %d jobs done by the same 3 workers, none archived; first start %s after the promotion; %s; %s",
+		onVictim, promotedAt.Sub(killedAt).Round(time.Millisecond), len(ids), resumed.Sub(promotedAt).Round(time.Millisecond), strings.Join(report, "; "), recovered)
 	for _, tenant := range []string{onVictim, elsewhere} {
 		require.Zero(t, over[tenant], "tenant %s: no more than one burst beyond the limit", tenant)
 	}
