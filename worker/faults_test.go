@@ -81,7 +81,7 @@ func testWorkersKilled(t *testing.T, bin string) {
 		// been expired for 30 s.
 		timeout = 150 * time.Second
 	} else {
-		time.Sleep(time.Until(lastKill.Add(8 * time.Second)))
+		time.Sleep(time.Until(lastKill.Add(leaseQuiet + time.Second)))
 		aged := f.ageDeadLeases(t)
 		require.Subset(t, aged, killedJobs, "the jobs running on the dead workers are among those without a live lease")
 	}
@@ -148,19 +148,25 @@ func (f *fleet) openOn(t *testing.T, pid int) []string {
 	return open
 }
 
-// ageDeadLeases hands asynq's recoverer the jobs nobody runs any more: a
-// job in asynq's active list has a lease its worker's heartbeat extends to
-// now+30 s every 5 s, so 8 s after a worker died (or a dequeue's reply was
-// lost with the connection that carried it) a lease ending before now+23 s
-// has nobody behind it. Such leases are moved a minute into the past, where
-// the recoverer of the next worker to start (it runs at start, then every
-// minute) re-queues their jobs at once; asynq alone takes 60–120 s. It
-// returns the task ids aged.
+// leaseQuiet is how long a job's asynq lease must have gone without an
+// extension before the tests take the job for one nobody runs: a worker's
+// heartbeat extends the leases of its jobs to now+30 s every 5 s, so a live
+// worker would have to miss two beats in a row (and a fault may already
+// have cost it one).
+const leaseQuiet = 12 * time.Second
+
+// ageDeadLeases hands asynq's recoverer the jobs nobody runs any more (a
+// worker died, or a fault lost a dequeue's reply or a write asynq could not
+// make): the jobs whose lease has not been extended for leaseQuiet. Their
+// leases are moved a minute into the past, where the recoverer of the next
+// worker to start (it runs at start, then every minute) re-queues them at
+// once; asynq alone takes 60–120 s. It returns the task ids aged.
 func (f *fleet) ageDeadLeases(t *testing.T) []string {
 	t.Helper()
 	key := "asynq:{" + f.env.queue + "}:lease"
 	ctx := context.Background()
-	dead, err := f.env.asynq.ZRangeByScore(ctx, key, &redis.ZRangeBy{Min: "-inf", Max: strconv.FormatInt(time.Now().Add(23*time.Second).Unix(), 10)}).Result()
+	before := time.Now().Add(30*time.Second - leaseQuiet)
+	dead, err := f.env.asynq.ZRangeByScore(ctx, key, &redis.ZRangeBy{Min: "-inf", Max: "(" + strconv.FormatInt(before.Unix(), 10)}).Result()
 	require.NoError(t, err)
 	for _, id := range dead {
 		require.NoError(t, f.env.asynq.ZAddXX(ctx, key, redis.Z{Score: float64(time.Now().Add(-time.Minute).Unix()), Member: id}).Err())
@@ -180,11 +186,11 @@ func (o orphans) String() string {
 }
 
 // waitDone waits until every job of ids has finished at least once. Jobs
-// asynq lost track of in a fault that began at fault (left in its active
+// asynq lost track of in a fault that ended at fault (left in its active
 // list with nobody running them) come back only through its recoverer:
 // unless -sluice.full, once nothing else is left and nothing progresses,
 // their leases are aged (see ageDeadLeases) and a worker started to
-// recover them. It returns the jobs so recovered.
+// recover them, as often as needed. It returns the jobs so recovered.
 func (f *fleet) waitDone(t *testing.T, ids []string, fault time.Time, timeout time.Duration) orphans {
 	t.Helper()
 	if *full {
@@ -193,6 +199,7 @@ func (f *fleet) waitDone(t *testing.T, ids []string, fault time.Time, timeout ti
 	deadline := time.Now().Add(timeout)
 	var recovered orphans
 	last, progressed := -1, time.Now()
+	lastAged := fault
 	for {
 		done := f.finishedIDs(t)
 		n := 0
@@ -226,11 +233,13 @@ func (f *fleet) waitDone(t *testing.T, ids []string, fault time.Time, timeout ti
 			t.Fatalf("timed out after %s: %d of %d jobs done; queue: %d pending, %d active, %d scheduled, %d retry, %d archived\n%s",
 				timeout, n, len(ids), info.Pending, info.Active, info.Scheduled, info.Retry, info.Archived, strings.Join(diag, "\n"))
 		}
-		if !*full && recovered.ids == nil && time.Since(fault) > 8*time.Second && time.Since(progressed) > 2*time.Second {
+		if !*full && time.Since(lastAged) > leaseQuiet && time.Since(progressed) > 2*time.Second {
 			info := f.env.queueInfo(t)
 			if info.Pending+info.Scheduled+info.Retry == 0 && info.Active > 0 {
-				if recovered.ids = f.ageDeadLeases(t); len(recovered.ids) > 0 {
-					for _, id := range recovered.ids {
+				lastAged = time.Now()
+				if aged := f.ageDeadLeases(t); len(aged) > 0 {
+					recovered.ids = append(recovered.ids, aged...)
+					for _, id := range aged {
 						if done[id] > 0 {
 							recovered.finished++
 						}
