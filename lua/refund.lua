@@ -6,7 +6,8 @@
 --   window zset
 -- ARGV[1] -> job id
 -- ARGV[2] -> the time the job was charged at (µs)
--- ARGV[3] -> what admit.lua charged: 1 planned meters, 2 started meters,
+-- ARGV[3] -> what admit.lua charged: 1 planned meters, 2 started meters
+--   (a start's window entries are removed; its rate meters stay charged),
 --   4 a new concurrency slot; and what the caller knows it did besides:
 --   8 counted a start (field s), 16 started the job on its reservation
 --   (which admit.lua then deleted: it is put back at ARGV[2])
@@ -40,7 +41,9 @@ for i = 1, nr do
     -- a started meter equal to its planned one is not stored
     a = a or p
     if planned then p = p - inc end
-    if started then a = a - inc end
+    -- the started meter is not refunded: other jobs may have started
+    -- against it since, and lowering it would let the next start come too
+    -- soon after theirs; it stays charged, the cautious side
     h[#h + 1] = 'p' .. i; h[#h + 1] = fmt(p)
     if a ~= p then
       h[#h + 1] = 'a' .. i; h[#h + 1] = fmt(a)

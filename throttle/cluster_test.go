@@ -194,8 +194,10 @@ func TestClusterAllOrNothing(t *testing.T) {
 			[]op{{tenant: "acme", id: "a"}, {tenant: "acme", id: "b", reserve: true}},
 			op{tenant: "acme", id: "b", advance: time.Second}, GlobalPolicy, "concurrency",
 			// b keeps its reservations and starts on them without being
-			// charged again: c's slot comes right after b's
-			[]op{{tenant: "acme", id: "a", release: true}, {tenant: "acme", id: "b", advance: 100 * time.Millisecond},
+			// charged again: c's slot comes right after b's. (On a Cluster
+			// the denied attempt leaves acme's started meter charged, so b
+			// is not let in again sooner than a second after it.)
+			[]op{{tenant: "acme", id: "a", release: true}, {tenant: "acme", id: "b", advance: time.Second},
 				{tenant: "acme", id: "c", reserve: true}}},
 		{"tenant denies, @global untouched", map[string]string{
 			"acme": "rate=1/min", GlobalPolicy: "rate=100/s burst=10 window=10/min quota=10/hour concurrency=5"},
@@ -399,9 +401,9 @@ func (m *model) admitOn(cluster bool, now int64, tenant, id string, cost int64, 
 // admitAsCluster is admit as a limiter on a Cluster makes it (split.go): the
 // same decision, and the same state afterwards except for what the tenant's
 // step leaves when the tenant alone would have admitted the job and the
-// answer is no: a slot the job already held keeps the lease the tenant's
-// step gave it, and a reservation the job started on, or moved to now, is
-// put back at now.
+// answer is no: its started rate meters stay charged, a slot the job
+// already held keeps the lease the tenant's step gave it, and a reservation
+// the job started on, or moved to now, is put back at now.
 func (m *model) admitAsCluster(now int64, tenant, id string, cost int64, flags int) modelDecision {
 	refs := m.resolve(tenant)
 	if len(refs) < 2 || flags&flagDry != 0 {
@@ -416,6 +418,16 @@ func (m *model) admitAsCluster(now int64, tenant, id string, cost int64, flags i
 	d := m.admit(now, tenant, id, cost, flags)
 	if d.allowed {
 		return d
+	}
+	if alone.allowed && flags&flagPlan == 0 {
+		// the tenant's started rate meters are not refunded (refund.lua)
+		for i, r := range ref.policy.Rates {
+			inc, _, _ := rateArgs(r, cost)
+			if v := max(st.started[i], now) + inc; st.started[i] != v {
+				st.started[i] = v
+				m.residues++
+			}
+		}
 	}
 	if c := ref.policy.Concurrency; c != nil && alone.allowed && held && flags&flagHold != 0 && flags&flagPlan == 0 {
 		if until := now + micros(c.lease()); st.holders[id] != until {

@@ -237,7 +237,9 @@ func (s *split) weigh(d1 Decision, c1 int, g Decision, c2 int) (Decision, error)
 		s.refundQuietly(tenantStep, d1)
 		return Decision{}, err
 	}
-	if d2.Reserved && d2.Slot.After(d1.Slot) {
+	// A slot due now at @global is the tenant's slot: @global's clock read
+	// a moment after the tenant's, which is no later start.
+	if d2.Reserved && !d2.Allowed && d2.Slot.After(d1.Slot) {
 		// @global's start moved later meanwhile
 		if err := s.refund(tenantStep, d1); err != nil {
 			s.refundQuietly(globalStep, d2)
@@ -268,6 +270,11 @@ func (s *split) align(i int, held, ans Decision) (Decision, error) {
 			d.Reserved, d.Slot = true, held.Slot
 			if held.Slot.After(s.now) {
 				d.RetryAfter = held.Slot.Sub(s.now)
+			}
+			if d.Allowed && s.flags&flagPlan == 0 {
+				// a slot taken without starting (ans planned it) is not a
+				// start: the job comes back for it and is charged then
+				d.Allowed, d.RetryAfter = false, max(d.RetryAfter, 0)
 			}
 			f := [2]Decision{}
 			f[i], f[j] = held, dj

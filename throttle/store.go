@@ -295,7 +295,7 @@ func (s *PolicyStore) resolve(ctx context.Context, tenant string) (resolved, err
 		if !tok {
 			fields = append(fields, tenant)
 		}
-		vals, err := s.client.HMGet(ctx, policiesKey(s.prefix), fields...).Result()
+		vals, err := s.read(ctx, fields)
 		if err != nil {
 			return resolved{}, fmt.Errorf("read policies: %w", err)
 		}
@@ -345,6 +345,28 @@ func (s *PolicyStore) resolve(ctx context.Context, tenant string) (resolved, err
 		}
 	}
 	return r, nil
+}
+
+// read reads the named policies' raw values, giving up at ctx's end: a
+// go-redis call ends at the client's timeouts, not at the context's
+// deadline, and a decision must not outlive the caller's deadline on a
+// frozen Redis. A read given up on ends by itself at the client's timeouts.
+func (s *PolicyStore) read(ctx context.Context, fields []string) ([]any, error) {
+	type result struct {
+		vals []any
+		err  error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		vals, err := s.client.HMGet(ctx, policiesKey(s.prefix), fields...).Result()
+		ch <- result{vals, err}
+	}()
+	select {
+	case r := <-ch:
+		return r.vals, r.err
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
 }
 
 // Resolve returns the policy that applies to tenant (its own, or the
