@@ -264,6 +264,34 @@ func startsOf(starts []*event, tenant string) []time.Time {
 	return at
 }
 
+// beyond counts tenant's starts beyond GCRA(rate, burst) as the handlers
+// recorded them. When a worker stalled between an admission and its
+// handler longer than the reference's slack (as testSmoothness allows on a
+// shared machine), it counts the admissions instead — the limiter's own
+// record, in Redis time — and says so; not with -sluice.full.
+func beyond(t *testing.T, starts []*event, tenant string, rate float64, burst int) int {
+	t.Helper()
+	var at, admitted []time.Time
+	var lag time.Duration
+	for _, s := range starts {
+		if s.tenant == tenant {
+			at, admitted = append(at, s.at), append(admitted, s.admitted)
+			lag = max(lag, s.at.Sub(s.admitted))
+		}
+	}
+	sort.Slice(at, func(i, j int) bool { return at[i].Before(at[j]) })
+	sort.Slice(admitted, func(i, j int) bool { return admitted[i].Before(admitted[j]) })
+	n := nonConforming(at, rate, burst)
+	slack := time.Duration(float64(time.Second) / rate * float64(burst-1))
+	if n > 0 && !*full && lag > slack {
+		a := nonConforming(admitted, rate, burst)
+		t.Logf("tenant %s: %d handler start(s) beyond GCRA(%v/s, %d) after a worker stalled %s between an admission and its handler (slack %s); counting the admissions instead: %d",
+			tenant, n, rate, burst, lag.Round(time.Millisecond), slack, a)
+		return a
+	}
+	return n
+}
+
 // firstStartAfter is the earliest start at or after t; zero when none.
 func firstStartAfter(starts []*event, t time.Time) time.Time {
 	var first time.Time
@@ -317,9 +345,8 @@ func testRedisRestart(t *testing.T, bin string, stateLost bool) {
 
 	requireAllAlive(t, procs[:3])
 	starts := runs(f.records(t), nil)
-	acme := startsOf(starts, "acme")
-	extra := nonConforming(acme, rate, burst+1)
-	over := nonConforming(acme, rate, burst+burst)
+	extra := beyond(t, starts, "acme", rate, burst+1)
+	over := beyond(t, starts, "acme", rate, burst+burst)
 	most := maxConcurrent(starts, "beta")
 	resumed := firstStartAfter(starts, up)
 	eventually(t, 10*time.Second, func() bool {
@@ -379,7 +406,7 @@ func testRedisFrozen(t *testing.T, bin string) {
 	}
 	resumed := firstStartAfter(starts, thawedAt)
 	require.False(t, resumed.IsZero())
-	bad := nonConforming(startsOf(starts, "acme"), rate, burst+1)
+	bad := beyond(t, starts, "acme", rate, burst+1)
 	t.Logf("Redis frozen 5 s (SIGSTOP/SIGCONT): no admission while frozen (%d start(s) in the window, each admitted before it: %v); first start %s after SIGCONT; all %d jobs done, none archived; %d start(s) beyond GCRA(%d/s, %d); %s",
 		len(during), during, resumed.Sub(thawedAt).Round(time.Millisecond), len(ids), bad, rate, burst+1, recovered)
 	require.Zero(t, bad, "nothing started unthrottled")
@@ -396,9 +423,8 @@ func testRedisFrozen(t *testing.T, bin string) {
 // trigger a reload), and asynq's client from asynq.RedisClusterClientOpt
 // cannot be told otherwise; docs/operations.md says what to do.
 //
-// The tenants have no @global policy: the two-step admission of a tenant
-// and @global on a Cluster does not hold their limits through a failover
-// yet (see enginebugs_test.go).
+// An @global concurrency cap below the tenants' two caps together binds
+// too: on a Cluster a tenant and @global are admitted in two steps.
 func testClusterFailover(t *testing.T, bin string) {
 	c := redistest.NewCluster(t, &redistest.ClusterOptions{Replicas: 1, NodeTimeout: time.Second})
 	client := c.Client(t)
@@ -428,6 +454,9 @@ func testClusterFailover(t *testing.T, bin string) {
 	policy := fmt.Sprintf("rate=%d/s burst=%d concurrency=%d lease=2s", rate, burst, conc)
 	f.env.policy(t, onVictim, policy)
 	f.env.policy(t, elsewhere, policy)
+	const globalConc = 3
+	f.env.policy(t, "@global", fmt.Sprintf("concurrency=%d lease=2s", globalConc))
+	globalLost := c.MasterOf(slotOf(f.env.prefix+":{g}:s")) == victim
 	procs := []*proc{f.start(t), f.start(t), f.start(t)}
 	var ids []string
 	for _, tenant := range []string{onVictim, elsewhere} {
@@ -449,14 +478,14 @@ func testClusterFailover(t *testing.T, bin string) {
 	var report []string
 	extra, over, most := map[string]int{}, map[string]int{}, map[string]int{}
 	for _, tenant := range []string{onVictim, elsewhere} {
-		at := startsOf(starts, tenant)
-		extra[tenant], over[tenant] = nonConforming(at, rate, burst+1), nonConforming(at, rate, burst+burst)
+		extra[tenant], over[tenant] = beyond(t, starts, tenant, rate, burst+1), beyond(t, starts, tenant, rate, burst+burst)
 		most[tenant] = maxConcurrent(starts, tenant)
 		report = append(report, fmt.Sprintf("%s (%s): %d start(s) beyond GCRA(%d/s, %d), %d beyond one extra burst, at most %d running (cap %d)",
 			tenant, map[bool]string{true: "on the failed master", false: "elsewhere"}[tenant == onVictim], extra[tenant], rate, burst+1, over[tenant], most[tenant], conc))
 	}
-	t.Logf("Cluster master (asynq's queue and tenant %s) SIGKILLed, replica promoted %s later: all %d jobs done by the same 3 workers, none archived; first start %s after the promotion; %s; %s",
-		onVictim, promotedAt.Sub(killedAt).Round(time.Millisecond), len(ids), resumed.Sub(promotedAt).Round(time.Millisecond), strings.Join(report, "; "), recovered)
+	all := maxConcurrent(starts, "")
+	t.Logf("Cluster master (asynq's queue and tenant %s) SIGKILLed, replica promoted %s later: all %d jobs done by the same 3 workers, none archived; first start %s after the promotion; %s; at most %d running in all (@global cap %d, on the failed master: %t); %s",
+		onVictim, promotedAt.Sub(killedAt).Round(time.Millisecond), len(ids), resumed.Sub(promotedAt).Round(time.Millisecond), strings.Join(report, "; "), all, globalConc, globalLost, recovered)
 	for _, tenant := range []string{onVictim, elsewhere} {
 		require.Zero(t, over[tenant], "tenant %s: no more than one burst beyond the limit", tenant)
 	}
@@ -465,5 +494,10 @@ func testClusterFailover(t *testing.T, bin string) {
 	// Slots held on the failed master may be lost with it (replication is
 	// asynchronous): at most the cap again.
 	require.LessOrEqual(t, most[onVictim], 2*conc)
+	if globalLost {
+		require.LessOrEqual(t, all, 2*globalConc, "@global's slots lost with its master: at most the cap again")
+	} else {
+		require.LessOrEqual(t, all, globalConc, "@global's cap")
+	}
 	require.Zero(t, f.env.queueInfo(t).Archived)
 }
