@@ -289,7 +289,7 @@ func (b *benchmark) commentary(out io.Writer) {
 		}
 		p("What the gate costs shows in CPU: %.2f ms of Redis and worker CPU per completed job for sluice,", s.cpuPerJob()*1000)
 		p("against %.2f ms for set-up 1, whose figure includes its %.2f deliveries per job. On a", base.cpuPerJob()*1000, base.perJob)
-		p("saturated fleet (no limits binding) the gate costs about 0.4× plain asynq's throughput on")
+		p("saturated fleet (no limits binding) the gate keeps about 0.6× of plain asynq's throughput on")
 		p("this kind of machine (see BENCHMARKS.md, *Worker gate vs plain asynq*).")
 		p("")
 	}
@@ -326,8 +326,8 @@ func (b *benchmark) sluiceCommentary(out io.Writer, r *result) {
 	if r.perJob > 1.1 {
 		extra := r.deliveries - int64(r.enqueued)
 		p("- **Deliveries per job %.2f** (%s deliveries beyond one per job). The gate's own counters,", r.perJob, thousands(extra))
-		p("  summed over the workers: deferrals by reason %s; denied admissions by rule %s;", counterSummary(g, "sluice_worker_deferrals_total", "reason"), counterSummary(g, "sluice_worker_decisions_total", "rule"))
-		p("  handler outcomes %s. A deferred job is dequeued again when it comes back, so", counterSummary(g, "sluice_worker_handler_outcomes_total", "outcome"))
+		p("  summed over the workers: deferrals by reason %s; denied admissions by rule %s;", counterSummary(g, "sluice_worker_deferrals_total", "reason", ""), counterSummary(g, "sluice_worker_decisions_total", "rule", "verdict=denied"))
+		p("  handler outcomes %s. A deferred job is dequeued again when it comes back, so", counterSummary(g, "sluice_worker_handler_outcomes_total", "outcome", ""))
 		p("  every deferral is one extra delivery. Tenants with a concurrency cap cannot be shaped (a slot")
 		p("  frees when a job ends, unknown at enqueue): a burst of such a tenant sits in the pending")
 		p("  list, each job waits in-process up to %s for a slot (looking again every 200 ms), and", worker.InProcessWaitDefault)
@@ -382,6 +382,13 @@ func (b *benchmark) capacityNote(out io.Writer, r *result) {
 		} else {
 			p("  reservation at enqueue, the concurrency look-agains).")
 		}
+		if d := counterTotal(b.runOf(r.setup).gate, "sluice_worker_decisions_total"); d > 0 && r.completed > 0 {
+			p("  The gate made %.1f admission decisions per completed job (%s denied, by rule: %s): a job", d/float64(r.completed),
+				thousands(int64(counterTotal(b.runOf(r.setup).gate, "sluice_worker_decisions_total", "verdict=denied"))),
+				counterSummary(b.runOf(r.setup).gate, "sluice_worker_decisions_total", "rule", "verdict=denied"))
+			p("  waiting in-process for its slot asks again after each sleep, and every answer is a script")
+			p("  run in Redis; several asks per job multiply the cost above one admission and one release.")
+		}
 		p("  On this shared 2-core machine Redis, %d workers, the producer and the downstream compete", b.o.cfg.workers)
 		p("  for the same cores; a fleet whose Redis has a core of its own has more headroom, but the")
 		p("  per-job Redis cost is what limits a fleet's jobs/s per Redis (see BENCHMARKS.md).")
@@ -402,11 +409,12 @@ func (b *benchmark) runOf(setup string) *runData {
 
 // counterSummary sums the gate counter family by one label, largest
 // first: "throttled 1,234, cooldown 5".
-func counterSummary(g map[string]float64, family, label string) string {
+// where, when not empty, keeps only the series with that "label=value".
+func counterSummary(g map[string]float64, family, label, where string) string {
 	sums := map[string]float64{}
 	for k, v := range g {
 		name, labels, ok := strings.Cut(strings.TrimSuffix(k, "}"), "{")
-		if !ok || name != family {
+		if !ok || name != family || (where != "" && !slices.Contains(strings.Split(labels, ","), where)) {
 			continue
 		}
 		for _, l := range strings.Split(labels, ",") {
@@ -439,6 +447,26 @@ func counterSummary(g map[string]float64, family, label string) string {
 		parts = append(parts, fmt.Sprintf("%s %s", k, thousands(int64(sums[k]))))
 	}
 	return strings.Join(parts, ", ")
+}
+
+// counterTotal sums a gate counter family, keeping only the series with
+// every "label=value" of where.
+func counterTotal(g map[string]float64, family string, where ...string) float64 {
+	total := 0.0
+	for k, v := range g {
+		name, labels, ok := strings.Cut(strings.TrimSuffix(k, "}"), "{")
+		if !ok || name != family {
+			continue
+		}
+		keep := true
+		for _, w := range where {
+			keep = keep && slices.Contains(strings.Split(labels, ","), w)
+		}
+		if keep {
+			total += v
+		}
+	}
+	return total
 }
 
 // classWaits gives the p99 wait of each small-tenant class.

@@ -283,3 +283,18 @@ func TestSamples(t *testing.T) {
 	require.Zero(t, redisBusy(nil, 10*time.Second))
 	require.Equal(t, int64(6), peakPending(ss))
 }
+
+func TestGateCounters(t *testing.T) {
+	t.Parallel()
+	g := map[string]float64{
+		"sluice_worker_decisions_total{rule=,verdict=allowed}":           10,
+		"sluice_worker_decisions_total{rule=rate[0],verdict=denied}":     7,
+		"sluice_worker_decisions_total{rule=concurrency,verdict=denied}": 2000,
+		"sluice_worker_deferrals_total{reason=throttled}":                3,
+	}
+	require.Equal(t, "concurrency 2,000, rate[0] 7", counterSummary(g, "sluice_worker_decisions_total", "rule", "verdict=denied"))
+	require.Equal(t, "throttled 3", counterSummary(g, "sluice_worker_deferrals_total", "reason", ""))
+	require.Equal(t, "(none recorded)", counterSummary(g, "sluice_worker_drops_total", "tenant", ""))
+	require.InDelta(t, 2017, counterTotal(g, "sluice_worker_decisions_total"), 1e-9)
+	require.InDelta(t, 2007, counterTotal(g, "sluice_worker_decisions_total", "verdict=denied"), 1e-9)
+}
