@@ -80,7 +80,7 @@ func TestPingConnectionRefused(t *testing.T) {
 	err := ping(t, "redis://"+addr, 5*time.Second)
 	requireUnreachable(t, err, "cannot reach Redis at "+addr+": connection refused; is redis-server running? set --redis or SLUICE_REDIS_URL")
 	require.ErrorIs(t, err, syscall.ECONNREFUSED)
-	require.Less(t, time.Since(start), 5*time.Second, "a refused connection is reported without waiting for the timeout")
+	require.Less(t, time.Since(start), time.Second, "a refused connection is reported at once, not after the client's dial retries")
 
 	err = ping(t, "memory://"+addr, 0)
 	requireUnreachable(t, err, "cannot reach Redis at "+addr+": connection refused; is a worker started with --redis memory://"+addr+" running? set --redis or SLUICE_REDIS_URL")
