@@ -51,7 +51,7 @@ func (c *Client) EnqueueBatch(ctx context.Context, jobs []Job) []Result {
 		if j.opts.taskID != "" {
 			k := key{j.opts.queue, j.id}
 			if first, dup := seen[k]; dup {
-				res[i].Err = &InvalidError{Field: "option", Value: asynq.TaskID(j.id).String(), Reason: fmt.Sprintf("job %d of the batch has the same task id in queue %q; task ids must be unique", first, j.opts.queue)}
+				res[i].Err = &InvalidError{Field: "option", Value: asynq.TaskID(j.id).String(), Reason: fmt.Sprintf("jobs[%d] of the batch already has this task id in queue %q; give each job its own id, or leave TaskID unset", first, j.opts.queue)}
 				continue
 			}
 			seen[k] = i

@@ -264,7 +264,7 @@ func TestEnqueueBatchReportsEveryJob(t *testing.T) {
 	require.NoError(t, res[6].Err)
 	require.Equal(t, "dup", res[6].Info.ID)
 	require.ErrorIs(t, res[7].Err, queue.ErrInvalid)
-	require.Contains(t, res[7].Err.Error(), "job 6 of the batch")
+	require.Contains(t, res[7].Err.Error(), "jobs[6] of the batch already has this task id")
 	require.ErrorIs(t, res[8].Err, queue.ErrInvalid)
 	for i := 9; i < len(jobs); i++ {
 		require.NoError(t, res[i].Err, "job %d", i)
