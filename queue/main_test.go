@@ -12,8 +12,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/sluicehq/sluice/internal/asynqtest"
 	"github.com/sluicehq/sluice/internal/redistest"
-	"github.com/sluicehq/sluice/internal/redisurl"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/throttle"
 )
@@ -24,7 +24,7 @@ func TestMain(m *testing.M) {
 
 type env struct {
 	client    redis.UniversalClient // sluice's keys: a Cluster client in the Cluster pass
-	asynq     redis.UniversalClient // asynq's queues: the same Redis, see asynqClient
+	asynq     redis.UniversalClient // asynq's queues: the same Redis, see asynqtest.Client
 	prefix    string
 	queue     string // a queue no other test uses (asynq's keys have no prefix)
 	store     *throttle.PolicyStore
@@ -38,7 +38,7 @@ type env struct {
 // name.
 func setup(tb testing.TB, lcfg *throttle.Config) *env {
 	tb.Helper()
-	client, asynqRedis, prefix := redistest.UniversalClient(tb), asynqClient(tb), redistest.Prefix(tb)
+	client, asynqRedis, prefix := redistest.UniversalClient(tb), asynqtest.Client(tb), redistest.Prefix(tb)
 	store, err := throttle.NewPolicyStore(client, &throttle.StoreConfig{Prefix: prefix})
 	require.NoError(tb, err)
 	var c throttle.Config
@@ -57,27 +57,6 @@ func setup(tb testing.TB, lcfg *throttle.Config) *env {
 	})
 	return &env{client: client, asynq: asynqRedis, prefix: prefix, queue: "q-" + prefix, store: store, lim: lim, q: q,
 		inspector: asynq.NewInspectorFromRedisClient(asynqRedis)}
-}
-
-// asynqClient returns a client for asynq's queues on the shared test
-// server, closed when the test ends. In the Cluster pass it is made the way
-// an asynq application reaches a Cluster, from asynq.RedisClusterClientOpt
-// (through internal/redisurl, as the binaries do), apart from the
-// *redis.ClusterClient sluice's limiter uses.
-func asynqClient(tb testing.TB) redis.UniversalClient {
-	tb.Helper()
-	if !redistest.ClusterMode() {
-		return redistest.Client(tb)
-	}
-	u, err := redisurl.Parse(redistest.ClusterURL(tb))
-	require.NoError(tb, err)
-	opt := u.AsynqOpt()
-	_, ok := opt.(asynq.RedisClusterClientOpt)
-	require.True(tb, ok, "the cluster URL gives asynq.RedisClusterClientOpt, got %T", opt)
-	c, ok := opt.MakeRedisClient().(redis.UniversalClient)
-	require.True(tb, ok)
-	tb.Cleanup(func() { _ = c.Close() })
-	return c
 }
 
 func (e *env) policy(tb testing.TB, name, text string) {

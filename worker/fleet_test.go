@@ -2,7 +2,6 @@ package worker_test
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"fmt"
 	"os/exec"
@@ -19,6 +18,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicehq/sluice/internal/clitest"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/queue"
 )
@@ -106,24 +106,7 @@ type proc struct {
 	cmd    *exec.Cmd
 	pid    int
 	exited chan struct{}
-	stderr *safeBuffer
-}
-
-type safeBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *safeBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *safeBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
+	stderr *clitest.SyncBuffer
 }
 
 func newFleet(t *testing.T, bin string) *fleet {
@@ -162,7 +145,7 @@ func (f *fleet) start(t *testing.T) *proc {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	stdout, err := cmd.StdoutPipe()
 	require.NoError(t, err)
-	p := &proc{cmd: cmd, exited: make(chan struct{}), stderr: &safeBuffer{}}
+	p := &proc{cmd: cmd, exited: make(chan struct{}), stderr: &clitest.SyncBuffer{}}
 	cmd.Stderr = p.stderr
 	require.NoError(t, cmd.Start())
 	p.pid = cmd.Process.Pid

@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicehq/sluice/internal/asynqtest"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/throttle"
@@ -187,7 +188,7 @@ func TestFailClosedWhileRedisIsFrozen(t *testing.T) {
 	private := redistest.NewServer(t, nil)
 	sluiceRedis := private.Client(t)
 	e := setup(t, sluiceRedis)
-	asynqRedis := asynqClient(t)
+	asynqRedis := asynqtest.Client(t)
 	e.q = mustQueue(t, sluiceRedis, e.lim, asynqRedis)
 	e.asynq, e.inspector = asynqRedis, asynq.NewInspectorFromRedisClient(asynqRedis)
 	e.policy(t, "acme", "rate=4/s")
@@ -240,7 +241,7 @@ func TestFailOpenRunsJobsWhileRedisIsFrozen(t *testing.T) {
 	private := redistest.NewServer(t, nil)
 	sluiceRedis := private.Client(t)
 	e := setup(t, sluiceRedis)
-	asynqRedis := asynqClient(t)
+	asynqRedis := asynqtest.Client(t)
 	e.q = mustQueue(t, sluiceRedis, e.lim, asynqRedis)
 	e.asynq, e.inspector = asynqRedis, asynq.NewInspectorFromRedisClient(asynqRedis)
 	e.policy(t, "acme", "rate=1/min fail_open=true")

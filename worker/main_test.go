@@ -18,8 +18,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/sluicehq/sluice/internal/asynqtest"
 	"github.com/sluicehq/sluice/internal/redistest"
-	"github.com/sluicehq/sluice/internal/redisurl"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/throttle"
 	"github.com/sluicehq/sluice/worker"
@@ -39,7 +39,7 @@ var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
 type env struct {
 	client    redis.UniversalClient // sluice's keys: a Cluster client in the Cluster pass
-	asynq     redis.UniversalClient // asynq's queues: the same Redis, see asynqClient
+	asynq     redis.UniversalClient // asynq's queues: the same Redis, see asynqtest.Client
 	prefix    string
 	queue     string // a queue no other test uses (asynq's keys have no prefix)
 	store     *throttle.PolicyStore
@@ -51,12 +51,12 @@ type env struct {
 // setup builds a limiter and a producer over client, with a private key
 // prefix and queue name. When client is nil it uses the shared test server,
 // or the shared Cluster in the Cluster pass (SLUICE_TEST_CLUSTER=1), with
-// asynq's client made apart (see asynqClient).
+// asynq's client made apart (see asynqtest.Client).
 func setup(tb testing.TB, client redis.UniversalClient) *env {
 	tb.Helper()
 	asynqRedis := client
 	if client == nil {
-		client, asynqRedis = redistest.UniversalClient(tb), asynqClient(tb)
+		client, asynqRedis = redistest.UniversalClient(tb), asynqtest.Client(tb)
 	}
 	prefix := redistest.Prefix(tb)
 	store, err := throttle.NewPolicyStore(client, &throttle.StoreConfig{Prefix: prefix})
@@ -72,27 +72,6 @@ func setup(tb testing.TB, client redis.UniversalClient) *env {
 	})
 	return &env{client: client, asynq: asynqRedis, prefix: prefix, queue: "q-" + prefix, store: store, lim: lim, q: q,
 		inspector: asynq.NewInspectorFromRedisClient(asynqRedis)}
-}
-
-// asynqClient returns a client for asynq's queues on the shared test
-// server, closed when the test ends. In the Cluster pass it is made the way
-// an asynq application reaches a Cluster, from asynq.RedisClusterClientOpt
-// (through internal/redisurl, as the binaries do), apart from the
-// *redis.ClusterClient sluice's limiter uses.
-func asynqClient(tb testing.TB) redis.UniversalClient {
-	tb.Helper()
-	if !redistest.ClusterMode() {
-		return redistest.Client(tb)
-	}
-	u, err := redisurl.Parse(redistest.ClusterURL(tb))
-	require.NoError(tb, err)
-	opt := u.AsynqOpt()
-	_, ok := opt.(asynq.RedisClusterClientOpt)
-	require.True(tb, ok, "the cluster URL gives asynq.RedisClusterClientOpt, got %T", opt)
-	c, ok := opt.MakeRedisClient().(redis.UniversalClient)
-	require.True(tb, ok)
-	tb.Cleanup(func() { _ = c.Close() })
-	return c
 }
 
 func (e *env) policy(tb testing.TB, name, text string) {

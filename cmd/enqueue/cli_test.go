@@ -1,17 +1,14 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
-	"flag"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -19,12 +16,11 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicehq/sluice/internal/clitest"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/throttle"
 )
-
-var update = flag.Bool("update", false, "rewrite testdata/*.golden from the current output")
 
 func TestMain(m *testing.M) { redistest.Main(m) }
 
@@ -65,39 +61,20 @@ func TestCLI(t *testing.T) {
 	}
 }
 
-func (c *cli) command(ctx context.Context, t *testing.T, stdin []byte, env map[string]string, args ...string) *exec.Cmd {
-	cmd := exec.CommandContext(ctx, c.bin, args...)
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + t.TempDir()}
-	for k, v := range env {
-		cmd.Env = append(cmd.Env, k+"="+v)
-	}
-	if stdin != nil {
-		cmd.Stdin = bytes.NewReader(stdin)
-	}
-	return cmd
-}
-
 // run runs enqueue with the test's Redis, prefix and queue.
 func (c *cli) run(t *testing.T, stdin []byte, args ...string) result {
 	t.Helper()
 	return c.runEnv(t, stdin, map[string]string{"SLUICE_REDIS_URL": c.url}, append([]string{"--prefix", c.prefix, "--queue", c.queue}, args...)...)
 }
 
+func (c *cli) command(ctx context.Context, t *testing.T, stdin []byte, env map[string]string, args ...string) *exec.Cmd {
+	return clitest.Command(ctx, t, c.bin, stdin, env, args...)
+}
+
 func (c *cli) runEnv(t *testing.T, stdin []byte, env map[string]string, args ...string) result {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	cmd := c.command(ctx, t, stdin, env, args...)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
-	code := 0
-	if err != nil {
-		ee, ok := err.(*exec.ExitError)
-		require.True(t, ok, "run %v: %v", args, err)
-		code = ee.ExitCode()
-	}
-	return result{code: code, stdout: stdout.String(), stderr: stderr.String()}
+	code, stdout, stderr := clitest.Run(t, c.bin, stdin, env, args...)
+	return result{code: code, stdout: stdout, stderr: stderr}
 }
 
 // tasks lists every task of the test's queue, by task id.
@@ -123,23 +100,11 @@ func (c *cli) tasks(t *testing.T) map[string]*asynq.TaskInfo {
 	return out
 }
 
-func golden(t *testing.T, name, got string) {
-	t.Helper()
-	path := filepath.Join("testdata", name+".golden")
-	if *update {
-		require.NoError(t, os.WriteFile(path, []byte(got), 0o644))
-		return
-	}
-	want, err := os.ReadFile(path)
-	require.NoError(t, err, "run go test ./cmd/enqueue -run TestCLI -update to create it")
-	require.Equal(t, string(want), got)
-}
-
 func testHelp(t *testing.T, c *cli) {
 	r := c.runEnv(t, nil, nil, "--help")
 	require.Equal(t, 0, r.code)
 	require.Empty(t, r.stderr)
-	golden(t, "help", r.stdout)
+	clitest.Golden(t, "help", r.stdout)
 	require.Equal(t, r, c.runEnv(t, nil, nil, "-h"))
 	v := c.runEnv(t, nil, nil, "--version")
 	require.Equal(t, 0, v.code)
@@ -376,7 +341,7 @@ func testCron(t *testing.T, c *cli) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	cmd := c.command(ctx, t, nil, map[string]string{"SLUICE_REDIS_URL": c.url}, "--prefix", c.prefix, "--queue", c.queue, "--cron", "@every 1s", "--tenant", "acme", "--type", "sleep", "--count", "2")
-	var stdout, stderr syncBuffer
+	var stdout, stderr clitest.SyncBuffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	require.NoError(t, cmd.Start())
 	deadline := time.Now().Add(20 * time.Second)
@@ -394,21 +359,4 @@ func testCron(t *testing.T, c *cli) {
 		require.Regexp(t, `^\S+Z enqueued 2 of 2 jobs for tenant acme$`, l)
 	}
 	require.Regexp(t, `^enqueue: on schedule "@every 1s" until SIGINT or SIGTERM \(Ctrl-C\); first run at \S+\n$`, stderr.String())
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicehq/sluice/internal/clitest"
 	"github.com/sluicehq/sluice/internal/redistest"
 )
 
@@ -35,7 +36,7 @@ func TestInterruptFile(t *testing.T) {
 	defer cancel()
 	pr, pw := io.Pipe()
 	defer pw.Close()
-	var stdout, stderr syncBuffer
+	var stdout, stderr clitest.SyncBuffer
 	code := make(chan int, 1)
 	go func() {
 		code <- run(ctx, []string{"--prefix", c.prefix, "--queue", c.queue, "--file", "-", "--tenant", "acme", "--type", "sleep"}, pr, &stdout, &stderr, env)
@@ -71,7 +72,7 @@ func TestPlainProgress(t *testing.T) {
 	old := plainInterval
 	plainInterval = time.Nanosecond
 	defer func() { plainInterval = old }()
-	var stdout, stderr syncBuffer
+	var stdout, stderr clitest.SyncBuffer
 	got := run(context.Background(), []string{"--prefix", c.prefix, "--queue", c.queue, "--tenant", "acme", "--type", "sleep", "--count", "600"}, nil, &stdout, &stderr, env)
 	require.Equal(t, exitOK, got, stderr.String())
 	lines := strings.Split(strings.TrimSuffix(stderr.String(), "\n"), "\n")

@@ -1,9 +1,7 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"flag"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,11 +14,10 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicehq/sluice/internal/clitest"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/throttle"
 )
-
-var update = flag.Bool("update", false, "rewrite testdata/*.golden from the current output")
 
 func TestMain(m *testing.M) { redistest.Main(m) }
 
@@ -76,26 +73,8 @@ func (c *cli) run(t *testing.T, args ...string) result {
 
 func (c *cli) runWith(t *testing.T, stdin []byte, env map[string]string, args ...string) result {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, c.bin, args...)
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + t.TempDir()}
-	for k, v := range env {
-		cmd.Env = append(cmd.Env, k+"="+v)
-	}
-	if stdin != nil {
-		cmd.Stdin = bytes.NewReader(stdin)
-	}
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
-	code := 0
-	if err != nil {
-		ee, ok := err.(*exec.ExitError)
-		require.True(t, ok, "run %v: %v", args, err)
-		code = ee.ExitCode()
-	}
-	return result{code: code, stdout: stdout.String(), stderr: stderr.String()}
+	code, stdout, stderr := clitest.Run(t, c.bin, stdin, env, args...)
+	return result{code: code, stdout: stdout, stderr: stderr}
 }
 
 func (c *cli) policies(t *testing.T) map[string]string {
@@ -120,25 +99,11 @@ func (c *cli) mustRun(t *testing.T, args ...string) string {
 	return r.stdout
 }
 
-// golden compares got with testdata/NAME.golden, or rewrites it with -update.
-func golden(t *testing.T, name, got string) {
-	t.Helper()
-	path := filepath.Join("testdata", name+".golden")
-	if *update {
-		require.NoError(t, os.MkdirAll("testdata", 0o755))
-		require.NoError(t, os.WriteFile(path, []byte(got), 0o644))
-		return
-	}
-	want, err := os.ReadFile(path)
-	require.NoError(t, err, "run go test ./cmd/sluice -run TestCLI -update to create it")
-	require.Equal(t, string(want), got)
-}
-
 func testHelp(t *testing.T, c *cli) {
 	r := c.runWith(t, nil, nil, "--help")
 	require.Equal(t, 0, r.code)
 	require.Empty(t, r.stderr)
-	golden(t, "help", r.stdout)
+	clitest.Golden(t, "help", r.stdout)
 	for _, args := range [][]string{{"help"}, {"-h"}} {
 		again := c.runWith(t, nil, nil, args...)
 		require.Equal(t, r, again, "sluice %v", args)
@@ -184,8 +149,8 @@ func testPolicyCommands(t *testing.T, c *cli) {
 	require.Equal(t, "rate=100/s burst=20 quota=1000/day concurrency=5\n", c.mustRun(t, "policy", "get", "acme"))
 	require.Equal(t, "rate=1000/s window=50000/min\n", c.mustRun(t, "policy", "get", "@global"))
 
-	golden(t, "policy_list", c.mustRun(t, "policy", "list"))
-	golden(t, "policy_list_json", c.mustRun(t, "policy", "list", "--json"))
+	clitest.Golden(t, "policy_list", c.mustRun(t, "policy", "list"))
+	clitest.Golden(t, "policy_list_json", c.mustRun(t, "policy", "list", "--json"))
 
 	r := c.run(t, "policy", "get", "bob")
 	require.Equal(t, result{code: 1, stderr: "sluice: no policy for \"bob\"; it follows the default policy *: rate=10/s\n"}, r)
@@ -435,7 +400,7 @@ func seedState(t *testing.T, c *cli) {
 
 func testStatsJSON(t *testing.T, c *cli) {
 	seedState(t, c)
-	golden(t, "stats_json", maskTimes(c.mustRun(t, "stats", "--json")))
+	clitest.Golden(t, "stats_json", maskTimes(c.mustRun(t, "stats", "--json")))
 	one := maskTimes(c.mustRun(t, "stats", "acme", "--json"))
 	require.Contains(t, one, `"tenant": "acme"`)
 	require.NotContains(t, one, `"tenant": "quiet"`)

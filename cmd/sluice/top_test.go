@@ -5,12 +5,12 @@ import (
 	"context"
 	"flag"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicehq/sluice/internal/clitest"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/throttle"
 )
@@ -57,24 +57,6 @@ new     2.0       -       -          0         -         0        -
 `, b.String())
 }
 
-// syncBuffer is a bytes.Buffer safe for one writer and one reader.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // waitFor polls cond until it holds or the deadline passes.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
@@ -96,7 +78,7 @@ func TestTopLoopQuitsOnKeys(t *testing.T) {
 		_, err = cn.limiter.Cooldown(context.Background(), "paused", time.Minute)
 		require.NoError(t, err)
 
-		out := &syncBuffer{}
+		out := &clitest.SyncBuffer{}
 		keys := make(chan byte, 1)
 		done := make(chan error, 1)
 		go func() {
@@ -126,11 +108,11 @@ func TestTopLoopEndsWithInputOrContext(t *testing.T) {
 
 	keys := make(chan byte)
 	close(keys) // standard input at its end
-	require.NoError(t, topLoop(context.Background(), cn, &syncBuffer{}, keys, time.Hour, 0, func() int { return 10 }))
+	require.NoError(t, topLoop(context.Background(), cn, &clitest.SyncBuffer{}, keys, time.Hour, 0, func() int { return 10 }))
 
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel() // Ctrl-C delivered as a signal
-	require.NoError(t, topLoop(ctx, cn, &syncBuffer{}, make(chan byte), time.Hour, 0, func() int { return 10 }))
+	require.NoError(t, topLoop(ctx, cn, &clitest.SyncBuffer{}, make(chan byte), time.Hour, 0, func() int { return 10 }))
 }
 
 func TestRunInProcess(t *testing.T) {

@@ -2,10 +2,8 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -17,7 +15,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -27,11 +24,10 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicehq/sluice/internal/clitest"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/throttle"
 )
-
-var update = flag.Bool("update", false, "rewrite testdata/*.golden from the current output")
 
 func TestMain(m *testing.M) { redistest.Main(m) }
 
@@ -74,42 +70,15 @@ type result struct {
 // runBin runs a binary to its end with only the given environment.
 func runBin(t *testing.T, bin string, env map[string]string, args ...string) result {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, args...)
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + t.TempDir()}
-	for k, v := range env {
-		cmd.Env = append(cmd.Env, k+"="+v)
-	}
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
-	code := 0
-	if err != nil {
-		ee, ok := err.(*exec.ExitError)
-		require.True(t, ok, "run %s %v: %v", bin, args, err)
-		code = ee.ExitCode()
-	}
-	return result{code: code, stdout: stdout.String(), stderr: stderr.String()}
-}
-
-func golden(t *testing.T, name, got string) {
-	t.Helper()
-	path := filepath.Join("testdata", name+".golden")
-	if *update {
-		require.NoError(t, os.WriteFile(path, []byte(got), 0o644))
-		return
-	}
-	want, err := os.ReadFile(path)
-	require.NoError(t, err, "run go test ./cmd/worker -run TestCLI -update to create it")
-	require.Equal(t, string(want), got)
+	code, stdout, stderr := clitest.Run(t, bin, nil, env, args...)
+	return result{code: code, stdout: stdout, stderr: stderr}
 }
 
 func testHelp(t *testing.T, b *bins) {
 	r := runBin(t, b.worker, nil, "--help")
 	require.Equal(t, 0, r.code)
 	require.Empty(t, r.stderr)
-	golden(t, "help", r.stdout)
+	clitest.Golden(t, "help", r.stdout)
 	require.Equal(t, r, runBin(t, b.worker, nil, "-h"))
 	v := runBin(t, b.worker, nil, "--version")
 	require.Equal(t, 0, v.code)
@@ -198,27 +167,10 @@ func qname(t *testing.T) string {
 type proc struct {
 	t      *testing.T
 	cmd    *exec.Cmd
-	stdout *syncBuffer
-	stderr *syncBuffer
+	stdout *clitest.SyncBuffer
+	stderr *clitest.SyncBuffer
 	exited chan struct{}
 	err    error
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // startWorker starts the worker binary; it is killed when the test ends if
@@ -227,7 +179,7 @@ func startWorker(t *testing.T, b *bins, args ...string) *proc {
 	t.Helper()
 	cmd := exec.Command(b.worker, args...)
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + t.TempDir()}
-	p := &proc{t: t, cmd: cmd, stdout: &syncBuffer{}, stderr: &syncBuffer{}, exited: make(chan struct{})}
+	p := &proc{t: t, cmd: cmd, stdout: &clitest.SyncBuffer{}, stderr: &clitest.SyncBuffer{}, exited: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = p.stdout, p.stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	require.NoError(t, cmd.Start())
