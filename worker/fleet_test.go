@@ -314,6 +314,47 @@ func maxConcurrent(starts []*event, tenant string) int {
 	return most
 }
 
+// jobRuns merges the runs of one job (one task id) that overlap into one:
+// a copy of a job delivered again while it still runs (asynq recovering a
+// job whose completion it could not record) shares the job's concurrency
+// slot, which the limiter holds per job. It returns the merged runs and how
+// many runs started while another run of the same job was in progress.
+func jobRuns(starts []*event) ([]*event, int) {
+	byJob := map[string][]*event{}
+	var order []string
+	for _, s := range starts {
+		if _, ok := byJob[s.taskID]; !ok {
+			order = append(order, s.taskID)
+		}
+		byJob[s.taskID] = append(byJob[s.taskID], s)
+	}
+	var out []*event
+	copies := 0
+	for _, id := range order {
+		runs := byJob[id]
+		sort.Slice(runs, func(i, j int) bool { return runs[i].at.Before(runs[j].at) })
+		var cur *event
+		for _, r := range runs {
+			end := r.end
+			if end.IsZero() {
+				end = time.Now()
+			}
+			if cur != nil && r.at.Before(cur.end) {
+				copies++
+				if end.After(cur.end) {
+					cur.end = end
+				}
+				continue
+			}
+			c := *r
+			c.end = end
+			cur = &c
+			out = append(out, cur)
+		}
+	}
+	return out, copies
+}
+
 // waitFinished waits until n jobs have finished, each once. It polls the
 // length of the record list, which is cheap, so that the test process takes
 // little of the CPU the workers' timing depends on.
