@@ -8,8 +8,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"runtime"
-	"runtime/debug"
 	"strconv"
 	"strings"
 	"time"
@@ -18,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/robfig/cron/v3"
 
+	"github.com/sluicehq/sluice/internal/cmdline"
 	"github.com/sluicehq/sluice/internal/redisurl"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/throttle"
@@ -25,9 +24,9 @@ import (
 
 // Exit codes: the contract scripts rely on.
 const (
-	exitOK      = 0
-	exitFailure = 1
-	exitUsage   = 2
+	exitOK      = cmdline.ExitOK
+	exitFailure = cmdline.ExitFailure
+	exitUsage   = cmdline.ExitUsage
 )
 
 // version is set at build time with -ldflags "-X main.version=v1.2.3";
@@ -37,15 +36,11 @@ var version string
 const usageLine = "enqueue [--tenant T --type TYPE [--payload JSON] | --file F|-] [FLAGS]"
 
 // usageError is a malformed command line: exit code 2 and the usage line.
-type usageError struct{ msg string }
+type usageError = cmdline.UsageError
 
-func (e *usageError) Error() string { return e.msg }
+var usagef = cmdline.Usagef
 
-func usagef(format string, args ...any) error {
-	return &usageError{msg: fmt.Sprintf(format, args...)}
-}
-
-var errVersion = errors.New("version requested")
+var errVersion = cmdline.ErrVersion
 
 // options are the parsed flags. The job flags are also the defaults of the
 // lines of --file.
@@ -73,20 +68,8 @@ type options struct {
 // next batch and says how many jobs it enqueued.
 func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer, env func(string) string) int {
 	o, err := parseFlags(args, env)
-	var ue *usageError
-	switch {
-	case errors.Is(err, flag.ErrHelp):
-		fmt.Fprint(stdout, helpText())
-		return exitOK
-	case errors.Is(err, errVersion):
-		fmt.Fprintf(stdout, "enqueue %s %s %s/%s\n", versionString(), runtime.Version(), runtime.GOOS, runtime.GOARCH)
-		return exitOK
-	case errors.As(err, &ue):
-		fmt.Fprintf(stderr, "enqueue: %s\nusage: %s\nrun 'enqueue --help' for the flags\n", ue.msg, usageLine)
-		return exitUsage
-	case err != nil:
-		fmt.Fprintf(stderr, "enqueue: %s\n", err)
-		return exitFailure
+	if code, done := cmdline.Parsed(err, "enqueue", version, usageLine, helpText, stdout, stderr); done {
+		return code
 	}
 
 	var in io.Reader
@@ -133,15 +116,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	}
 }
 
-func versionString() string {
-	if version != "" {
-		return version
-	}
-	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
-		return bi.Main.Version
-	}
-	return "(devel)"
-}
+func versionString() string { return cmdline.Version(version) }
 
 // cronParser reads --cron: five fields, six with seconds first, or a
 // descriptor such as @every 10s; CRON_TZ=Zone in front picks a time zone.

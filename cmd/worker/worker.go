@@ -9,8 +9,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"runtime"
-	"runtime/debug"
 	"sort"
 	"strconv"
 	"strings"
@@ -22,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice/internal/cmdline"
 	"github.com/sluicehq/sluice/internal/redisurl"
 	"github.com/sluicehq/sluice/throttle"
 	"github.com/sluicehq/sluice/worker"
@@ -29,9 +28,9 @@ import (
 
 // Exit codes: the contract scripts rely on.
 const (
-	exitOK      = 0
-	exitFailure = 1
-	exitUsage   = 2
+	exitOK      = cmdline.ExitOK
+	exitFailure = cmdline.ExitFailure
+	exitUsage   = cmdline.ExitUsage
 )
 
 // Defaults of the flags.
@@ -50,13 +49,9 @@ var version string
 const usageLine = "worker [--redis URL] [--queues Q=1,...] [--concurrency N] [FLAGS]"
 
 // usageError is a malformed command line: exit code 2 and the usage line.
-type usageError struct{ msg string }
+type usageError = cmdline.UsageError
 
-func (e *usageError) Error() string { return e.msg }
-
-func usagef(format string, args ...any) error {
-	return &usageError{msg: fmt.Sprintf(format, args...)}
-}
+var usagef = cmdline.Usagef
 
 // options are the parsed flags.
 type options struct {
@@ -78,20 +73,8 @@ type options struct {
 // code.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, env func(string) string) int {
 	o, err := parseFlags(args, env)
-	var ue *usageError
-	switch {
-	case errors.Is(err, flag.ErrHelp):
-		fmt.Fprint(stdout, helpText())
-		return exitOK
-	case errors.Is(err, errVersion):
-		fmt.Fprintf(stdout, "worker %s %s %s/%s\n", versionString(), runtime.Version(), runtime.GOOS, runtime.GOARCH)
-		return exitOK
-	case errors.As(err, &ue):
-		fmt.Fprintf(stderr, "worker: %s\nusage: %s\nrun 'worker --help' for the flags\n", ue.msg, usageLine)
-		return exitUsage
-	case err != nil:
-		fmt.Fprintf(stderr, "worker: %s\n", err)
-		return exitFailure
+	if code, done := cmdline.Parsed(err, "worker", version, usageLine, helpText, stdout, stderr); done {
+		return code
 	}
 	if err := serve(ctx, o, stdout, stderr); err != nil {
 		if errors.Is(err, context.Canceled) && ctx.Err() != nil {
@@ -104,17 +87,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, env func(
 	return exitOK
 }
 
-var errVersion = errors.New("version requested")
+var errVersion = cmdline.ErrVersion
 
-func versionString() string {
-	if version != "" {
-		return version
-	}
-	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
-		return bi.Main.Version
-	}
-	return "(devel)"
-}
+func versionString() string { return cmdline.Version(version) }
 
 // parseFlags reads and checks the command line. Every error but the
 // requests for help and version is a *usageError.
