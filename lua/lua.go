@@ -13,8 +13,6 @@ import (
 var (
 	//go:embed admit.lua
 	admitSrc string
-	//go:embed admit_fast.lua
-	admitFastSrc string
 	//go:embed release.lua
 	releaseSrc string
 	//go:embed renew.lua
@@ -23,18 +21,14 @@ var (
 	cooldownSrc string
 	//go:embed stats.lua
 	statsSrc string
-	//go:embed refund.lua
-	refundSrc string
 	//go:embed backlog.lua
 	backlogSrc string
 )
 
 var (
-	// Admit decides whether jobs may start, all rules of all scopes at once.
+	// Admit decides whether jobs may start, all rules of all scopes at once;
+	// on Cluster it also runs the steps of a two-scope admission.
 	Admit = redis.NewScript(admitSrc)
-	// AdmitFast is Admit for ops with one scope whose policy has only rate
-	// and concurrency rules: the same decisions at a fraction of the cost.
-	AdmitFast = redis.NewScript(admitFastSrc)
 	// Release gives back concurrency slots and ends jobs' backlog entries.
 	Release = redis.NewScript(releaseSrc)
 	// Renew extends the leases of concurrency slots.
@@ -43,11 +37,9 @@ var (
 	Cooldown = redis.NewScript(cooldownSrc)
 	// Stats reads a consistent snapshot of one scope.
 	Stats = redis.NewScript(statsSrc)
-	// Refund undoes one job's charge in one scope (two-step Cluster admission).
-	Refund = redis.NewScript(refundSrc)
 	// Backlog counts a tenant's queued and deferred jobs against its cap.
 	Backlog = redis.NewScript(backlogSrc)
 )
 
 // All lists every script, for loading them into a server ahead of pipelines.
-var All = []*redis.Script{Admit, AdmitFast, Release, Renew, Cooldown, Stats, Refund, Backlog}
+var All = []*redis.Script{Admit, Release, Renew, Cooldown, Stats, Backlog}

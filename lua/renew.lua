@@ -2,12 +2,14 @@
 --
 -- KEYS: the state hash of every scope of every op, in order
 -- ARGV:
---   [1] clock: current time in µs, or -1 for Redis TIME (tests only)
+--   [1] clock: current time in µs, or -1 for Redis TIME
 --   [2] number of ops
---   per op: job id, number of scopes, then the lease (µs) of each scope
+--   per op: job id, claim token (0: whichever claim holds the slot), number
+--     of scopes, then the lease (µs) of each scope
 -- Returns: per op 1 when every slot was renewed, 0 when one was lost: its
---   lease had run out (another job may have the slot by now) or it was gone.
---   A lost slot is not taken again.
+--   lease had run out (another job may have the slot by now), it was gone,
+--   or another claim holds it (a later admission of the same job). A lost
+--   slot is not taken again, and another claim's slot is left alone.
 
 local call, tonumber, format = redis.call, tonumber, string.format
 local now
@@ -23,21 +25,22 @@ local nops = tonumber(ARGV[2])
 local a, k = 3, 0
 local out = {}
 for op = 1, nops do
-  local id = ARGV[a]
-  local n = tonumber(ARGV[a + 1])
-  a = a + 2
+  local id, claim = ARGV[a], tonumber(ARGV[a + 1])
+  local n = tonumber(ARGV[a + 2])
+  a = a + 3
   local held = 1
-  local hkey = 'h:' .. id
+  local hkey, ckey = 'h:' .. id, 'c:' .. id
   for s = 1, n do
     k = k + 1
     local lease = tonumber(ARGV[a])
     a = a + 1
-    local v = call('HMGET', KEYS[k], hkey, 'x')
-    local e = tonumber(v[1])
-    if e and e > now then
+    local v = call('HMGET', KEYS[k], hkey, ckey, 'x')
+    local e, c = tonumber(v[1]), tonumber(v[2])
+    local mine = e and (claim == 0 or c == claim)
+    if mine and e > now then
       local until_ = now + lease
       -- x is the expiry admit.lua last gave the hash; keep it true
-      local x = tonumber(v[2]) or 0
+      local x = tonumber(v[3]) or 0
       if until_ > x then
         local ms = format('%d', math.floor((until_ + 1000000 - now) / 1000) + 2)
         call('HSET', KEYS[k], hkey, format('%d', until_), 'x', format('%d', until_ + 1000000))
@@ -48,8 +51,8 @@ for op = 1, nops do
         call('HSET', KEYS[k], hkey, format('%d', until_))
       end
     else
-      if e then
-        call('HDEL', KEYS[k], hkey)
+      if mine then
+        call('HDEL', KEYS[k], hkey, ckey)
         call('HINCRBY', KEYS[k], 'hc', '-1')
       end
       held = 0

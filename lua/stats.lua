@@ -50,6 +50,8 @@ repeat
         if first == 0 or slot < first then first = slot end
         if slot > last then last = slot end
       end
+    elseif kind == 'c:' then
+      -- a running job's claim token, read with its h: field
     elseif kind == 'h:' then
       if tonumber(kv[i + 1]) > now then
         live = live + 1

@@ -134,7 +134,7 @@ func TestBacklogCap(t *testing.T) {
 	require.Equal(t, 3, info.Pending)
 
 	// A job that finishes for good makes room.
-	require.NoError(t, e.lim.Finish(ctx, "acme", ids[0]))
+	require.NoError(t, e.lim.Finish(ctx, "acme", ids[0], 0))
 	_, err = e.q.Enqueue(ctx, "acme", asynq.NewTask("email", nil), asynq.Queue(e.queue))
 	require.NoError(t, err)
 

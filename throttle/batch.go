@@ -56,8 +56,7 @@ func (b *batcher) run(ctx context.Context, script *redis.Script, keys []string, 
 	return b.do(ctx, script, keys, args, nil)
 }
 
-// runAdmit executes an admission script (admit.lua or admit_fast.lua) for
-// one op, alone or merged with others of the same script.
+// runAdmit executes admit.lua for one op, alone or merged with others.
 func (b *batcher) runAdmit(ctx context.Context, script *redis.Script, keys []string, aa *admitArgs) (any, error) {
 	return b.do(ctx, script, keys, nil, aa)
 }
@@ -284,7 +283,12 @@ func mergeAdmits(calls []*call) *unit {
 		start := len(ops)
 		ops = append(ops, aa.op...)
 		for _, at := range aa.refs {
-			ops[start+at] = local[aa.op[at].(int)-1]
+			// a negative reference is a remote scope's
+			if ref := aa.op[at].(int); ref < 0 {
+				ops[start+at] = -local[-ref-1]
+			} else {
+				ops[start+at] = local[ref-1]
+			}
 		}
 	}
 	header := calls[0].admit.header

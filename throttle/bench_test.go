@@ -64,7 +64,7 @@ func BenchmarkDecisions(b *testing.B) {
 			id := strconv.FormatInt(seq.Add(1), 36)
 			d, err := cycleLim.Admit(ctx, t, id)
 			if err == nil && d.Allowed {
-				err = cycleLim.Release(ctx, t, id)
+				err = cycleLim.Release(ctx, t, id, d.Claim)
 			}
 			return err
 		}},

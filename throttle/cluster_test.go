@@ -3,8 +3,6 @@ package throttle
 import (
 	"context"
 	"fmt"
-	"maps"
-	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -194,9 +192,7 @@ func TestClusterAllOrNothing(t *testing.T) {
 			[]op{{tenant: "acme", id: "a"}, {tenant: "acme", id: "b", reserve: true}},
 			op{tenant: "acme", id: "b", advance: time.Second}, GlobalPolicy, "concurrency",
 			// b keeps its reservations and starts on them without being
-			// charged again: c's slot comes right after b's. (On a Cluster
-			// the denied attempt leaves acme's started meter charged, so b
-			// is not let in again sooner than a second after it.)
+			// charged again: c's slot comes right after b's.
 			[]op{{tenant: "acme", id: "a", release: true}, {tenant: "acme", id: "b", advance: time.Second},
 				{tenant: "acme", id: "c", reserve: true}}},
 		{"tenant denies, @global untouched", map[string]string{
@@ -226,7 +222,7 @@ func TestClusterAllOrNothing(t *testing.T) {
 				for _, e := range envs {
 					e.clock.Advance(o.advance)
 					if o.release {
-						require.NoError(t, e.lim.Release(ctx, o.tenant, o.id))
+						require.NoError(t, e.lim.Release(ctx, o.tenant, o.id, 0))
 						continue
 					}
 					d, err := e.lim.Do(ctx, Request{Tenant: o.tenant, ID: o.id, Reserve: o.reserve})
@@ -272,12 +268,12 @@ func TestClusterAllOrNothing(t *testing.T) {
 	}
 }
 
-// TestClusterRenewedLeaseOnDenial documents the one trace the two steps
-// leave: a job that already holds its tenant's concurrency slot and is
-// admitted again (a redelivery) has its lease renewed by the tenant's step
-// even when @global then denies it; a single server leaves the lease as it
-// was. The slot is held at most one lease longer: the cautious side.
-func TestClusterRenewedLeaseOnDenial(t *testing.T) {
+// TestClusterKeepsTheLeaseOnDenial: a job that already holds its tenant's
+// concurrency slot and is admitted again (a redelivery) has its lease
+// renewed by the tenant's step; when @global then denies it, the lease and
+// the claim it had are put back, as a single server leaves them. (The two
+// steps once left the renewed lease behind.)
+func TestClusterKeepsTheLeaseOnDenial(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	envs := []*env{singleEnv(t, nil), clusterEnv(t, nil)}
@@ -303,7 +299,7 @@ func TestClusterRenewedLeaseOnDenial(t *testing.T) {
 	}
 	start := fakeEpoch
 	require.Equal(t, start.Add(10*time.Second), ends[0], "single server: the lease is untouched")
-	require.Equal(t, start.Add(11*time.Second), ends[1], "Cluster: the tenant's step renewed it")
+	require.Equal(t, start.Add(10*time.Second), ends[1], "Cluster: the lease is put back")
 }
 
 // TestClusterReservationSlots: the two steps of a reservation land on a slot
@@ -390,88 +386,11 @@ func TestClusterMatchesSingleNode(t *testing.T) {
 	}
 }
 
-// admitOn is the model's admission on a single server, or on a Cluster.
+// admitOn is the model's admission: a limiter on a Cluster decides over a
+// tenant and @global in steps (split.go) and reaches a single server's
+// decision, leaving the same state behind.
 func (m *model) admitOn(cluster bool, now int64, tenant, id string, cost int64, flags int) modelDecision {
-	if cluster {
-		return m.admitAsCluster(now, tenant, id, cost, flags)
-	}
 	return m.admit(now, tenant, id, cost, flags)
-}
-
-// admitAsCluster is admit as a limiter on a Cluster makes it (split.go): the
-// same decision, and the same state afterwards except for what the tenant's
-// step leaves when the tenant alone would have admitted the job and the
-// answer is no: its started rate meters stay charged, a slot the job
-// already held keeps the lease the tenant's step gave it, and a reservation
-// the job started on, or moved to now, is put back at now.
-func (m *model) admitAsCluster(now int64, tenant, id string, cost int64, flags int) modelDecision {
-	refs := m.resolve(tenant)
-	if len(refs) < 2 || flags&flagDry != 0 {
-		return m.admit(now, tenant, id, cost, flags)
-	}
-	ref := refs[0]
-	alone := m.tenantAlone(now, tenant, id, cost, flags)
-	st := m.scope(ref.key)
-	held := st.holders[id] > now
-	r, hadR := st.reservations[id]
-	validR := hadR && m.reservationValid(ref, st, r, now)
-	d := m.admit(now, tenant, id, cost, flags)
-	if d.allowed {
-		return d
-	}
-	if alone.allowed && flags&flagPlan == 0 {
-		// the tenant's started rate meters are not refunded (refund.lua)
-		for i, r := range ref.policy.Rates {
-			inc, _, _ := rateArgs(r, cost)
-			if v := max(st.started[i], now) + inc; st.started[i] != v {
-				st.started[i] = v
-				m.residues++
-			}
-		}
-	}
-	if c := ref.policy.Concurrency; c != nil && alone.allowed && held && flags&flagHold != 0 && flags&flagPlan == 0 {
-		if until := now + micros(c.lease()); st.holders[id] != until {
-			st.holders[id] = until
-			m.residues++
-		}
-	}
-	if validR && d.slot == 0 && (alone.allowed || alone.slot == now) && st.reservations[id] != now {
-		st.reservations[id] = now
-		m.residues++
-	}
-	return d
-}
-
-// tenantAlone is the decision the tenant's policy alone gives, on a copy.
-func (m *model) tenantAlone(now int64, tenant, id string, cost int64, flags int) modelDecision {
-	alone := &model{cfg: m.cfg, policies: maps.Clone(m.policies), scopes: map[string]*modelScope{}}
-	delete(alone.policies, GlobalPolicy)
-	if st := m.scopes[tenant]; st != nil {
-		c := *st
-		c.planned, c.started = slices.Clone(st.planned), slices.Clone(st.started)
-		c.plannedLog, c.startedLog = slices.Clone(st.plannedLog), slices.Clone(st.startedLog)
-		c.quota, c.reservations, c.holders = maps.Clone(st.quota), maps.Clone(st.reservations), maps.Clone(st.holders)
-		alone.scopes[tenant] = &c
-	}
-	return alone.admit(now, tenant, id, cost, flags)
-}
-
-// reservationValid is whether admit would honour reservation r.
-func (m *model) reservationValid(ref modelScopeRef, st *modelScope, r, now int64) bool {
-	switch q := ref.policy.Quota; {
-	case r+micros(m.cfg.Grace) <= now:
-		return false
-	case st.cooldown > now && r < st.cooldown:
-		return false
-	case q != nil && r <= now:
-		b := modelBounds(q, now)
-		return windowOf(b, r) == windowOf(b, now)
-	}
-	return true
-}
-
-func anyResidue(models []*model) bool {
-	return slices.ContainsFunc(models, func(m *model) bool { return m.residues > 0 })
 }
 
 // decisionOf is a Decision in the model's terms, to compare two limiters.

@@ -39,10 +39,12 @@ type Decision struct {
 	// Lease is the concurrency lease the job now holds; renew it every
 	// Lease/3 while the job runs. Zero when no slot is held.
 	Lease time.Duration
+	// Claim identifies this admission's hold on its concurrency slots: give
+	// it to Renew and Release, which change nothing once another admission
+	// of the job has taken the slots over. Zero when no slot is held.
+	Claim uint64
 	// Now is the Redis server time the decision was made at.
 	Now time.Time
-
-	charged int64 // what admit.lua wrote, for refunds on Cluster
 }
 
 // String summarises the decision for logs.
@@ -97,31 +99,3 @@ func (e *BacklogError) Error() string {
 
 // Is makes errors.Is(err, ErrBacklogFull) match.
 func (e *BacklogError) Is(target error) bool { return target == ErrBacklogFull }
-
-const (
-	ruleNone = iota
-	ruleRate
-	ruleWindow
-	ruleQuota
-	ruleConcurrency
-	ruleCooldown
-	ruleReserved
-)
-
-func ruleName(code, index int64) string {
-	switch code {
-	case ruleRate:
-		return fmt.Sprintf("rate[%d]", index-1)
-	case ruleWindow:
-		return "window"
-	case ruleQuota:
-		return "quota"
-	case ruleConcurrency:
-		return "concurrency"
-	case ruleCooldown:
-		return "cooldown"
-	case ruleReserved:
-		return "reserved"
-	}
-	return ""
-}

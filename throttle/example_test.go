@@ -169,17 +169,19 @@ func ExampleLimiter_Release() {
 		log.Fatal(err)
 	}
 
-	d, _ := lim.Admit(ctx, "acme", "job-1")
-	fmt.Println("job-1:", d.Allowed, "lease", d.Lease)
-	d, _ = lim.Admit(ctx, "acme", "job-2")
+	job1, _ := lim.Admit(ctx, "acme", "job-1")
+	fmt.Println("job-1:", job1.Allowed, "lease", job1.Lease)
+	d, _ := lim.Admit(ctx, "acme", "job-2")
 	fmt.Println("job-2:", d.Allowed, d.Rule)
 
-	// While job-1 runs, its worker renews the lease every Lease/3.
-	held, _ := lim.Renew(ctx, "acme", "job-1")
-	fmt.Println("job-1 still holds its slot:", held)
+	// While job-1 runs, its worker renews the lease every Lease/3, under
+	// the claim its admission got: a slot that passed to another admission
+	// of the job (ErrClaimLost) is left alone.
+	err = lim.Renew(ctx, "acme", "job-1", job1.Claim)
+	fmt.Println("job-1 still holds its slot:", err == nil)
 
 	// Done: the slot is free for job-2.
-	if err := lim.Release(ctx, "acme", "job-1"); err != nil {
+	if err := lim.Release(ctx, "acme", "job-1", job1.Claim); err != nil {
 		log.Fatal(err)
 	}
 	d, _ = lim.Admit(ctx, "acme", "job-2")

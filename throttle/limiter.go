@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -109,6 +111,14 @@ type Limiter struct {
 	noExpire bool
 
 	offset atomic.Int64 // Redis time minus local time, µs; for quota windows
+
+	// splitLocks serialise a process's two-step admissions of one tenant
+	// (split.go), so that they never take back each other's charges.
+	splitLocks [splitStripes]chan struct{}
+
+	late      sync.WaitGroup // releaseLate's goroutines
+	closing   chan struct{}
+	closeOnce sync.Once
 }
 
 // NewLimiter returns a limiter over the caller's client, which may be a
@@ -137,6 +147,10 @@ func NewLimiter(client redis.UniversalClient, cfg *Config) (*Limiter, error) {
 	}
 	_, l.cluster = client.(*redis.ClusterClient)
 	l.batch = newBatcher(client, c.MaxBatch, c.Pipelines)
+	l.closing = make(chan struct{})
+	for i := range l.splitLocks {
+		l.splitLocks[i] = make(chan struct{}, 1)
+	}
 	return l, nil
 }
 
@@ -145,6 +159,8 @@ func (l *Limiter) Policies() *PolicyStore { return l.policies }
 
 // Close stops the limiter's background work. It does not close the client.
 func (l *Limiter) Close() error {
+	l.closeOnce.Do(func() { close(l.closing) })
+	l.late.Wait()
 	l.batch.close()
 	if l.ownStore {
 		return l.policies.Close()
@@ -212,14 +228,6 @@ func (l *Limiter) Do(ctx context.Context, req Request) (Decision, error) {
 	}
 	return l.do(ctx, req, flags)
 }
-
-const (
-	flagReserve = 1
-	flagHold    = 2
-	flagDry     = 4
-	flagPlan    = 8
-	flagNoTTL   = 16
-)
 
 // scope is one set of keys and the policy that governs them.
 type scope struct {
@@ -289,36 +297,85 @@ func (l *Limiter) do(ctx context.Context, req Request, flags int) (Decision, err
 		}
 		return Decision{Allowed: true, RetryAfter: -1, Remaining: -1, ResetAfter: -1, InFlight: -1, Now: now}, nil
 	}
-	if l.cluster && len(scopes) > 1 {
-		return l.doSplit(ctx, req.ID, cost, flags, scopes, lease)
+	holds := lease > 0 && flags&flagHold != 0 && flags&flagPlan == 0 && flags&flagDry == 0
+	op := &admitOp{id: req.ID, cost: cost, flags: flags}
+	if holds {
+		op.claim = newClaim()
 	}
-	d, err := l.admitOnce(ctx, req.ID, cost, flags, scopes, 0)
+	for _, s := range scopes {
+		op.scopes = append(op.scopes, opScope{scope: s})
+	}
+	var d Decision
+	if l.cluster && len(scopes) > 1 {
+		d, err = l.doSplit(ctx, op)
+	} else {
+		var r *admitReply
+		if r, err = l.run(ctx, op, -1); err == nil {
+			d = r.decision(op.scopes)
+		}
+	}
 	if err != nil {
+		if holds && ctx.Err() != nil {
+			// The caller stopped waiting; the admission may still land. Its
+			// slot is given back once it had time to, under its own claim,
+			// so a later admission of the same job keeps its slot.
+			l.releaseLate(req.Tenant, req.ID, op.claim)
+		}
 		return Decision{}, fmt.Errorf("admit tenant %q: %w", req.Tenant, err)
 	}
-	if d.Allowed && flags&flagHold != 0 && flags&flagPlan == 0 {
-		d.Lease = lease
+	if d.Allowed && holds {
+		d.Lease, d.Claim = lease, op.claim
 	}
 	return d, nil
 }
 
-// admitOnce runs admit.lua for the scopes in one round trip, retrying once
-// with fresh quota windows when the local clock estimate was off.
-func (l *Limiter) admitOnce(ctx context.Context, id string, cost int64, flags int, scopes []scope, notBefore int64) (Decision, error) {
+// newClaim returns a fresh claim token: random, non-zero and exact in the
+// scripts' numbers (below 2^52).
+func newClaim() uint64 {
+	return rand.Uint64()>>12 | 1
+}
+
+// run runs admit.lua for op in one round trip (shared with concurrent
+// calls), at clock (µs; -1 for Redis time), retrying once with fresh quota
+// windows when the local estimate of Redis time was off.
+func (l *Limiter) run(ctx context.Context, op *admitOp, clock int64) (*admitReply, error) {
+	if clock < 0 {
+		clock = l.clockArg()
+	}
 	for attempt := 0; ; attempt++ {
-		keys, aa := l.encodeAdmit(id, cost, flags, scopes, notBefore)
-		res, err := l.batch.runAdmit(ctx, admitScript(scopes), keys, aa)
+		now := l.estimatedNow()
+		if clock >= 0 {
+			now = time.UnixMicro(clock)
+		}
+		keys, aa := l.encode(op, clock, now)
+		res, err := l.batch.runAdmit(ctx, lua.Admit, keys, aa)
 		if err != nil {
-			if attempt == 0 && strings.Contains(err.Error(), "sluice: clock") {
+			if attempt == 0 && clock < 0 && isClockError(err) {
 				if err := l.syncClock(ctx); err != nil {
-					return Decision{}, err
+					return nil, err
 				}
 				continue
 			}
-			return Decision{}, err
+			return nil, err
 		}
-		return l.decode(res, scopes)
+		r, err := decodeAdmit(res)
+		if err != nil {
+			return nil, err
+		}
+		if l.clock == nil {
+			l.offset.Store(r.now - time.Now().UnixMicro())
+		}
+		return r, nil
 	}
+}
+
+// errClockPrefix starts the script error for a time outside the quota
+// windows sent (see admit.lua's header).
+const errClockPrefix = "ERR sluice: clock"
+
+func isClockError(err error) bool {
+	var re redis.Error
+	return errors.As(err, &re) && strings.HasPrefix(re.Error(), errClockPrefix)
 }
 
 func (l *Limiter) clockArg() int64 {
@@ -391,213 +448,37 @@ func quotaBounds(q *Quota, now time.Time) []int64 {
 	return out
 }
 
-// admitScript picks the script for an admission: admit_fast.lua when the
-// job has one scope whose policy has only rate and concurrency rules (most
-// jobs), admit.lua otherwise. Both decide alike.
-func admitScript(scopes []scope) *redis.Script {
-	if len(scopes) == 1 {
-		if p := scopes[0].policy; p == nil || (p.Window == nil && p.Quota == nil) {
-			return lua.AdmitFast
-		}
-	}
-	return lua.Admit
-}
+// ErrClaimLost is returned by Release and Renew when a job's concurrency
+// slot is no longer held under the claim given: its lease ran out before a
+// renewal (another job may have the slot now) or a later admission of the
+// same job took the slot over. Nothing held by another claim is changed.
+var ErrClaimLost = errors.New("concurrency claim lost")
 
-// admitArgs is one admission's part of admit.lua's ARGV: the policies it
-// uses and its op, whose policy references are positions in that list.
-// Calls merged into one script run share the policies they have in common.
-type admitArgs struct {
-	header   []any // clock, 1, horizon, grace, tolerance, concurrency retry
-	policies []encodedPolicy
-	op       []any
-	refs     []int // indexes in op of the policy references
-}
-
-type encodedPolicy struct {
-	key  policyKey
-	args []any
-}
-
-// policyKey identifies an encoded policy: the cached *Policy and, for a
-// quota, the first window start sent with it.
-type policyKey struct {
-	p     *Policy
-	start int64
-}
-
-var noPolicy = &Policy{}
-
-// flatten lays the parts out as admit.lua reads them, for a call of its own.
-func (aa *admitArgs) flatten() []any {
-	n := len(aa.header) + 1 + len(aa.op)
-	for _, p := range aa.policies {
-		n += len(p.args)
-	}
-	args := make([]any, 0, n)
-	args = append(args, aa.header...)
-	args = append(args, len(aa.policies))
-	for _, p := range aa.policies {
-		args = append(args, p.args...)
-	}
-	return append(args, aa.op...)
-}
-
-func encodePolicyArgs(p *Policy, now func() time.Time) encodedPolicy {
-	features := 0
-	if p.Window != nil {
-		features |= 1
-	}
-	if p.Quota != nil {
-		features |= 2
-	}
-	if p.Concurrency != nil {
-		features |= 4
-	}
-	args := make([]any, 0, 4+2*len(p.Rates))
-	args = append(args, features, len(p.Rates))
-	for _, r := range p.Rates {
-		_, unit, off := rateArgs(r, 1)
-		args = append(args, unit, off)
-	}
-	if w := p.Window; w != nil {
-		args = append(args, w.Limit, micros(w.Period))
-	}
-	key := policyKey{p: p}
-	if q := p.Quota; q != nil {
-		bounds := quotaBounds(q, now())
-		key.start = bounds[0]
-		args = append(args, q.Limit, len(bounds))
-		for _, b := range bounds {
-			args = append(args, b)
-		}
-	}
-	if c := p.Concurrency; c != nil {
-		args = append(args, c.Limit, micros(c.lease()))
-	}
-	return encodedPolicy{key: key, args: args}
-}
-
-func (l *Limiter) encodeAdmit(id string, cost int64, flags int, scopes []scope, notBefore int64) ([]string, *admitArgs) {
-	keys := make([]string, 0, scopeKeyCount*len(scopes))
-	aa := &admitArgs{
-		header: []any{l.clockArg(), 1, micros(l.cfg.Horizon), micros(l.cfg.Grace),
-			micros(l.cfg.Tolerance), micros(l.cfg.ConcurrencyRetry)},
-		op: make([]any, 0, 5+2*len(scopes)),
-	}
-	aa.op = append(aa.op, id, cost, flags, notBefore, len(scopes))
-	for _, s := range scopes {
-		keys = append(keys, s.keys.admitKeys()...)
-		p := s.policy
-		if p == nil {
-			p = noPolicy
-		}
-		ref := -1
-		for i, ep := range aa.policies {
-			if ep.key.p == p {
-				ref = i
-			}
-		}
-		if ref < 0 {
-			aa.policies = append(aa.policies, encodePolicyArgs(p, l.estimatedNow))
-			ref = len(aa.policies) - 1
-		}
-		aa.refs = append(aa.refs, len(aa.op))
-		aa.op = append(aa.op, ref+1)
-		if cost != 1 {
-			for _, r := range p.Rates {
-				inc, _, _ := rateArgs(r, cost)
-				aa.op = append(aa.op, inc)
-			}
-		}
-	}
-	return keys, aa
-}
-
-// decode reads admit.lua's reply for a single op: {op, now}.
-func (l *Limiter) decode(res any, scopes []scope) (Decision, error) {
-	arr, ok := res.([]any)
-	if !ok || len(arr) != 2 {
-		return Decision{}, fmt.Errorf("admit.lua: unexpected reply %T %v", res, res)
-	}
-	v, err := int64s(arr[0], 7)
-	if err != nil {
-		return Decision{}, fmt.Errorf("admit.lua: %w", err)
-	}
-	nowUs, ok := arr[1].(int64)
-	if !ok {
-		return Decision{}, fmt.Errorf("admit.lua: unexpected time %T %v", arr[1], arr[1])
-	}
-	if l.clock == nil {
-		l.offset.Store(nowUs - time.Now().UnixMicro())
-	}
-	rule, ridx, rscope := v[2]>>16, (v[2]>>8)&0xff, v[2]&0xff
-	d := Decision{
-		Allowed:    v[0]&1 == 1,
-		RetryAfter: time.Duration(v[1]) * time.Microsecond,
-		Rule:       ruleName(rule, ridx),
-		Remaining:  v[3],
-		ResetAfter: time.Duration(v[4]) * time.Microsecond,
-		InFlight:   v[5],
-		Now:        time.UnixMicro(nowUs),
-		charged:    v[0] >> 1,
-	}
-	if v[4] < 0 {
-		d.ResetAfter = -1
-	}
-	if rscope > 0 && int(rscope) <= len(scopes) {
-		d.Policy = scopes[rscope-1].name
-	}
-	if v[6] > 0 {
-		d.Reserved, d.Slot = true, time.UnixMicro(v[6])
-	}
-	if d.Allowed {
-		d.RetryAfter = -1
-	}
-	return d, nil
-}
-
-// int64s checks that a script reply is an array of n integers.
-func int64s(reply any, n int) ([]int64, error) {
-	arr, ok := reply.([]any)
-	if !ok || len(arr) != n {
-		return nil, fmt.Errorf("unexpected reply %T %v, want %d integers", reply, reply, n)
-	}
-	out := make([]int64, n)
-	for i, x := range arr {
-		v, ok := x.(int64)
-		if !ok {
-			return nil, fmt.Errorf("unexpected reply element %d: %T %v", i, x, x)
-		}
-		out[i] = v
-	}
-	return out, nil
-}
-
-// Release gives back job id's concurrency slots (tenant and @global). It is
-// safe to call for a job that holds none, and safe to call twice; without a
-// concurrency rule it costs nothing. The job stays in its tenant's backlog:
-// use Finish for a job that is done for good.
-func (l *Limiter) Release(ctx context.Context, tenant, id string) error {
-	_, err := l.release(ctx, tenant, id, false)
-	return err
+// Release gives back the concurrency slots (tenant and @global) that job id
+// holds under claim (Decision.Claim); claim 0 releases them whichever
+// admission holds them. A job that holds none costs nothing, and a second
+// Release of the same claim returns ErrClaimLost without changing anything.
+// The job stays in its tenant's backlog: use Finish for a job that is done
+// for good.
+func (l *Limiter) Release(ctx context.Context, tenant, id string, claim uint64) error {
+	return l.release(ctx, tenant, id, claim, false)
 }
 
 // Finish is Release for a job that will not run again (it succeeded, was
 // archived or dropped): it also leaves its tenant's backlog.
-func (l *Limiter) Finish(ctx context.Context, tenant, id string) error {
-	_, err := l.release(ctx, tenant, id, tenant != "")
-	return err
+func (l *Limiter) Finish(ctx context.Context, tenant, id string, claim uint64) error {
+	return l.release(ctx, tenant, id, claim, tenant != "")
 }
 
-func (l *Limiter) release(ctx context.Context, tenant, id string, finish bool) (int64, error) {
+func (l *Limiter) release(ctx context.Context, tenant, id string, claim uint64, finish bool) error {
 	if tenant != "" {
 		if err := ValidateTenant(tenant); err != nil {
-			return 0, err
+			return err
 		}
 	}
 	r, err := l.policies.resolve(ctx, tenant)
 	if err != nil {
-		return 0, fmt.Errorf("release tenant %q job %q: %w", tenant, id, err)
+		return fmt.Errorf("release tenant %q job %q: %w", tenant, id, err)
 	}
 	// Only scopes whose policy has a concurrency rule hold slots. A slot
 	// taken under a policy that has since lost its rule is not stranded: it
@@ -621,27 +502,65 @@ func (l *Limiter) release(ctx context.Context, tenant, id string, finish bool) (
 	} else if keys := append(tenantKeys, globalKeys...); len(keys) > 0 || backlog {
 		groups = append(groups, keys)
 	}
-	var released int64
+	lost := false
+	var firstErr error
 	for i, keys := range groups {
-		args := []any{l.clockArg(), 1, id, len(keys), 0}
+		args := []any{l.clockArg(), 1, id, claim, len(keys), 0}
 		if backlog && i == 0 {
 			// the tenant's group comes first and shares its slot with the backlog
 			keys = append(keys, keysFor(l.cfg.Prefix, tenant).backlog)
-			args[4] = 1
+			args[5] = 1
 		}
+		// every group is tried: a scope that cannot be reached keeps its
+		// slot until the lease runs out, the others are given back now
 		res, err := l.batch.run(ctx, lua.Release, keys, args)
 		if err != nil {
-			return released, fmt.Errorf("release tenant %q job %q: %w", tenant, id, err)
+			firstErr = cmp.Or(firstErr, fmt.Errorf("release tenant %q job %q: %w", tenant, id, err))
+			continue
 		}
 		arr, ok := res.([]any)
 		if !ok || len(arr) != 1 {
-			return released, fmt.Errorf("release.lua: unexpected reply %v", res)
+			return fmt.Errorf("release.lua: unexpected reply %v", res)
 		}
-		n, _ := arr[0].(int64)
-		released += n
+		v, err := int64s(arr[0], 2)
+		if err != nil {
+			return fmt.Errorf("release.lua: %w", err)
+		}
+		if v[1] > 0 {
+			lost = true
+		}
 	}
-	return released, nil
+	if firstErr != nil {
+		return firstErr
+	}
+	if lost && claim != 0 {
+		return fmt.Errorf("release tenant %q job %q: %w", tenant, id, ErrClaimLost)
+	}
+	return nil
 }
+
+// releaseLate gives back, in the background, the slot an admission whose
+// caller gave up may still take: after a wait, so that the release does not
+// overtake the admission on another connection. Its claim fences it: a
+// later admission of the same job keeps its own slot.
+func (l *Limiter) releaseLate(tenant, id string, claim uint64) {
+	l.late.Add(1)
+	go func() {
+		defer l.late.Done()
+		t := time.NewTimer(lateRelease)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-l.closing:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), lateRelease)
+		defer cancel()
+		_ = l.release(ctx, tenant, id, claim, false)
+	}()
+}
+
+// lateRelease is how long releaseLate waits for an abandoned admission to land.
+const lateRelease = 2 * time.Second
 
 // AddBacklog counts jobs ids of tenant in its backlog, in order, until the
 // backlog holds limit jobs (limit 0: no cap). It returns how many of the ids
@@ -692,18 +611,21 @@ func (l *Limiter) RemoveBacklog(ctx context.Context, tenant string, ids ...strin
 	return nil
 }
 
-// Renew extends the leases of job id's concurrency slots. It returns false
-// when a slot was lost (the lease ran out before the renewal, so another job
-// may hold it now); the job keeps running but no longer counts.
-func (l *Limiter) Renew(ctx context.Context, tenant, id string) (bool, error) {
+// Renew extends the leases of the concurrency slots job id holds under
+// claim (Decision.Claim; 0: whichever admission holds them). It returns
+// ErrClaimLost when a slot is no longer held under the claim: the lease ran
+// out before the renewal, or a later admission of the job took the slot
+// over. The job may keep running but no longer counts; a slot another claim
+// holds is left alone.
+func (l *Limiter) Renew(ctx context.Context, tenant, id string, claim uint64) error {
 	if tenant != "" {
 		if err := ValidateTenant(tenant); err != nil {
-			return false, err
+			return err
 		}
 	}
 	scopes, err := l.scopes(ctx, tenant)
 	if err != nil {
-		return false, fmt.Errorf("renew tenant %q job %q: %w", tenant, id, err)
+		return fmt.Errorf("renew tenant %q job %q: %w", tenant, id, err)
 	}
 	var held []scope
 	for _, s := range scopes {
@@ -712,7 +634,7 @@ func (l *Limiter) Renew(ctx context.Context, tenant, id string) (bool, error) {
 		}
 	}
 	if len(held) == 0 {
-		return true, nil
+		return nil
 	}
 	groups := [][]scope{held}
 	if l.cluster {
@@ -724,24 +646,27 @@ func (l *Limiter) Renew(ctx context.Context, tenant, id string) (bool, error) {
 	ok := true
 	for _, g := range groups {
 		keys := make([]string, len(g))
-		args := []any{l.clockArg(), 1, id, len(g)}
+		args := []any{l.clockArg(), 1, id, claim, len(g)}
 		for i, s := range g {
 			keys[i] = s.keys.state
 			args = append(args, micros(s.policy.Concurrency.lease()))
 		}
 		res, err := l.batch.run(ctx, lua.Renew, keys, args)
 		if err != nil {
-			return false, fmt.Errorf("renew tenant %q job %q: %w", tenant, id, err)
+			return fmt.Errorf("renew tenant %q job %q: %w", tenant, id, err)
 		}
 		arr, isArr := res.([]any)
 		if !isArr || len(arr) != 1 {
-			return false, fmt.Errorf("renew.lua: unexpected reply %v", res)
+			return fmt.Errorf("renew.lua: unexpected reply %v", res)
 		}
 		if v, _ := arr[0].(int64); v != 1 {
 			ok = false
 		}
 	}
-	return ok, nil
+	if !ok {
+		return fmt.Errorf("renew tenant %q job %q: %w", tenant, id, ErrClaimLost)
+	}
+	return nil
 }
 
 // Cooldown pauses tenant for d: no job of it starts until then, and jobs

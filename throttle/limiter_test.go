@@ -138,8 +138,8 @@ func TestBadInputs(t *testing.T) {
 		{"empty tenant stats", func() error { _, err := e.lim.Stats(ctx, ""); return err }, []string{"empty"}},
 		{"empty tenant backlog", func() error { _, _, err := e.lim.AddBacklog(ctx, "", 0, "j"); return err }, []string{"empty"}},
 		{"empty tenant policy", func() error { return e.store.Set(ctx, "", &Policy{}) }, []string{"empty"}},
-		{"long tenant release", func() error { return e.lim.Release(ctx, long, "j") }, []string{"257 bytes"}},
-		{"long tenant renew", func() error { _, err := e.lim.Renew(ctx, long, "j"); return err }, []string{"257 bytes"}},
+		{"long tenant release", func() error { return e.lim.Release(ctx, long, "j", 0) }, []string{"257 bytes"}},
+		{"long tenant renew", func() error { return e.lim.Renew(ctx, long, "j", 0) }, []string{"257 bytes"}},
 	} {
 		err := c.call()
 		require.ErrorIs(t, err, ErrInvalidTenant, c.name)

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/lua"
 )
 
 // TestMergedCallsMatchSingle runs the same admissions once one call per
@@ -26,7 +27,7 @@ func TestMergedCallsMatchSingle(t *testing.T) {
 			"c":       "concurrency=2 lease=1s",
 		})
 	})
-	t.Run("fast path", func(t *testing.T) {
+	t.Run("rates and concurrency", func(t *testing.T) {
 		testMergedCalls(t, map[string]string{
 			"*": "rate=20/s burst=3 concurrency=4 lease=2s",
 			"b": "rate=5/s burst=2 rate=100/min burst=4",
@@ -69,13 +70,14 @@ func testMergedCalls(t *testing.T, policies map[string]string) {
 		for _, r := range reqs {
 			d, err := single.lim.do(ctx, Request{Tenant: r.tenant, ID: r.id, Cost: r.cost}, r.flags)
 			require.NoError(t, err)
+			d.Claim = 0 // random per admission
 			want = append(want, d)
 		}
 		// the same requests merged: each run of consecutive requests for
 		// the same script goes out as one script run
 		for i := 0; i < n; {
 			var calls []*call
-			var scopesOf [][]scope
+			var scopesOf [][]opScope
 			first := i
 			for ; i < n; i++ {
 				r := reqs[i]
@@ -89,12 +91,13 @@ func testMergedCalls(t *testing.T, policies map[string]string) {
 					}
 					break
 				}
-				if len(calls) > 0 && admitScript(sc) != calls[0].script {
-					break
+				op := &admitOp{id: r.id, cost: r.cost, flags: r.flags, claim: newClaim()}
+				for _, s := range sc {
+					op.scopes = append(op.scopes, opScope{scope: s})
 				}
-				keys, aa := merged.lim.encodeAdmit(r.id, r.cost, r.flags, sc, 0)
-				calls = append(calls, &call{script: admitScript(sc), keys: keys, admit: aa})
-				scopesOf = append(scopesOf, sc)
+				keys, aa := merged.lim.encode(op, merged.lim.clockArg(), merged.lim.estimatedNow())
+				calls = append(calls, &call{script: lua.Admit, keys: keys, admit: aa})
+				scopesOf = append(scopesOf, op.scopes)
 			}
 			if len(calls) == 0 {
 				continue
@@ -105,8 +108,9 @@ func testMergedCalls(t *testing.T, policies map[string]string) {
 			ops := res.([]any)
 			require.Len(t, ops, len(calls)+1)
 			for j := range calls {
-				got, err := merged.lim.decode([]any{ops[j], ops[len(calls)]}, scopesOf[j])
+				r, err := decodeAdmit([]any{ops[j], ops[len(calls)]})
 				require.NoError(t, err)
+				got := r.decision(scopesOf[j])
 				if got.Allowed && reqs[first+j].flags&flagHold != 0 {
 					got.Lease = want[first+j].Lease
 				}
@@ -118,8 +122,8 @@ func testMergedCalls(t *testing.T, policies map[string]string) {
 		merged.clock.Advance(msec(step))
 		// releases go through the merged path too
 		for _, r := range reqs[:n/2] {
-			require.NoError(t, single.lim.Release(ctx, r.tenant, r.id))
-			require.NoError(t, merged.lim.Release(ctx, r.tenant, r.id))
+			require.NoError(t, single.lim.Release(ctx, r.tenant, r.id, 0))
+			require.NoError(t, merged.lim.Release(ctx, r.tenant, r.id, 0))
 		}
 	}
 }

@@ -12,9 +12,6 @@ type model struct {
 	cfg      Config
 	policies map[string]*Policy
 	scopes   map[string]*modelScope
-	// residues counts what admitAsCluster (cluster_test.go) left behind
-	// that a single server would not have.
-	residues int
 }
 
 type modelScope struct {

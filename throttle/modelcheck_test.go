@@ -2,6 +2,8 @@ package throttle
 
 import (
 	"context"
+	"errors"
+	"sort"
 	"fmt"
 	"math/rand/v2"
 	"testing"
@@ -78,6 +80,24 @@ var modelMixes = []modelMix{
 		maxStep: 2 * time.Second,
 	},
 	{
+		// @global with every rule kind over tenants of every kind, the
+		// two-step admission's whole surface on a Cluster
+		name: "global with every rule",
+		policies: map[string]string{
+			"@global": `rate=12/s burst=4 window=10/s quota=200 reset="*/3 * * * *" concurrency=3 lease=1s`,
+			"*":       "rate=4/s burst=2 concurrency=2 lease=2s",
+			"b":       "window=4/s quota=40/hour",
+			"c":       "rate=30/s burst=6 rate=100/min burst=8",
+			"d":       "concurrency=1 lease=1s",
+		},
+		tenants: []string{"a", "b", "c", "d", ""},
+		change: map[string]string{
+			"@global": `rate=8/s burst=3 window=6/s quota=120 reset="*/3 * * * *" concurrency=2 lease=2s`,
+			"b":       "window=3/s quota=30/hour concurrency=2 lease=1s",
+		},
+		maxStep: 3 * time.Second,
+	},
+	{
 		name:     "no policy, global only",
 		policies: map[string]string{"@global": "rate=4/s burst=2 concurrency=2 lease=1s"},
 		tenants:  []string{"", "a"},
@@ -110,9 +130,8 @@ func runModel(t *testing.T, mix modelMix, seed uint64, steps int, expire bool) (
 var modelConfig = &Config{Horizon: 30 * time.Second, Grace: 2 * time.Second}
 
 // runModelOn runs one scenario on several limiters side by side (a single
-// server and a Cluster, say), each with its own reference model: on a
-// Cluster the model is admitAsCluster's. Until a model records something
-// only a Cluster leaves behind, every limiter must reach the same decisions.
+// server and a Cluster, say), each with its own reference model: every
+// limiter must reach the model's decisions, and so each other's.
 func runModelOn(t *testing.T, envs []*env, mix modelMix, seed uint64, steps int, expire bool) (deleted int) {
 	ctx := context.Background()
 	models := make([]*model, len(envs))
@@ -199,11 +218,12 @@ func runModelOn(t *testing.T, envs []*env, mix modelMix, seed uint64, steps int,
 				}
 				lane := fmt.Sprintf("%s (limiter %d of %d)", where, i+1, len(envs))
 				require.NoError(t, err, lane)
+				require.Equal(t, got.Allowed, got.RetryAfter == -1, lane+": RetryAfter is -1 exactly when allowed")
 				want := models[i].admitOn(e.lim.cluster, now.UnixMicro(), tenant, id, cost, flags)
 				requireSameDecision(t, want, got, lane)
 				if i == 0 {
 					first = got
-				} else if !anyResidue(models) {
+				} else {
 					requireSameDecision(t, decisionOf(first), got, lane+": differs from limiter 1")
 				}
 			}
@@ -216,14 +236,16 @@ func runModelOn(t *testing.T, envs []*env, mix modelMix, seed uint64, steps int,
 			}
 		case op < 85:
 			for i, e := range envs {
-				require.NoError(t, e.lim.Release(ctx, tenant, id), where)
+				require.NoError(t, e.lim.Release(ctx, tenant, id, 0), where)
 				models[i].release(tenant, id)
 			}
 		case op < 97:
 			for i, e := range envs {
-				ok, err := e.lim.Renew(ctx, tenant, id)
-				require.NoError(t, err, where)
-				require.Equal(t, models[i].renew(now.UnixMicro(), tenant, id), ok, "renew: "+where)
+				err := e.lim.Renew(ctx, tenant, id, 0)
+				if !errors.Is(err, ErrClaimLost) {
+					require.NoError(t, err, where)
+				}
+				require.Equal(t, models[i].renew(now.UnixMicro(), tenant, id), err == nil, "renew: "+where)
 			}
 		default:
 			if tenant == "" {
@@ -241,8 +263,16 @@ func runModelOn(t *testing.T, envs []*env, mix modelMix, seed uint64, steps int,
 			tally[3]++
 		}
 		for i, e := range envs {
+			// the state every limiter reports is the model's
+			if tenant != "" {
+				requireStatsMatch(t, models[i], e, tenant, now.UnixMicro(), where)
+			}
+			if models[i].policies[GlobalPolicy].HasRules() {
+				requireStatsMatch(t, models[i], e, GlobalPolicy, now.UnixMicro(), where)
+			}
 			if expire {
-				recordExpiries(t, e, expiries[i], now, tenant)
+				// a release is the one script that shortens a key's life
+				recordExpiries(t, e, expiries[i], now, tenant, op >= 70 && op < 85)
 			} else if op >= 85 {
 				// renew.lua and cooldown.lua set TTLs of their own, which
 				// real time (slower or faster than the fake clock) must not
@@ -283,8 +313,9 @@ func requireSameDecision(t *testing.T, want modelDecision, got Decision, where s
 // @global) expires given the TTL the script just set, then removes the TTL
 // so that real time (which the fake clock outruns or lags) never deletes a
 // key: expireKeys does it at the fake-clock moment instead. Like Redis, a
-// later, shorter TTL does not shorten a longer one the script set before.
-func recordExpiries(t *testing.T, e *env, expiries map[string]time.Time, now time.Time, tenant string) {
+// later, shorter TTL does not shorten a longer one the script set before,
+// except after a release (shorten), which sets a hash's TTL outright.
+func recordExpiries(t *testing.T, e *env, expiries map[string]time.Time, now time.Time, tenant string, shorten bool) {
 	ctx := context.Background()
 	var keys []string
 	for _, s := range []string{tenant, GlobalPolicy} {
@@ -296,7 +327,7 @@ func recordExpiries(t *testing.T, e *env, expiries map[string]time.Time, now tim
 		ttl, err := e.client.PTTL(ctx, k).Result()
 		require.NoError(t, err)
 		if ttl > 0 {
-			if at := now.Add(ttl + 5*time.Millisecond); at.After(expiries[k]) {
+			if at := now.Add(ttl + 5*time.Millisecond); at.After(expiries[k]) || shorten {
 				expiries[k] = at
 			}
 			require.NoError(t, e.client.Persist(ctx, k).Err())
@@ -345,4 +376,86 @@ func TestModelWithExpiry(t *testing.T) {
 			require.Positive(t, deleted, "no key ever expired: the test would not notice a TTL that is too short")
 		})
 	}
+}
+
+// requireStatsMatch requires the limiter's Stats of scope (a tenant or
+// @global) to be the model's state: both meters of every rate, the window's
+// entries, the quota's counts, the running jobs (each one a job answered
+// Allowed and not released since), the reservations, the cooldown, and no
+// leftover charge.
+func requireStatsMatch(t *testing.T, m *model, e *env, scope string, now int64, where string) {
+	t.Helper()
+	st, err := e.lim.Stats(context.Background(), scope)
+	require.NoError(t, err, where)
+	where = fmt.Sprintf("%s: Stats of %s", where, scope)
+	p := m.policies[GlobalPolicy]
+	if scope != GlobalPolicy {
+		p = m.resolve(scope)[0].policy
+	}
+	ms := m.scope(scope)
+	us := func(v int64) time.Duration { return time.Duration(v) * time.Microsecond }
+	require.Len(t, st.Rates, len(p.Rates), where)
+	for i, r := range p.Rates {
+		_, unit, off := rateArgs(r, 1)
+		var planned, started int64
+		if i < len(ms.planned) {
+			planned, started = ms.planned[i], ms.started[i]
+		}
+		tat := max(planned, started, now)
+		want := RateStats{Rule: ruleName(ruleRate, int64(i+1)), Rate: r, Available: max((now+off-tat)/unit, 0),
+			Ahead: us(max(planned, now) - now), StartedAhead: us(max(started, now) - now)}
+		require.Equal(t, want, st.Rates[i], where)
+	}
+	if w := p.Window; w != nil {
+		d := micros(w.Period)
+		require.Equal(t, &WindowStats{Window: *w, Started: countAfter(ms.startedLog, now-d), Planned: countAfter(ms.plannedLog, now-d)}, st.Window, where)
+	}
+	if q := p.Quota; q != nil {
+		start, end := q.WindowAt(time.UnixMicro(now))
+		used := ms.quota[start.UnixMicro()]
+		require.Equal(t, used, st.Quota.Used, where+": quota used")
+		require.Equal(t, ms.quota[end.UnixMicro()], st.Quota.ReservedInNextWindow, where+": quota in the next window")
+	}
+	if c := p.Concurrency; c != nil {
+		var want []Holder
+		for id, until := range ms.holders {
+			if until > now {
+				want = append(want, Holder{ID: id, LeaseEnd: time.UnixMicro(until)})
+			}
+		}
+		got := append([]Holder(nil), st.Concurrency.Holders...)
+		for _, hs := range [][]Holder{want, got} {
+			sort.Slice(hs, func(i, j int) bool { return hs[i].ID < hs[j].ID })
+		}
+		require.Equal(t, int64(len(want)), st.Concurrency.InFlight, where+": in flight")
+		require.Equal(t, len(want), len(got), where+": holders")
+		for i := range want {
+			require.Equal(t, want[i].ID, got[i].ID, where+": holder")
+			require.Equal(t, want[i].LeaseEnd.UnixMicro(), got[i].LeaseEnd.UnixMicro(), where+": lease of "+want[i].ID)
+		}
+	}
+	var n, first, last int64
+	for _, slot := range ms.reservations {
+		if slot+micros(m.cfg.Grace) > now {
+			n++
+			if first == 0 || slot < first {
+				first = slot
+			}
+			last = max(last, slot)
+		}
+	}
+	require.Equal(t, n, st.Reservations, where+": reservations")
+	if n > 0 {
+		require.Equal(t, first, st.FirstSlot.UnixMicro(), where+": first slot")
+		require.Equal(t, last, st.LastSlot.UnixMicro(), where+": last slot")
+	}
+	var cooldown time.Time
+	if ms.cooldown > now {
+		cooldown = time.UnixMicro(ms.cooldown)
+	}
+	require.Equal(t, cooldown.UnixMicro(), st.CooldownUntil.UnixMicro(), where+": cooldown")
+	if st.CooldownUntil.IsZero() {
+		require.True(t, cooldown.IsZero(), where+": cooldown")
+	}
+	require.Zero(t, st.Leftovers, where+": leftover charges")
 }

@@ -202,7 +202,7 @@ func TestConcurrencyRealClock(t *testing.T) {
 				if now.Before(h.until) {
 					h.until = now
 				}
-				if err := e.lim.Release(ctx, stepTenant, id); err != nil {
+				if err := e.lim.Release(ctx, stepTenant, id, 0); err != nil {
 					fail(err)
 					return
 				}
@@ -291,9 +291,8 @@ func TestConcurrencyCrashedLease(t *testing.T) {
 		time.Sleep(d.RetryAfter)
 	}
 	// the other crashed holders are gone by now as well, or soon
-	ok, err := e.lim.Renew(ctx, stepTenant, "crashed-0")
-	require.NoError(t, err)
-	require.False(t, ok, "a lease that ran out was renewed")
+	err = e.lim.Renew(ctx, stepTenant, "crashed-0", 0)
+	require.ErrorIs(t, err, ErrClaimLost, "a lease that ran out was renewed")
 }
 
 // tenantKeys lists the keys of tenant that exist.

@@ -67,7 +67,7 @@ func admitLoop(lim *Limiter, tenant string, callers, n int, hold time.Duration, 
 				}
 				time.Sleep(hold)
 				running.Add(-1)
-				_ = lim.Release(context.Background(), tenant, id)
+				_ = lim.Release(context.Background(), tenant, id, d.Claim)
 				id = fmt.Sprintf("job-%d", seq.Add(1))
 			}
 		}()

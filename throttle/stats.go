@@ -38,6 +38,12 @@ type Stats struct {
 	// alive (it starts again from 0 once the tenant has been idle); the
 	// difference between two snapshots gives starts per second.
 	Started int64
+	// Leftovers counts the charges a two-step admission on Redis Cluster
+	// could not take back exactly, because another process admitted a job
+	// of the tenant in the same moment: each left a started rate meter at
+	// most one interval ahead (it passes as time does). Always 0 on a
+	// single server. Like Started, it counts while the state is alive.
+	Leftovers int64
 }
 
 // RateStats is the state of one rate rule.
@@ -45,11 +51,14 @@ type RateStats struct {
 	Rule string // rate[i]
 	Rate Rate
 	// Available is how many jobs of cost 1 could start back to back now
-	// (at most the burst).
+	// (at most the burst), by both meters.
 	Available int64
 	// Ahead is how far the planned meter runs ahead of now: the time it
 	// takes to serve the reservations already made. Zero when idle.
 	Ahead time.Duration
+	// StartedAhead is how far the started meter (actual starts only) runs
+	// ahead of now. Zero when idle.
+	StartedAhead time.Duration
 }
 
 // WindowStats is the state of the sliding window.
@@ -150,19 +159,24 @@ func (l *Limiter) Stats(ctx context.Context, tenant string) (*Stats, error) {
 	if ints[5] > 0 {
 		s.FirstSlot, s.LastSlot = time.UnixMicro(ints[5]), time.UnixMicro(ints[6])
 	}
-	s.Started = hash["s"]
+	s.Started, s.Leftovers = hash["s"], hash["u"]
 	if cd := hash["cd"]; cd > now {
 		s.CooldownUntil = time.UnixMicro(cd)
 	}
 	for i, r := range p.Rates {
 		_, unit, off := rateArgs(r, 1)
-		tat := max(hash["p"+strconv.Itoa(i+1)], now)
-		avail := (now + off - tat) / unit
+		planned := hash["p"+strconv.Itoa(i+1)]
+		started, ok := hash["a"+strconv.Itoa(i+1)]
+		if !ok {
+			started = planned // not stored while equal
+		}
+		tat := max(planned, started, now)
 		s.Rates = append(s.Rates, RateStats{
-			Rule:      fmt.Sprintf("rate[%d]", i),
-			Rate:      r,
-			Available: max(avail, 0),
-			Ahead:     time.Duration(tat-now) * time.Microsecond,
+			Rule:         fmt.Sprintf("rate[%d]", i),
+			Rate:         r,
+			Available:    max((now+off-tat)/unit, 0),
+			Ahead:        time.Duration(max(planned, now)-now) * time.Microsecond,
+			StartedAhead: time.Duration(max(started, now)-now) * time.Microsecond,
 		})
 	}
 	if p.Window != nil {

@@ -220,7 +220,7 @@ type scriptWatch struct {
 
 func newScriptWatch() *scriptWatch {
 	w := &scriptWatch{shas: map[string]bool{}}
-	for _, s := range []*redis.Script{lua.Admit, lua.AdmitFast, lua.Release, lua.Renew} {
+	for _, s := range []*redis.Script{lua.Admit, lua.Release, lua.Renew} {
 		w.shas[s.Hash()] = true // the scripts whose ARGV[2] is the number of ops
 	}
 	return w

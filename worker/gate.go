@@ -255,32 +255,18 @@ func (g *Gate) process(ctx context.Context, j *job, next asynq.Handler) error {
 }
 
 // decide asks the limiter whether the job may start, waiting at most
-// CallTimeout. The limiter may wait on an unresponsive Redis longer than its
-// caller's deadline (its shared pipelines do not end with one caller's
-// context); an answer that comes after the gate gave up is undone as far as
-// it matters: an admitted job's concurrency slot is released.
+// CallTimeout. An answer that comes after the gate gave up is undone by the
+// limiter as far as it matters: the slot an admitted job took is released
+// under that admission's claim, never a later admission's.
 func (g *Gate) decide(ctx context.Context, j *job, reserve bool) (throttle.Decision, error) {
 	cctx, cancel := context.WithTimeout(ctx, g.cfg.CallTimeout)
 	defer cancel()
+	start := time.Now()
 	d, err := g.lim.Do(cctx, throttle.Request{Tenant: j.tenant, ID: j.id, Cost: j.cost, Reserve: reserve})
 	if err == nil || cctx.Err() == nil {
 		return d, err
 	}
-	// No answer in time: the admission may still land after the gate gave
-	// up. Give back any slot it takes, once it has had time to arrive (a
-	// release sent at once could overtake it on another connection).
-	g.active.add()
-	go func() {
-		defer g.active.done()
-		t := time.NewTimer(g.cfg.CallTimeout)
-		defer t.Stop()
-		select {
-		case <-t.C:
-		case <-g.stopping:
-		}
-		g.release(context.WithoutCancel(ctx), j, true, false)
-	}()
-	return throttle.Decision{}, fmt.Errorf("admit job %s of tenant %q: no answer within %s: %w", j.id, j.tenant, g.cfg.CallTimeout, cctx.Err())
+	return throttle.Decision{}, fmt.Errorf("admit job %s of tenant %q: no answer within %s: %w", j.id, j.tenant, time.Since(start).Round(time.Millisecond), cctx.Err())
 }
 
 // Admission describes how the gate admitted the job a handler runs; get it
@@ -367,7 +353,7 @@ func (g *Gate) deferJob(ctx context.Context, j *job, e *DeferError) error {
 // drop archives a denied job whose policy says overflow=drop.
 func (g *Gate) drop(ctx context.Context, j *job, d throttle.Decision) error {
 	g.m.drop(j.tenant)
-	g.release(ctx, j, false, true)
+	g.release(ctx, j, 0, true)
 	return &DropError{Tenant: j.tenant, Rule: d.Rule, Policy: d.Policy, RetryAfter: d.RetryAfter}
 }
 
@@ -436,7 +422,7 @@ func (g *Gate) run(ctx context.Context, j *job, a Admission, next asynq.Handler)
 	defer gauge.Dec()
 	var stopRenew func()
 	if lease > 0 {
-		stopRenew = g.renew(ctx, j, lease)
+		stopRenew = g.renew(ctx, j, lease, a.Decision.Claim)
 	}
 	returned := false
 	final := false
@@ -449,7 +435,7 @@ func (g *Gate) run(ctx context.Context, j *job, a Admission, next asynq.Handler)
 			g.m.outcome(j.tenant, outcomePanic)
 			final = j.retried >= j.maxRetry
 		}
-		g.release(ctx, j, lease > 0, final)
+		g.release(ctx, j, a.Decision.Claim, final)
 	}()
 	herr := next.ProcessTask(ctx, j.task)
 	returned = true
@@ -494,20 +480,26 @@ func (g *Gate) after(ctx context.Context, j *job, err error) (error, bool) {
 	}
 }
 
-// release gives back the job's concurrency slots; a job done for good also
-// leaves its tenant's backlog. Jobs that hold neither cost no round trip.
-func (g *Gate) release(ctx context.Context, j *job, held, final bool) {
+// release gives back the concurrency slots the job holds under claim (0:
+// none); a job done for good also leaves its tenant's backlog. Jobs that
+// hold neither cost no round trip. A slot that passed to another admission
+// of the job (its lease ran out first) is left to that admission.
+func (g *Gate) release(ctx context.Context, j *job, claim uint64, final bool) {
 	finish := final && j.counted && j.tenant != ""
-	if !held && !finish {
+	if claim == 0 && !finish {
 		return
 	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.cfg.CallTimeout)
 	defer cancel()
 	var err error
 	if finish {
-		err = g.lim.Finish(cctx, j.tenant, j.id)
+		err = g.lim.Finish(cctx, j.tenant, j.id, claim)
 	} else {
-		err = g.lim.Release(cctx, j.tenant, j.id)
+		err = g.lim.Release(cctx, j.tenant, j.id, claim)
+	}
+	if errors.Is(err, throttle.ErrClaimLost) {
+		g.m.renewals.WithLabelValues(renewLost).Inc()
+		return
 	}
 	if err != nil {
 		g.m.err(errRelease)
@@ -515,9 +507,9 @@ func (g *Gate) release(ctx context.Context, j *job, held, final bool) {
 	}
 }
 
-// renew extends the job's lease every lease/3 until the returned function
-// is called.
-func (g *Gate) renew(ctx context.Context, j *job, lease time.Duration) func() {
+// renew extends the job's lease, held under claim, every lease/3 until the
+// returned function is called.
+func (g *Gate) renew(ctx context.Context, j *job, lease time.Duration, claim uint64) func() {
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -533,17 +525,17 @@ func (g *Gate) renew(ctx context.Context, j *job, lease time.Duration) func() {
 			case <-t.C:
 			}
 			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(g.cfg.CallTimeout, lease/3))
-			ok, err := g.lim.Renew(cctx, j.tenant, j.id)
+			err := g.lim.Renew(cctx, j.tenant, j.id, claim)
 			cancel()
 			switch {
-			case err != nil:
-				g.m.renewals.WithLabelValues(renewError).Inc()
-			case !ok:
+			case errors.Is(err, throttle.ErrClaimLost):
 				g.m.renewals.WithLabelValues(renewLost).Inc()
 				if !lost {
 					g.log.Warn("sluice: a running job lost its concurrency slot (its lease ran out before a renewal); it keeps running but no longer counts", "task", j.taskID, "tenant", j.tenant, "lease", lease)
 				}
 				lost = true
+			case err != nil:
+				g.m.renewals.WithLabelValues(renewError).Inc()
 			default:
 				g.m.renewals.WithLabelValues(renewOK).Inc()
 			}

@@ -1,0 +1,337 @@
+package throttle
+
+import (
+	"fmt"
+	"time"
+)
+
+// The admission wire: how an admission is laid out for lua/admit.lua and
+// how its reply is read. Its header (KEYS, ARGV, Returns) is the contract;
+// this file is the only Go code that knows it.
+
+// Flags of an op (ARGV "flags").
+const (
+	flagReserve  = 1   // a denied job takes its own future slot
+	flagHold     = 2   // the job holds a concurrency slot while it runs
+	flagDry      = 4   // decide, write nothing
+	flagPlan     = 8   // take the job's slot without starting it (shaping)
+	flagNoTTL    = 16  // set no expiry (tests)
+	flagProbe    = 32  // write only when the job starts now
+	flagTwoStep  = 64  // return each local scope's snapshot and undo record
+	flagUndo     = 128 // take back the undo records first, then decide
+	flagExpect   = 256 // write only when the verdict is the one expected
+	flagUndoOnly = 512 // take back the undo records, decide nothing
+)
+
+// Rule codes of a reply, and the kinds of rule of a policy's arguments.
+const (
+	ruleNone = iota
+	ruleRate
+	ruleWindow
+	ruleQuota
+	ruleConcurrency
+	ruleCooldown
+	ruleReserved
+)
+
+func ruleName(code, index int64) string {
+	switch code {
+	case ruleRate:
+		return fmt.Sprintf("rate[%d]", index-1)
+	case ruleWindow:
+		return "window"
+	case ruleQuota:
+		return "quota"
+	case ruleConcurrency:
+		return "concurrency"
+	case ruleCooldown:
+		return "cooldown"
+	case ruleReserved:
+		return "reserved"
+	}
+	return ""
+}
+
+// admitOp is one admission as admit.lua takes it.
+type admitOp struct {
+	id        string
+	cost      int64
+	flags     int
+	notBefore int64 // µs; 0 for none
+	claim     uint64
+	scopes    []opScope
+	// undo holds an undo record per local scope (flagUndo, flagUndoOnly).
+	undo [][]int64
+	// expectAllowed and expectSlot are the verdict the op must reach
+	// (flagExpect).
+	expectAllowed bool
+	expectSlot    int64
+}
+
+// opScope is a scope of an op: local (read and written by the op), or
+// remote, decided on from its snapshot and not written.
+type opScope struct {
+	scope
+	snapshot []int64 // nil for a local scope
+}
+
+// admitArgs is one op's part of admit.lua's ARGV: the policies it uses and
+// the op, whose policy references are positions in that list (negative for
+// a remote scope). Calls merged into one script run share the policies
+// they have in common.
+type admitArgs struct {
+	header   []any // clock, 1, horizon, grace, tolerance, concurrency retry
+	policies []encodedPolicy
+	op       []any
+	refs     []int // indexes in op of the policy references
+}
+
+type encodedPolicy struct {
+	key  policyKey
+	args []any
+}
+
+// policyKey identifies an encoded policy: the cached *Policy and, for a
+// quota, the first window start sent with it.
+type policyKey struct {
+	p     *Policy
+	start int64
+}
+
+var noPolicy = &Policy{}
+
+// flatten lays the parts out as admit.lua reads them, for a call of its own.
+func (aa *admitArgs) flatten() []any {
+	n := len(aa.header) + 1 + len(aa.op)
+	for _, p := range aa.policies {
+		n += len(p.args)
+	}
+	args := make([]any, 0, n)
+	args = append(args, aa.header...)
+	args = append(args, len(aa.policies))
+	for _, p := range aa.policies {
+		args = append(args, p.args...)
+	}
+	return append(args, aa.op...)
+}
+
+// Kinds of rule in a policy's arguments.
+const (
+	kindRate        = 1
+	kindWindow      = 2
+	kindQuota       = 3
+	kindConcurrency = 4
+)
+
+// encodePolicyArgs lays out a policy's rules: their number, then each rule's
+// kind and arguments, in the order admit.lua's decisions name them (rates
+// first, by index).
+func encodePolicyArgs(p *Policy, now time.Time) encodedPolicy {
+	args := make([]any, 1, 2+3*len(p.Rates)+8)
+	nrules := 0
+	for _, r := range p.Rates {
+		_, unit, off := rateArgs(r, 1)
+		args = append(args, kindRate, unit, off)
+		nrules++
+	}
+	if w := p.Window; w != nil {
+		args = append(args, kindWindow, w.Limit, micros(w.Period))
+		nrules++
+	}
+	key := policyKey{p: p}
+	if q := p.Quota; q != nil {
+		bounds := quotaBounds(q, now)
+		key.start = bounds[0]
+		args = append(args, kindQuota, q.Limit, len(bounds))
+		for _, b := range bounds {
+			args = append(args, b)
+		}
+		nrules++
+	}
+	if c := p.Concurrency; c != nil {
+		args = append(args, kindConcurrency, c.Limit, micros(c.lease()))
+		nrules++
+	}
+	args[0] = nrules
+	return encodedPolicy{key: key, args: args}
+}
+
+// encode lays out op for admit.lua, at clock (µs, -1 for Redis time); now
+// is the estimate of Redis time that picks the quota windows to send.
+func (l *Limiter) encode(op *admitOp, clock int64, now time.Time) ([]string, *admitArgs) {
+	keys := make([]string, 0, scopeKeyCount*len(op.scopes))
+	aa := &admitArgs{
+		header: []any{clock, 1, micros(l.cfg.Horizon), micros(l.cfg.Grace),
+			micros(l.cfg.Tolerance), micros(l.cfg.ConcurrencyRetry)},
+		op: make([]any, 0, 6+2*len(op.scopes)),
+	}
+	aa.op = append(aa.op, op.id, op.cost, op.flags, op.notBefore, op.claim, len(op.scopes))
+	for _, s := range op.scopes {
+		p := s.policy
+		if p == nil {
+			p = noPolicy
+		}
+		ref := -1
+		for i, ep := range aa.policies {
+			if ep.key.p == p {
+				ref = i
+			}
+		}
+		if ref < 0 {
+			aa.policies = append(aa.policies, encodePolicyArgs(p, now))
+			ref = len(aa.policies) - 1
+		}
+		aa.refs = append(aa.refs, len(aa.op))
+		if s.snapshot == nil {
+			keys = append(keys, s.keys.admitKeys()...)
+			aa.op = append(aa.op, ref+1)
+		} else {
+			aa.op = append(aa.op, -(ref + 1))
+		}
+		if op.cost != 1 {
+			for _, r := range p.Rates {
+				inc, _, _ := rateArgs(r, op.cost)
+				aa.op = append(aa.op, inc)
+			}
+		}
+		for _, v := range s.snapshot {
+			aa.op = append(aa.op, v)
+		}
+	}
+	for _, rec := range op.undo {
+		for _, v := range rec {
+			aa.op = append(aa.op, v)
+		}
+	}
+	if op.flags&flagExpect != 0 {
+		allowed := 0
+		if op.expectAllowed {
+			allowed = 1
+		}
+		aa.op = append(aa.op, allowed, op.expectSlot)
+	}
+	return keys, aa
+}
+
+// Verdict bits of a reply.
+const (
+	verdictAllowed  = 1
+	verdictWrote    = 2
+	verdictConflict = 4
+)
+
+// admitReply is admit.lua's answer for one op.
+type admitReply struct {
+	verdict                    int64
+	retry                      int64 // µs
+	rule, ruleIndex, ruleScope int64 // ruleScope: 1-based position in the op's scopes
+	remaining, reset, inFlight int64
+	slot                       int64 // µs; 0 when no slot was taken
+	now                        int64 // µs, Redis time of the decision
+	// with flagTwoStep, per local scope: its state before the op (for a
+	// later step, where it is remote) and what the op wrote (for an undo)
+	snapshots, undos [][]int64
+}
+
+func (r *admitReply) allowed() bool  { return r.verdict&verdictAllowed != 0 }
+func (r *admitReply) wrote() bool    { return r.verdict&verdictWrote != 0 }
+func (r *admitReply) conflict() bool { return r.verdict&verdictConflict != 0 }
+
+// decodeAdmit reads admit.lua's reply for a single op: {op, now}.
+func decodeAdmit(res any) (*admitReply, error) {
+	arr, ok := res.([]any)
+	if !ok || len(arr) != 2 {
+		return nil, fmt.Errorf("admit.lua: unexpected reply %T %v", res, res)
+	}
+	op, ok := arr[0].([]any)
+	if !ok || (len(op) != 7 && len(op) != 9) {
+		return nil, fmt.Errorf("admit.lua: unexpected reply %T %v", arr[0], arr[0])
+	}
+	v, err := int64s(op[:7], 7)
+	if err != nil {
+		return nil, fmt.Errorf("admit.lua: %w", err)
+	}
+	now, ok := arr[1].(int64)
+	if !ok {
+		return nil, fmt.Errorf("admit.lua: unexpected time %T %v", arr[1], arr[1])
+	}
+	r := &admitReply{
+		verdict: v[0], retry: v[1],
+		rule: v[2] >> 16, ruleIndex: (v[2] >> 8) & 0xff, ruleScope: v[2] & 0xff,
+		remaining: v[3], reset: v[4], inFlight: v[5], slot: v[6], now: now,
+	}
+	if len(op) == 9 {
+		if r.snapshots, err = int64Lists(op[7]); err != nil {
+			return nil, fmt.Errorf("admit.lua snapshots: %w", err)
+		}
+		if r.undos, err = int64Lists(op[8]); err != nil {
+			return nil, fmt.Errorf("admit.lua undo records: %w", err)
+		}
+	}
+	return r, nil
+}
+
+// decision turns a reply into a Decision, naming the deciding policy from
+// the op's scopes.
+func (r *admitReply) decision(scopes []opScope) Decision {
+	d := Decision{
+		Allowed:    r.allowed(),
+		RetryAfter: time.Duration(r.retry) * time.Microsecond,
+		Rule:       ruleName(r.rule, r.ruleIndex),
+		Remaining:  r.remaining,
+		ResetAfter: time.Duration(r.reset) * time.Microsecond,
+		InFlight:   r.inFlight,
+		Now:        time.UnixMicro(r.now),
+	}
+	if r.reset < 0 {
+		d.ResetAfter = -1
+	}
+	if r.ruleScope > 0 && int(r.ruleScope) <= len(scopes) {
+		d.Policy = scopes[r.ruleScope-1].name
+	}
+	if r.slot > 0 {
+		d.Reserved, d.Slot = true, time.UnixMicro(r.slot)
+	}
+	if d.Allowed {
+		d.RetryAfter = -1
+	}
+	return d
+}
+
+// int64s checks that a script reply is an array of n integers.
+func int64s(reply any, n int) ([]int64, error) {
+	arr, ok := reply.([]any)
+	if !ok || len(arr) != n {
+		return nil, fmt.Errorf("unexpected reply %T %v, want %d integers", reply, reply, n)
+	}
+	out := make([]int64, n)
+	for i, x := range arr {
+		v, ok := x.(int64)
+		if !ok {
+			return nil, fmt.Errorf("unexpected reply element %d: %T %v", i, x, x)
+		}
+		out[i] = v
+	}
+	return out, nil
+}
+
+// int64Lists checks that a reply is an array of arrays of integers.
+func int64Lists(reply any) ([][]int64, error) {
+	arr, ok := reply.([]any)
+	if !ok {
+		return nil, fmt.Errorf("unexpected reply %T %v, want arrays of integers", reply, reply)
+	}
+	out := make([][]int64, len(arr))
+	for i, x := range arr {
+		inner, ok := x.([]any)
+		if !ok {
+			return nil, fmt.Errorf("unexpected reply element %d: %T %v", i, x, x)
+		}
+		v, err := int64s(inner, len(inner))
+		if err != nil {
+			return nil, err
+		}
+		out[i] = v
+	}
+	return out, nil
+}
