@@ -16,13 +16,18 @@ else
 end
 
 local until_ = now + tonumber(ARGV[2])
-local v = redis.call('HMGET', KEYS[1], 'cd', 'x')
-local cd, x = tonumber(v[1]) or 0, tonumber(v[2]) or 0
+local v = redis.call('HMGET', KEYS[1], 'cd', 'x', 'y')
+local cd, x, y = tonumber(v[1]) or 0, tonumber(v[2]) or 0, tonumber(v[3])
 if cd > until_ then
   return { cd, now }
 end
--- x records the expiry admit.lua last gave the hash; keep it true
 local fmt = function(n) return string.format('%d', n) end
+-- y, when kept (concurrency rules), is how long the hash must live once no
+-- job runs: the cooldown too (release.lua shortens the hash's life to it)
+if y and until_ > y then
+  redis.call('HSET', KEYS[1], 'y', fmt(until_))
+end
+-- x records the expiry admit.lua last gave the hash; keep it true
 if until_ > x then
   redis.call('HSET', KEYS[1], 'cd', fmt(until_), 'x', fmt(until_))
   local want = math.floor((until_ - now) / 1000) + 2

@@ -211,7 +211,7 @@ func (u *unit) deliver(cmd *redis.Cmd) {
 // can be merged into one. The value is the header's length. On a Cluster
 // the keys of different tenants live in different slots, so nothing is
 // merged there.
-var mergeable = map[*redis.Script]int{lua.Release: 2, lua.Renew: 2}
+var mergeable = map[*redis.Script]int{lua.Release: 3, lua.Renew: 2}
 
 func (b *batcher) units(batch []*call) []*unit {
 	out := make([]*unit, 0, len(batch))

@@ -121,8 +121,8 @@ func TestClusterTenantsSpread(t *testing.T) {
 	}
 }
 
-// stateOf is what a scope's state means, without the bookkeeping that a
-// refund cannot take back and that changes no decision (the window entries'
+// stateOf is what a scope's state means, without the bookkeeping that an
+// undo does not take back and that changes no decision (the window entries'
 // sequence, the expiry mark, the lower bound of lease ends, the sweep
 // cursor).
 func stateOf(t *testing.T, e *env, scope string) *Stats {
@@ -150,7 +150,7 @@ func keysOf(t *testing.T, e *env, scope string) map[string]string {
 
 // TestClusterAllOrNothing: on a Cluster, tenant and @global are decided in
 // two steps, and the effect is still all or nothing. When @global denies a
-// job its tenant admitted, the tenant's charge is refunded: its state is
+// job its tenant admitted, the tenant's charge is undone: its state is
 // what it was, and what a single server leaves. When the tenant denies,
 // @global is not touched at all. Every decision, then and afterwards, is a
 // single server's.
@@ -252,7 +252,7 @@ func TestClusterAllOrNothing(t *testing.T) {
 				require.Equal(t, globalKeys, keysOf(t, cl, GlobalPolicy), "@global was written")
 			}
 			if c.policy == GlobalPolicy {
-				// charged, then refunded
+				// charged, then undone
 				require.Equal(t, tenantState, stateOf(t, cl, c.deny.tenant), "the tenant's state changed")
 			} else if !d.Reserved {
 				require.Equal(t, tenantKeys, keysOf(t, cl, c.deny.tenant), "the tenant was written")

@@ -505,11 +505,15 @@ func (l *Limiter) release(ctx context.Context, tenant, id string, claim uint64, 
 	lost := false
 	var firstErr error
 	for i, keys := range groups {
-		args := []any{l.clockArg(), 1, id, claim, len(keys), 0}
+		noTTL := 0
+		if l.noExpire {
+			noTTL = 1
+		}
+		args := []any{l.clockArg(), 1, noTTL, id, claim, len(keys), 0}
 		if backlog && i == 0 {
 			// the tenant's group comes first and shares its slot with the backlog
 			keys = append(keys, keysFor(l.cfg.Prefix, tenant).backlog)
-			args[5] = 1
+			args[6] = 1
 		}
 		// every group is tried: a scope that cannot be reached keeps its
 		// slot until the lease runs out, the others are given back now

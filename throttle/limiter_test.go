@@ -298,11 +298,11 @@ func TestAllOrNothing(t *testing.T) {
 			require.Equal(t, c.policy, d.Policy)
 			after := snapshot(t, e)
 			if e.lim.cluster && d.Policy == GlobalPolicy {
-				// On a Cluster the tenant was charged, then refunded
-				// (split.go): its keys keep some bookkeeping, its state is
-				// what it was. TestClusterAllOrNothing compares it with a
-				// single server's.
-				require.Equal(t, tenantState, stateOf(t, e, c.deny.tenant), "the refund left the tenant's state changed")
+				// On a Cluster the tenant was charged, then its charge
+				// undone (split.go): its keys keep some bookkeeping, its
+				// state is what it was. TestClusterAllOrNothing compares it
+				// with a single server's.
+				require.Equal(t, tenantState, stateOf(t, e, c.deny.tenant), "the undo left the tenant's state changed")
 				for _, k := range keysFor(e.prefix, c.deny.tenant).all() {
 					delete(before, k)
 					delete(after, k)

@@ -37,7 +37,7 @@ var modelMixes = []modelMix{
 		maxStep:  3 * time.Second,
 	},
 	{
-		// admit_fast.lua's case: one scope, rates and concurrency only
+		// the common case: one scope, rates and concurrency only
 		name: "rates+concurrency",
 		policies: map[string]string{
 			"a": "rate=8/s burst=3 rate=100/min burst=5 concurrency=3 lease=1s",

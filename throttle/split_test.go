@@ -109,7 +109,9 @@ func TestSplitAdmissionKeepsTheTenantRate(t *testing.T) {
 	e.policy(t, "acme", "rate=20/s burst=2")
 	e.policy(t, GlobalPolicy, "rate=1000/s")
 	starts, _ := admitLoop(e.lim, "acme", 50, 100, 0, nil, nil)
-	require.Len(t, starts, 100)
+	// callers waiting their turn when the 100th start lands may still be
+	// admitted (at the tenant's rate): every start counts below
+	require.GreaterOrEqual(t, len(starts), 100)
 	// burst+1: the started meter lets a job in up to a quarter interval
 	// early (the tolerance for jobs coming back for their slots)
 	require.Zero(t, beyondGCRA(starts, 20, 3))

@@ -50,9 +50,10 @@ func TestStats(t *testing.T) {
 	require.Equal(t, now.UnixMicro(), st.Now.UnixMicro())
 	require.Equal(t, []RateStats{
 		// two starts and two reservations: 400ms of the first bucket
-		// planned, beyond its burst of 200ms; 2.4s of the second's 6s
-		{Rule: "rate[0]", Rate: Rate{Limit: 10, Period: time.Second, Burst: 2}, Available: 0, Ahead: 400 * time.Millisecond},
-		{Rule: "rate[1]", Rate: Rate{Limit: 100, Period: time.Minute, Burst: 10}, Available: 6, Ahead: 2400 * time.Millisecond},
+		// planned, beyond its burst of 200ms; 2.4s of the second's 6s; the
+		// started meters count the two starts only
+		{Rule: "rate[0]", Rate: Rate{Limit: 10, Period: time.Second, Burst: 2}, Available: 0, Ahead: 400 * time.Millisecond, StartedAhead: 200 * time.Millisecond},
+		{Rule: "rate[1]", Rate: Rate{Limit: 100, Period: time.Minute, Burst: 10}, Available: 6, Ahead: 2400 * time.Millisecond, StartedAhead: 1200 * time.Millisecond},
 	}, st.Rates)
 	require.Equal(t, &WindowStats{Window: Window{Limit: 10, Period: time.Second}, Started: 2, Planned: 4}, st.Window)
 	require.Equal(t, int64(4), st.Quota.Used)

@@ -414,8 +414,9 @@ func testRedisFrozen(t *testing.T, bin string) {
 	require.Zero(t, f.env.queueInfo(t).Archived)
 }
 
-// testClusterFailover kills the master serving the queue and a tenant of
-// a private Cluster with one replica per master; the replica takes over.
+// testClusterFailover kills the master serving @global's keys, the queue
+// and a tenant of a private Cluster with one replica per master; the
+// replica takes over.
 //
 // The workers' clients reload the slot map every second (-cluster-reload):
 // go-redis v9.23 otherwise keeps sending a failed master's slots to it for
@@ -423,9 +424,14 @@ func testRedisFrozen(t *testing.T, bin string) {
 // trigger a reload), and asynq's client from asynq.RedisClusterClientOpt
 // cannot be told otherwise; docs/operations.md says what to do.
 //
-// An @global concurrency cap below the tenants' two caps together binds
-// too (when @global's keys are not on the failed master): on a Cluster a
-// tenant and @global are admitted in two steps.
+// Redis replicates asynchronously: the promoted replica may not have seen
+// the last writes to the failed master, so slots held there may be lost
+// with it, and up to a cap's worth of jobs more may start (the bound
+// asserted for @global and for the tenant on the failed master). A tenant
+// elsewhere keeps its cap exactly. (It once ran 3 jobs for its cap of 2: a
+// worker that gave up waiting on an admission released the job's slots by
+// the job's id a moment later, after the job had been admitted again; the
+// release is now fenced by the admission's claim.)
 func testClusterFailover(t *testing.T, bin string) {
 	c := redistest.NewCluster(t, &redistest.ClusterOptions{Replicas: 1, NodeTimeout: time.Second})
 	client := c.Client(t)
@@ -439,8 +445,12 @@ func testClusterFailover(t *testing.T, bin string) {
 		require.NoError(t, err)
 		return int(s)
 	}
-	victim := c.MasterOf(slotOf("asynq:{" + f.env.queue + "}:pending"))
+	victim := c.MasterOf(slotOf(f.env.prefix + ":{g}:s"))
 	require.NotNil(t, victim)
+	// asynq's queue on the victim too
+	for i := 0; c.MasterOf(slotOf("asynq:{"+f.env.queue+"}:pending")) != victim; i++ {
+		f.env.queue = fmt.Sprintf("q-%s-%d", f.env.prefix, i)
+	}
 	// One tenant whose keys live on the victim, one elsewhere.
 	var onVictim, elsewhere string
 	for i := 0; onVictim == "" || elsewhere == ""; i++ {
@@ -455,15 +465,9 @@ func testClusterFailover(t *testing.T, bin string) {
 	policy := fmt.Sprintf("rate=%d/s burst=%d concurrency=%d lease=2s", rate, burst, conc)
 	f.env.policy(t, onVictim, policy)
 	f.env.policy(t, elsewhere, policy)
-	// @global's cap applies when @global's keys live on another master.
-	// When they live on the failed one, a tenant elsewhere was once seen
-	// with 3 jobs running for its cap of 2 (docs/operations.md, Known
-	// issues), so that case runs without @global until it is understood.
+	// An @global cap below the tenants' two caps together binds too.
 	const globalConc = 3
-	globalLost := c.MasterOf(slotOf(f.env.prefix+":{g}:s")) == victim
-	if !globalLost {
-		f.env.policy(t, "@global", fmt.Sprintf("concurrency=%d lease=2s", globalConc))
-	}
+	f.env.policy(t, "@global", fmt.Sprintf("concurrency=%d lease=2s", globalConc))
 	procs := []*proc{f.start(t), f.start(t), f.start(t)}
 	var ids []string
 	for _, tenant := range []string{onVictim, elsewhere} {
@@ -492,18 +496,16 @@ func testClusterFailover(t *testing.T, bin string) {
 			tenant, map[bool]string{true: "on the failed master", false: "elsewhere"}[tenant == onVictim], extra[tenant], rate, burst+1, over[tenant], most[tenant], conc))
 	}
 	all := maxConcurrent(jobs, "")
-	t.Logf("Cluster master (asynq's queue and tenant %s) SIGKILLed, replica promoted %s later: all %d jobs done by the same 3 workers, none archived; first start %s after the promotion; %s; at most %d running in all (@global cap %d, set only when not on the failed master: %t); %d run(s) started while the same job still ran elsewhere (counted once: a job holds one slot); at most %d handlers at once counting those; %s",
-		onVictim, promotedAt.Sub(killedAt).Round(time.Millisecond), len(ids), resumed.Sub(promotedAt).Round(time.Millisecond), strings.Join(report, "; "), all, globalConc, globalLost, copies, maxConcurrent(starts, ""), recovered)
+	t.Logf("Cluster master (@global, asynq's queue and tenant %s) SIGKILLed, replica promoted %s later: all %d jobs done by the same 3 workers, none archived; first start %s after the promotion; %s; at most %d running in all (@global cap %d); %d run(s) started while the same job still ran elsewhere (counted once: a job holds one slot); at most %d handlers at once counting those; %s",
+		onVictim, promotedAt.Sub(killedAt).Round(time.Millisecond), len(ids), resumed.Sub(promotedAt).Round(time.Millisecond), strings.Join(report, "; "), all, globalConc, copies, maxConcurrent(starts, ""), recovered)
 	for _, tenant := range []string{onVictim, elsewhere} {
 		require.Zero(t, over[tenant], "tenant %s: no more than one burst beyond the limit", tenant)
 	}
 	require.Zero(t, extra[elsewhere], "tenant %s lost no state", elsewhere)
-	require.LessOrEqual(t, most[elsewhere], conc)
+	require.LessOrEqual(t, most[elsewhere], conc, "the cap of tenant %s, whose master survived", elsewhere)
 	// Slots held on the failed master may be lost with it (replication is
 	// asynchronous): at most the cap again.
 	require.LessOrEqual(t, most[onVictim], 2*conc)
-	if !globalLost {
-		require.LessOrEqual(t, all, globalConc, "@global's cap")
-	}
+	require.LessOrEqual(t, all, 2*globalConc, "@global's cap, its slots lost with its master at most once")
 	require.Zero(t, f.env.queueInfo(t).Archived)
 }

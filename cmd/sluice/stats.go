@@ -133,6 +133,7 @@ type tenantJSON struct {
 	Cooldown     *time.Time       `json:"cooldown_until"`
 	Backlog      int64            `json:"backlog"`
 	BacklogCap   int64            `json:"backlog_cap"`
+	Leftovers    int64            `json:"leftovers"`
 }
 
 type rateJSON struct {
@@ -143,6 +144,8 @@ type rateJSON struct {
 	Burst     int64   `json:"burst"`
 	Available int64   `json:"available"`
 	AheadMS   float64 `json:"ahead_ms"`
+	// StartedAheadMS is how far the meter of actual starts runs ahead.
+	StartedAheadMS float64 `json:"started_ahead_ms"`
 }
 
 type windowJSON struct {
@@ -189,7 +192,7 @@ func toJSON(s *throttle.Stats) tenantJSON {
 		Tenant: s.Tenant, Policy: s.Policy, Started: s.Started,
 		Rates:        []rateJSON{},
 		Reservations: s.Reservations, FirstSlot: timePtr(s.FirstSlot), LastSlot: timePtr(s.LastSlot),
-		Cooldown: timePtr(s.CooldownUntil), Backlog: s.Backlog,
+		Cooldown: timePtr(s.CooldownUntil), Backlog: s.Backlog, Leftovers: s.Leftovers,
 	}
 	if s.Rules != nil {
 		j.Rules = s.Rules.String()
@@ -198,7 +201,7 @@ func toJSON(s *throttle.Stats) tenantJSON {
 	for _, r := range s.Rates {
 		j.Rates = append(j.Rates, rateJSON{
 			Rule: r.Rule, Rate: r.Rate.String(), Limit: r.Rate.Limit, PeriodMS: ms(r.Rate.Period),
-			Burst: max(r.Rate.Burst, 1), Available: r.Available, AheadMS: ms(r.Ahead),
+			Burst: max(r.Rate.Burst, 1), Available: r.Available, AheadMS: ms(r.Ahead), StartedAheadMS: ms(r.StartedAhead),
 		})
 	}
 	if w := s.Window; w != nil {
@@ -327,6 +330,9 @@ func writeDetail(w io.Writer, s *throttle.Stats) error {
 		if r.Ahead > 0 {
 			ahead = fmt.Sprintf("; reserved slots run %s ahead", short(r.Ahead))
 		}
+		if r.StartedAhead > 0 {
+			ahead += fmt.Sprintf("; started jobs run %s ahead", short(r.StartedAhead))
+		}
 		row(r.Rule, "%s: %d of %d free now%s", r.Rate.String(), r.Available, max(r.Rate.Burst, 1), ahead)
 	}
 	if ws := s.Window; ws != nil {
@@ -353,5 +359,8 @@ func writeDetail(w io.Writer, s *throttle.Stats) error {
 		row("cooldown", "%s left (until %s)", short(s.CooldownUntil.Sub(s.Now)), s.CooldownUntil.UTC().Format(time.RFC3339Nano))
 	}
 	row("backlog", "%s queued or deferred jobs", backlogCell(s))
+	if s.Leftovers > 0 {
+		row("leftovers", "%d charges a two-step Cluster admission could not take back (each at most one interval of a rate; they pass with time)", s.Leftovers)
+	}
 	return tw.Flush()
 }
