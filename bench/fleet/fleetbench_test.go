@@ -145,7 +145,7 @@ func TestTinyRun(t *testing.T) {
 	require.NotEmpty(t, s.waits)
 
 	dir := t.TempDir()
-	b.command = "go run ./internal/fleetbench -config tiny"
+	b.command = "cd bench && go run ./fleet -config tiny"
 	require.NoError(t, b.write(dir))
 	md, err := os.ReadFile(filepath.Join(dir, "benchmarks.md"))
 	require.NoError(t, err)

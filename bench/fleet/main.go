@@ -1,4 +1,4 @@
-// Command fleetbench is sluice's fleet benchmark (issue 5): the same
+// Command fleet is sluice's fleet benchmark: the same
 // bursty multi-tenant workload through three set-ups, side by side:
 //
 //  1. asynq with golang.org/x/time/rate per process (asynq's documented
@@ -19,8 +19,12 @@
 // It prints the comparison and, with -out DIR, writes DIR/benchmarks.md and
 // its plots under DIR/img/.
 //
-//	go run ./internal/fleetbench -config full -out docs     # make bench-fleet
-//	go run ./internal/fleetbench -config small              # make bench-fleet-small
+// It lives in its own module (bench/go.mod), so that the library's users do
+// not inherit what only the benchmark uses (plots, redis_rate, x/time/rate).
+// From the bench directory:
+//
+//	go run ./fleet -config full -out ../docs  # make bench-fleet
+//	go run ./fleet -config small              # make bench-fleet-small
 package main
 
 import (
@@ -108,7 +112,7 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "fleetbench:", err)
 		return 1
 	}
-	b.command = "go run ./internal/fleetbench " + strings.Join(commandArgs(args), " ")
+	b.command = "cd bench && go run ./fleet " + strings.Join(commandArgs(args), " ")
 	if *save != "" {
 		if err := b.save(*save); err != nil {
 			fmt.Fprintln(stderr, "fleetbench:", err)
