@@ -51,8 +51,9 @@
 --   {snapshots} and {undo records}; then the time of the decisions
 --   verdict: 1 allowed, 2 wrote, 4 conflict (EXPECT not met: nothing written
 --     but the UNDO records)
---   rule: 0 none, 1 rate, 2 window, 3 quota, 4 concurrency, 5 cooldown,
---     6 reserved (the job's own slot is not due yet); rule_index is 1-based
+--   rule: 0 none, a rule kind's code (1 rate, 2 window, 3 quota, 4
+--     concurrency), 64 cooldown, 65 reserved (the job's own slot is not due
+--     yet); rule_index is 1-based
 --   remaining, reset_after, in_flight: -1 when no rule applies (local
 --     scopes only)
 --   slot: the job's reserved slot, 0 when none was taken
@@ -100,7 +101,7 @@ local num = tonumber
 -- rule kinds, which are also the decision's rule codes; then the codes of
 -- the decisions no rule kind makes
 local RATE, WINDOW, QUOTA, CONC = 1, 2, 3, 4
-local COOL, RESV = 5, 6
+local COOL, RESV = 64, 65
 
 local now
 local clock = num(ARGV[1])

@@ -13,6 +13,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice/taskspec"
 	"github.com/sluicehq/sluice/throttle"
 )
 
@@ -33,11 +34,11 @@ type Config struct {
 	// Prefix of sluice's keys for the limiter New makes; the limiter's own
 	// prefix applies when Limiter is set, so give one or the other.
 	Prefix string
-	// Asynq is the Redis client of asynq's queues when they live apart from
+	// AsynqRedis is the Redis client of asynq's queues when they live apart from
 	// sluice's keys; nil means the client given to New.
-	Asynq redis.UniversalClient
+	AsynqRedis redis.UniversalClient
 	// Lead is how long before its slot a shaped job is due in asynq at the
-	// least (see ScheduleFor); LeadDefault when zero. Use the workers' lead.
+	// least (see taskspec.ScheduleFor); taskspec.LeadDefault when zero. Use the workers' lead.
 	Lead time.Duration
 	// BatchConcurrency is how many jobs EnqueueBatch sends at once;
 	// BatchConcurrencyDefault when zero.
@@ -45,7 +46,7 @@ type Config struct {
 }
 
 func (c Config) withDefaults() Config {
-	c.Lead = cmp.Or(c.Lead, LeadDefault)
+	c.Lead = cmp.Or(c.Lead, taskspec.LeadDefault)
 	c.BatchConcurrency = cmp.Or(c.BatchConcurrency, BatchConcurrencyDefault)
 	return c
 }
@@ -55,7 +56,7 @@ func (c Config) validate() error {
 	case c.Limiter != nil && c.Prefix != "":
 		return fmt.Errorf("queue config: Prefix %q is given with a Limiter, which has its own prefix; give one or the other", c.Prefix)
 	case c.Lead < 0 || c.Lead > time.Minute:
-		return fmt.Errorf("queue config: Lead %s: must be between 0 and 1m (it should match the workers' lead, %s by default)", c.Lead, LeadDefault)
+		return fmt.Errorf("queue config: Lead %s: must be between 0 and 1m (it should match the workers' lead, %s by default)", c.Lead, taskspec.LeadDefault)
 	case c.BatchConcurrency < 1 || c.BatchConcurrency > 1024:
 		return fmt.Errorf("queue config: BatchConcurrency %d: must be between 1 and 1024", c.BatchConcurrency)
 	}
@@ -79,7 +80,7 @@ type Client struct {
 }
 
 // New returns a client over the caller's Redis client, which holds sluice's
-// keys and, unless Config.Asynq says otherwise, asynq's queues. The client
+// keys and, unless Config.AsynqRedis says otherwise, asynq's queues. The client
 // is not closed by Close.
 func New(client redis.UniversalClient, cfg *Config) (*Client, error) {
 	if client == nil {
@@ -101,7 +102,7 @@ func New(client redis.UniversalClient, cfg *Config) (*Client, error) {
 		}
 		q.lim, q.ownLimiter = lim, true
 	}
-	ac := c.Asynq
+	ac := c.AsynqRedis
 	if ac == nil {
 		ac = client
 	}
@@ -203,12 +204,12 @@ func (c *Client) prepare(tenant string, task *asynq.Task, opts []asynq.Option, n
 	}
 	// sluice's own headers describe one job's identity; a task built from
 	// another job's (a handler fanning out) starts a new job.
-	for _, h := range []string{IDHeader, GenHeader, BacklogHeader, CostHeader} {
+	for _, h := range []string{taskspec.IDHeader, taskspec.GenHeader, taskspec.BacklogHeader, taskspec.CostHeader} {
 		delete(headers, h)
 	}
-	headers[TenantHeader] = tenant
+	headers[taskspec.TenantHeader] = tenant
 	if o.cost != 1 {
-		headers[CostHeader] = strconv.FormatInt(o.cost, 10)
+		headers[taskspec.CostHeader] = strconv.FormatInt(o.cost, 10)
 	}
 	id := o.taskID
 	if id == "" {
@@ -221,7 +222,8 @@ func (c *Client) prepare(tenant string, task *asynq.Task, opts []asynq.Option, n
 // plan reads what the tenant's policy (or the default) and @global ask of
 // producers, from the policy cache.
 func (c *Client) plan(ctx context.Context, tenant string) plan {
-	pol, name, global, err := c.lim.Policies().Resolve(ctx, tenant)
+	r, err := c.lim.Policies().Resolve(ctx, tenant)
+	pol, name, global := r.Policy, r.Name, r.Global
 	if err != nil {
 		return plan{err: fmt.Errorf("enqueue for tenant %q: %w", tenant, err)}
 	}
@@ -253,7 +255,7 @@ func (p plan) checkCost(tenant string, cost int64) error {
 func (c *Client) send(ctx context.Context, j *job, p plan) (*asynq.TaskInfo, error) {
 	opts := j.opts.pass
 	if p.shape && !j.opts.processAt.After(time.Now()) {
-		d, err := c.lim.Reserve(ctx, j.tenant, j.id, j.opts.cost)
+		d, err := c.lim.Reserve(ctx, throttle.Request{Tenant: j.tenant, ID: j.id, Cost: j.opts.cost})
 		if err != nil {
 			return nil, c.fail(ctx, j, fmt.Errorf("enqueue %s task for tenant %q: shaping: %w", j.typ, j.tenant, err))
 		}
@@ -262,7 +264,7 @@ func (c *Client) send(ctx context.Context, j *job, p plan) (*asynq.TaskInfo, err
 			// converts the slot to local time.
 			at := time.Now().Add(d.RetryAfter)
 			if d.Reserved {
-				at = ScheduleFor(at, c.cfg.Lead)
+				at = taskspec.ScheduleFor(at, c.cfg.Lead)
 			}
 			opts = append(opts[:len(opts):len(opts)], asynq.ProcessAt(at))
 		}
@@ -270,7 +272,7 @@ func (c *Client) send(ctx context.Context, j *job, p plan) (*asynq.TaskInfo, err
 	headers := j.headers
 	if j.counted {
 		headers = maps.Clone(headers)
-		headers[BacklogHeader] = "1"
+		headers[taskspec.BacklogHeader] = "1"
 	}
 	info, err := c.asynq.EnqueueContext(ctx, asynq.NewTaskWithHeaders(j.typ, j.payload, headers), opts...)
 	if err != nil {

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/taskspec"
 	"github.com/sluicehq/sluice/throttle"
 )
 
@@ -20,9 +21,9 @@ func TestEnqueueSetsHeadersAndPassesOptions(t *testing.T) {
 	e := setup(t, nil)
 	ctx := context.Background()
 	task := asynq.NewTaskWithHeaders("email", []byte(`{"to":"a@example.com"}`), map[string]string{
-		"trace":             "abc",
-		queue.IDHeader:      "stale",
-		queue.BacklogHeader: "1",
+		"trace":                "abc",
+		taskspec.IDHeader:      "stale",
+		taskspec.BacklogHeader: "1",
 	})
 	info, err := e.q.Enqueue(ctx, "acme", task, asynq.Queue(e.queue), asynq.MaxRetry(2), queue.Cost(3),
 		asynq.Timeout(time.Minute), asynq.Retention(time.Hour))
@@ -32,20 +33,20 @@ func TestEnqueueSetsHeadersAndPassesOptions(t *testing.T) {
 	require.Equal(t, time.Minute, info.Timeout)
 	require.Equal(t, time.Hour, info.Retention)
 	require.Equal(t, asynq.TaskStatePending, info.State)
-	require.Equal(t, map[string]string{"trace": "abc", queue.TenantHeader: "acme", queue.CostHeader: "3"}, info.Headers)
+	require.Equal(t, map[string]string{"trace": "abc", taskspec.TenantHeader: "acme", taskspec.CostHeader: "3"}, info.Headers)
 
 	stored, err := e.inspector.GetTaskInfo(e.queue, info.ID)
 	require.NoError(t, err)
 	require.Equal(t, info.Headers, stored.Headers)
 
 	// The caller's task is not changed.
-	require.Equal(t, "stale", task.Headers()[queue.IDHeader])
+	require.Equal(t, "stale", task.Headers()[taskspec.IDHeader])
 
 	// A cost of 1 is the default and needs no header; a given TaskID is kept.
 	info, err = e.q.Enqueue(ctx, "acme", asynq.NewTask("email", nil), asynq.Queue(e.queue), asynq.TaskID("job-1"))
 	require.NoError(t, err)
 	require.Equal(t, "job-1", info.ID)
-	require.Equal(t, map[string]string{queue.TenantHeader: "acme"}, info.Headers)
+	require.Equal(t, map[string]string{taskspec.TenantHeader: "acme"}, info.Headers)
 }
 
 func TestEnqueueRefusesBadInputBeforeWriting(t *testing.T) {
@@ -121,7 +122,7 @@ func TestBacklogCap(t *testing.T) {
 	for i := 0; i < 3; i++ {
 		info, err := e.q.Enqueue(ctx, "acme", asynq.NewTask("email", nil), asynq.Queue(e.queue))
 		require.NoError(t, err)
-		require.Equal(t, "1", info.Headers[queue.BacklogHeader])
+		require.Equal(t, "1", info.Headers[taskspec.BacklogHeader])
 		ids = append(ids, info.ID)
 	}
 	_, err := e.q.Enqueue(ctx, "acme", asynq.NewTask("email", nil), asynq.Queue(e.queue))
@@ -187,12 +188,12 @@ func TestShapingSchedulesEachJobForItsSlot(t *testing.T) {
 	for i, info := range infos[1:] {
 		slot := before.Add(time.Duration(i+1) * 100 * time.Millisecond)
 		if info.State == asynq.TaskStatePending {
-			require.Less(t, time.Duration(i+1)*100*time.Millisecond, queue.LeadDefault+time.Second+50*time.Millisecond, "job %d", i+1)
+			require.Less(t, time.Duration(i+1)*100*time.Millisecond, taskspec.LeadDefault+time.Second+50*time.Millisecond, "job %d", i+1)
 			continue
 		}
 		require.Equal(t, asynq.TaskStateScheduled, info.State)
 		due := info.NextProcessAt.Truncate(time.Second)
-		require.WithinRange(t, due, slot.Add(-queue.LeadDefault-time.Second-50*time.Millisecond), slot.Add(-queue.LeadDefault+50*time.Millisecond), "job %d", i+1)
+		require.WithinRange(t, due, slot.Add(-taskspec.LeadDefault-time.Second-50*time.Millisecond), slot.Add(-taskspec.LeadDefault+50*time.Millisecond), "job %d", i+1)
 	}
 	q, err := e.inspector.GetQueueInfo(e.queue)
 	require.NoError(t, err)
@@ -254,7 +255,7 @@ func TestEnqueueBatchReportsEveryJob(t *testing.T) {
 	require.Len(t, res, len(jobs))
 	for i := 0; i < 3; i++ {
 		require.NoError(t, res[i].Err, "job %d", i)
-		require.Equal(t, "1", res[i].Info.Headers[queue.BacklogHeader])
+		require.Equal(t, "1", res[i].Info.Headers[taskspec.BacklogHeader])
 	}
 	for i := 3; i < 5; i++ {
 		require.ErrorIs(t, res[i].Err, throttle.ErrBacklogFull, "job %d", i)
@@ -268,7 +269,7 @@ func TestEnqueueBatchReportsEveryJob(t *testing.T) {
 	require.ErrorIs(t, res[8].Err, queue.ErrInvalid)
 	for i := 9; i < len(jobs); i++ {
 		require.NoError(t, res[i].Err, "job %d", i)
-		require.Equal(t, "shaped", res[i].Info.Headers[queue.TenantHeader])
+		require.Equal(t, "shaped", res[i].Info.Headers[taskspec.TenantHeader])
 	}
 	require.Equal(t, int64(3), e.backlog(t, "capped"))
 	st, err := e.lim.Stats(ctx, "shaped")
@@ -320,7 +321,7 @@ func TestScheduleFor(t *testing.T) {
 		{slot: 10 * time.Second, lead: time.Second, want: 9500 * time.Millisecond},
 	}
 	for _, c := range cases {
-		got := queue.ScheduleFor(base.Add(c.slot), c.lead)
+		got := taskspec.ScheduleFor(base.Add(c.slot), c.lead)
 		require.Equal(t, base.Add(c.want), got, "slot %s lead %s", c.slot, c.lead)
 		// asynq's score is the whole second; it must lie in (slot-lead-1s, slot-lead].
 		score := time.Unix(got.Unix(), 0)

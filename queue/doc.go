@@ -1,8 +1,8 @@
 // Package queue is sluice's producer side: Client enqueues asynq tasks for
 // tenants, so that sluice's workers can throttle them per tenant.
 //
-// Client.Enqueue sets the tenant header (TenantHeader) and the job's cost
-// (Cost, CostHeader) and passes asynq's own options through. What else
+// Client.Enqueue sets the tenant header (taskspec.TenantHeader) and the job's cost
+// (Cost, taskspec.CostHeader) and passes asynq's own options through. What else
 // happens depends on the tenant's policy, read from the policy store:
 //
 //   - backlog=K: the job is counted in the tenant's backlog (queued and
@@ -11,7 +11,7 @@
 //     takes a job out when it finishes for good.
 //   - shape=true: the job's slot is taken at enqueue time
 //     (throttle.Limiter.Reserve) and the task is scheduled for it with
-//     asynq.ProcessAt (see ScheduleFor), so that a burst of 200,000 jobs
+//     asynq.ProcessAt (see taskspec.ScheduleFor), so that a burst of 200,000 jobs
 //     waits in asynq's schedule instead of in the pending list ahead of
 //     other tenants' jobs.
 //

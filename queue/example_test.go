@@ -8,6 +8,7 @@ import (
 	"github.com/hibiken/asynq"
 
 	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/taskspec"
 	"github.com/sluicehq/sluice/throttle"
 )
 
@@ -30,7 +31,7 @@ func ExampleClient_Enqueue() {
 		panic(err)
 	}
 	fmt.Println(info.State, info.MaxRetry)
-	fmt.Println(info.Headers[queue.TenantHeader], info.Headers[queue.CostHeader])
+	fmt.Println(info.Headers[taskspec.TenantHeader], info.Headers[taskspec.CostHeader])
 
 	// Bad input is refused before anything is written.
 	_, err = client.Enqueue(ctx, "", asynq.NewTask("email:send", nil))
@@ -128,7 +129,7 @@ func ExampleClient_EnqueueBatch() {
 			fmt.Println(i, "failed:", errors.Is(r.Err, queue.ErrInvalid))
 			continue
 		}
-		fmt.Println(i, r.Info.State, r.Info.Headers[queue.TenantHeader])
+		fmt.Println(i, r.Info.State, r.Info.Headers[taskspec.TenantHeader])
 	}
 	// Output:
 	// 0 pending acme

@@ -48,7 +48,7 @@ func setup(tb testing.TB, lcfg *throttle.Config) *env {
 	c.Prefix, c.Policies = prefix, store
 	lim, err := throttle.NewLimiter(client, &c)
 	require.NoError(tb, err)
-	q, err := queue.New(client, &queue.Config{Limiter: lim, Asynq: asynqRedis})
+	q, err := queue.New(client, &queue.Config{Limiter: lim, AsynqRedis: asynqRedis})
 	require.NoError(tb, err)
 	tb.Cleanup(func() {
 		require.NoError(tb, q.Close())

@@ -8,8 +8,6 @@ import (
 	"sync"
 
 	"github.com/redis/go-redis/v9"
-
-	"github.com/sluicehq/sluice/lua"
 )
 
 // batcher lets concurrent script calls share round trips: calls queue up
@@ -31,10 +29,26 @@ type call struct {
 	script *redis.Script
 	keys   []string
 	args   []any
-	admit  *admitArgs // admit.lua's arguments, merged their own way
-	res    any
-	err    error
-	done   chan struct{}
+	// payload and merge: a call whose script decides several ops in one
+	// run carries its own arguments in payload and the merger that lays
+	// them out, alone or with others (nil: args as they are)
+	payload any
+	merge   merger
+	res     any
+	err     error
+	done    chan struct{}
+}
+
+// A merger runs the calls of one script in one run of it, the script taking
+// their ops one after the other and answering one reply per op. Calls that
+// share a merger may share a run; batch.go knows nothing else of them (each
+// script's wire does).
+type merger interface {
+	// lay lays out the arguments of one run for the calls (one call: its
+	// own).
+	lay(calls []*call) (keys []string, args []any)
+	// reply is the part of a run's reply that belongs to call i of n.
+	reply(res any, i, n int) (any, error)
 }
 
 var errClosed = errors.New("throttle: limiter is closed")
@@ -53,22 +67,25 @@ func newBatcher(client redis.UniversalClient, max, pipelines int) *batcher {
 
 // run executes script with keys and args, alone or in a shared pipeline.
 func (b *batcher) run(ctx context.Context, script *redis.Script, keys []string, args []any) (any, error) {
-	return b.do(ctx, script, keys, args, nil)
+	return b.do(&call{ctx: ctx, script: script, keys: keys, args: args})
 }
 
-// runAdmit executes admit.lua for one op, alone or merged with others.
-func (b *batcher) runAdmit(ctx context.Context, script *redis.Script, keys []string, aa *admitArgs) (any, error) {
-	return b.do(ctx, script, keys, nil, aa)
+// runMerged executes a call of a multi-op script for one op whose arguments
+// m lays out, alone or in one run with others.
+func (b *batcher) runMerged(ctx context.Context, script *redis.Script, keys []string, payload any, m merger) (any, error) {
+	return b.do(&call{ctx: ctx, script: script, keys: keys, payload: payload, merge: m})
 }
 
-func (b *batcher) do(ctx context.Context, script *redis.Script, keys []string, args []any, aa *admitArgs) (any, error) {
+func (b *batcher) do(c *call) (any, error) {
+	ctx := c.ctx
 	if b.max <= 1 {
-		if aa != nil {
-			args = aa.flatten()
+		keys, args := c.keys, c.args
+		if c.merge != nil {
+			keys, args = c.merge.lay([]*call{c})
 		}
-		return script.Run(ctx, b.client, keys, args...).Result()
+		return c.script.Run(ctx, b.client, keys, args...).Result()
 	}
-	c := &call{ctx: ctx, script: script, keys: keys, args: args, admit: aa, done: make(chan struct{}, 1)}
+	c.done = make(chan struct{}, 1)
 	b.mu.RLock()
 	if b.shut {
 		b.mu.RUnlock()
@@ -132,10 +149,11 @@ func (b *batcher) drain() {
 func (b *batcher) send(batch []*call) {
 	if len(batch) == 1 {
 		c := batch[0]
-		if c.admit != nil {
-			c.args = c.admit.flatten()
+		keys, args := c.keys, c.args
+		if c.merge != nil {
+			keys, args = c.merge.lay(batch)
 		}
-		c.res, c.err = c.script.Run(c.ctx, b.client, c.keys, c.args...).Result()
+		c.res, c.err = c.script.Run(c.ctx, b.client, keys, args...).Result()
 		c.done <- struct{}{}
 		return
 	}
@@ -183,124 +201,71 @@ func (u *unit) deliver(cmd *redis.Cmd) {
 		c.done <- struct{}{}
 		return
 	}
-	ops, ok := res.([]any)
-	// the admission scripts add the decisions' time after the ops
-	admit := u.calls[0].admit != nil
-	want := len(u.calls)
-	if admit {
-		want++
-	}
-	if err == nil && (!ok || len(ops) != want) {
-		err = fmt.Errorf("merged script call: %d replies for %d ops", len(ops), len(u.calls))
-	}
 	for i, c := range u.calls {
 		if err != nil {
 			c.res, c.err = nil, err
-		} else if admit {
-			c.res, c.err = []any{ops[i], ops[len(ops)-1]}, nil
 		} else {
-			c.res, c.err = []any{ops[i]}, nil
+			c.res, c.err = c.merge.reply(res, i, len(u.calls))
 		}
 		c.done <- struct{}{}
 	}
 }
 
-// mergeable scripts take ARGV = clock, number of ops, the rest of a header
-// that is the same for every call a limiter makes, then each op's
-// arguments; and KEYS = each op's keys in order. Calls made for one op each
-// can be merged into one. The value is the header's length. On a Cluster
-// the keys of different tenants live in different slots, so nothing is
-// merged there.
-var mergeable = map[*redis.Script]int{lua.Release: 3, lua.Renew: 2}
-
+// units groups a pipeline's calls: calls that share a merger go in one
+// run (on a Cluster, where different tenants live in different slots, none
+// do), any other call runs on its own.
 func (b *batcher) units(batch []*call) []*unit {
 	out := make([]*unit, 0, len(batch))
-	merged := map[*redis.Script]*unit{}
-	admits := map[*redis.Script][]*call{}
+	merged := map[merger]*unit{}
 	for _, c := range batch {
-		if c.admit != nil {
-			if b.cluster {
-				out = append(out, &unit{script: c.script, keys: c.keys, args: c.admit.flatten(), calls: []*call{c}})
-			} else {
-				admits[c.script] = append(admits[c.script], c)
+		if c.merge == nil || b.cluster {
+			keys, args := c.keys, c.args
+			if c.merge != nil {
+				keys, args = c.merge.lay([]*call{c})
 			}
+			out = append(out, &unit{script: c.script, keys: keys, args: args, calls: []*call{c}})
 			continue
 		}
-		header := mergeable[c.script]
-		if b.cluster || header == 0 {
-			out = append(out, &unit{script: c.script, keys: c.keys, args: c.args, calls: []*call{c}})
-			continue
-		}
-		u := merged[c.script]
+		u := merged[c.merge]
 		if u == nil {
-			u = &unit{script: c.script, args: append([]any(nil), c.args[:header]...)}
-			merged[c.script] = u
+			u = &unit{script: c.script}
+			merged[c.merge] = u
 			out = append(out, u)
 		}
-		u.keys = append(u.keys, c.keys...)
-		u.args = append(u.args, c.args[header:]...)
 		u.calls = append(u.calls, c)
 	}
-	for _, u := range merged {
-		if len(u.calls) == 1 {
-			c := u.calls[0]
-			u.keys, u.args = c.keys, c.args
-		} else {
-			u.args[1] = len(u.calls)
-		}
-	}
-	for _, calls := range admits {
-		out = append(out, mergeAdmits(calls))
+	for m, u := range merged {
+		u.keys, u.args = m.lay(u.calls)
 	}
 	return out
 }
 
-// mergeAdmits puts admissions into one admit.lua run: each distinct policy
-// is sent (and read by the script) once, and the ops refer to it.
-func mergeAdmits(calls []*call) *unit {
-	script := calls[0].script
+// headerMerger merges the calls of a script whose ARGV is a header the
+// same for every call a limiter makes (its second item the number of ops),
+// then each op's arguments, and whose KEYS are each op's keys in order; its
+// reply has one item per op.
+type headerMerger struct{ header int }
+
+func (m headerMerger) lay(calls []*call) ([]string, []any) {
 	if len(calls) == 1 {
-		c := calls[0]
-		return &unit{script: script, keys: c.keys, args: c.admit.flatten(), calls: calls}
+		return calls[0].keys, calls[0].payload.([]any)
 	}
-	u := &unit{script: script, calls: calls}
-	index := map[policyKey]int{}
-	var policies [][]any
-	var ops []any
-	for _, c := range calls {
-		aa := c.admit
-		u.keys = append(u.keys, c.keys...)
-		local := make([]int, len(aa.policies))
-		for i, p := range aa.policies {
-			n, ok := index[p.key]
-			if !ok {
-				policies = append(policies, p.args)
-				n = len(policies)
-				index[p.key] = n
-			}
-			local[i] = n
-		}
-		start := len(ops)
-		ops = append(ops, aa.op...)
-		for _, at := range aa.refs {
-			// a negative reference is a remote scope's
-			if ref := aa.op[at].(int); ref < 0 {
-				ops[start+at] = -local[-ref-1]
-			} else {
-				ops[start+at] = local[ref-1]
-			}
-		}
-	}
-	header := calls[0].admit.header
-	args := make([]any, 0, len(header)+1+len(ops)+8*len(policies))
-	args = append(args, header...)
+	var keys []string
+	args := append([]any(nil), calls[0].payload.([]any)[:m.header]...)
 	args[1] = len(calls)
-	args = append(args, len(policies))
-	for _, p := range policies {
-		args = append(args, p...)
+	for _, c := range calls {
+		keys = append(keys, c.keys...)
+		args = append(args, c.payload.([]any)[m.header:]...)
 	}
-	u.args = append(args, ops...)
-	return u
+	return keys, args
+}
+
+func (m headerMerger) reply(res any, i, n int) (any, error) {
+	ops, ok := res.([]any)
+	if !ok || len(ops) != n {
+		return nil, fmt.Errorf("merged script call: %v replies for %d ops", res, n)
+	}
+	return []any{ops[i]}, nil
 }
 
 func (b *batcher) exec(ctx context.Context, units []*unit, eval bool) []*redis.Cmd {

@@ -19,15 +19,27 @@
 // policy "*" ([DefaultPolicy]) applies to tenants without their own, and
 // "@global" ([GlobalPolicy]) to every job on top of its tenant's.
 //
-// A [Limiter] makes the decisions, each in one round trip and on Redis
-// server time: [Limiter.Admit] checks every rule of the tenant and of
-// @global and charges all of them or none, returning a [Decision].
-// A denied job can take its own future slot ([Request].Reserve, or
-// [Limiter.Reserve] when shaping at enqueue) so that many denied jobs come
-// back evenly spaced rather than all at once. [Limiter.Release] and
-// [Limiter.Renew] manage concurrency slots, [Limiter.Cooldown] pauses a
-// tenant whose downstream is saturated, and [Limiter.Stats] reads a
-// tenant's state.
+// A [Limiter] makes the decisions, each in one round trip (two or three on
+// Redis Cluster when @global has rules) and on Redis server time. Every
+// rule of the tenant and of @global is checked, and all are charged or none.
+// Its verbs:
+//
+//   - [Limiter.Admit] asks whether a job may start now, and takes a
+//     concurrency slot for it if so. A denied job is charged nothing and
+//     learns when to come back ([Decision].RetryAfter).
+//   - [Limiter.Do] is Admit with options ([Request]): a cost, a reservation
+//     (a denied job takes its own future slot, so that many denied jobs
+//     come back evenly spaced rather than all at once), a dry run.
+//   - [Limiter.Reserve] takes a job's slot, now or later, without starting
+//     it: for a producer that schedules the job for its slot. When the job
+//     comes, Admit starts it on the reservation without charging it again.
+//   - [Limiter.Release] and [Limiter.Renew] give back and keep alive the
+//     concurrency slot an admission took, under its claim
+//     ([Decision].Claim), which fences off a slot that has passed to
+//     another admission ([ErrClaimLost]).
+//   - [Limiter.Cooldown] pauses a tenant whose downstream is saturated;
+//     [Limiter.Stats] and [Limiter.Tenants] read the state; [Limiter.Reset]
+//     forgets a tenant's state.
 //
 // Every key of one tenant shares one Redis Cluster hash tag; a tenant's
 // keys expire by themselves once its state has recovered.
@@ -43,6 +55,6 @@
 //	if !d.Allowed {
 //		return reschedule(job, d.RetryAfter) // not a failure
 //	}
-//	defer lim.Release(ctx, "acme", job.ID)
+//	defer lim.Release(ctx, "acme", job.ID, d.Claim)
 //	return run(job)
 package throttle

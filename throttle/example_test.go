@@ -140,8 +140,8 @@ func ExampleLimiter_Reserve() {
 
 	// Shaping at enqueue: take each job's slot now, schedule the job for
 	// it (e.g. asynq.ProcessAt(d.Slot)).
-	first, _ := lim.Reserve(ctx, "acme", "job-1", 1)
-	second, _ := lim.Reserve(ctx, "acme", "job-2", 1)
+	first, _ := lim.Reserve(ctx, throttle.Request{Tenant: "acme", ID: "job-1"})
+	second, _ := lim.Reserve(ctx, throttle.Request{Tenant: "acme", ID: "job-2"})
 	fmt.Println("job-1 due now:", first.Allowed)
 	fmt.Println("job-2 due now:", second.Allowed, "- one minute later:", second.Slot.Sub(first.Slot) == time.Minute)
 

@@ -106,13 +106,13 @@ func TestCostError(t *testing.T) {
 		{"other", 21, 20, "@global window (20/s)"},
 	} {
 		e.clock.Advance(time.Second)
-		_, err := e.lim.AdmitN(ctx, c.tenant, "j", c.cost)
+		_, err := e.lim.Do(ctx, Request{Tenant: c.tenant, ID: "j", Cost: c.cost})
 		var ce *CostError
 		require.ErrorAs(t, err, &ce, c.tenant)
 		require.Equal(t, CostError{Tenant: c.tenant, Cost: c.cost, Max: c.max, Rule: c.rule}, *ce)
 		require.Contains(t, err.Error(), fmt.Sprintf("cost %d exceeds the %d", c.cost, c.max))
 		// the largest cost that fits is admitted
-		d, err := e.lim.AdmitN(ctx, c.tenant, "j", c.max)
+		d, err := e.lim.Do(ctx, Request{Tenant: c.tenant, ID: "j", Cost: c.max})
 		require.NoError(t, err)
 		require.True(t, d.Allowed, c.tenant)
 	}
@@ -152,11 +152,10 @@ func TestBadInputs(t *testing.T) {
 		call func() error
 		want []string
 	}{
-		{"cost 0", func() error { _, err := e.lim.AdmitN(ctx, "t", "j", 0); return err }, []string{`"t"`, "cost 0", "at least 1"}},
 		{"negative cost", func() error { _, err := e.lim.Do(ctx, Request{Tenant: "t", ID: "j", Cost: -3}); return err }, []string{"cost -3"}},
-		{"reserve cost 0", func() error { _, err := e.lim.Reserve(ctx, "t", "j", 0); return err }, []string{"cost 0"}},
+		{"reserve negative cost", func() error { _, err := e.lim.Reserve(ctx, Request{Tenant: "t", ID: "j", Cost: -1}); return err }, []string{"cost -1"}},
 		{"no id with concurrency", func() error { _, err := e.lim.Admit(ctx, "c", ""); return err }, []string{`"c"`, "concurrency", "id"}},
-		{"no id to reserve", func() error { _, err := e.lim.Reserve(ctx, "t", "", 1); return err }, []string{"id"}},
+		{"no id to reserve", func() error { _, err := e.lim.Reserve(ctx, Request{Tenant: "t"}); return err }, []string{"id"}},
 		{"cooldown of 0", func() error { _, err := e.lim.Cooldown(ctx, "t", 0); return err }, []string{`"t"`, "0s", "positive"}},
 		{"negative backlog cap", func() error { _, _, err := e.lim.AddBacklog(ctx, "t", -1, "j"); return err }, []string{"-1"}},
 	} {

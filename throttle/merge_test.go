@@ -96,14 +96,14 @@ func testMergedCalls(t *testing.T, policies map[string]string) {
 					op.scopes = append(op.scopes, opScope{scope: s})
 				}
 				keys, aa := merged.lim.encode(op, merged.lim.clockArg(), merged.lim.estimatedNow())
-				calls = append(calls, &call{script: lua.Admit, keys: keys, admit: aa})
+				calls = append(calls, &call{script: lua.Admit, keys: keys, payload: aa, merge: admitMerge})
 				scopesOf = append(scopesOf, op.scopes)
 			}
 			if len(calls) == 0 {
 				continue
 			}
-			u := mergeAdmits(calls)
-			res, err := u.script.Run(ctx, merged.client, u.keys, u.args...).Result()
+			keys, args := admitMerge.lay(calls)
+			res, err := lua.Admit.Run(ctx, merged.client, keys, args...).Result()
 			require.NoError(t, err)
 			ops := res.([]any)
 			require.Len(t, ops, len(calls)+1)

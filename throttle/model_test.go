@@ -62,7 +62,7 @@ func (m *model) resolve(tenant string) []modelScopeRef {
 }
 
 // quota windows as the limiter sends them
-func modelBounds(q *Quota, now int64) []int64 { return quotaBounds(q, time.UnixMicro(now)) }
+func modelBounds(q *Quota, now int64) []int64 { return q.bounds(time.UnixMicro(now)) }
 
 func windowOf(bounds []int64, t int64) int {
 	for j := 0; j+1 < len(bounds); j++ {
@@ -157,7 +157,7 @@ func (m *model) admit(now int64, tenant, id string, cost int64, flags int) model
 		}
 		for i, r := range p.Rates {
 			inc, _, off := rateArgs(r, cost)
-			push(v.st.planned[i]+inc-off, ruleName(ruleRate, int64(i+1)), v)
+			push(v.st.planned[i]+inc-off, ruleName(kindRate, int64(i+1)), v)
 		}
 		if w := p.Window; w != nil {
 			d := micros(w.Period)
@@ -284,7 +284,7 @@ func (m *model) admit(now int64, tenant, id string, cost int64, flags int) model
 					inc, unit, off := rateArgs(r, cost)
 					tol := min(micros(m.cfg.Tolerance), unit/4)
 					if over := max(v.st.started[i], now) + inc - now - off - tol; over > wait {
-						wait, rule, policy = over, ruleName(ruleRate, int64(i+1)), v.ref.name
+						wait, rule, policy = over, ruleName(kindRate, int64(i+1)), v.ref.name
 					}
 				}
 				if w := p.Window; w != nil {

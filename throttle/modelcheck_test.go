@@ -3,9 +3,9 @@ package throttle
 import (
 	"context"
 	"errors"
-	"sort"
 	"fmt"
 	"math/rand/v2"
+	"sort"
 	"testing"
 	"time"
 
@@ -212,7 +212,7 @@ func runModelOn(t *testing.T, envs []*env, mix modelMix, seed uint64, steps int,
 				var got Decision
 				var err error
 				if plan {
-					got, err = e.lim.Reserve(ctx, tenant, id, cost)
+					got, err = e.lim.Reserve(ctx, Request{Tenant: tenant, ID: id, Cost: cost})
 				} else {
 					got, err = e.lim.Do(ctx, req)
 				}
@@ -402,7 +402,7 @@ func requireStatsMatch(t *testing.T, m *model, e *env, scope string, now int64, 
 			planned, started = ms.planned[i], ms.started[i]
 		}
 		tat := max(planned, started, now)
-		want := RateStats{Rule: ruleName(ruleRate, int64(i+1)), Rate: r, Available: max((now+off-tat)/unit, 0),
+		want := RateStats{Rule: ruleName(kindRate, int64(i+1)), Rate: r, Available: max((now+off-tat)/unit, 0),
 			Ahead: us(max(planned, now) - now), StartedAhead: us(max(started, now) - now)}
 		require.Equal(t, want, st.Rates[i], where)
 	}

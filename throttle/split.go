@@ -153,7 +153,7 @@ func (s *split) decide(ctx context.Context) (Decision, error) {
 	d.Allowed, d.Reserved, d.Slot = false, false, time.Time{}
 	d.RetryAfter = max(d.RetryAfter, s.l.cfg.ConcurrencyRetry)
 	if d.Rule == "" {
-		d.Rule, d.Policy = ruleName(ruleConcurrency, 0), s.tenant.name
+		d.Rule, d.Policy = ruleName(kindConcurrency, 0), s.tenant.name
 	}
 	return d, nil
 }

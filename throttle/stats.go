@@ -46,53 +46,6 @@ type Stats struct {
 	Leftovers int64
 }
 
-// RateStats is the state of one rate rule.
-type RateStats struct {
-	Rule string // rate[i]
-	Rate Rate
-	// Available is how many jobs of cost 1 could start back to back now
-	// (at most the burst), by both meters.
-	Available int64
-	// Ahead is how far the planned meter runs ahead of now: the time it
-	// takes to serve the reservations already made. Zero when idle.
-	Ahead time.Duration
-	// StartedAhead is how far the started meter (actual starts only) runs
-	// ahead of now. Zero when idle.
-	StartedAhead time.Duration
-}
-
-// WindowStats is the state of the sliding window.
-type WindowStats struct {
-	Window Window
-	// Started is how many units started in the last window length.
-	Started int64
-	// Planned counts started and reserved units from the last window length on.
-	Planned int64
-}
-
-// QuotaStats is the state of the calendar quota.
-type QuotaStats struct {
-	Quota                  Quota
-	Used                   int64
-	WindowStart, WindowEnd time.Time
-	ReservedInNextWindow   int64
-	Remaining              int64
-}
-
-// ConcurrencyStats is the state of the concurrency rule.
-type ConcurrencyStats struct {
-	Concurrency Concurrency
-	InFlight    int64
-	// Holders lists up to 100 running jobs and when their leases end.
-	Holders []Holder
-}
-
-// Holder is a job holding a concurrency slot.
-type Holder struct {
-	ID       string
-	LeaseEnd time.Time
-}
-
 // Stats reads tenant's state (use GlobalPolicy for @global's).
 func (l *Limiter) Stats(ctx context.Context, tenant string) (*Stats, error) {
 	var p *Policy
@@ -151,8 +104,17 @@ func (l *Limiter) Stats(ctx context.Context, tenant string) (*Stats, error) {
 			hash[f] = n
 		}
 	}
-	now := ints[0]
-	s := &Stats{Tenant: tenant, Policy: name, Rules: p, Now: time.UnixMicro(now), Reservations: ints[4], Backlog: ints[8]}
+	raw := &rawStats{now: ints[0], hash: hash, windowPlanned: ints[2], windowStarted: ints[3], live: ints[7]}
+	if flat, ok := arr[9].([]any); ok {
+		for i := 0; i+1 < len(flat); i += 2 {
+			id, _ := flat[i].(string)
+			v, _ := flat[i+1].(string)
+			us, _ := strconv.ParseFloat(v, 64)
+			raw.holders = append(raw.holders, Holder{ID: id, LeaseEnd: time.UnixMicro(int64(us))})
+		}
+	}
+	sort.Slice(raw.holders, func(i, j int) bool { return raw.holders[i].LeaseEnd.Before(raw.holders[j].LeaseEnd) })
+	s := &Stats{Tenant: tenant, Policy: name, Rules: p, Now: time.UnixMicro(raw.now), Reservations: ints[4], Backlog: ints[8]}
 	if name == "" {
 		s.Rules = nil
 	}
@@ -160,54 +122,43 @@ func (l *Limiter) Stats(ctx context.Context, tenant string) (*Stats, error) {
 		s.FirstSlot, s.LastSlot = time.UnixMicro(ints[5]), time.UnixMicro(ints[6])
 	}
 	s.Started, s.Leftovers = hash["s"], hash["u"]
-	if cd := hash["cd"]; cd > now {
+	if cd := hash["cd"]; cd > raw.now {
 		s.CooldownUntil = time.UnixMicro(cd)
 	}
-	for i, r := range p.Rates {
-		_, unit, off := rateArgs(r, 1)
-		planned := hash["p"+strconv.Itoa(i+1)]
-		started, ok := hash["a"+strconv.Itoa(i+1)]
-		if !ok {
-			started = planned // not stored while equal
+	for _, k := range kinds {
+		if k != nil {
+			k.stats(p, raw, s)
 		}
-		tat := max(planned, started, now)
-		s.Rates = append(s.Rates, RateStats{
-			Rule:         fmt.Sprintf("rate[%d]", i),
-			Rate:         r,
-			Available:    max((now+off-tat)/unit, 0),
-			Ahead:        time.Duration(max(planned, now)-now) * time.Microsecond,
-			StartedAhead: time.Duration(max(started, now)-now) * time.Microsecond,
-		})
-	}
-	if p.Window != nil {
-		s.Window = &WindowStats{Window: *p.Window, Started: ints[3], Planned: ints[2]}
-	}
-	if q := p.Quota; q != nil {
-		start, end := q.WindowAt(s.Now)
-		qs := &QuotaStats{Quota: *q, WindowStart: start, WindowEnd: end}
-		for _, slot := range [][2]string{{"qa", "qc"}, {"qb", "qd"}} {
-			switch hash[slot[0]] {
-			case start.UnixMicro():
-				qs.Used = hash[slot[1]]
-			case end.UnixMicro():
-				qs.ReservedInNextWindow = hash[slot[1]]
-			}
-		}
-		qs.Remaining = max(q.Limit-qs.Used, 0)
-		s.Quota = qs
-	}
-	if c := p.Concurrency; c != nil {
-		cs := &ConcurrencyStats{Concurrency: *c, InFlight: ints[7]}
-		if flat, ok := arr[9].([]any); ok {
-			for i := 0; i+1 < len(flat); i += 2 {
-				id, _ := flat[i].(string)
-				v, _ := flat[i+1].(string)
-				us, _ := strconv.ParseFloat(v, 64)
-				cs.Holders = append(cs.Holders, Holder{ID: id, LeaseEnd: time.UnixMicro(int64(us))})
-			}
-		}
-		sort.Slice(cs.Holders, func(i, j int) bool { return cs.Holders[i].LeaseEnd.Before(cs.Holders[j].LeaseEnd) })
-		s.Concurrency = cs
 	}
 	return s, nil
+}
+
+// rawStats is a scope's state as stats.lua reads it, from which each rule
+// kind fills its part of Stats.
+type rawStats struct {
+	now                          int64            // Redis time, µs
+	hash                         map[string]int64 // the state hash's scalar fields
+	windowPlanned, windowStarted int64            // window entries in the last window length
+	live                         int64            // running jobs
+	holders                      []Holder         // up to 100 of them
+}
+
+// RuleStats is the state of one rule of a Stats: RateStats, WindowStats,
+// QuotaStats or ConcurrencyStats.
+type RuleStats interface {
+	// Name is the rule's name in decisions: rate[0], window, …
+	Name() string
+	// Describe tells the state in one line, as of now (Stats.Now).
+	Describe(now time.Time) string
+}
+
+// RuleStats lists the state of every rule, in the policy's order.
+func (s *Stats) RuleStats() []RuleStats {
+	var out []RuleStats
+	for _, k := range kinds {
+		if k != nil {
+			out = append(out, k.ruleStats(s)...)
+		}
+	}
+	return out
 }

@@ -33,7 +33,7 @@ func TestStats(t *testing.T) {
 		require.True(t, d.Allowed)
 	}
 	for i, id := range []string{"r1", "r2"} {
-		d, err := e.lim.Reserve(ctx, stepTenant, id, 1)
+		d, err := e.lim.Reserve(ctx, Request{Tenant: stepTenant, ID: id})
 		require.NoError(t, err)
 		require.Equal(t, time.Duration(i+1)*100*time.Millisecond, d.Slot.Sub(now))
 	}

@@ -1,8 +1,8 @@
 package throttle
 
 import (
-	"errors"
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -62,7 +62,7 @@ func runSteps(t *testing.T, e *env, steps []step) {
 			if cost == 0 {
 				cost = 1
 			}
-			d, err = e.lim.Reserve(ctx, tenant, s.id, cost)
+			d, err = e.lim.Reserve(ctx, Request{Tenant: tenant, ID: s.id, Cost: cost})
 		case "release":
 			require.NoError(t, e.lim.Release(ctx, tenant, s.id, 0), where)
 			continue

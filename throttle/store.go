@@ -44,6 +44,7 @@ type PolicyStore struct {
 
 type cachedPolicy struct {
 	policy *Policy
+	facts  *policyFacts
 	err    error
 }
 
@@ -109,14 +110,28 @@ func encodePolicy(p *Policy) (string, error) {
 func decodePolicy(name, raw string) (*Policy, error) {
 	var sp storedPolicy
 	if err := json.Unmarshal([]byte(raw), &sp); err != nil {
-		return nil, fmt.Errorf("policy %q in Redis is not valid JSON (%v); replace it with: sluice policy set %q 'RULES'", name, err, name)
+		return nil, &StoredPolicyError{Name: name, Err: fmt.Errorf("not valid JSON (%v)", err)}
 	}
 	p, err := ParsePolicy(sp.Policy)
 	if err != nil {
-		return nil, fmt.Errorf("policy %q in Redis is not valid (%v); replace it with: sluice policy set %q 'RULES'", name, err, name)
+		return nil, &StoredPolicyError{Name: name, Err: fmt.Errorf("not valid (%w)", err)}
 	}
 	return p, nil
 }
+
+// StoredPolicyError is a policy in Redis that cannot be read (only a writer
+// that bypasses the PolicyStore can leave one): Redis answers, but the
+// tenant's jobs cannot be decided until the policy is set again.
+type StoredPolicyError struct {
+	Name string
+	Err  error
+}
+
+func (e *StoredPolicyError) Error() string {
+	return fmt.Sprintf("policy %q in Redis is %v; replace it with: sluice policy set %q 'RULES'", e.Name, e.Err, e.Name)
+}
+
+func (e *StoredPolicyError) Unwrap() error { return e.Err }
 
 // Set stores the policy of name: a tenant, "*" (the default) or "@global".
 func (s *PolicyStore) Set(ctx context.Context, name string, p *Policy) error {
@@ -240,8 +255,8 @@ func (s *PolicyStore) Delete(ctx context.Context, name string) (bool, error) {
 	return del.Val() > 0, nil
 }
 
-// Version is the number of changes made to the store so far.
-func (s *PolicyStore) Version(ctx context.Context) (int64, error) {
+// readVersion is the number of changes made to the store so far.
+func (s *PolicyStore) readVersion(ctx context.Context) (int64, error) {
 	v, err := s.client.Get(ctx, policiesVersionKey(s.prefix)).Int64()
 	if errors.Is(err, redis.Nil) {
 		return 0, nil
@@ -258,9 +273,11 @@ func (s *PolicyStore) invalidate() {
 
 // resolved is what the limiter needs to decide for one tenant.
 type resolved struct {
-	tenant     *Policy // the tenant's own policy, or the default; nil: none
-	tenantName string  // name of the policy in tenant: the tenant or "*"
-	global     *Policy // nil when @global has no policy
+	tenant      *Policy // the tenant's own policy, or the default; nil: none
+	tenantName  string  // name of the policy in tenant: the tenant or "*"
+	global      *Policy // nil when @global has no policy
+	tenantFacts *policyFacts
+	globalFacts *policyFacts
 }
 
 // resolve returns the policies that apply to tenant ("" for jobs without
@@ -304,6 +321,7 @@ func (s *PolicyStore) resolve(ctx context.Context, tenant string) (resolved, err
 			if raw, ok := vals[i].(string); ok {
 				c.policy, c.err = decodePolicy(name, raw)
 			}
+			c.facts = factsOf(c.policy)
 			switch name {
 			case DefaultPolicy:
 				d = c
@@ -337,11 +355,11 @@ func (s *PolicyStore) resolve(ctx context.Context, tenant string) (resolved, err
 			return resolved{}, c.err
 		}
 	}
-	r := resolved{global: g.policy}
+	r := resolved{global: g.policy, globalFacts: g.facts}
 	if tenant != "" {
-		r.tenant, r.tenantName = t.policy, tenant
+		r.tenant, r.tenantName, r.tenantFacts = t.policy, tenant, t.facts
 		if r.tenant == nil {
-			r.tenant, r.tenantName = d.policy, DefaultPolicy
+			r.tenant, r.tenantName, r.tenantFacts = d.policy, DefaultPolicy, d.facts
 		}
 	}
 	return r, nil
@@ -369,12 +387,25 @@ func (s *PolicyStore) read(ctx context.Context, fields []string) ([]any, error) 
 	}
 }
 
-// Resolve returns the policy that applies to tenant (its own, or the
-// default "*"; nil when neither exists), the name it is stored under, and
-// the @global policy (nil when there is none), as a worker sees them.
-func (s *PolicyStore) Resolve(ctx context.Context, tenant string) (policy *Policy, name string, global *Policy, err error) {
+// Resolved are the policies that apply to a tenant's jobs.
+type Resolved struct {
+	// Policy is the tenant's own policy, or the default "*"; nil when
+	// neither exists (or for jobs without a tenant).
+	Policy *Policy
+	// Name is the name Policy is stored under: the tenant or "*".
+	Name string
+	// Global is the @global policy; nil when there is none.
+	Global *Policy
+
+	facts, globalFacts *policyFacts // worked out when cached
+}
+
+// Resolve returns the policies that apply to tenant's jobs ("" for jobs
+// that follow @global only), as the limiter sees them: from its cache, or
+// with one round trip.
+func (s *PolicyStore) Resolve(ctx context.Context, tenant string) (Resolved, error) {
 	r, err := s.resolve(ctx, tenant)
-	return r.tenant, r.tenantName, r.global, err
+	return Resolved{Policy: r.tenant, Name: r.tenantName, Global: r.global, facts: r.tenantFacts, globalFacts: r.globalFacts}, err
 }
 
 // watch drops the cache whenever a change is announced or the version moves.
@@ -410,7 +441,7 @@ func (s *PolicyStore) watch() {
 			}
 		case <-tick.C:
 			pctx, pcancel := context.WithTimeout(ctx, s.poll)
-			v, err := s.Version(pctx)
+			v, err := s.readVersion(pctx)
 			pcancel()
 			if err != nil {
 				continue
@@ -434,4 +465,33 @@ func (s *PolicyStore) Close() error {
 		<-s.done
 	}
 	return nil
+}
+
+// policyFacts are what admissions need to know of a policy, worked out once
+// when it is cached rather than for every job.
+type policyFacts struct {
+	maxCost     int64  // the most a job may cost; -1: no bound
+	maxCostRule string // the rule that bounds it
+	lease       time.Duration
+	// args are the policy's arguments to admit.lua, when they do not
+	// depend on the time (a quota's calendar windows do); nil then.
+	args *encodedPolicy
+}
+
+var noFacts = factsOf(nil)
+
+func factsOf(p *Policy) *policyFacts {
+	f := &policyFacts{}
+	f.maxCost, f.maxCostRule = p.MaxCost()
+	if p == nil {
+		p = noPolicy
+	}
+	if p.Concurrency != nil {
+		f.lease = p.Concurrency.lease()
+	}
+	if p.Quota == nil {
+		args := encodePolicyArgs(p, time.Time{})
+		f.args = &args
+	}
+	return f
 }

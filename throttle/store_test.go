@@ -40,7 +40,7 @@ func TestPolicyStore(t *testing.T) {
 	require.ErrorIs(t, err, ErrNoPolicy)
 	require.ErrorContains(t, err, `"acme"`)
 	require.Empty(t, listed(t, s))
-	v0, err := s.Version(ctx)
+	v0, err := s.readVersion(ctx)
 	require.NoError(t, err)
 	require.Equal(t, int64(0), v0)
 
@@ -53,7 +53,7 @@ func TestPolicyStore(t *testing.T) {
 	require.Equal(t, map[string]string{
 		"*": "rate=10/s", "@global": "rate=1000/s", "acme": "rate=100/s burst=20 concurrency=5",
 	}, listed(t, s))
-	v1, err := s.Version(ctx)
+	v1, err := s.readVersion(ctx)
 	require.NoError(t, err)
 	require.Equal(t, int64(3), v1)
 
@@ -115,12 +115,14 @@ func TestPolicyStore(t *testing.T) {
 	require.NoError(t, s.Apply(ctx, map[string]*Policy{
 		"*": mustPolicy(t, "rate=1/s"), "acme": mustPolicy(t, "rate=2/s"), GlobalPolicy: mustPolicy(t, "rate=3/s"),
 	}, false))
-	p, name, g, err := s.Resolve(ctx, "acme")
+	r, err := s.Resolve(ctx, "acme")
+	p, name, g := r.Policy, r.Name, r.Global
 	require.NoError(t, err)
 	require.Equal(t, "acme", name)
 	require.Equal(t, "rate=2/s", p.String())
 	require.Equal(t, "rate=3/s", g.String())
-	p, name, _, err = s.Resolve(ctx, "other")
+	r, err = s.Resolve(ctx, "other")
+	p, name = r.Policy, r.Name
 	require.NoError(t, err)
 	require.Equal(t, DefaultPolicy, name)
 	require.Equal(t, "rate=1/s", p.String())
@@ -223,7 +225,7 @@ func TestPolicyChangeSeenByOtherWorkers(t *testing.T) {
 	polling := otherWorker(t, e, 0)
 	// other subscribes before anything is announced, so it hears every
 	// announcement; its watcher drops the cache once the subscription is live
-	_, _, _, err := other.policies.Resolve(ctx, "acme")
+	_, err := other.policies.Resolve(ctx, "acme")
 	require.NoError(t, err)
 	heard := func(n uint64) func() bool { return func() bool { return other.policies.gen.Load() >= 1+n } }
 	require.Eventually(t, heard(0), 5*time.Second, time.Millisecond, "other's subscription never went live")
@@ -317,14 +319,16 @@ func TestPolicyStoreClose(t *testing.T) {
 	s, err := NewPolicyStore(e.client, &StoreConfig{Prefix: e.prefix, PollInterval: 50 * time.Millisecond})
 	require.NoError(t, err)
 	require.NoError(t, s.Set(ctx, "acme", mustPolicy(t, "rate=1/s")))
-	p, _, _, err := s.Resolve(ctx, "acme")
+	r, err := s.Resolve(ctx, "acme")
+	p := r.Policy
 	require.NoError(t, err)
 	require.Equal(t, "rate=1/s", p.String())
 	require.NoError(t, s.Close())
 	require.NoError(t, s.Close())
 	// a closed store still reads and writes, without a cache
 	require.NoError(t, e.client.HSet(ctx, policiesKey(e.prefix), "acme", mustEncode(t, "rate=2/s")).Err())
-	p, _, _, err = s.Resolve(ctx, "acme")
+	r, err = s.Resolve(ctx, "acme")
+	p = r.Policy
 	require.NoError(t, err)
 	require.Equal(t, "rate=2/s", p.String())
 	// a store never used closes without having started anything

@@ -23,31 +23,21 @@ const (
 	flagUndoOnly = 512 // take back the undo records, decide nothing
 )
 
-// Rule codes of a reply, and the kinds of rule of a policy's arguments.
+// Decision rule codes that are not a rule kind's (kinds have theirs: the
+// kind's code, kindRate, …).
 const (
-	ruleNone = iota
-	ruleRate
-	ruleWindow
-	ruleQuota
-	ruleConcurrency
-	ruleCooldown
-	ruleReserved
+	ruleCooldown = 64
+	ruleReserved = 65
 )
 
 func ruleName(code, index int64) string {
-	switch code {
-	case ruleRate:
-		return fmt.Sprintf("rate[%d]", index-1)
-	case ruleWindow:
-		return "window"
-	case ruleQuota:
-		return "quota"
-	case ruleConcurrency:
-		return "concurrency"
-	case ruleCooldown:
+	switch {
+	case code == ruleCooldown:
 		return "cooldown"
-	case ruleReserved:
+	case code == ruleReserved:
 		return "reserved"
+	case code > 0 && int(code) < len(kinds) && kinds[code] != nil:
+		return kinds[code].rule(index)
 	}
 	return ""
 }
@@ -92,10 +82,10 @@ type encodedPolicy struct {
 }
 
 // policyKey identifies an encoded policy: the cached *Policy and, for a
-// quota, the first window start sent with it.
+// quota, the calendar windows sent with it.
 type policyKey struct {
-	p     *Policy
-	start int64
+	p       *Policy
+	windows string
 }
 
 var noPolicy = &Policy{}
@@ -115,42 +105,24 @@ func (aa *admitArgs) flatten() []any {
 	return append(args, aa.op...)
 }
 
-// Kinds of rule in a policy's arguments.
-const (
-	kindRate        = 1
-	kindWindow      = 2
-	kindQuota       = 3
-	kindConcurrency = 4
-)
-
-// encodePolicyArgs lays out a policy's rules: their number, then each rule's
-// kind and arguments, in the order admit.lua's decisions name them (rates
-// first, by index).
+// encodePolicyArgs lays out a policy's rules: their number, then each
+// rule's kind and arguments, kind by kind.
 func encodePolicyArgs(p *Policy, now time.Time) encodedPolicy {
-	args := make([]any, 1, 2+3*len(p.Rates)+8)
+	args := make([]any, 1, 16)
 	nrules := 0
-	for _, r := range p.Rates {
-		_, unit, off := rateArgs(r, 1)
-		args = append(args, kindRate, unit, off)
-		nrules++
-	}
-	if w := p.Window; w != nil {
-		args = append(args, kindWindow, w.Limit, micros(w.Period))
-		nrules++
-	}
 	key := policyKey{p: p}
-	if q := p.Quota; q != nil {
-		bounds := quotaBounds(q, now)
-		key.start = bounds[0]
-		args = append(args, kindQuota, q.Limit, len(bounds))
-		for _, b := range bounds {
-			args = append(args, b)
+	for _, k := range kinds {
+		if k == nil {
+			continue
 		}
-		nrules++
+		var n int
+		args, n = k.encode(p, now, args)
+		nrules += n
 	}
-	if c := p.Concurrency; c != nil {
-		args = append(args, kindConcurrency, c.Limit, micros(c.lease()))
-		nrules++
+	if p.Quota != nil {
+		// the calendar windows sent depend on the time: two encodings of
+		// one policy are the same when their arguments are
+		key.windows = fmt.Sprint(args...)
 	}
 	args[0] = nrules
 	return encodedPolicy{key: key, args: args}
@@ -178,7 +150,11 @@ func (l *Limiter) encode(op *admitOp, clock int64, now time.Time) ([]string, *ad
 			}
 		}
 		if ref < 0 {
-			aa.policies = append(aa.policies, encodePolicyArgs(p, now))
+			if s.facts != nil && s.facts.args != nil {
+				aa.policies = append(aa.policies, *s.facts.args)
+			} else {
+				aa.policies = append(aa.policies, encodePolicyArgs(p, now))
+			}
 			ref = len(aa.policies) - 1
 		}
 		aa.refs = append(aa.refs, len(aa.op))
@@ -211,6 +187,64 @@ func (l *Limiter) encode(op *admitOp, clock int64, now time.Time) ([]string, *ad
 		aa.op = append(aa.op, allowed, op.expectSlot)
 	}
 	return keys, aa
+}
+
+// admitMerge puts admissions into one admit.lua run: each distinct policy
+// is sent (and read by the script) once, and the ops refer to it.
+type admitMerger struct{}
+
+var admitMerge admitMerger
+
+func (admitMerger) lay(calls []*call) ([]string, []any) {
+	if len(calls) == 1 {
+		return calls[0].keys, calls[0].payload.(*admitArgs).flatten()
+	}
+	var keys []string
+	index := map[policyKey]int{}
+	var policies [][]any
+	var ops []any
+	for _, c := range calls {
+		aa := c.payload.(*admitArgs)
+		keys = append(keys, c.keys...)
+		local := make([]int, len(aa.policies))
+		for i, p := range aa.policies {
+			n, ok := index[p.key]
+			if !ok {
+				policies = append(policies, p.args)
+				n = len(policies)
+				index[p.key] = n
+			}
+			local[i] = n
+		}
+		start := len(ops)
+		ops = append(ops, aa.op...)
+		for _, at := range aa.refs {
+			// a negative reference is a remote scope's
+			if ref := aa.op[at].(int); ref < 0 {
+				ops[start+at] = -local[-ref-1]
+			} else {
+				ops[start+at] = local[ref-1]
+			}
+		}
+	}
+	header := calls[0].payload.(*admitArgs).header
+	args := make([]any, 0, len(header)+1+len(ops)+8*len(policies))
+	args = append(args, header...)
+	args[1] = len(calls)
+	args = append(args, len(policies))
+	for _, p := range policies {
+		args = append(args, p...)
+	}
+	return keys, append(args, ops...)
+}
+
+// reply: admit.lua answers one reply per op, then the time of the decisions.
+func (admitMerger) reply(res any, i, n int) (any, error) {
+	ops, ok := res.([]any)
+	if !ok || len(ops) != n+1 {
+		return nil, fmt.Errorf("admit.lua: %v replies for %d ops", res, n)
+	}
+	return []any{ops[i], ops[n]}, nil
 }
 
 // Verdict bits of a reply.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -87,8 +88,9 @@ func fieldLine(v *yaml.Node, err error) int {
 	return v.Line
 }
 
-// yamlFields are the keys a policy mapping may have, in text-form order.
-var yamlFields = []string{"rate", "burst", "window", "quota", "reset", "tz", "concurrency", "lease", "overflow", "max_wait", "backlog", "shape", "fail_open"}
+// yamlFields are the keys a policy mapping may have, in text-form order:
+// each rule kind's options, then the policy's own.
+func yamlFields() []string { return knownOptions() }
 
 // yamlPolicyText turns one entry into the policy's text form, so the text
 // parser is the only place that reads rules.
@@ -102,7 +104,7 @@ func yamlPolicyText(v *yaml.Node) (string, error) {
 		return v.Value, nil
 	case yaml.MappingNode:
 	default:
-		return "", fmt.Errorf("want the policy text or a mapping of fields (%s)", strings.Join(yamlFields, ", "))
+		return "", fmt.Errorf("want the policy text or a mapping of fields (%s)", strings.Join(yamlFields(), ", "))
 	}
 	fields := map[string]*yaml.Node{}
 	var merged []*yaml.Node
@@ -146,69 +148,57 @@ func yamlPolicyText(v *yaml.Node) (string, error) {
 			}
 		}
 	}
-	if explicit["rate"] && !explicit["burst"] {
-		delete(fields, "burst") // a merged burst belongs to the merged rate
-	}
 	for key, n := range fields {
 		fields[key] = resolveAlias(n)
 	}
 	var parts []string
-	scalar := func(key string) (string, error) {
-		n := fields[key]
-		if n.Kind != yaml.ScalarNode {
-			return "", fmt.Errorf("line %d: %s must be a single value", n.Line, key)
+	for _, k := range kinds {
+		if k == nil {
+			continue
 		}
-		if n.Value == "" {
-			return "", fmt.Errorf("line %d: %s is empty", n.Line, key)
+		opts, err := k.yaml(fields, explicit)
+		if err != nil {
+			return "", err
 		}
-		return n.Value, nil
+		parts = append(parts, opts...)
 	}
-	if r, ok := fields["rate"]; ok {
-		var rates []string
-		switch r.Kind {
-		case yaml.ScalarNode:
-			rates = []string{r.Value}
-		case yaml.SequenceNode:
-			for _, item := range r.Content {
-				if item.Kind != yaml.ScalarNode {
-					return "", fmt.Errorf("line %d: each rate is written like \"100/s\" or \"100/s burst 20\"", item.Line)
-				}
-				rates = append(rates, item.Value)
-			}
-		default:
-			return "", fmt.Errorf("line %d: rate is \"100/s\", \"100/s burst 20\" or a list of them", r.Line)
-		}
-		if _, ok := fields["burst"]; ok && len(rates) != 1 {
-			return "", fmt.Errorf("line %d: with several rates give each its burst inside the list: \"100/s burst 20\"", fields["burst"].Line)
-		}
-		for _, text := range rates {
-			f := strings.Fields(text)
-			switch {
-			case len(f) == 1:
-				parts = append(parts, "rate="+f[0])
-			case len(f) == 3 && f[1] == "burst":
-				parts = append(parts, "rate="+f[0], "burst="+f[2])
-			default:
-				return "", fmt.Errorf("line %d: rate %q: write \"100/s\" or \"100/s burst 20\"", r.Line, text)
-			}
-		}
-	} else if _, ok := fields["burst"]; ok {
-		return "", fmt.Errorf("line %d: burst belongs to a rate; add rate:", fields["burst"].Line)
+	opts, err := yamlOptions(fields, policyOptions)
+	if err != nil {
+		return "", err
 	}
-	for _, key := range yamlFields[1:] {
+	return strings.Join(append(parts, opts...), " "), nil
+}
+
+// yamlScalar is field key of a YAML entry as one value.
+func yamlScalar(fields map[string]*yaml.Node, key string) (string, error) {
+	n := fields[key]
+	if n.Kind != yaml.ScalarNode {
+		return "", fmt.Errorf("line %d: %s must be a single value", n.Line, key)
+	}
+	if n.Value == "" {
+		return "", fmt.Errorf("line %d: %s is empty", n.Line, key)
+	}
+	return n.Value, nil
+}
+
+// yamlOptions turns the given keys of a YAML entry, each a single value,
+// into text-form options.
+func yamlOptions(fields map[string]*yaml.Node, keys []string) ([]string, error) {
+	var parts []string
+	for _, key := range keys {
 		if _, ok := fields[key]; !ok {
 			continue
 		}
-		val, err := scalar(key)
+		val, err := yamlScalar(fields, key)
 		if err != nil {
-			return "", err
+			return nil, err
 		}
 		if strings.ContainsAny(val, " \t\"") {
 			val = `"` + strings.ReplaceAll(val, `"`, "") + `"`
 		}
 		parts = append(parts, key+"="+val)
 	}
-	return strings.Join(parts, " "), nil
+	return parts, nil
 }
 
 func resolveAlias(n *yaml.Node) *yaml.Node {
@@ -219,12 +209,10 @@ func resolveAlias(n *yaml.Node) *yaml.Node {
 }
 
 func knownField(key string, line int) error {
-	for _, f := range yamlFields {
-		if f == key {
-			return nil
-		}
+	if slices.Contains(yamlFields(), key) {
+		return nil
 	}
-	return fmt.Errorf("line %d: unknown field %q; known: %s", line, key, strings.Join(yamlFields, ", "))
+	return fmt.Errorf("line %d: unknown field %q; known: %s", line, key, strings.Join(yamlFields(), ", "))
 }
 
 // FormatPolicyFile writes policies as a YAML file that ParsePolicyFile reads

@@ -20,7 +20,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/lua"
-	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/taskspec"
 	"github.com/sluicehq/sluice/throttle"
 	"github.com/sluicehq/sluice/worker"
 )
@@ -53,7 +53,7 @@ func TestBadTenantRunsUnderGlobalOnly(t *testing.T) {
 			if task.Type() == "raw" {
 				return string(task.Payload())
 			}
-			return task.Headers()[queue.TenantHeader]
+			return task.Headers()[taskspec.TenantHeader]
 		}
 	})
 	srv.Handle("job", rec)
@@ -68,12 +68,12 @@ func TestBadTenantRunsUnderGlobalOnly(t *testing.T) {
 		bad              bool   // logged and counted as a tenant that cannot be used
 	}{
 		{id: "missing", typ: "job"},
-		{id: "empty", typ: "job", headers: map[string]string{queue.TenantHeader: ""}},
-		{id: "oversized", typ: "job", headers: map[string]string{queue.TenantHeader: strings.Repeat("x", throttle.MaxTenantLen+1)}, bad: true},
-		{id: "reserved-at", typ: "job", headers: map[string]string{queue.TenantHeader: "@x"}, bad: true},
-		{id: "reserved-star", typ: "job", headers: map[string]string{queue.TenantHeader: "*"}, bad: true},
+		{id: "empty", typ: "job", headers: map[string]string{taskspec.TenantHeader: ""}},
+		{id: "oversized", typ: "job", headers: map[string]string{taskspec.TenantHeader: strings.Repeat("x", throttle.MaxTenantLen+1)}, bad: true},
+		{id: "reserved-at", typ: "job", headers: map[string]string{taskspec.TenantHeader: "@x"}, bad: true},
+		{id: "reserved-star", typ: "job", headers: map[string]string{taskspec.TenantHeader: "*"}, bad: true},
 		{id: "invalid-utf8", typ: "raw", payload: "a\xffb", bad: true},
-		{id: "good", typ: "job", headers: map[string]string{queue.TenantHeader: "acme"}, want: "acme"},
+		{id: "good", typ: "job", headers: map[string]string{taskspec.TenantHeader: "acme"}, want: "acme"},
 	}
 	bad := 0
 	for _, j := range jobs {
@@ -103,7 +103,7 @@ func TestBadTenantRunsUnderGlobalOnly(t *testing.T) {
 
 	// Invalid UTF-8 cannot travel in a header at all: asynq's encoder and
 	// queue.Client refuse it at enqueue, so the producer learns at once.
-	_, err := ac.Enqueue(asynq.NewTaskWithHeaders("job", nil, map[string]string{queue.TenantHeader: "a\xffb"}), asynq.Queue(e.queue))
+	_, err := ac.Enqueue(asynq.NewTaskWithHeaders("job", nil, map[string]string{taskspec.TenantHeader: "a\xffb"}), asynq.Queue(e.queue))
 	require.ErrorContains(t, err, "invalid UTF-8")
 	_, err = e.q.Enqueue(context.Background(), "a\xffb", asynq.NewTask("job", nil), asynq.Queue(e.queue))
 	require.ErrorIs(t, err, throttle.ErrInvalidTenant)
@@ -173,7 +173,7 @@ func TestGarbagePolicyFailsClosedUntilFixed(t *testing.T) {
 
 	// Producers are refused with the reason and the fix...
 	eventually(t, 5*time.Second, func() bool {
-		_, _, _, err := e.lim.Policies().Resolve(ctx, "acme")
+		_, err := e.lim.Policies().Resolve(ctx, "acme")
 		return err != nil
 	}, "the policy cache drops the good policy")
 	_, enqueueErr := e.q.Enqueue(ctx, "acme", asynq.NewTask("job", nil), asynq.Queue(e.queue))
@@ -183,7 +183,7 @@ func TestGarbagePolicyFailsClosedUntilFixed(t *testing.T) {
 	// ...and jobs already queued (or from other producers) wait, deferred.
 	var ids []string
 	for i := 0; i < 4; i++ {
-		info, err := asynq.NewClientFromRedisClient(e.asynq).Enqueue(asynq.NewTaskWithHeaders("job", nil, map[string]string{queue.TenantHeader: "acme"}), asynq.Queue(e.queue), asynq.MaxRetry(i%2))
+		info, err := asynq.NewClientFromRedisClient(e.asynq).Enqueue(asynq.NewTaskWithHeaders("job", nil, map[string]string{taskspec.TenantHeader: "acme"}), asynq.Queue(e.queue), asynq.MaxRetry(i%2))
 		require.NoError(t, err)
 		ids = append(ids, info.ID)
 	}

@@ -17,7 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicehq/sluice/internal/redistest"
-	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/taskspec"
 	"github.com/sluicehq/sluice/throttle"
 	"github.com/sluicehq/sluice/worker"
 )
@@ -157,7 +157,7 @@ func fill(b *testing.B, client *redis.Client, qname string) {
 		go func() {
 			defer wg.Done()
 			for next.Add(1) <= benchJobs {
-				_, err := ac.Enqueue(asynq.NewTaskWithHeaders("noop", nil, map[string]string{queue.TenantHeader: "acme"}), asynq.Queue(qname))
+				_, err := ac.Enqueue(asynq.NewTaskWithHeaders("noop", nil, map[string]string{taskspec.TenantHeader: "acme"}), asynq.Queue(qname))
 				if err != nil {
 					b.Error(err)
 					return

@@ -11,7 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/taskspec"
 	"github.com/sluicehq/sluice/throttle"
 )
 
@@ -22,9 +22,9 @@ const (
 	// plus the second by which asynq's whole-second schedule may bring a
 	// deferred job back early.
 	InProcessWaitDefault = 1500 * time.Millisecond
-	// LeadDefault is queue.LeadDefault: how long before its slot a deferred
+	// LeadDefault is taskspec.LeadDefault: how long before its slot a deferred
 	// job is due in asynq, at the least.
-	LeadDefault = queue.LeadDefault
+	LeadDefault = taskspec.LeadDefault
 	// BackoffMinDefault and BackoffMaxDefault bound the delay of jobs
 	// deferred because the gate could not decide (Redis unreachable).
 	BackoffMinDefault = time.Second
@@ -57,7 +57,7 @@ type TenantFunc func(ctx context.Context, task *asynq.Task) string
 
 // GateConfig configures a Gate. The zero value is ready to use.
 type GateConfig struct {
-	// TenantFunc, when set, replaces the tenant header (queue.TenantHeader).
+	// TenantFunc, when set, replaces the tenant header (taskspec.TenantHeader).
 	TenantFunc TenantFunc
 	// InProcessWait is how long a denied job may wait in the worker for
 	// its slot, in all, before it is deferred (overflow=defer) or dropped

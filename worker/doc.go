@@ -16,13 +16,13 @@
 // hooks it needs, wrapping the application's own (see the examples).
 //
 // What the gate does with a job:
-//   - The tenant comes from the task header queue.TenantHeader (set by
+//   - The tenant comes from the task header taskspec.TenantHeader (set by
 //     queue.Client) or a TenantFunc; a job without one follows @global only
 //     (a missing header is logged and counted, a TenantFunc returning "" is
 //     not); a tenant that cannot be used is logged and counted, and the job
-//     runs under @global only. The cost comes from queue.CostHeader; the job's
+//     runs under @global only. The cost comes from taskspec.CostHeader; the job's
 //     identity, which holds its reservation and concurrency slot, is its
-//     task id (or queue.IDHeader on a copy, below).
+//     task id (or taskspec.IDHeader on a copy, below).
 //   - Admitted: the handler runs; a concurrency lease is renewed every
 //     Lease/3 and released when the handler returns, fails or panics. A job
 //     done for good (success, archived, SkipRetry, RevokeTask, dropped)

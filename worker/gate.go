@@ -15,7 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/taskspec"
 	"github.com/sluicehq/sluice/throttle"
 )
 
@@ -105,10 +105,10 @@ func (g *Gate) Gatherer() prometheus.Gatherer { return g.gatherer }
 // Middleware returns the gate as asynq middleware: mux.Use(gate.Middleware()).
 // Register it first, so that it runs before any other middleware, and set
 // the asynq.Config hooks with Configure.
-func (g *Gate) Middleware() asynq.MiddlewareFunc { return g.Wrap }
+func (g *Gate) Middleware() asynq.MiddlewareFunc { return g.wrap }
 
-// Wrap returns h behind the gate.
-func (g *Gate) Wrap(h asynq.Handler) asynq.Handler {
+// wrap returns h behind the gate.
+func (g *Gate) wrap(h asynq.Handler) asynq.Handler {
 	return asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
 		g.active.add()
 		defer g.active.done()
@@ -138,6 +138,8 @@ type job struct {
 	maxRetry int
 	gen      int  // copies made so far at the retry limit
 	counted  bool // in its tenant's backlog
+	// policies are the job's, resolved once per delivery; nil until then
+	policies *throttle.Resolved
 }
 
 // identify reads the job's tenant, identity and cost. A header that cannot
@@ -152,11 +154,11 @@ func (g *Gate) identify(ctx context.Context, task *asynq.Task) *job {
 	j.maxRetry, _ = asynq.GetMaxRetry(ctx)
 	if g.cfg.TenantFunc != nil {
 		j.tenant = g.cfg.TenantFunc(ctx, task)
-	} else if j.tenant = h[queue.TenantHeader]; j.tenant == "" {
+	} else if j.tenant = h[taskspec.TenantHeader]; j.tenant == "" {
 		// Most likely a producer that bypassed queue.Client; a worker whose
 		// jobs follow @global only by design says so with a TenantFunc.
 		g.m.err(errNoTenant)
-		g.warn(errNoTenant, "job has no tenant header: running it under @global only", "task", j.taskID, "type", task.Type(), "header", queue.TenantHeader)
+		g.warn(errNoTenant, "job has no tenant header: running it under @global only", "task", j.taskID, "type", task.Type(), "header", taskspec.TenantHeader)
 	}
 	if j.tenant != "" {
 		if err := throttle.ValidateTenant(j.tenant); err != nil {
@@ -166,37 +168,34 @@ func (g *Gate) identify(ctx context.Context, task *asynq.Task) *job {
 		}
 	}
 	j.id = j.taskID
-	if id, ok := h[queue.IDHeader]; ok {
+	if id, ok := h[taskspec.IDHeader]; ok {
 		if id == "" || len(id) > maxIDLen {
 			g.m.err(errIDHeader)
-			g.warn(errIDHeader, "job's identity header cannot be used: using its task id", "task", j.taskID, "header", queue.IDHeader, "length", len(id))
+			g.warn(errIDHeader, "job's identity header cannot be used: using its task id", "task", j.taskID, "header", taskspec.IDHeader, "length", len(id))
 		} else {
 			j.id = id
 		}
 	}
-	if s, ok := h[queue.CostHeader]; ok {
+	if s, ok := h[taskspec.CostHeader]; ok {
 		n, err := strconv.ParseInt(s, 10, 64)
 		if err != nil || n < 1 {
 			g.m.err(errCostHeader)
-			g.warn(errCostHeader, "job's cost header is not a whole number of at least 1: counting it as 1", "task", j.taskID, "header", queue.CostHeader, "value", s)
+			g.warn(errCostHeader, "job's cost header is not a whole number of at least 1: counting it as 1", "task", j.taskID, "header", taskspec.CostHeader, "value", s)
 		} else {
 			j.cost = n
 		}
 	}
-	j.gen, _ = strconv.Atoi(h[queue.GenHeader])
-	j.counted = h[queue.BacklogHeader] == "1"
+	j.gen, _ = strconv.Atoi(h[taskspec.GenHeader])
+	j.counted = h[taskspec.BacklogHeader] == "1"
 	return j
 }
 
 // overflow returns the job's overflow mode and how long it may wait
-// in-process in all, from the cached policies.
-func (g *Gate) overflow(ctx context.Context, j *job) (throttle.Overflow, time.Duration) {
-	pol, _, global, err := g.lim.Policies().Resolve(ctx, j.tenant)
-	if err != nil {
-		return throttle.OverflowDefer, g.cfg.InProcessWait
-	}
+// in-process in all, under its policies.
+func (g *Gate) overflow(j *job) (throttle.Overflow, time.Duration) {
+	pol := j.policies.Policy
 	if j.tenant == "" {
-		pol = global
+		pol = j.policies.Global
 	}
 	mode := pol.OverflowMode()
 	if mode == throttle.OverflowWait {
@@ -207,7 +206,16 @@ func (g *Gate) overflow(ctx context.Context, j *job) (throttle.Overflow, time.Du
 
 func (g *Gate) process(ctx context.Context, j *job, next asynq.Handler) error {
 	start := time.Now()
-	mode, budget := g.overflow(ctx, j)
+	// The job's policies are resolved once (from the limiter's cache,
+	// normally): its overflow mode and every decision follow the same ones.
+	cctx, cancel := context.WithTimeout(ctx, g.cfg.CallTimeout)
+	r, err := g.lim.Policies().Resolve(cctx, j.tenant)
+	cancel()
+	if err != nil {
+		return g.gateError(ctx, j, err, next, start)
+	}
+	j.policies = &r
+	mode, budget := g.overflow(j)
 	// A job that may be dropped takes a reservation only once its slot is
 	// known to be near: a reservation it then does not use is capacity lost.
 	reserve := mode != throttle.OverflowDrop
@@ -262,7 +270,7 @@ func (g *Gate) decide(ctx context.Context, j *job, reserve bool) (throttle.Decis
 	cctx, cancel := context.WithTimeout(ctx, g.cfg.CallTimeout)
 	defer cancel()
 	start := time.Now()
-	d, err := g.lim.Do(cctx, throttle.Request{Tenant: j.tenant, ID: j.id, Cost: j.cost, Reserve: reserve})
+	d, err := g.lim.Do(cctx, throttle.Request{Tenant: j.tenant, ID: j.id, Cost: j.cost, Reserve: reserve, Policies: j.policies})
 	if err == nil || cctx.Err() == nil {
 		return d, err
 	}
@@ -325,7 +333,7 @@ func (g *Gate) sleep(ctx context.Context, d time.Duration) bool {
 func (g *Gate) retryAt(d time.Duration, reserved bool) time.Time {
 	at := time.Now().Add(d)
 	if reserved {
-		return queue.ScheduleFor(at, g.cfg.Lead)
+		return taskspec.ScheduleFor(at, g.cfg.Lead)
 	}
 	return at
 }
@@ -373,24 +381,26 @@ func (g *Gate) gateError(ctx context.Context, j *job, err error, next asynq.Hand
 	if ctx.Err() != nil {
 		return g.handBack(ctx, j, 0, false, start)
 	}
-	cctx, cancel := context.WithTimeout(ctx, g.cfg.CallTimeout)
-	pol, _, global, perr := g.lim.Policies().Resolve(cctx, j.tenant)
-	cancel()
-	if perr != nil && errors.Is(err, perr) {
-		// The admission failed on the very error the policy store reports
-		// (it keeps a policy it could not read, error and all): Redis
-		// answers, but a stored policy is not valid. Like a cost no rule
-		// admits, it takes a policy change to fix.
+	var spe *throttle.StoredPolicyError
+	if errors.As(err, &spe) {
+		// Redis answers, but a stored policy is not valid. Like a cost no
+		// rule admits, it takes a policy change to fix.
 		g.m.err(errPolicy)
 		delay := g.cfg.BackoffMax/2 + rand.N(g.cfg.BackoffMax/2+1)
 		g.warn(errPolicy, "sluice: a policy in Redis cannot be read; deferring the job until it is fixed (fail closed)", "task", j.taskID, "tenant", j.tenant, "retry_in", delay, "err", err)
 		return g.deferJob(ctx, j, &DeferError{Reason: ReasonPolicy, RetryAfter: delay, At: time.Now().Add(delay), Err: err})
 	}
 	g.m.err(errRedis)
-	if j.tenant == "" {
-		pol = global
+	// the job's policies as last cached: unknown when even they could not
+	// be read (fail closed)
+	var pol *throttle.Policy
+	if j.policies != nil {
+		pol = j.policies.Policy
+		if j.tenant == "" {
+			pol = j.policies.Global
+		}
 	}
-	if perr == nil && pol != nil && pol.FailOpen {
+	if pol != nil && pol.FailOpen {
 		g.m.decision(j.tenant, verdictFailOpen, "")
 		g.warn(errRedis, "sluice: cannot reach Redis; running the job unthrottled (fail_open=true)", "task", j.taskID, "tenant", j.tenant, "err", err)
 		return g.run(ctx, j, Admission{Tenant: j.tenant, ID: j.id, Cost: j.cost, FailOpen: true, Waited: time.Since(start)}, next)

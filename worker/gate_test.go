@@ -18,6 +18,7 @@ import (
 	"github.com/sluicehq/sluice/internal/asynqtest"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/taskspec"
 	"github.com/sluicehq/sluice/throttle"
 	"github.com/sluicehq/sluice/worker"
 )
@@ -213,7 +214,7 @@ func TestFailClosedWhileRedisIsFrozen(t *testing.T) {
 	}()
 	ids := make([]string, 8)
 	for i := range ids {
-		info, err := asynq.NewClientFromRedisClient(asynqRedis).Enqueue(asynq.NewTaskWithHeaders("job", nil, map[string]string{queue.TenantHeader: "acme"}), asynq.Queue(e.queue))
+		info, err := asynq.NewClientFromRedisClient(asynqRedis).Enqueue(asynq.NewTaskWithHeaders("job", nil, map[string]string{taskspec.TenantHeader: "acme"}), asynq.Queue(e.queue))
 		require.NoError(t, err)
 		ids[i] = info.ID
 	}
@@ -257,7 +258,7 @@ func TestFailOpenRunsJobsWhileRedisIsFrozen(t *testing.T) {
 	require.NoError(t, private.Freeze())
 	defer func() { _ = private.Thaw() }()
 	for i := 0; i < 4; i++ {
-		_, err := asynq.NewClientFromRedisClient(asynqRedis).Enqueue(asynq.NewTaskWithHeaders("job", nil, map[string]string{queue.TenantHeader: "acme"}), asynq.Queue(e.queue))
+		_, err := asynq.NewClientFromRedisClient(asynqRedis).Enqueue(asynq.NewTaskWithHeaders("job", nil, map[string]string{taskspec.TenantHeader: "acme"}), asynq.Queue(e.queue))
 		require.NoError(t, err)
 	}
 	eventually(t, 15*time.Second, func() bool { return rec.doneCount() == 5 }, "jobs run unthrottled (rate=1/min would hold them)")
@@ -317,9 +318,9 @@ func TestUnusableHeadersRunTheJobUnderGlobal(t *testing.T) {
 	require.NoError(t, srv.Start())
 	ac := asynq.NewClientFromRedisClient(e.asynq)
 	for _, h := range []map[string]string{
-		{queue.TenantHeader: strings.Repeat("x", 300)},
-		{queue.TenantHeader: "acme", queue.CostHeader: "lots"},
-		{queue.TenantHeader: "@global"},
+		{taskspec.TenantHeader: strings.Repeat("x", 300)},
+		{taskspec.TenantHeader: "acme", taskspec.CostHeader: "lots"},
+		{taskspec.TenantHeader: "@global"},
 		nil,
 	} {
 		_, err := ac.Enqueue(asynq.NewTaskWithHeaders("job", nil, h), asynq.Queue(e.queue))
@@ -397,7 +398,7 @@ func TestCostNoRuleAdmitsIsDeferredUntilThePolicyChanges(t *testing.T) {
 	// A producer that bypassed queue.Client's check (or a policy changed
 	// after enqueue) left a job no rule can admit.
 	_, err := asynq.NewClientFromRedisClient(e.asynq).Enqueue(
-		asynq.NewTaskWithHeaders("job", nil, map[string]string{queue.TenantHeader: "acme", queue.CostHeader: "5"}),
+		asynq.NewTaskWithHeaders("job", nil, map[string]string{taskspec.TenantHeader: "acme", taskspec.CostHeader: "5"}),
 		asynq.Queue(e.queue), asynq.MaxRetry(0))
 	require.NoError(t, err)
 	g := srv.Gate().Gatherer()
@@ -438,7 +439,7 @@ func TestConfigValidation(t *testing.T) {
 // different servers.
 func mustQueue(tb testing.TB, sluiceRedis redis.UniversalClient, lim *throttle.Limiter, asynqRedis redis.UniversalClient) *queue.Client {
 	tb.Helper()
-	q, err := queue.New(sluiceRedis, &queue.Config{Limiter: lim, Asynq: asynqRedis})
+	q, err := queue.New(sluiceRedis, &queue.Config{Limiter: lim, AsynqRedis: asynqRedis})
 	require.NoError(tb, err)
 	tb.Cleanup(func() { require.NoError(tb, q.Close()) })
 	return q

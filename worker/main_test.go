@@ -21,6 +21,7 @@ import (
 	"github.com/sluicehq/sluice/internal/asynqtest"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/taskspec"
 	"github.com/sluicehq/sluice/throttle"
 	"github.com/sluicehq/sluice/worker"
 )
@@ -63,7 +64,7 @@ func setup(tb testing.TB, client redis.UniversalClient) *env {
 	require.NoError(tb, err)
 	lim, err := throttle.NewLimiter(client, &throttle.Config{Prefix: prefix, Policies: store})
 	require.NoError(tb, err)
-	q, err := queue.New(client, &queue.Config{Limiter: lim, Asynq: asynqRedis})
+	q, err := queue.New(client, &queue.Config{Limiter: lim, AsynqRedis: asynqRedis})
 	require.NoError(tb, err)
 	tb.Cleanup(func() {
 		require.NoError(tb, q.Close())
@@ -163,7 +164,7 @@ func newRecorder(sleep time.Duration) *recorder {
 }
 
 func identity(ctx context.Context, t *asynq.Task) string {
-	if id := t.Headers()[queue.IDHeader]; id != "" {
+	if id := t.Headers()[taskspec.IDHeader]; id != "" {
 		return id
 	}
 	id, _ := asynq.GetTaskID(ctx)

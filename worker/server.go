@@ -93,7 +93,7 @@ func (s *Server) Start() error {
 	if s.closed {
 		return asynq.ErrServerClosed
 	}
-	if err := s.srv.Start(s.gate.Wrap(s.mux)); err != nil {
+	if err := s.srv.Start(s.gate.wrap(s.mux)); err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
 	s.started = true

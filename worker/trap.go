@@ -10,7 +10,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
-	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/taskspec"
 )
 
 // copyAttempts bounds the tries to enqueue the copy of a job at its retry
@@ -37,8 +37,8 @@ func (g *Gate) copyJob(ctx context.Context, j *job, e *DeferError) error {
 	if headers == nil {
 		headers = map[string]string{}
 	}
-	headers[queue.IDHeader] = j.id
-	headers[queue.GenHeader] = strconv.Itoa(gen)
+	headers[taskspec.IDHeader] = j.id
+	headers[taskspec.GenHeader] = strconv.Itoa(gen)
 	opts := []asynq.Option{
 		asynq.Queue(j.queue),
 		asynq.TaskID(id),

@@ -171,4 +171,3 @@ func warm(b *testing.B, lim *throttle.Limiter) {
 		}
 	}
 }
-

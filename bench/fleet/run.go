@@ -18,6 +18,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/taskspec"
 	"github.com/sluicehq/sluice/throttle"
 	"github.com/sluicehq/sluice/worker"
 )
@@ -299,7 +300,7 @@ const enqueueParallel = 16
 type plainEnqueuer struct{ c *asynq.Client }
 
 func (p *plainEnqueuer) one(ctx context.Context, tenant, id string, payload []byte) error {
-	task := asynq.NewTaskWithHeaders(worker.TypeHTTP, payload, map[string]string{queue.TenantHeader: tenant})
+	task := asynq.NewTaskWithHeaders(worker.TypeHTTP, payload, map[string]string{taskspec.TenantHeader: tenant})
 	_, err := p.c.EnqueueContext(ctx, task, asynq.TaskID(id))
 	return err
 }

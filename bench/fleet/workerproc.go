@@ -23,7 +23,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"golang.org/x/time/rate"
 
-	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/taskspec"
 	"github.com/sluicehq/sluice/worker"
 )
 
@@ -279,7 +279,7 @@ func xrateMiddleware(lim map[string]limits, procs int) asynq.MiddlewareFunc {
 	}
 	return func(next asynq.Handler) asynq.Handler {
 		return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
-			lc := locals[t.Headers()[queue.TenantHeader]]
+			lc := locals[t.Headers()[taskspec.TenantHeader]]
 			if lc == nil {
 				return asRateLimit(next.ProcessTask(ctx, t))
 			}
@@ -307,7 +307,7 @@ func redisRateMiddleware(rdb *redis.Client, lim map[string]limits) asynq.Middlew
 	rl := redis_rate.NewLimiter(rdb)
 	return func(next asynq.Handler) asynq.Handler {
 		return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
-			tenant := t.Headers()[queue.TenantHeader]
+			tenant := t.Headers()[taskspec.TenantHeader]
 			l, ok := lim[tenant]
 			if ok && l.Rate > 0 {
 				res, err := rl.Allow(ctx, "rl:"+tenant, redis_rate.Limit{Rate: int(l.Rate), Burst: int(max(1, l.Burst)), Period: time.Second})

@@ -18,7 +18,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/clitest"
 	"github.com/sluicehq/sluice/internal/redistest"
-	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/taskspec"
 	"github.com/sluicehq/sluice/throttle"
 )
 
@@ -200,8 +200,8 @@ func testOne(t *testing.T, c *cli) {
 	info := tasks[m[1]]
 	require.NotNil(t, info)
 	require.Equal(t, `{"url": "http://127.0.0.1:1/x"}`, string(info.Payload))
-	require.Equal(t, "acme", info.Headers[queue.TenantHeader])
-	require.Equal(t, "3", info.Headers[queue.CostHeader])
+	require.Equal(t, "acme", info.Headers[taskspec.TenantHeader])
+	require.Equal(t, "3", info.Headers[taskspec.CostHeader])
 	require.Equal(t, 0, info.MaxRetry)
 
 	// --id and --in: a scheduled job under a known id; the same id again is refused.
@@ -306,14 +306,14 @@ enqueue: line 14: tenant "small": backlog full (1 queued or deferred jobs, cap 1
 	require.Equal(t, "sleep", tasks["j1"].Type)
 	j5 := tasks["j5"]
 	require.Equal(t, `[1,"two"]`, string(j5.Payload))
-	require.Equal(t, "2", j5.Headers[queue.CostHeader])
+	require.Equal(t, "2", j5.Headers[taskspec.CostHeader])
 	require.Equal(t, 2, j5.MaxRetry)
 	require.Equal(t, asynq.TaskStateScheduled, j5.State)
 	require.WithinDuration(t, time.Now().Add(10*time.Minute), j5.NextProcessAt, 10*time.Second)
 	require.Equal(t, "email", tasks["j13"].Type, "--type is the default")
-	require.Equal(t, "small", tasks["j13"].Headers[queue.TenantHeader])
+	require.Equal(t, "small", tasks["j13"].Headers[taskspec.TenantHeader])
 	require.Empty(t, tasks["j17"].Payload, "a null payload is no payload")
-	require.Equal(t, "other", tasks["j17"].Headers[queue.TenantHeader])
+	require.Equal(t, "other", tasks["j17"].Headers[taskspec.TenantHeader])
 
 	// A file of good lines only: exit 0.
 	good := filepath.Join(t.TempDir(), "good.jsonl")

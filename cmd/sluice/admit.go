@@ -63,7 +63,8 @@ func admit(a *app, c *command, o *opts, args []string) error {
 	if err != nil {
 		return err
 	}
-	own, ownName, global, err := cn.store.Resolve(a.ctx, tenant)
+	r, err := cn.store.Resolve(a.ctx, tenant)
+	own, ownName, global := r.Policy, r.Name, r.Global
 	if err != nil {
 		return err
 	}

@@ -418,10 +418,10 @@ func testStatsTable(t *testing.T, c *cli) {
 	require.Regexp(t, `^quiet\s+quiet\s+0\s+-\s+0 of 10/min\s+-\s+-\s+0\s+-\s+0$`, lines[4])
 
 	detail := c.mustRun(t, "stats", "acme")
-	require.Contains(t, detail, "policy     acme: rate=1/h burst=5 quota=1000/day tz=UTC concurrency=3 backlog=100\n")
-	require.Contains(t, detail, "in flight  2 of 3\n")
+	require.Contains(t, detail, "policy       acme: rate=1/h burst=5 quota=1000/day tz=UTC concurrency=3 backlog=100\n")
+	require.Contains(t, detail, "concurrency  2 of 3 in flight\n")
 	require.Regexp(t, `\n\s+job-1 \(lease ends in \S+\)\n`, detail)
-	require.Contains(t, detail, "backlog    3/100 queued or deferred jobs\n")
+	require.Contains(t, detail, "backlog      3/100 queued or deferred jobs\n")
 	cooling := c.mustRun(t, "stats", "cooling")
 	require.Regexp(t, `\npolicy\s+none \(no policy of its own and no default \*\): not limited\n`, cooling)
 	require.Regexp(t, `cooldown\s+\S+ left \(until `, cooling)

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/human"
 	"github.com/sluicehq/sluice/throttle"
 )
 
@@ -290,17 +291,7 @@ func backlogCell(s *throttle.Stats) string {
 }
 
 // short prints a duration rounded for people: 1.2s, 350ms, 4m10s.
-func short(d time.Duration) string {
-	switch {
-	case d <= 0:
-		return "0s"
-	case d < time.Second:
-		return d.Round(time.Millisecond).String()
-	case d < time.Minute:
-		return d.Round(100 * time.Millisecond).String()
-	}
-	return d.Round(time.Second).String()
-}
+func short(d time.Duration) string { return human.Duration(d) }
 
 func writeStatsTable(w io.Writer, all []*throttle.Stats) error {
 	tw := newTable(w)
@@ -325,25 +316,10 @@ func writeDetail(w io.Writer, s *throttle.Stats) error {
 		row("policy", "%s: %s", s.Policy, describeRules(s.Rules))
 	}
 	row("started", "%d jobs (counted while the tenant's state is alive)", s.Started)
-	for _, r := range s.Rates {
-		ahead := ""
-		if r.Ahead > 0 {
-			ahead = fmt.Sprintf("; reserved slots run %s ahead", short(r.Ahead))
-		}
-		if r.StartedAhead > 0 {
-			ahead += fmt.Sprintf("; started jobs run %s ahead", short(r.StartedAhead))
-		}
-		row(r.Rule, "%s: %d of %d free now%s", r.Rate.String(), r.Available, max(r.Rate.Burst, 1), ahead)
-	}
-	if ws := s.Window; ws != nil {
-		row("window", "%s: %d started in the last %s, %d with reservations", ws.Window.String(), ws.Started, ws.Window.Period, ws.Planned)
-	}
-	if q := s.Quota; q != nil {
-		row("quota", "%s: %d used, %d left; resets %s (in %s); %d reserved in the next window",
-			q.Quota.String(), q.Used, q.Remaining, q.WindowEnd.UTC().Format(time.RFC3339), short(q.WindowEnd.Sub(s.Now)), q.ReservedInNextWindow)
+	for _, r := range s.RuleStats() {
+		row(r.Name(), "%s", r.Describe(s.Now))
 	}
 	if cs := s.Concurrency; cs != nil {
-		row("in flight", "%d of %d", cs.InFlight, cs.Concurrency.Limit)
 		for _, h := range cs.Holders {
 			row("", "%s (lease ends in %s)", h.ID, short(h.LeaseEnd.Sub(s.Now)))
 		}

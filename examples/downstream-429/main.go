@@ -28,6 +28,7 @@ import (
 
 	"github.com/sluicehq/sluice/examples/internal/demo"
 	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/taskspec"
 	"github.com/sluicehq/sluice/throttle"
 	"github.com/sluicehq/sluice/worker"
 )
@@ -155,7 +156,7 @@ func run(ctx context.Context, redisURL string, short bool, out io.Writer) (resul
 		return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
 			n, _ := asynq.GetRetryCount(ctx)
 			if n > 0 {
-				retried.Store(t.Headers()[queue.TenantHeader]+string(t.Payload()), n)
+				retried.Store(t.Headers()[taskspec.TenantHeader]+string(t.Payload()), n)
 			}
 			return next.ProcessTask(ctx, t)
 		})

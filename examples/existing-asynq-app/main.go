@@ -22,7 +22,7 @@ import (
 	"github.com/hibiken/asynq"
 
 	"github.com/sluicehq/sluice/examples/internal/demo"
-	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/taskspec"
 	"github.com/sluicehq/sluice/throttle"
 	"github.com/sluicehq/sluice/worker"
 )
@@ -149,7 +149,7 @@ func run(ctx context.Context, redisURL string, short bool, out io.Writer) (resul
 	fmt.Fprintf(out, "An asynq app with sluice's gate, on %s. All at once, with MaxRetry(0):\n", env.Where)
 	fmt.Fprintf(out, "%d emails for acme (policy rate=5/s) and %d reports for globex (concurrency=1).\n\n", res.emails, res.reports)
 	enqueue := func(typ, tenant string) error {
-		task := asynq.NewTaskWithHeaders(typ, nil, map[string]string{queue.TenantHeader: tenant})
+		task := asynq.NewTaskWithHeaders(typ, nil, map[string]string{taskspec.TenantHeader: tenant})
 		_, err := client.Enqueue(task, asynq.Queue(env.Queue), asynq.MaxRetry(0))
 		return err
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/sluicehq/sluice/examples/internal/demo"
 	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/taskspec"
 	"github.com/sluicehq/sluice/throttle"
 	"github.com/sluicehq/sluice/worker"
 )
@@ -297,13 +298,13 @@ func waitingJobs(newClient func() redis.UniversalClient, qname string) (map[stri
 				return out, err
 			}
 			for _, info := range infos {
-				n := out[info.Headers[queue.TenantHeader]]
+				n := out[info.Headers[taskspec.TenantHeader]]
 				if i == len(lists)-1 {
 					n[1]++
 				} else {
 					n[0]++
 				}
-				out[info.Headers[queue.TenantHeader]] = n
+				out[info.Headers[taskspec.TenantHeader]] = n
 			}
 			if len(infos) < 500 {
 				break

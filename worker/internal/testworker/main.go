@@ -36,7 +36,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/internal/redisurl"
-	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/taskspec"
 	"github.com/sluicehq/sluice/worker"
 )
 
@@ -107,10 +107,10 @@ func run() error {
 		taskID, _ := asynq.GetTaskID(ctx)
 		retried, _ := asynq.GetRetryCount(ctx)
 		id := taskID
-		if v := t.Headers()[queue.IDHeader]; v != "" {
+		if v := t.Headers()[taskspec.IDHeader]; v != "" {
 			id = v
 		}
-		tenant := t.Headers()[queue.TenantHeader]
+		tenant := t.Headers()[taskspec.TenantHeader]
 		ev := func(kind string, extra ...string) error {
 			f := append([]string{kind, id, taskID, tenant, fmt.Sprint(pid), fmt.Sprint(time.Now().UnixMicro())}, extra...)
 			return eventsRedis.RPush(context.WithoutCancel(ctx), *events, strings.Join(f, "|")).Err()

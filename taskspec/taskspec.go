@@ -1,10 +1,21 @@
-package queue
+// Package taskspec is the contract between sluice's producers (package
+// queue) and its workers (package worker): the asynq task headers a job
+// carries, and when a job scheduled for a slot is due in asynq. It holds no
+// code that runs anything; both sides, and applications that enqueue with
+// asynq's own client, read it.
+//
+// An application that enqueues with asynq directly tags its jobs with
+// TenantHeader (and CostHeader for a job weighing more than 1):
+//
+//	task := asynq.NewTaskWithHeaders("email:send", payload,
+//		map[string]string{taskspec.TenantHeader: "acme"})
+package taskspec
 
 import "time"
 
 // Task headers sluice reads and writes. Producers set TenantHeader and
-// CostHeader through Client; the other headers are sluice's own and are
-// removed from tasks given to Enqueue.
+// CostHeader (queue.Client does); the other headers are sluice's own and are
+// removed from tasks given to queue.Client.Enqueue.
 const (
 	// TenantHeader carries the job's tenant: the key its limits apply to.
 	TenantHeader = "sluice-tenant"
@@ -28,7 +39,8 @@ const (
 // at its first check (Config.DelayedTaskCheckInterval) in the whole second
 // of its score, so the job arrives between the lead and the lead plus one
 // second early, and the worker's gate holds it in-process until its slot.
-// The lead must exceed the workers' DelayedTaskCheckInterval.
+// The lead must exceed the workers' DelayedTaskCheckInterval; producers and
+// workers use the same.
 const LeadDefault = 300 * time.Millisecond
 
 // ScheduleFor returns the time to give asynq.ProcessAt so that a job whose

@@ -1,0 +1,180 @@
+package throttle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/lua"
+)
+
+// An admission: its scopes, the checks made once, and the run of
+// lua/admit.lua (wire.go lays out its arguments and reads its reply).
+
+// scope is one set of keys and the policy that governs them.
+type scope struct {
+	name   string // policy name reported in decisions
+	keys   scopeKeys
+	policy *Policy
+	facts  *policyFacts
+}
+
+func (l *Limiter) scopes(ctx context.Context, tenant string) ([]scope, error) {
+	r, err := l.policies.resolve(ctx, tenant)
+	if err != nil {
+		return nil, err
+	}
+	return l.scopesOf(tenant, Resolved{Policy: r.tenant, Name: r.tenantName, Global: r.global, facts: r.tenantFacts, globalFacts: r.globalFacts}), nil
+}
+
+// scopesOf are the scopes a job of tenant is decided in under r.
+func (l *Limiter) scopesOf(tenant string, r Resolved) []scope {
+	var out []scope
+	if tenant != "" {
+		if r.facts == nil {
+			r.facts = factsOf(r.Policy)
+		}
+		out = append(out, scope{name: r.Name, keys: keysFor(l.cfg.Prefix, tenant), policy: r.Policy, facts: r.facts})
+	}
+	if r.Global.HasRules() {
+		if r.globalFacts == nil {
+			r.globalFacts = factsOf(r.Global)
+		}
+		out = append(out, scope{name: GlobalPolicy, keys: keysFor(l.cfg.Prefix, GlobalPolicy), policy: r.Global, facts: r.globalFacts})
+	}
+	return out
+}
+
+func (l *Limiter) do(ctx context.Context, req Request, flags int) (Decision, error) {
+	if req.Tenant != "" {
+		if err := ValidateTenant(req.Tenant); err != nil {
+			return Decision{}, err
+		}
+	}
+	cost := req.Cost
+	if cost == 0 {
+		cost = 1
+	}
+	if cost < 0 {
+		return Decision{}, fmt.Errorf("admit tenant %q: cost %d: must be at least 1", req.Tenant, cost)
+	}
+	if req.DryRun {
+		flags |= flagDry
+	}
+	if l.noExpire {
+		flags |= flagNoTTL
+	}
+	var scopes []scope
+	var err error
+	if req.Policies != nil {
+		scopes = l.scopesOf(req.Tenant, *req.Policies)
+	} else if scopes, err = l.scopes(ctx, req.Tenant); err != nil {
+		return Decision{}, fmt.Errorf("admit tenant %q: %w", req.Tenant, err)
+	}
+	lease := time.Duration(0)
+	for _, s := range scopes {
+		if f := s.facts; f.maxCost >= 0 && cost > f.maxCost {
+			return Decision{}, &CostError{Tenant: req.Tenant, Cost: cost, Max: f.maxCost, Rule: s.name + " " + f.maxCostRule}
+		}
+		if s.facts.lease > 0 {
+			lease = max(lease, s.facts.lease)
+			if req.ID == "" && flags&flagHold != 0 && flags&flagPlan == 0 {
+				return Decision{}, fmt.Errorf("admit tenant %q: the policy %q has a concurrency rule, which needs the job's id to hold a slot", req.Tenant, s.name)
+			}
+		}
+	}
+	if req.ID == "" && flags&flagReserve != 0 {
+		return Decision{}, fmt.Errorf("admit tenant %q: a reservation needs the job's id", req.Tenant)
+	}
+	if len(scopes) == 0 {
+		now := time.Now()
+		if l.clock != nil {
+			now = l.clock()
+		}
+		return Decision{Allowed: true, RetryAfter: -1, Remaining: -1, ResetAfter: -1, InFlight: -1, Now: now}, nil
+	}
+	holds := lease > 0 && flags&flagHold != 0 && flags&flagPlan == 0 && flags&flagDry == 0
+	op := &admitOp{id: req.ID, cost: cost, flags: flags}
+	if holds {
+		op.claim = newClaim()
+	}
+	for _, s := range scopes {
+		op.scopes = append(op.scopes, opScope{scope: s})
+	}
+	var d Decision
+	if l.cluster && len(scopes) > 1 {
+		d, err = l.doSplit(ctx, op)
+	} else {
+		var r *admitReply
+		if r, err = l.run(ctx, op, -1); err == nil {
+			d = r.decision(op.scopes)
+		}
+	}
+	if err != nil {
+		if holds && ctx.Err() != nil {
+			// The caller stopped waiting; the admission may still land. Its
+			// slot is given back once it had time to, under its own claim,
+			// so a later admission of the same job keeps its slot.
+			l.releaseLate(req.Tenant, req.ID, op.claim)
+		}
+		return Decision{}, fmt.Errorf("admit tenant %q: %w", req.Tenant, err)
+	}
+	if d.Allowed && holds {
+		d.Lease, d.Claim = lease, op.claim
+	}
+	return d, nil
+}
+
+// newClaim returns a fresh claim token: random, non-zero and exact in the
+// scripts' numbers (below 2^52).
+func newClaim() uint64 {
+	return rand.Uint64()>>12 | 1
+}
+
+// run runs admit.lua for op in one round trip (shared with concurrent
+// calls), at clock (µs; -1 for Redis time), retrying once with fresh quota
+// windows when the local estimate of Redis time was off.
+func (l *Limiter) run(ctx context.Context, op *admitOp, clock int64) (*admitReply, error) {
+	if clock < 0 {
+		clock = l.clockArg()
+	}
+	for attempt := 0; ; attempt++ {
+		now := l.estimatedNow()
+		if clock >= 0 {
+			now = time.UnixMicro(clock)
+		}
+		keys, aa := l.encode(op, clock, now)
+		res, err := l.batch.runMerged(ctx, lua.Admit, keys, aa, admitMerge)
+		if err != nil {
+			if attempt == 0 && clock < 0 && isClockError(err) {
+				if err := l.syncClock(ctx); err != nil {
+					return nil, err
+				}
+				continue
+			}
+			return nil, err
+		}
+		r, err := decodeAdmit(res)
+		if err != nil {
+			return nil, err
+		}
+		if l.clock == nil {
+			l.offset.Store(r.now - time.Now().UnixMicro())
+		}
+		return r, nil
+	}
+}
+
+// errClockPrefix starts the script error for a time outside the quota
+// windows sent (see admit.lua's header).
+const errClockPrefix = "ERR sluice: clock"
+
+func isClockError(err error) bool {
+	var re redis.Error
+	return errors.As(err, &re) && strings.HasPrefix(re.Error(), errClockPrefix)
+}

@@ -1,0 +1,198 @@
+package throttle
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/sluicehq/sluice/lua"
+)
+
+// Concurrency slots: releasing and renewing them under their claims.
+//
+// lua/release.lua and lua/renew.lua take a header (the clock, the number of
+// ops; release.lua also whether to leave expiries alone), then per op the
+// job's id, its claim and its scopes; each answers one reply per op, so
+// concurrent calls share a run.
+var (
+	releaseMerge = headerMerger{header: 3}
+	renewMerge   = headerMerger{header: 2}
+)
+
+// ErrClaimLost is returned by Release and Renew when a job's concurrency
+// slot is no longer held under the claim given: its lease ran out before a
+// renewal (another job may have the slot now) or a later admission of the
+// same job took the slot over. Nothing held by another claim is changed.
+var ErrClaimLost = errors.New("concurrency claim lost")
+
+// Release gives back the concurrency slots (tenant and @global) that job id
+// holds under claim (Decision.Claim); claim 0 releases them whichever
+// admission holds them. A job that holds none costs nothing, and a second
+// Release of the same claim returns ErrClaimLost without changing anything.
+// The job stays in its tenant's backlog: use Finish for a job that is done
+// for good.
+func (l *Limiter) Release(ctx context.Context, tenant, id string, claim uint64) error {
+	return l.release(ctx, tenant, id, claim, false)
+}
+
+// Finish is Release for a job that will not run again (it succeeded, was
+// archived or dropped): it also leaves its tenant's backlog.
+func (l *Limiter) Finish(ctx context.Context, tenant, id string, claim uint64) error {
+	return l.release(ctx, tenant, id, claim, tenant != "")
+}
+
+func (l *Limiter) release(ctx context.Context, tenant, id string, claim uint64, finish bool) error {
+	if tenant != "" {
+		if err := ValidateTenant(tenant); err != nil {
+			return err
+		}
+	}
+	r, err := l.policies.resolve(ctx, tenant)
+	if err != nil {
+		return fmt.Errorf("release tenant %q job %q: %w", tenant, id, err)
+	}
+	// Only scopes whose policy has a concurrency rule hold slots. A slot
+	// taken under a policy that has since lost its rule is not stranded: it
+	// is no longer renewed, so it frees itself when its lease runs out.
+	var groups [][]string
+	var tenantKeys, globalKeys []string
+	if tenant != "" && r.tenant != nil && r.tenant.Concurrency != nil {
+		tenantKeys = []string{keysFor(l.cfg.Prefix, tenant).state}
+	}
+	if r.global != nil && r.global.Concurrency != nil {
+		globalKeys = []string{keysFor(l.cfg.Prefix, GlobalPolicy).state}
+	}
+	backlog := finish && tenant != "" && r.tenant != nil && r.tenant.Backlog > 0
+	if l.cluster {
+		if tenantKeys != nil || backlog {
+			groups = append(groups, tenantKeys)
+		}
+		if globalKeys != nil {
+			groups = append(groups, globalKeys)
+		}
+	} else if keys := append(tenantKeys, globalKeys...); len(keys) > 0 || backlog {
+		groups = append(groups, keys)
+	}
+	lost := false
+	var firstErr error
+	for i, keys := range groups {
+		noTTL := 0
+		if l.noExpire {
+			noTTL = 1
+		}
+		args := []any{l.clockArg(), 1, noTTL, id, claim, len(keys), 0}
+		if backlog && i == 0 {
+			// the tenant's group comes first and shares its slot with the backlog
+			keys = append(keys, keysFor(l.cfg.Prefix, tenant).backlog)
+			args[6] = 1
+		}
+		// every group is tried: a scope that cannot be reached keeps its
+		// slot until the lease runs out, the others are given back now
+		res, err := l.batch.runMerged(ctx, lua.Release, keys, args, releaseMerge)
+		if err != nil {
+			firstErr = cmp.Or(firstErr, fmt.Errorf("release tenant %q job %q: %w", tenant, id, err))
+			continue
+		}
+		arr, ok := res.([]any)
+		if !ok || len(arr) != 1 {
+			return fmt.Errorf("release.lua: unexpected reply %v", res)
+		}
+		v, err := int64s(arr[0], 2)
+		if err != nil {
+			return fmt.Errorf("release.lua: %w", err)
+		}
+		if v[1] > 0 {
+			lost = true
+		}
+	}
+	if firstErr != nil {
+		return firstErr
+	}
+	if lost && claim != 0 {
+		return fmt.Errorf("release tenant %q job %q: %w", tenant, id, ErrClaimLost)
+	}
+	return nil
+}
+
+// releaseLate gives back, in the background, the slot an admission whose
+// caller gave up may still take: after a wait, so that the release does not
+// overtake the admission on another connection. Its claim fences it: a
+// later admission of the same job keeps its own slot.
+func (l *Limiter) releaseLate(tenant, id string, claim uint64) {
+	l.late.Add(1)
+	go func() {
+		defer l.late.Done()
+		t := time.NewTimer(lateRelease)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-l.closing:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), lateRelease)
+		defer cancel()
+		_ = l.release(ctx, tenant, id, claim, false)
+	}()
+}
+
+// lateRelease is how long releaseLate waits for an abandoned admission to land.
+const lateRelease = 2 * time.Second
+
+// Renew extends the leases of the concurrency slots job id holds under
+// claim (Decision.Claim; 0: whichever admission holds them). It returns
+// ErrClaimLost when a slot is no longer held under the claim: the lease ran
+// out before the renewal, or a later admission of the job took the slot
+// over. The job may keep running but no longer counts; a slot another claim
+// holds is left alone.
+func (l *Limiter) Renew(ctx context.Context, tenant, id string, claim uint64) error {
+	if tenant != "" {
+		if err := ValidateTenant(tenant); err != nil {
+			return err
+		}
+	}
+	scopes, err := l.scopes(ctx, tenant)
+	if err != nil {
+		return fmt.Errorf("renew tenant %q job %q: %w", tenant, id, err)
+	}
+	var held []scope
+	for _, s := range scopes {
+		if s.policy != nil && s.policy.Concurrency != nil {
+			held = append(held, s)
+		}
+	}
+	if len(held) == 0 {
+		return nil
+	}
+	groups := [][]scope{held}
+	if l.cluster {
+		groups = nil
+		for _, s := range held {
+			groups = append(groups, []scope{s})
+		}
+	}
+	ok := true
+	for _, g := range groups {
+		keys := make([]string, len(g))
+		args := []any{l.clockArg(), 1, id, claim, len(g)}
+		for i, s := range g {
+			keys[i] = s.keys.state
+			args = append(args, micros(s.policy.Concurrency.lease()))
+		}
+		res, err := l.batch.runMerged(ctx, lua.Renew, keys, args, renewMerge)
+		if err != nil {
+			return fmt.Errorf("renew tenant %q job %q: %w", tenant, id, err)
+		}
+		arr, isArr := res.([]any)
+		if !isArr || len(arr) != 1 {
+			return fmt.Errorf("renew.lua: unexpected reply %v", res)
+		}
+		if v, _ := arr[0].(int64); v != 1 {
+			ok = false
+		}
+	}
+	if !ok {
+		return fmt.Errorf("renew tenant %q job %q: %w", tenant, id, ErrClaimLost)
+	}
+	return nil
+}
