@@ -18,16 +18,28 @@
 -- A step's writes come back as an undo record, which a later step (flag
 -- UNDO, or UNDO_ONLY) takes back when the other scope does not agree.
 --
+-- The waiting room (docs/architecture.md) keeps its lines here too, so one
+-- engine decides: a job its tenant cannot start now waits in the tenant's
+-- line, charged nothing, and is promoted (its slot taken, its concurrency
+-- slot held) when it may start; a release hands its slot to the line's
+-- head. Ops of kind line, promote and release do that.
+--
 -- Several jobs may be decided in one call (ops). All times are integers in
 -- microseconds.
 --
--- KEYS: for every op, 3 per local scope, in order:
+-- KEYS: for every op, 3 per local scope, in order, then for line, promote
+--   and release ops the tenant's line and handing keys:
 --   [1] state hash: cd cooldown end; s jobs started; x the expiry last given
 --     to the hash; y the expiry its state needs without running jobs; rn
 --     reservations and rc a cursor sweeping stale ones; r:<job> a job's
 --     reserved slot; u charges a two-step undo could not take back; and the
 --     fields of the rule kinds below
 --   [2] planned window zset, [3] started window zset (score: start time)
+--   line: a list of waiting jobs, each "LINED_MS<US>COST<US>QUEUE<US>ID"
+--     (<US> is the byte 31), first in, first out; handing: a zset of the
+--     same members taken from the line and not yet confirmed in asynq
+--     (score: when taken); dq in the state hash is the tenant's deficit in
+--     the round robin
 -- ARGV:
 --   [1] clock: the time to decide at, or -1 for Redis TIME
 --   [2] number of ops
@@ -36,16 +48,21 @@
 --   [7] number of policies, then per policy: number of rules, then per rule
 --     its kind and arguments (one block per kind below)
 --   per op: job id, cost, flags, not_before, claim token, number of scopes,
---     then per scope: its policy's number (negative for a remote scope),
---     when the cost is not 1 the increment of each of the policy's rate
---     rules, and for a remote scope its snapshot
+--     then per scope: its policy's number (negative for a remote scope), and
+--     for a remote scope its snapshot
 --     then with UNDO or UNDO_ONLY an undo record per local scope, and with
 --     EXPECT the verdict the op must reach (allowed 0/1, slot)
+--     then for line: may go straight (0/1), lead, backlog cap (0: none),
+--     queue; for promote and release: budget (jobs), lead, quantum (cost
+--     units this turn adds to the deficit), repair age
 --   flags: 1 reserve on denial, 2 hold a concurrency slot, 4 dry run (write
 --     nothing), 8 plan only (take the slot, do not start), 16 set no expiry,
 --     32 probe (write only when the job starts now), 64 two-step (return a
 --     snapshot and an undo record of each local scope), 128 UNDO first,
---     256 EXPECT, 512 UNDO_ONLY (no decision)
+--     256 EXPECT, 512 UNDO_ONLY (no decision), 1024 line (a new job: go
+--     straight or wait in the line), 2048 promote (the tenant's turn: promote
+--     from the line's head), 4096 release (give back the job's concurrency
+--     slots under its claim, then promote into them)
 -- Returns: per op {verdict, retry_after, rule * 65536 + rule_index * 256 +
 --   scope, remaining, reset_after, in_flight, slot}, with two-step also
 --   {snapshots} and {undo records}; then the time of the decisions
@@ -57,12 +74,20 @@
 --   remaining, reset_after, in_flight: -1 when no rule applies (local
 --     scopes only)
 --   slot: the job's reserved slot, 0 when none was taken
+--   line ops answer {verdict, slot, due, waiting}: verdict 1 straight (slot
+--     taken), 0 lined, -1 the line is at its cap; due the tenant's next due
+--     time when it starts a line, else -1
+--   promote and release ops answer {{promoted}, {retries}, due, released,
+--     lost}: per promoted job {member, slot, claim, {undo records}}; the
+--     handing entries to hand over again; when the tenant is next due (-1:
+--     its line is empty); for release how many scopes gave back a slot and
+--     how many held none under the claim
 -- Errors: "ERR sluice: clock" when the time is outside the quota windows
 --   given (the caller's clock estimate is off; it retries with fresh bounds).
 --
 -- The rule kinds (ARGV kind, then its arguments; its state; its part of a
 -- snapshot and of an undo record), each a branch of the phases below:
---   1 rate: increment for cost 1, burst offset; p<i>/a<i> the planned and
+--   1 rate: period, limit, burst offset; p<i>/a<i> the planned and
 --     started meter of the policy's i-th rate (a<i> not stored while equal
 --     to p<i>); snapshot p, a; undo p before, p after, a before, a after
 --   2 window: limit, length; zsets [2] and [3], n the entries' sequence;
@@ -153,13 +178,15 @@ end
 local PF, AF = { 'p1', 'p2', 'p3', 'p4' }, { 'a1', 'a2', 'a3', 'a4' }
 local POL = {}
 for p = 1, n() do
-  local pol = { nr = 0, unit = {}, off = {}, wlim = 0, wdur = 0, qlim = 0, clim = 0, lease = 0, fields = {} }
+  local pol = { nr = 0, unit = {}, off = {}, per = {}, lim = {}, wlim = 0, wdur = 0, qlim = 0, clim = 0, lease = 0, fields = {} }
   local f = pol.fields
   for _ = 1, n() do
     local kind = n()
     if kind == RATE then
       local i = pol.nr + 1
-      pol.nr, pol.unit[i], pol.off[i] = i, n(), n()
+      pol.nr, pol.per[i], pol.lim[i], pol.off[i] = i, n(), n(), n()
+      pol.unit[i] = floor(pol.per[i] / pol.lim[i])
+      if pol.unit[i] * pol.lim[i] < pol.per[i] then pol.unit[i] = pol.unit[i] + 1 end
       f[#f + 1] = PF[i] or ('p' .. i)
       f[#f + 1] = AF[i] or ('a' .. i)
     elseif kind == WINDOW then
@@ -180,12 +207,17 @@ for p = 1, n() do
     end
   end
   pol.reservable = pol.nr > 0 or pol.wlim > 0 or pol.qlim > 0
+  pol.rules = pol.nr + pol.wlim + pol.qlim + pol.clim
   POL[p] = pol
 end
 
--- the op being decided: its job, cost and flags
+-- the op being decided: its job, cost and flags; promote asks whether the
+-- job may be promoted from its line (its slot due within lead)
 local id, cost, reserve, hold, dry, plan, not_before, claim
+local promote, lead = false, 0
 local rkey, hkey, ckey
+
+local SEP = string.char(31)
 
 -- quota: the count of the window starting at start
 local function used(sc, start)
@@ -264,14 +296,25 @@ end
 -- array part holds per rate i: [3i-2] the increment, [3i-1] the planned
 -- meter, [3i] the started one), from the op's arguments; for a remote scope
 -- its state comes from its snapshot too
+-- the increment of rate i's meters for a job of cost c: ceil(period * c /
+-- limit), exactly (the policy's validation keeps burst × interval, and so
+-- every admissible cost's increment, below 2^53)
+local function inc(pol, i, c)
+  if c == 1 then return pol.unit[i] end
+  local per, lim = pol.per[i], pol.lim[i]
+  local r = per % lim
+  local x = (per - r) / lim * c
+  local y = floor(r * c / lim)
+  if y * lim < r * c then y = y + 1 end
+  return x + y
+end
+
 local function new_scope(ref)
   local pol = POL[ref < 0 and -ref or ref]
   local sc = { pol = pol, st = false, cd = 0, R = false, hadR = false, Rraw = false,
     live = false, mine = false, soonest = false, stale = false, hend = false, hdel = false }
   local m = sc
-  for i = 1, pol.nr do
-    if cost == 1 then m[3 * i - 2] = pol.unit[i] else m[3 * i - 2] = n() end
-  end
+  for i = 1, pol.nr do m[3 * i - 2] = inc(pol, i, cost) end
   if ref < 0 then
     sc.cd, sc.R = n(), n()
     if sc.R < 0 then sc.R = false end
@@ -345,6 +388,25 @@ local function read_state(sc, k, claims)
   sc.R = r or false
 end
 
+-- How long until every scope has a concurrency slot for the job (false:
+-- now), at most cap when cap is given (a slot freed by a release is not
+-- announced to a job that waits in a worker), and the rule that makes it
+-- wait.
+local function conc_wait(scopes, cap)
+  local cwait, rule = false, 0
+  for s = 1, #scopes do
+    local sc = scopes[s]
+    if sc.pol.clim > 0 and full(sc) then
+      local w = sc.soonest - now
+      if cap then w = min(w, cap) end
+      if not cwait or w > cwait then
+        cwait, rule = w, CONC * 65536 + s
+      end
+    end
+  end
+  return cwait, rule
+end
+
 -- The decision over every scope of the op, without writing anything:
 -- allowed, retry-after, slot, what to write ('reserve', 'start' or false)
 -- and the rule.
@@ -415,6 +477,23 @@ local function decide(scopes)
   end
 
   local allowed, retry, slot, write = false, 0, 0, false
+  if promote then
+    -- may the job leave its line? Its slot must be due within the lead and
+    -- a concurrency slot free; it takes both, and the gate starts it on
+    -- them. retry is when to look again.
+    if beyond then
+      -- past the quota windows this call knows: look again in a while
+      return false, horizon, 0, false, rule * 65536 + ridx * 256 + rscope
+    end
+    if S > now + lead then
+      return false, S - lead - now, 0, false, rule * 65536 + ridx * 256 + rscope
+    end
+    local cwait, crule = conc_wait(scopes, false)
+    if cwait then
+      return false, cwait, 0, false, crule
+    end
+    return true, 0, S, 'promote', 0
+  end
   if S > now then
     retry = S - now
     if reserve and not beyond and retry <= horizon then
@@ -428,20 +507,13 @@ local function decide(scopes)
     rule, ridx, rscope = 0, 0, 0
   else
     -- due now: concurrency, then the started meters
-    local cwait = false
+    local cwait, crule = false, 0
     if hold then
-      for s = 1, #scopes do
-        local sc = scopes[s]
-        if sc.pol.clim > 0 and full(sc) then
-          local w = min(sc.soonest - now, conc_retry)
-          if not cwait or w > cwait then
-            cwait, rule, ridx, rscope = w, CONC, 0, s
-          end
-        end
-      end
+      cwait, crule = conc_wait(scopes, conc_retry)
     end
     if cwait then
       retry = cwait
+      rule, ridx, rscope = floor(crule / 65536), floor(crule / 256) % 256, crule % 256
     else
       local w = 0
       rule, ridx, rscope = 0, 0, 0
@@ -528,8 +600,9 @@ local function meters_state(sc, h)
 end
 
 -- Write the decision into every local scope: at t the planned meters of a
--- scope without a reservation (and the job's reservation, for 'reserve'),
--- or the start (the started meters and the job's slot); then persist.
+-- scope without a reservation, and the job's reservation ('reserve',
+-- 'promote') or the start (the started meters, 'start'); the job's
+-- concurrency slot ('start', 'promote'); then persist.
 -- Expiry only ever grows and only reclaims memory, but for y, the expiry
 -- the state needs once no job runs (release.lua shortens the hash's life to
 -- it when the last slot goes).
@@ -560,7 +633,7 @@ local function apply(scopes, write, t, noexpire)
         end
         sc.planned = true
       end
-      if write == 'reserve' then
+      if write == 'reserve' or write == 'promote' then
         if pol.reservable then
           if not sc.hadR then sc.rn = sc.rn + 1 end
           sc.rtop = t
@@ -617,7 +690,7 @@ local function apply(scopes, write, t, noexpire)
       end
       local held = 0
       if pol.clim > 0 then
-        if write == 'start' and hold then
+        if (write == 'start' or write == 'promote') and hold then
           -- take the job's slot: after a listing the stale slots go and hc
           -- counts the live; hm stays a lower bound of the earliest lease end
           local e = now + pol.lease
@@ -696,11 +769,14 @@ local function twostep_functions()
       out[#out + 1] = sc.live; out[#out + 1] = sc.mine and 1 or 0
       out[#out + 1] = (f and sc.soonest) or -1
     end
-    -- what the undo record compares against
-    local b = { R = sc.hadR and sc.Rraw or -1 }
-    for i = 1, 3 * pol.nr do b[i] = m[i] end
-    sc.before = b
+    twostep.remember(sc)
     return out
+  end
+  -- what an undo record compares against
+  twostep.remember = function(sc)
+    local b = { R = sc.hadR and sc.Rraw or -1 }
+    for i = 1, 3 * sc.pol.nr do b[i] = sc[i] end
+    sc.before = b
   end
   twostep.record = function(sc)
     local pol, m, b = sc.pol, sc, sc.before
@@ -809,6 +885,219 @@ local function twostep_functions()
   return twostep
 end
 
+
+-- The waiting room's ops (arrive, promote, release), made only when an op
+-- asks for them. bases are the op's local scopes, the tenant's first: each
+-- {pol, k}.
+local room
+local function room_functions(ts)
+  if room then return room end
+  room = {}
+  -- a local scope read afresh for a job of cost c
+  local function scope_at(base, c)
+    local pol = base.pol
+    local sc = { pol = pol, st = false, cd = 0, R = false, hadR = false, Rraw = false,
+      live = false, mine = false, soonest = false, stale = false, hend = false, hdel = false }
+    for i = 1, pol.nr do sc[3 * i - 2] = inc(pol, i, c) end
+    read_state(sc, base.k, true)
+    return sc
+  end
+  -- a line entry: LINED_MS, COST (empty: 1), QUEUE (empty: default), ID
+  local function parse(m)
+    local a1 = m:find(SEP, 1, true)
+    local a2 = m:find(SEP, a1 + 1, true)
+    local a3 = m:find(SEP, a2 + 1, true)
+    return num(m:sub(1, a1 - 1)), num(m:sub(a1 + 1, a2 - 1)) or 1, m:sub(a3 + 1)
+  end
+
+  -- does the job hold a live concurrency slot in one of the scopes (it is
+  -- running, or handed to asynq already)?
+  local function running(scopes)
+    for s = 1, #scopes do
+      local sc = scopes[s]
+      if sc.pol.clim > 0 and sc.hend and sc.hend > now then return true end
+    end
+    return false
+  end
+
+  -- Promote from the line's head while the job may start (its slot due
+  -- within the lead, a concurrency slot free), the tenant's deficit covers
+  -- its cost and the budget lasts: each takes its slot and its concurrency
+  -- slot and moves to the handing set. A job that holds a live slot
+  -- already (it runs, brought by asynq's fallback) leaves the line and is
+  -- counted. Returns the promoted jobs, the handovers to retry, when the
+  -- tenant is next due (-1: never), how many wait, when the head was lined
+  -- (ms; -1: none) and how many entries were skipped.
+  room.promote = function(bases, line, handing, budget, quantum, repair, noexpire, base_claim)
+    local st = KEYS[bases[1].k + 1]
+    local out, retries = {}, {}
+    -- handovers not confirmed in time are handed over again (and held a
+    -- while, so that one pump does it)
+    local stale = call('ZRANGEBYSCORE', handing, '-inf', fmt(now - repair), 'LIMIT', '0', '100')
+    for i = 1, #stale do
+      retries[i] = stale[i]
+      call('ZADD', handing, 'XX', fmt(now), stale[i])
+    end
+    -- a tenant whose scopes have no rules is charged nothing: its jobs
+    -- leave the line in turn, unless it cools down
+    local plain = true
+    for s = 1, #bases do
+      if bases[s].pol.rules > 0 then plain = false end
+    end
+    local v = call('HMGET', st, 'dq', 'cd')
+    local dq0 = num(v[1]) or 0
+    local dq = dq0 + quantum
+    local due, head = -1, -1
+    local np, skipped = 0, 0
+    local cd = plain and num(v[2]) or 0
+    if cd > now + lead then
+      budget = 0
+      due = cd - lead
+    end
+    while true do
+      local m = call('LINDEX', line, '0')
+      if not m then
+        dq = 0
+        break
+      end
+      local lined, c, jid = parse(m)
+      head = lined
+      if np >= budget or c > dq then
+        -- the deficit carries over only what a costly head is owed
+        if np >= budget then dq = min(dq, quantum) end
+        if due < 0 then due = now end
+        break
+      end
+      if plain then
+        call('LPOP', line)
+        call('ZADD', handing, fmt(now), m)
+        dq = dq - c
+        np = np + 1
+        out[np] = { m, now, 0, {} }
+      else
+        id, cost, claim = jid, c, fmt(base_claim + np)
+        rkey, hkey, ckey = 'r:' .. jid, 'h:' .. jid, 'c:' .. jid
+        reserve, hold, dry, plan, not_before, promote = true, true, false, false, 0, true
+        local scopes = {}
+        for s = 1, #bases do scopes[s] = scope_at(bases[s], c) end
+        if running(scopes) then
+          call('LPOP', line)
+          skipped = skipped + 1
+        else
+          local ok, wait, slot = decide(scopes)
+          if not ok then
+            -- held back by its own limits: it is owed nothing
+            due, dq = now + wait, 0
+            break
+          end
+          for s = 1, #scopes do ts.remember(scopes[s]) end
+          apply(scopes, 'promote', slot, noexpire)
+          local recs = {}
+          for s = 1, #scopes do recs[s] = ts.record(scopes[s]) end
+          call('LPOP', line)
+          call('ZADD', handing, fmt(now), m)
+          dq = dq - c
+          np = np + 1
+          out[np] = { m, slot, num(claim), recs }
+        end
+      end
+      head = -1
+    end
+    promote = false
+    -- a handover not confirmed yet keeps the tenant due for its retry
+    local first = call('ZRANGE', handing, '0', '0', 'WITHSCORES')
+    if first[2] then
+      local r = num(first[2]) + repair
+      if due < 0 or r < due then due = r end
+    end
+    if dq > 0 then
+      call('HSET', st, 'dq', fmt(dq))
+    elseif dq0 > 0 then
+      call('HDEL', st, 'dq')
+    end
+    return out, retries, due, call('LLEN', line), head, skipped
+  end
+
+  -- A new job, not yet in asynq: may it go straight to asynq's pending
+  -- list? Only when the tenant's line is empty, the fleet has room
+  -- (may_go) and the job may start within the lead; then it takes its slot
+  -- and its concurrency slot now. Returns the verdict (1 straight, 0 it
+  -- waits, -1 the line is at its cap), the slot, how many wait and, for a
+  -- job sent straight, its undo records.
+  room.arrive = function(scopes, line, may_go, cap)
+    local waiting = call('LLEN', line)
+    if cap > 0 and waiting >= cap then
+      return -1, 0, waiting, {}
+    end
+    if waiting > 0 or not may_go then
+      return 0, 0, waiting, {}
+    end
+    promote = true
+    local ok, _, slot = decide(scopes)
+    promote = false
+    if not ok then
+      return 0, 0, waiting, {}
+    end
+    if running(scopes) then
+      -- the same job admitted already: it is not sent again
+      return 0, 0, waiting, {}
+    end
+    local plain = true
+    for s = 1, #scopes do
+      if scopes[s].pol.rules > 0 then plain = false end
+    end
+    if plain then
+      return 1, now, 0, {}
+    end
+    for s = 1, #scopes do ts.remember(scopes[s]) end
+    apply(scopes, 'promote', slot, false)
+    local recs = {}
+    for s = 1, #scopes do recs[s] = ts.record(scopes[s]) end
+    return 1, slot, 0, recs
+  end
+
+  -- Give back the job's concurrency slots under its claim (0: whichever
+  -- admission holds them); the hash of a scope whose last slot goes lives
+  -- only as long as the rest of its state needs (y).
+  room.release = function(bases, noexpire)
+    local released, lost = 0, 0
+    local cl = num(claim)
+    for s = 1, #bases do
+      if bases[s].pol.clim > 0 then
+        local st = KEYS[bases[s].k + 1]
+        local v = call('HMGET', st, hkey, ckey, 'hc', 'y')
+        local e, c = num(v[1]), num(v[2])
+        if e and (cl == 0 or c == cl) then
+          local hc = (num(v[3]) or 1) - 1
+          if hc <= 0 then
+            -- x, the expiry admit.lua last gave the hash, goes too, so that
+            -- the next admission gives it one again
+            call('HDEL', st, hkey, ckey, 'hc', 'x')
+            local need = num(v[4])
+            if need and not noexpire then
+              if clock < 0 then
+                call('PEXPIREAT', st, fmt(floor(need / 1000) + 2))
+              else
+                -- a given clock (tests) may be far from the server's
+                call('PEXPIRE', st, fmt(max(floor((need - now) / 1000), 0) + 2))
+              end
+            end
+          else
+            call('HDEL', st, hkey, ckey)
+            call('HSET', st, 'hc', fmt(hc))
+          end
+          released = released + 1
+        elseif cl ~= 0 then
+          -- another claim holds the job's slot, or the slot is gone
+          lost = lost + 1
+        end
+      end
+    end
+    return released, lost
+  end
+  return room
+end
+
 local out = {}
 local k = 0
 for o = 1, nops do
@@ -822,20 +1111,57 @@ for o = 1, nops do
   local noexpire, probe = floor(flags / 16) % 2 == 1, floor(flags / 32) % 2 == 1
   local steps, undo_first = floor(flags / 64) % 2 == 1, floor(flags / 128) % 2 == 1
   local expect, undo_only = floor(flags / 256) % 2 == 1, floor(flags / 512) % 2 == 1
+  local is_arrive, is_promote, is_release = floor(flags / 1024) % 2 == 1, floor(flags / 2048) % 2 == 1, floor(flags / 4096) % 2 == 1
   rkey, hkey, ckey = 'r:' .. id, 'h:' .. id, 'c:' .. id
-  local ts
+  local ts, rm
   if steps or undo_first or undo_only then ts = twostep_functions() end
+  local roomop = is_arrive or is_promote or is_release
+  if roomop then
+    ts = twostep_functions()
+    rm = room_functions(ts)
+  end
 
-  local scopes = {}
+  local scopes, bases = {}, {}
   for s = 1, nscopes do
     local ref = n()
     local sc = new_scope(ref)
     if ref > 0 then
-      read_state(sc, k, ts ~= nil)
+      bases[#bases + 1] = { pol = sc.pol, k = k }
+      if not (is_promote or is_release) then
+        read_state(sc, k, ts ~= nil)
+      end
       k = k + 3
     end
     scopes[s] = sc
   end
+
+  if is_arrive then
+    local line = KEYS[k + 1]
+    k = k + 1
+    local may_go, cap = n() == 1, n()
+    lead = n()
+    local verdict, slot, waiting, recs = rm.arrive(scopes, line, may_go, cap)
+    out[o] = { verdict, slot, waiting, recs }
+  elseif roomop then
+    local budget, quantum, repair = n(), n(), n()
+    lead = n()
+    local line, handing
+    if budget > 0 then
+      line, handing = KEYS[k + 1], KEYS[k + 2]
+      k = k + 2
+    end
+    local released, lost = 0, 0
+    if is_release then
+      released, lost = rm.release(bases, noexpire)
+    end
+    if budget > 0 then
+      local promoted, retries, due, waiting, head, skipped =
+        rm.promote(bases, line, handing, budget, quantum, repair, noexpire, num(claim) + 1)
+      out[o] = { promoted, retries, due, waiting, head, skipped, released, lost }
+    else
+      out[o] = { {}, {}, -1, -1, -1, 0, released, lost }
+    end
+  else
 
   if ts and (undo_first or undo_only) then
     for s = 1, nscopes do
@@ -931,6 +1257,7 @@ for o = 1, nops do
       out[o][8] = snaps
       out[o][9] = recs
     end
+  end
   end
 end
 

@@ -21,8 +21,12 @@ var (
 	cooldownSrc string
 	//go:embed stats.lua
 	statsSrc string
-	//go:embed backlog.lua
-	backlogSrc string
+	//go:embed room.lua
+	roomSrc string
+	//go:embed line.lua
+	lineSrc string
+	//go:embed handover.lua
+	handoverSrc string
 )
 
 var (
@@ -37,9 +41,13 @@ var (
 	Cooldown = redis.NewScript(cooldownSrc)
 	// Stats reads a consistent snapshot of one scope.
 	Stats = redis.NewScript(statsSrc)
-	// Backlog counts a tenant's queued and deferred jobs against its cap.
-	Backlog = redis.NewScript(backlogSrc)
+	// Room keeps the waiting room's due index.
+	Room = redis.NewScript(roomSrc)
+	// Line puts jobs in their tenant's line in the waiting room.
+	Line = redis.NewScript(lineSrc)
+	// Handover moves promoted jobs' asynq tasks to the pending list.
+	Handover = redis.NewScript(handoverSrc)
 )
 
 // All lists every script, for loading them into a server ahead of pipelines.
-var All = []*redis.Script{Admit, Release, Renew, Cooldown, Stats, Backlog}
+var All = []*redis.Script{Admit, Release, Renew, Cooldown, Stats, Room, Line, Handover}

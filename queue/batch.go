@@ -28,12 +28,12 @@ type Result struct {
 // EnqueueBatch enqueues jobs and returns one Result per job, in order; a
 // job that fails never stops the others, and none is left without a result.
 //
-// The sluice side shares round trips: each tenant's backlog is counted in
-// one call for all its jobs of the batch (the first jobs in batch order are
-// taken until the cap), and shaping reservations are made concurrently, so
-// the limiter pipelines them. asynq v0.26 has no batch enqueue, so the tasks
-// are enqueued one by one, BatchConcurrency at a time. Shaped jobs of one
-// tenant get distinct slots, not necessarily in batch order.
+// The sluice side shares round trips: the jobs' arrivals at the waiting
+// room are decided concurrently, so the limiter runs many in one script
+// call, and each tenant's waiting jobs join its line in one call, in
+// batch order (the first jobs are taken until a backlog cap). asynq v0.26
+// has no batch enqueue, so the tasks are enqueued one by one,
+// BatchConcurrency at a time.
 func (c *Client) EnqueueBatch(ctx context.Context, jobs []Job) []Result {
 	res := make([]Result, len(jobs))
 	prepared := make([]*job, len(jobs))
@@ -63,56 +63,60 @@ func (c *Client) EnqueueBatch(ctx context.Context, jobs []Job) []Result {
 		byTenant[j.tenant] = append(byTenant[j.tenant], i)
 	}
 
-	plans := make([]plan, len(tenants))
+	// every tenant's policies, resolved once for all its jobs
 	c.parallel(len(tenants), func(t int) {
-		tenant := tenants[t]
-		p := c.plan(ctx, tenant)
-		plans[t] = p
-		if p.err != nil {
-			for _, i := range byTenant[tenant] {
-				res[i].Err, prepared[i] = p.err, nil
-			}
-			return
-		}
-		var ids []string
-		var idx []int
-		for _, i := range byTenant[tenant] {
-			if err := p.checkCost(tenant, prepared[i].opts.cost); err != nil {
-				res[i].Err, prepared[i] = err, nil
-				continue
-			}
-			ids, idx = append(ids, prepared[i].id), append(idx, i)
-		}
-		if p.backlog == 0 || len(ids) == 0 {
-			return
-		}
-		n, count, err := c.lim.AddBacklog(ctx, tenant, p.backlog, ids...)
-		if err != nil {
-			err = fmt.Errorf("enqueue batch for tenant %q: %w", tenant, err)
+		idx := byTenant[tenants[t]]
+		if err := c.resolve(ctx, prepared[idx[0]]); err != nil {
 			for _, i := range idx {
 				res[i].Err, prepared[i] = err, nil
 			}
 			return
 		}
-		for k, i := range idx {
-			if k < n {
-				prepared[i].counted = true
-				continue
-			}
-			res[i].Err, prepared[i] = &throttle.BacklogError{Tenant: tenant, Backlog: count, Limit: p.backlog}, nil
+		for _, i := range idx[1:] {
+			prepared[i].policies = prepared[idx[0]].policies
 		}
 	})
-	planOf := make(map[string]plan, len(tenants))
-	for t, tenant := range tenants {
-		planOf[tenant] = plans[t]
-	}
 
+	// arrivals, and the tasks to asynq: straight, scheduled or parked
 	c.parallel(len(jobs), func(i int) {
 		j := prepared[i]
 		if j == nil {
 			return
 		}
-		res[i].Info, res[i].Err = c.send(ctx, j, planOf[j.tenant])
+		var err error
+		if j.later() {
+			res[i].Info, err = c.sendLater(ctx, j)
+		} else if err = c.arrive(ctx, j); err == nil {
+			if j.arrived.Straight {
+				res[i].Info, err = c.sendStraight(ctx, j)
+			} else {
+				res[i].Info, err = c.park(ctx, j)
+			}
+		}
+		if err != nil || j.later() || j.arrived.Straight {
+			res[i].Err, prepared[i] = err, nil
+		}
+	})
+
+	// the parked jobs join their lines, each tenant's in batch order
+	c.parallel(len(tenants), func(t int) {
+		tenant := tenants[t]
+		var idx []int
+		var waiters []throttle.Waiter
+		for _, i := range byTenant[tenant] {
+			if j := prepared[i]; j != nil {
+				idx, waiters = append(idx, i), append(waiters, j.waiter())
+			}
+		}
+		if len(idx) == 0 {
+			return
+		}
+		joined, _, err := c.room.Join(ctx, tenant, prepared[idx[0]].arrived.Backlog, waiters...)
+		for k, i := range idx {
+			if k >= joined {
+				res[i].Info, res[i].Err = nil, c.unpark(ctx, prepared[i], err)
+			}
+		}
 	})
 	return res
 }

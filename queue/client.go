@@ -13,6 +13,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice/internal/asynqroom"
 	"github.com/sluicehq/sluice/taskspec"
 	"github.com/sluicehq/sluice/throttle"
 )
@@ -21,15 +22,19 @@ import (
 const (
 	BatchConcurrencyDefault = 16
 	// CleanupTimeoutDefault bounds the clean-up after a failed enqueue
-	// (taking the job out of the backlog again), which runs even when the
-	// caller's context has ended.
+	// (giving back a slot a job took, or taking a parked task out of asynq
+	// again), which runs even when the caller's context has ended.
 	CleanupTimeoutDefault = 5 * time.Second
+	// FallbackDefault is how long a job waiting in its tenant's line stays
+	// parked in asynq's schedule, at the least, before asynq itself brings
+	// it to a worker should no sluice process promote it.
+	FallbackDefault = time.Hour
 )
 
 // Config configures a Client. The zero value is ready to use.
 type Config struct {
-	// Limiter counts backlogs and takes shaping reservations. When nil, New
-	// makes one over the client with Prefix, and Close closes it.
+	// Limiter makes the waiting room's decisions. When nil, New makes one
+	// over the client with Prefix, and Close closes it.
 	Limiter *throttle.Limiter
 	// Prefix of sluice's keys for the limiter New makes; the limiter's own
 	// prefix applies when Limiter is set, so give one or the other.
@@ -37,16 +42,19 @@ type Config struct {
 	// AsynqRedis is the Redis client of asynq's queues when they live apart from
 	// sluice's keys; nil means the client given to New.
 	AsynqRedis redis.UniversalClient
-	// Lead is how long before its slot a shaped job is due in asynq at the
-	// least (see taskspec.ScheduleFor); taskspec.LeadDefault when zero. Use the workers' lead.
-	Lead time.Duration
+	// Fallback is how long a waiting job stays parked in asynq's schedule
+	// at the least (longer when its line is long: twice the time its line
+	// needs at its tenant's rate). Workers promote it as soon as it may
+	// start; the fallback only matters when none does. FallbackDefault
+	// when zero.
+	Fallback time.Duration
 	// BatchConcurrency is how many jobs EnqueueBatch sends at once;
 	// BatchConcurrencyDefault when zero.
 	BatchConcurrency int
 }
 
 func (c Config) withDefaults() Config {
-	c.Lead = cmp.Or(c.Lead, taskspec.LeadDefault)
+	c.Fallback = cmp.Or(c.Fallback, FallbackDefault)
 	c.BatchConcurrency = cmp.Or(c.BatchConcurrency, BatchConcurrencyDefault)
 	return c
 }
@@ -55,26 +63,31 @@ func (c Config) validate() error {
 	switch {
 	case c.Limiter != nil && c.Prefix != "":
 		return fmt.Errorf("queue config: Prefix %q is given with a Limiter, which has its own prefix; give one or the other", c.Prefix)
-	case c.Lead < 0 || c.Lead > time.Minute:
-		return fmt.Errorf("queue config: Lead %s: must be between 0 and 1m (it should match the workers' lead, %s by default)", c.Lead, taskspec.LeadDefault)
+	case c.Fallback < time.Second:
+		return fmt.Errorf("queue config: Fallback %s: must be at least 1s (asynq schedules in whole seconds)", c.Fallback)
 	case c.BatchConcurrency < 1 || c.BatchConcurrency > 1024:
 		return fmt.Errorf("queue config: BatchConcurrency %d: must be between 1 and 1024", c.BatchConcurrency)
 	}
 	return nil
 }
 
-// Client enqueues jobs for tenants: it wraps an asynq.Client, sets the
-// tenant and cost headers the workers' gate reads, counts the tenant's
-// backlog when its policy caps it (backlog=K), and with shape=true takes the
-// job's slot at enqueue time and schedules the job for it, so that a large
-// burst waits in asynq's schedule rather than in the pending list in front
-// of other tenants' jobs.
+// Client enqueues jobs for tenants: it wraps an asynq.Client and sets the
+// tenant and cost headers the workers' gate reads, and it brings every job
+// to the waiting room (throttle.Room). A job its tenant may start now, when
+// the fleet has room for it, goes straight to asynq's pending list, having
+// taken its slot; any other waits in its tenant's line in Redis, parked in
+// asynq's schedule, until a worker promotes it: at its slot, or when a
+// concurrency slot frees. A tenant's burst so never stands in asynq's
+// pending list in front of other tenants' jobs, and a policy change reaches
+// the jobs still waiting.
 //
 // A Client is safe for concurrent use. Close it when done.
 type Client struct {
 	cfg        Config
 	lim        *throttle.Limiter
 	ownLimiter bool
+	room       *throttle.Room
+	gauge      *asynqroom.Gauge
 	asynq      *asynq.Client
 	inspector  *asynq.Inspector
 }
@@ -102,12 +115,14 @@ func New(client redis.UniversalClient, cfg *Config) (*Client, error) {
 		}
 		q.lim, q.ownLimiter = lim, true
 	}
+	q.room = q.lim.Room()
 	ac := c.AsynqRedis
 	if ac == nil {
 		ac = client
 	}
 	q.asynq = asynq.NewClientFromRedisClient(ac)
 	q.inspector = asynq.NewInspectorFromRedisClient(ac)
+	q.gauge = asynqroom.NewGauge(ac)
 	return q, nil
 }
 
@@ -125,24 +140,14 @@ func (c *Client) Close() error {
 
 // job is one job checked and ready to send.
 type job struct {
-	tenant  string
-	typ     string
-	payload []byte
-	headers map[string]string
-	opts    options
-	id      string
-	counted bool // in the tenant's backlog
-}
-
-// plan is what a tenant's policies ask of its producers.
-type plan struct {
-	backlog int64 // cap; 0 when the backlog is not counted
-	shape   bool
-	err     error
-
-	policy *throttle.Policy // the tenant's own or the default
-	name   string           // the name policy is stored under
-	global *throttle.Policy
+	tenant   string
+	typ      string
+	payload  []byte
+	headers  map[string]string
+	opts     options
+	id       string
+	policies *throttle.Resolved // resolved once per job
+	arrived  throttle.Arrived
 }
 
 // Enqueue enqueues task for tenant. opts are asynq's options (Queue,
@@ -150,34 +155,44 @@ type plan struct {
 // Unique) and Cost. Options given to asynq.NewTask cannot be read back from
 // the task, so a task carrying them is refused: pass them here instead.
 //
+// A job that may start now goes to asynq's pending list (TaskInfo.State
+// pending); any other waits in its tenant's line and shows in asynq as
+// scheduled, at its fallback time (Config.Fallback): a worker promotes it
+// when it may start. A job given ProcessAt or ProcessIn is scheduled by
+// asynq as asked and passes the workers' gate when it is due.
+//
 // It returns an *InvalidError (ErrInvalid) for bad input and a
 // *throttle.CostError for a cost the tenant's policy can never admit, both
 // before anything is written; a *throttle.BacklogError (ErrBacklogFull) when
-// the tenant's backlog is full; and asynq's errors (asynq.ErrTaskIDConflict,
-// asynq.ErrDuplicateTask) wrapped with the task's type and tenant.
+// the tenant's line holds its policy's backlog=K jobs; and asynq's errors
+// (asynq.ErrTaskIDConflict, asynq.ErrDuplicateTask) wrapped with the
+// task's type and tenant.
 func (c *Client) Enqueue(ctx context.Context, tenant string, task *asynq.Task, opts ...asynq.Option) (*asynq.TaskInfo, error) {
 	j, err := c.prepare(tenant, task, opts, time.Now())
 	if err != nil {
 		return nil, err
 	}
-	p := c.plan(ctx, tenant)
-	if p.err != nil {
-		return nil, p.err
-	}
-	if err := p.checkCost(tenant, j.opts.cost); err != nil {
+	if err := c.resolve(ctx, j); err != nil {
 		return nil, err
 	}
-	if p.backlog > 0 {
-		n, count, err := c.lim.AddBacklog(ctx, tenant, p.backlog, j.id)
-		if err != nil {
-			return nil, fmt.Errorf("enqueue %s task for tenant %q: %w", j.typ, tenant, err)
-		}
-		if n == 0 {
-			return nil, &throttle.BacklogError{Tenant: tenant, Backlog: count, Limit: p.backlog}
-		}
-		j.counted = true
+	if j.later() {
+		return c.sendLater(ctx, j)
 	}
-	return c.send(ctx, j, p)
+	if err := c.arrive(ctx, j); err != nil {
+		return nil, err
+	}
+	if j.arrived.Straight {
+		return c.sendStraight(ctx, j)
+	}
+	info, err := c.park(ctx, j)
+	if err != nil {
+		return nil, err
+	}
+	joined, _, err := c.room.Join(ctx, j.tenant, j.arrived.Backlog, j.waiter())
+	if err != nil || joined == 0 {
+		return nil, c.unpark(ctx, j, err)
+	}
+	return info, nil
 }
 
 // prepare checks a job and builds its headers; it does no I/O.
@@ -204,7 +219,7 @@ func (c *Client) prepare(tenant string, task *asynq.Task, opts []asynq.Option, n
 	}
 	// sluice's own headers describe one job's identity; a task built from
 	// another job's (a handler fanning out) starts a new job.
-	for _, h := range []string{taskspec.IDHeader, taskspec.GenHeader, taskspec.BacklogHeader, taskspec.CostHeader} {
+	for _, h := range []string{taskspec.IDHeader, taskspec.GenHeader, taskspec.CostHeader} {
 		delete(headers, h)
 	}
 	headers[taskspec.TenantHeader] = tenant
@@ -219,85 +234,129 @@ func (c *Client) prepare(tenant string, task *asynq.Task, opts []asynq.Option, n
 	return &job{tenant: tenant, typ: task.Type(), payload: task.Payload(), headers: headers, opts: o, id: id}, nil
 }
 
-// plan reads what the tenant's policy (or the default) and @global ask of
-// producers, from the policy cache.
-func (c *Client) plan(ctx context.Context, tenant string) plan {
-	r, err := c.lim.Policies().Resolve(ctx, tenant)
-	pol, name, global := r.Policy, r.Name, r.Global
+// resolve reads the job's policies (from the policy cache): everything the
+// job meets on its way in follows these.
+func (c *Client) resolve(ctx context.Context, j *job) error {
+	r, err := c.lim.Policies().Resolve(ctx, j.tenant)
 	if err != nil {
-		return plan{err: fmt.Errorf("enqueue for tenant %q: %w", tenant, err)}
+		return fmt.Errorf("enqueue for tenant %q: %w", j.tenant, err)
 	}
-	p := plan{policy: pol, name: name, global: global}
-	if pol != nil {
-		p.backlog, p.shape = pol.Backlog, pol.Shape
-	}
-	if global != nil && global.Shape {
-		p.shape = true
-	}
-	return p
-}
-
-// checkCost refuses a job no rule of its policies could ever admit.
-func (p plan) checkCost(tenant string, cost int64) error {
-	for _, s := range []struct {
-		name string
-		p    *throttle.Policy
-	}{{p.name, p.policy}, {throttle.GlobalPolicy, p.global}} {
-		if max, rule := s.p.MaxCost(); max >= 0 && cost > max {
-			return &throttle.CostError{Tenant: tenant, Cost: cost, Max: max, Rule: s.name + " " + rule}
-		}
-	}
+	j.policies = &r
 	return nil
 }
 
-// send shapes the job if its policy asks for it and enqueues it; on failure
-// it takes the job out of the backlog again.
-func (c *Client) send(ctx context.Context, j *job, p plan) (*asynq.TaskInfo, error) {
-	opts := j.opts.pass
-	if p.shape && !j.opts.processAt.After(time.Now()) {
-		d, err := c.lim.Reserve(ctx, throttle.Request{Tenant: j.tenant, ID: j.id, Cost: j.opts.cost})
-		if err != nil {
-			return nil, c.fail(ctx, j, fmt.Errorf("enqueue %s task for tenant %q: shaping: %w", j.typ, j.tenant, err))
-		}
-		if !d.Allowed {
-			// RetryAfter is measured on Redis's clock; adding it to ours
-			// converts the slot to local time.
-			at := time.Now().Add(d.RetryAfter)
-			if d.Reserved {
-				at = taskspec.ScheduleFor(at, c.cfg.Lead)
-			}
-			opts = append(opts[:len(opts):len(opts)], asynq.ProcessAt(at))
+// later reports a job that does not wait in the waiting room: one its
+// producer scheduled for later (ProcessAt, ProcessIn), which asynq holds
+// until then, and one whose policy drops the jobs it cannot start at once
+// (overflow=drop: work that is worthless late). The gate decides on them.
+func (j *job) later() bool {
+	if j.opts.processAt.After(time.Now()) {
+		return true
+	}
+	p := j.policies.Policy
+	return p != nil && p.OverflowMode() == throttle.OverflowDrop
+}
+
+// sendLater enqueues a job that does not wait in the waiting room,
+// refusing first a cost its policies could never admit.
+func (c *Client) sendLater(ctx context.Context, j *job) (*asynq.TaskInfo, error) {
+	for _, s := range []struct {
+		name string
+		p    *throttle.Policy
+	}{{j.policies.Name, j.policies.Policy}, {throttle.GlobalPolicy, j.policies.Global}} {
+		if max, rule := s.p.MaxCost(); max >= 0 && j.opts.cost > max {
+			return nil, &throttle.CostError{Tenant: j.tenant, Cost: j.opts.cost, Max: max, Rule: s.name + " " + rule}
 		}
 	}
-	headers := j.headers
-	if j.counted {
-		headers = maps.Clone(headers)
-		headers[taskspec.BacklogHeader] = "1"
-	}
-	info, err := c.asynq.EnqueueContext(ctx, asynq.NewTaskWithHeaders(j.typ, j.payload, headers), opts...)
+	return c.enqueue(ctx, j, j.opts.pass)
+}
+
+// arrive brings the job to the waiting room: straight through, or to wait.
+func (c *Client) arrive(ctx context.Context, j *job) error {
+	a, err := c.room.Arrive(ctx, throttle.Arrival{
+		Tenant: j.tenant, ID: j.id, Queue: j.opts.queue, Cost: j.opts.cost,
+		MayGo: c.gauge.Take(ctx, j.opts.queue), Policies: j.policies,
+	})
 	if err != nil {
-		return nil, c.fail(ctx, j, fmt.Errorf("enqueue %s task for tenant %q: %w", j.typ, j.tenant, err))
+		var be *throttle.BacklogError
+		var ce *throttle.CostError
+		if errors.As(err, &be) || errors.As(err, &ce) {
+			return err
+		}
+		return fmt.Errorf("enqueue %s task for tenant %q: %w", j.typ, j.tenant, err)
+	}
+	j.arrived = a
+	return nil
+}
+
+// sendStraight enqueues a job that took its slot; if asynq refuses it, the
+// slot is given back.
+func (c *Client) sendStraight(ctx context.Context, j *job) (*asynq.TaskInfo, error) {
+	info, err := c.enqueue(ctx, j, j.opts.pass)
+	if err != nil {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), CleanupTimeoutDefault)
+		defer cancel()
+		if terr := c.room.TakeBack(cctx, j.arrived); terr != nil {
+			return nil, fmt.Errorf("%w (and giving back its slot failed: %v; it frees itself with its lease)", err, terr)
+		}
+		return nil, err
 	}
 	return info, nil
 }
 
-// fail undoes the backlog count of a job that was not enqueued and returns
-// err. A task id that is already taken belongs to a job that keeps its
-// count while it is queued or running.
-func (c *Client) fail(ctx context.Context, j *job, err error) error {
-	if !j.counted {
-		return err
-	}
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), CleanupTimeoutDefault)
-	defer cancel()
-	if errors.Is(err, asynq.ErrTaskIDConflict) {
-		info, ierr := c.inspector.GetTaskInfo(j.opts.queue, j.id)
-		if ierr == nil && info.State != asynq.TaskStateCompleted && info.State != asynq.TaskStateArchived {
-			return err
+// park enqueues a job that is to wait in its line, scheduled at its
+// fallback time: asynq holds it until a worker promotes it.
+func (c *Client) park(ctx context.Context, j *job) (*asynq.TaskInfo, error) {
+	at := time.Now().Add(c.fallback(j))
+	opts := append(j.opts.pass[:len(j.opts.pass):len(j.opts.pass)], asynq.ProcessAt(at))
+	return c.enqueue(ctx, j, opts)
+}
+
+// fallback is how long the job stays parked at the least: Config.Fallback,
+// or twice the time its line needs at the tenant's slowest rate or window
+// when that is longer, so that asynq does not bring a long line's tail in
+// early.
+func (c *Client) fallback(j *job) time.Duration {
+	need := time.Duration(0)
+	for _, p := range []*throttle.Policy{j.policies.Policy, j.policies.Global} {
+		if p == nil {
+			continue
+		}
+		for _, r := range p.Rates {
+			need = max(need, r.Period/time.Duration(r.Limit))
+		}
+		if p.Window != nil {
+			need = max(need, p.Window.Period/time.Duration(p.Window.Limit))
 		}
 	}
-	if rerr := c.lim.RemoveBacklog(cctx, j.tenant, j.id); rerr != nil {
-		return fmt.Errorf("%w (and taking it out of the backlog again failed: %v)", err, rerr)
+	const maxFallback = 30 * 24 * time.Hour
+	waiting := min(j.arrived.Waiting+1, int64(maxFallback/max(need, time.Nanosecond)))
+	return min(max(c.cfg.Fallback, 2*time.Duration(waiting)*need*time.Duration(j.opts.cost)), maxFallback)
+}
+
+// unpark takes out of asynq a parked job that did not join its line (the
+// line was full, or Redis failed): its error is err, or the full line's.
+func (c *Client) unpark(ctx context.Context, j *job, err error) error {
+	if err == nil {
+		err = &throttle.BacklogError{Tenant: j.tenant, Backlog: j.arrived.Backlog, Limit: j.arrived.Backlog}
+	} else {
+		err = fmt.Errorf("enqueue %s task for tenant %q: %w", j.typ, j.tenant, err)
+	}
+	if derr := c.inspector.DeleteTask(j.opts.queue, j.id); derr != nil {
+		return fmt.Errorf("%w (and taking its task out of asynq again failed: %v; asynq runs it at its fallback time)", err, derr)
 	}
 	return err
+}
+
+func (j *job) waiter() throttle.Waiter {
+	return throttle.Waiter{ID: j.id, Queue: j.opts.queue, Cost: j.opts.cost}
+}
+
+// enqueue hands the task to asynq with opts.
+func (c *Client) enqueue(ctx context.Context, j *job, opts []asynq.Option) (*asynq.TaskInfo, error) {
+	info, err := c.asynq.EnqueueContext(ctx, asynq.NewTaskWithHeaders(j.typ, j.payload, j.headers), opts...)
+	if err != nil {
+		return nil, fmt.Errorf("enqueue %s task for tenant %q: %w", j.typ, j.tenant, err)
+	}
+	return info, nil
 }

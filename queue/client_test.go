@@ -20,10 +20,10 @@ func TestEnqueueSetsHeadersAndPassesOptions(t *testing.T) {
 	t.Parallel()
 	e := setup(t, nil)
 	ctx := context.Background()
+	e.fleet(t, 10)
 	task := asynq.NewTaskWithHeaders("email", []byte(`{"to":"a@example.com"}`), map[string]string{
-		"trace":                "abc",
-		taskspec.IDHeader:      "stale",
-		taskspec.BacklogHeader: "1",
+		"trace":           "abc",
+		taskspec.IDHeader: "stale",
 	})
 	info, err := e.q.Enqueue(ctx, "acme", task, asynq.Queue(e.queue), asynq.MaxRetry(2), queue.Cost(3),
 		asynq.Timeout(time.Minute), asynq.Retention(time.Hour))
@@ -32,7 +32,7 @@ func TestEnqueueSetsHeadersAndPassesOptions(t *testing.T) {
 	require.Equal(t, 2, info.MaxRetry)
 	require.Equal(t, time.Minute, info.Timeout)
 	require.Equal(t, time.Hour, info.Retention)
-	require.Equal(t, asynq.TaskStatePending, info.State)
+	require.Equal(t, asynq.TaskStatePending, info.State, "the fleet has room and nothing limits acme: straight to asynq")
 	require.Equal(t, map[string]string{"trace": "abc", taskspec.TenantHeader: "acme", taskspec.CostHeader: "3"}, info.Headers)
 
 	stored, err := e.inspector.GetTaskInfo(e.queue, info.ID)
@@ -53,7 +53,7 @@ func TestEnqueueRefusesBadInputBeforeWriting(t *testing.T) {
 	t.Parallel()
 	e := setup(t, nil)
 	ctx := context.Background()
-	e.policy(t, "capped", "backlog=10 shape=true rate=10/s")
+	e.policy(t, "capped", "backlog=10 rate=10/s")
 	task := asynq.NewTask("email", nil)
 	type fakeOption struct{ asynq.Option }
 	cases := []struct {
@@ -95,7 +95,7 @@ func TestEnqueueRefusesBadInputBeforeWriting(t *testing.T) {
 		})
 	}
 	require.Empty(t, e.asynqKeys(t))
-	require.Zero(t, e.backlog(t, "capped"))
+	require.Zero(t, e.waiting(t, "capped"))
 	st, err := e.lim.Stats(ctx, "capped")
 	require.NoError(t, err)
 	require.Zero(t, st.Reservations)
@@ -105,130 +105,172 @@ func TestEnqueueRefusesACostThePolicyCanNeverAdmit(t *testing.T) {
 	t.Parallel()
 	e := setup(t, nil)
 	e.policy(t, "acme", "rate=10/s burst=5 backlog=10")
-	_, err := e.q.Enqueue(context.Background(), "acme", asynq.NewTask("sync", nil), asynq.Queue(e.queue), queue.Cost(6))
-	var ce *throttle.CostError
-	require.ErrorAs(t, err, &ce)
-	require.Equal(t, int64(5), ce.Max)
+	for _, opts := range [][]asynq.Option{nil, {asynq.ProcessIn(time.Hour)}} {
+		_, err := e.q.Enqueue(context.Background(), "acme", asynq.NewTask("sync", nil), append(opts, asynq.Queue(e.queue), queue.Cost(6))...)
+		var ce *throttle.CostError
+		require.ErrorAs(t, err, &ce)
+		require.Equal(t, int64(5), ce.Max)
+	}
 	require.Empty(t, e.asynqKeys(t))
-	require.Zero(t, e.backlog(t, "acme"))
+	require.Zero(t, e.waiting(t, "acme"))
 }
 
-func TestBacklogCap(t *testing.T) {
+// TestJobsWaitInTheirLine: a job its tenant cannot start now is parked in
+// asynq's schedule at its fallback time and waits in its tenant's line,
+// charged nothing, in the order it came; with no worker serving the queue
+// every job waits.
+func TestJobsWaitInTheirLine(t *testing.T) {
+	t.Parallel()
+	e := setup(t, nil)
+	ctx := context.Background()
+	e.policy(t, "acme", "rate=10/s")
+	e.fleet(t, 10)
+	// no worker serves this queue: everything waits
+	info, err := e.q.Enqueue(ctx, "idle", asynq.NewTask("email", nil), asynq.Queue("unserved-"+e.queue))
+	require.NoError(t, err)
+	require.Equal(t, asynq.TaskStateScheduled, info.State)
+	require.WithinDuration(t, time.Now().Add(queue.FallbackDefault), info.NextProcessAt, 2*time.Second)
+	require.Equal(t, int64(1), e.waiting(t, "idle"))
+
+	var ids []string
+	for i := 0; i < 5; i++ {
+		info, err := e.q.Enqueue(ctx, "acme", asynq.NewTask("email", nil), asynq.Queue(e.queue))
+		require.NoError(t, err)
+		if i == 0 {
+			require.Equal(t, asynq.TaskStatePending, info.State, "the first may start now")
+			continue
+		}
+		require.Equal(t, asynq.TaskStateScheduled, info.State, "job %d waits for its slot", i)
+		ids = append(ids, info.ID)
+	}
+	ws, err := e.lim.Room().WaitingIDs(ctx, "acme", 10)
+	require.NoError(t, err)
+	var lined []string
+	for _, w := range ws {
+		require.Equal(t, e.queue, w.Queue)
+		lined = append(lined, w.ID)
+	}
+	require.Equal(t, ids, lined, "first in, first out")
+	st, err := e.lim.Stats(ctx, "acme")
+	require.NoError(t, err)
+	require.Equal(t, int64(4), st.Waiting)
+	require.Equal(t, int64(1), st.Reservations, "only the job sent straight holds a slot")
+}
+
+// TestLongLinesParkLonger: a job behind a long line at a slow rate stays
+// parked for twice the time its line needs, so that asynq's fallback never
+// brings the tail of a line in ahead of its turn.
+func TestLongLinesParkLonger(t *testing.T) {
+	t.Parallel()
+	e := setup(t, nil)
+	ctx := context.Background()
+	e.policy(t, "slow", "rate=1/min")
+	var ws []throttle.Waiter
+	for i := 0; i < 100; i++ {
+		ws = append(ws, throttle.Waiter{ID: fmt.Sprint("w", i), Queue: e.queue})
+	}
+	_, _, err := e.lim.Room().Join(ctx, "slow", 0, ws...)
+	require.NoError(t, err)
+	info, err := e.q.Enqueue(ctx, "slow", asynq.NewTask("email", nil), asynq.Queue(e.queue))
+	require.NoError(t, err)
+	require.WithinDuration(t, time.Now().Add(2*101*time.Minute), info.NextProcessAt, 5*time.Second)
+}
+
+func TestBacklogCapsTheLine(t *testing.T) {
 	t.Parallel()
 	e := setup(t, nil)
 	ctx := context.Background()
 	e.policy(t, "acme", "backlog=3")
-	var ids []string
 	for i := 0; i < 3; i++ {
-		info, err := e.q.Enqueue(ctx, "acme", asynq.NewTask("email", nil), asynq.Queue(e.queue))
+		_, err := e.q.Enqueue(ctx, "acme", asynq.NewTask("email", nil), asynq.Queue(e.queue))
 		require.NoError(t, err)
-		require.Equal(t, "1", info.Headers[taskspec.BacklogHeader])
-		ids = append(ids, info.ID)
 	}
-	_, err := e.q.Enqueue(ctx, "acme", asynq.NewTask("email", nil), asynq.Queue(e.queue))
+	_, err := e.q.Enqueue(ctx, "acme", asynq.NewTask("email", nil), asynq.Queue(e.queue), asynq.TaskID("refused"))
 	require.ErrorIs(t, err, throttle.ErrBacklogFull)
 	var be *throttle.BacklogError
 	require.ErrorAs(t, err, &be)
 	require.Equal(t, &throttle.BacklogError{Tenant: "acme", Backlog: 3, Limit: 3}, be)
 	info, err := e.inspector.GetQueueInfo(e.queue)
 	require.NoError(t, err)
-	require.Equal(t, 3, info.Pending)
+	require.Equal(t, 3, info.Scheduled, "the refused job is not in asynq")
+	_, err = e.inspector.GetTaskInfo(e.queue, "refused")
+	require.ErrorIs(t, err, asynq.ErrTaskNotFound)
 
-	// A job that finishes for good makes room.
-	require.NoError(t, e.lim.Finish(ctx, "acme", ids[0], 0))
+	// A job that leaves the line makes room.
+	turnRoom(t, e, "acme", 1)
 	_, err = e.q.Enqueue(ctx, "acme", asynq.NewTask("email", nil), asynq.Queue(e.queue))
 	require.NoError(t, err)
 
-	// Tenants without a cap are not counted.
-	_, err = e.q.Enqueue(ctx, "other", asynq.NewTask("email", nil), asynq.Queue(e.queue))
-	require.NoError(t, err)
-	require.Zero(t, e.backlog(t, "other"))
+	// Tenants without a cap are not held.
+	for i := 0; i < 5; i++ {
+		_, err = e.q.Enqueue(ctx, "other", asynq.NewTask("email", nil), asynq.Queue(e.queue))
+		require.NoError(t, err)
+	}
 }
 
-func TestBacklogUndoneWhenEnqueueFails(t *testing.T) {
+// turnRoom promotes up to n jobs of tenant's line as a worker's pump does,
+// handing them to asynq.
+func turnRoom(t *testing.T, e *env, tenant string, n int) {
+	t.Helper()
+	ws, err := e.lim.Room().WaitingIDs(context.Background(), tenant, int64(n))
+	require.NoError(t, err)
+	for _, w := range ws {
+		require.NoError(t, e.inspector.RunTask(w.Queue, w.ID))
+	}
+	_, err = e.client.LPopCount(context.Background(), e.lineKey(tenant), len(ws)).Result()
+	require.NoError(t, err)
+}
+
+func TestFailedEnqueueLeavesNothingBehind(t *testing.T) {
 	t.Parallel()
 	e := setup(t, nil)
 	ctx := context.Background()
-	e.policy(t, "acme", "backlog=5")
+	e.policy(t, "acme", "backlog=5 concurrency=1")
 	_, err := e.q.Enqueue(ctx, "acme", asynq.NewTask("email", []byte("1")), asynq.Queue(e.queue), asynq.TaskID("fixed"))
 	require.NoError(t, err)
 
-	// The id belongs to a queued job, which keeps its count.
+	// A waiting job's id taken: its duplicate does not join the line.
 	_, err = e.q.Enqueue(ctx, "acme", asynq.NewTask("email", []byte("2")), asynq.Queue(e.queue), asynq.TaskID("fixed"))
 	require.ErrorIs(t, err, asynq.ErrTaskIDConflict)
 	require.Contains(t, err.Error(), `tenant "acme"`)
-	require.Equal(t, int64(1), e.backlog(t, "acme"))
-
+	require.Equal(t, int64(1), e.waiting(t, "acme"))
 	_, err = e.q.Enqueue(ctx, "acme", asynq.NewTask("report", []byte("x")), asynq.Queue(e.queue), asynq.Unique(time.Minute))
 	require.NoError(t, err)
 	_, err = e.q.Enqueue(ctx, "acme", asynq.NewTask("report", []byte("x")), asynq.Queue(e.queue), asynq.Unique(time.Minute))
 	require.ErrorIs(t, err, asynq.ErrDuplicateTask)
-	require.Equal(t, int64(2), e.backlog(t, "acme"))
+	require.Equal(t, int64(2), e.waiting(t, "acme"))
+
+	// A job sent straight gives back its slot when asynq refuses it.
+	e.fleet(t, 10)
+	_, err = e.q.Enqueue(ctx, "solo", asynq.NewTask("email", nil), asynq.Queue(e.queue), asynq.TaskID("fixed"))
+	require.ErrorIs(t, err, asynq.ErrTaskIDConflict)
+	e.policy(t, "solo", "concurrency=1")
+	_, err = e.q.Enqueue(ctx, "solo", asynq.NewTask("email", nil), asynq.Queue(e.queue), asynq.TaskID("fixed"))
+	require.ErrorIs(t, err, asynq.ErrTaskIDConflict)
+	st, err := e.lim.Stats(ctx, "solo")
+	require.NoError(t, err)
+	require.Zero(t, st.Concurrency.InFlight, "the refused job's slot was given back")
+	require.Zero(t, st.Waiting)
 }
 
-func TestShapingSchedulesEachJobForItsSlot(t *testing.T) {
+func TestDelayedAndDroppedJobsSkipTheRoom(t *testing.T) {
 	t.Parallel()
 	e := setup(t, nil)
 	ctx := context.Background()
-	e.policy(t, "acme", "rate=10/s shape=true")
-	const n = 30
-	before := time.Now()
-	var infos []*asynq.TaskInfo
-	for i := 0; i < n; i++ {
-		info, err := e.q.Enqueue(ctx, "acme", asynq.NewTask("email", nil), asynq.Queue(e.queue))
-		require.NoError(t, err)
-		infos = append(infos, info)
-	}
-	require.Equal(t, asynq.TaskStatePending, infos[0].State, "the first slot is due at once")
-	st, err := e.lim.Stats(ctx, "acme")
-	require.NoError(t, err)
-	require.Equal(t, int64(n), st.Reservations)
-	// Job i's slot is about i/10 s after the first; it is due in asynq in
-	// the whole second holding slot-lead.
-	for i, info := range infos[1:] {
-		slot := before.Add(time.Duration(i+1) * 100 * time.Millisecond)
-		if info.State == asynq.TaskStatePending {
-			require.Less(t, time.Duration(i+1)*100*time.Millisecond, taskspec.LeadDefault+time.Second+50*time.Millisecond, "job %d", i+1)
-			continue
-		}
-		require.Equal(t, asynq.TaskStateScheduled, info.State)
-		due := info.NextProcessAt.Truncate(time.Second)
-		require.WithinRange(t, due, slot.Add(-taskspec.LeadDefault-time.Second-50*time.Millisecond), slot.Add(-taskspec.LeadDefault+50*time.Millisecond), "job %d", i+1)
-	}
-	q, err := e.inspector.GetQueueInfo(e.queue)
-	require.NoError(t, err)
-	require.Less(t, q.Pending, n/2, "most of the burst waits in the schedule")
-}
-
-func TestShapingBeyondTheHorizonSchedulesAtTheHorizon(t *testing.T) {
-	t.Parallel()
-	e := setup(t, &throttle.Config{Horizon: 2 * time.Second})
-	ctx := context.Background()
-	e.policy(t, "acme", "rate=1/s shape=true")
-	var infos []*asynq.TaskInfo
-	for i := 0; i < 4; i++ {
-		info, err := e.q.Enqueue(ctx, "acme", asynq.NewTask("email", nil), asynq.Queue(e.queue))
-		require.NoError(t, err)
-		infos = append(infos, info)
-	}
-	st, err := e.lim.Stats(ctx, "acme")
-	require.NoError(t, err)
-	require.Equal(t, int64(3), st.Reservations, "slots at 0, 1 and 2 s; the fourth is beyond the horizon")
-	require.Equal(t, asynq.TaskStateScheduled, infos[3].State)
-	require.WithinDuration(t, time.Now().Add(2*time.Second), infos[3].NextProcessAt, time.Second)
-}
-
-func TestShapingLeavesDelayedJobsToTheWorker(t *testing.T) {
-	t.Parallel()
-	e := setup(t, nil)
-	ctx := context.Background()
-	e.policy(t, "acme", "rate=1/s shape=true")
+	e.policy(t, "acme", "rate=1/s")
 	info, err := e.q.Enqueue(ctx, "acme", asynq.NewTask("email", nil), asynq.Queue(e.queue), asynq.ProcessIn(time.Hour))
 	require.NoError(t, err)
 	require.WithinDuration(t, time.Now().Add(time.Hour), info.NextProcessAt, 2*time.Second)
-	st, err := e.lim.Stats(ctx, "acme")
+	e.policy(t, "lossy", "rate=1/s overflow=drop")
+	info, err = e.q.Enqueue(ctx, "lossy", asynq.NewTask("email", nil), asynq.Queue(e.queue))
 	require.NoError(t, err)
-	require.Zero(t, st.Reservations)
+	require.Equal(t, asynq.TaskStatePending, info.State, "work worthless late is not held: the gate drops it if it cannot start")
+	for _, tenant := range []string{"acme", "lossy"} {
+		st, err := e.lim.Stats(ctx, tenant)
+		require.NoError(t, err)
+		require.Zero(t, st.Reservations)
+		require.Zero(t, st.Waiting)
+	}
 }
 
 func TestEnqueueBatchReportsEveryJob(t *testing.T) {
@@ -236,7 +278,7 @@ func TestEnqueueBatchReportsEveryJob(t *testing.T) {
 	e := setup(t, nil)
 	ctx := context.Background()
 	e.policy(t, "capped", "backlog=3")
-	e.policy(t, "shaped", "rate=100/s shape=true")
+	e.policy(t, "rated", "rate=100/s")
 	var jobs []queue.Job
 	add := func(tenant string, opts ...asynq.Option) {
 		jobs = append(jobs, queue.Job{Tenant: tenant, Task: asynq.NewTask("email", []byte(fmt.Sprint(len(jobs)))), Options: append([]asynq.Option{asynq.Queue(e.queue)}, opts...)})
@@ -249,13 +291,12 @@ func TestEnqueueBatchReportsEveryJob(t *testing.T) {
 	add("free", asynq.TaskID("dup")) // 7: duplicate in the batch
 	add("free", queue.Cost(0))       // 8: bad cost
 	for i := 0; i < 20; i++ {        // 9..28
-		add("shaped")
+		add("rated")
 	}
 	res := e.q.EnqueueBatch(ctx, jobs)
 	require.Len(t, res, len(jobs))
 	for i := 0; i < 3; i++ {
 		require.NoError(t, res[i].Err, "job %d", i)
-		require.Equal(t, "1", res[i].Info.Headers[taskspec.BacklogHeader])
 	}
 	for i := 3; i < 5; i++ {
 		require.ErrorIs(t, res[i].Err, throttle.ErrBacklogFull, "job %d", i)
@@ -267,14 +308,20 @@ func TestEnqueueBatchReportsEveryJob(t *testing.T) {
 	require.ErrorIs(t, res[7].Err, queue.ErrInvalid)
 	require.Contains(t, res[7].Err.Error(), "jobs[6] of the batch already has this task id")
 	require.ErrorIs(t, res[8].Err, queue.ErrInvalid)
+	var rated []string
 	for i := 9; i < len(jobs); i++ {
 		require.NoError(t, res[i].Err, "job %d", i)
-		require.Equal(t, "shaped", res[i].Info.Headers[taskspec.TenantHeader])
+		require.Equal(t, "rated", res[i].Info.Headers[taskspec.TenantHeader])
+		rated = append(rated, res[i].Info.ID)
 	}
-	require.Equal(t, int64(3), e.backlog(t, "capped"))
-	st, err := e.lim.Stats(ctx, "shaped")
+	require.Equal(t, int64(3), e.waiting(t, "capped"))
+	ws, err := e.lim.Room().WaitingIDs(ctx, "rated", 100)
 	require.NoError(t, err)
-	require.Equal(t, int64(20), st.Reservations)
+	var lined []string
+	for _, w := range ws {
+		lined = append(lined, w.ID)
+	}
+	require.Equal(t, rated, lined, "a tenant's jobs wait in batch order")
 	q, err := e.inspector.GetQueueInfo(e.queue)
 	require.NoError(t, err)
 	require.Equal(t, 3+1+20, q.Size)
@@ -284,7 +331,7 @@ func TestEnqueueBatchAcrossManyTenants(t *testing.T) {
 	t.Parallel()
 	e := setup(t, nil)
 	ctx := context.Background()
-	e.policy(t, "*", "backlog=2 rate=50/s shape=true")
+	e.policy(t, "*", "backlog=2 rate=50/s")
 	var jobs []queue.Job
 	for i := 0; i < 300; i++ {
 		jobs = append(jobs, queue.Job{Tenant: fmt.Sprintf("t%d", i%100), Task: asynq.NewTask("email", nil), Options: []asynq.Option{asynq.Queue(e.queue)}})
@@ -338,7 +385,7 @@ func TestConfigValidation(t *testing.T) {
 	defer lim.Close()
 	for _, cfg := range []*queue.Config{
 		{Limiter: lim, Prefix: "x"},
-		{Lead: -time.Second},
+		{Fallback: time.Millisecond},
 		{BatchConcurrency: -1},
 	} {
 		_, err := queue.New(client, cfg)

@@ -24,7 +24,9 @@ func ExampleClient_Enqueue() {
 	defer client.Close()
 
 	// A job for tenant "acme" that counts as 3 requests against its limits;
-	// asynq's options pass through.
+	// asynq's options pass through. No worker serves the queue yet, so the
+	// job waits in acme's line; asynq holds its task, parked in its
+	// schedule, until a worker promotes it.
 	info, err := client.Enqueue(ctx, "acme", asynq.NewTask("email:send", []byte(`{"to":"ana@example.com"}`)),
 		asynq.Queue(queueName), asynq.MaxRetry(5), queue.Cost(3))
 	if err != nil {
@@ -32,13 +34,19 @@ func ExampleClient_Enqueue() {
 	}
 	fmt.Println(info.State, info.MaxRetry)
 	fmt.Println(info.Headers[taskspec.TenantHeader], info.Headers[taskspec.CostHeader])
+	stats, err := client.Limiter().Stats(ctx, "acme")
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("waiting:", stats.Waiting)
 
 	// Bad input is refused before anything is written.
 	_, err = client.Enqueue(ctx, "", asynq.NewTask("email:send", nil))
 	fmt.Println(errors.Is(err, queue.ErrInvalid))
 	// Output:
-	// pending 5
+	// scheduled 5
 	// acme 3
+	// waiting: 1
 	// true
 }
 
@@ -52,6 +60,7 @@ func ExampleClient_Enqueue_backlog() {
 		panic(err)
 	}
 	defer client.Close()
+	// backlog=2: at most two of acme's jobs wait in its line.
 	policy, _ := throttle.ParsePolicy("rate=10/s backlog=2")
 	if err := client.Limiter().Policies().Set(ctx, "acme", policy); err != nil {
 		panic(err)
@@ -63,49 +72,12 @@ func ExampleClient_Enqueue_backlog() {
 			fmt.Println("job", i, "refused:", err)
 			continue
 		}
-		fmt.Println("job", i, "queued")
+		fmt.Println("job", i, "waiting")
 	}
 	// Output:
-	// job 0 queued
-	// job 1 queued
-	// job 2 refused: tenant "acme": backlog full (2 queued or deferred jobs, cap 2): retry later or raise backlog= in its policy
-}
-
-func ExampleClient_Enqueue_shaping() {
-	rdb, prefix, queueName, done := exampleEnv("ExampleClient_Enqueue_shaping")
-	defer done()
-	ctx := context.Background()
-
-	client, err := queue.New(rdb, &queue.Config{Prefix: prefix})
-	if err != nil {
-		panic(err)
-	}
-	defer client.Close()
-	// shape=true: each job takes its slot at enqueue and waits for it in
-	// asynq's schedule, not in the pending list ahead of other tenants.
-	policy, _ := throttle.ParsePolicy("rate=1/s shape=true")
-	if err := client.Limiter().Policies().Set(ctx, "bulk", policy); err != nil {
-		panic(err)
-	}
-
-	for i := 0; i < 4; i++ {
-		info, err := client.Enqueue(ctx, "bulk", asynq.NewTask("import", nil), asynq.Queue(queueName))
-		if err != nil {
-			panic(err)
-		}
-		fmt.Println(info.State)
-	}
-	stats, err := client.Limiter().Stats(ctx, "bulk")
-	if err != nil {
-		panic(err)
-	}
-	fmt.Println("reservations:", stats.Reservations)
-	// Output:
-	// pending
-	// scheduled
-	// scheduled
-	// scheduled
-	// reservations: 4
+	// job 0 waiting
+	// job 1 waiting
+	// job 2 refused: tenant "acme": backlog full (2 waiting, cap 2): retry later or raise backlog= in its policy
 }
 
 func ExampleClient_EnqueueBatch() {
@@ -132,7 +104,7 @@ func ExampleClient_EnqueueBatch() {
 		fmt.Println(i, r.Info.State, r.Info.Headers[taskspec.TenantHeader])
 	}
 	// Output:
-	// 0 pending acme
+	// 0 scheduled acme
 	// 1 failed: true
-	// 2 pending globex
+	// 2 scheduled globex
 }

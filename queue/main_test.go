@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
@@ -82,11 +83,53 @@ func (e *env) asynqKeys(tb testing.TB) []string {
 	return keys
 }
 
-func (e *env) backlog(tb testing.TB, tenant string) int64 {
+func (e *env) waiting(tb testing.TB, tenant string) int64 {
 	tb.Helper()
 	st, err := e.lim.Stats(context.Background(), tenant)
 	require.NoError(tb, err)
-	return st.Backlog
+	return st.Waiting
+}
+
+// lineKey is tenant's line in the waiting room (throttle's key layout).
+func (e *env) lineKey(tenant string) string { return e.prefix + ":{t:" + tenant + "}:l" }
+
+// fleet starts an asynq server serving the env's queue with the given
+// concurrency, whose jobs block until the test ends: the waiting room
+// sees a fleet with room for that many jobs beyond its pending list.
+func (e *env) fleet(tb testing.TB, concurrency int) {
+	tb.Helper()
+	srv := asynq.NewServerFromRedisClient(e.asynq, asynq.Config{
+		Concurrency: concurrency, Queues: map[string]int{e.queue: 1}, LogLevel: asynq.FatalLevel,
+		ShutdownTimeout: time.Second,
+	})
+	stop := make(chan struct{})
+	require.NoError(tb, srv.Start(asynq.HandlerFunc(func(ctx context.Context, _ *asynq.Task) error {
+		select {
+		case <-stop:
+		case <-ctx.Done():
+		}
+		return nil
+	})))
+	tb.Cleanup(func() {
+		close(stop)
+		srv.Shutdown()
+	})
+	// wait until the server is registered
+	insp := asynq.NewInspectorFromRedisClient(e.asynq)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		servers, err := insp.Servers()
+		require.NoError(tb, err)
+		for _, s := range servers {
+			if _, ok := s.Queues[e.queue]; ok && s.Status == "active" {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			tb.Fatal("the asynq server did not register")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // exampleTB lets Example functions, which get no *testing.T, use redistest:

@@ -140,6 +140,15 @@ func newClaim() uint64 {
 // calls), at clock (µs; -1 for Redis time), retrying once with fresh quota
 // windows when the local estimate of Redis time was off.
 func (l *Limiter) run(ctx context.Context, op *admitOp, clock int64) (*admitReply, error) {
+	raw, err := l.runRaw(ctx, op, clock)
+	if err != nil {
+		return nil, err
+	}
+	return decodeAdmit(raw)
+}
+
+// runRaw runs op, answering admit.lua's raw reply for it: {op's reply, now}.
+func (l *Limiter) runRaw(ctx context.Context, op *admitOp, clock int64) (any, error) {
 	if clock < 0 {
 		clock = l.clockArg()
 	}
@@ -159,15 +168,30 @@ func (l *Limiter) run(ctx context.Context, op *admitOp, clock int64) (*admitRepl
 			}
 			return nil, err
 		}
-		r, err := decodeAdmit(res)
-		if err != nil {
-			return nil, err
+		if arr, ok := res.([]any); ok && len(arr) == 2 && l.clock == nil {
+			if now, ok := arr[1].(int64); ok {
+				l.offset.Store(now - time.Now().UnixMicro())
+			}
 		}
-		if l.clock == nil {
-			l.offset.Store(r.now - time.Now().UnixMicro())
-		}
-		return r, nil
+		return res, nil
 	}
+}
+
+// resolved are the policies of tenant's jobs, from the cache or Redis.
+func (l *Limiter) resolved(ctx context.Context, tenant string) (Resolved, error) {
+	r, err := l.policies.resolve(ctx, tenant)
+	if err != nil {
+		return Resolved{}, err
+	}
+	return Resolved{Policy: r.tenant, Name: r.tenantName, Global: r.global, facts: r.tenantFacts, globalFacts: r.globalFacts}, nil
+}
+
+// noTTLFlag is flagNoTTL for tests that keep keys from expiring.
+func (l *Limiter) noTTLFlag() int {
+	if l.noExpire {
+		return flagNoTTL
+	}
+	return 0
 }
 
 // errClockPrefix starts the script error for a time outside the quota

@@ -57,7 +57,7 @@ func TestClusterTenantsSpread(t *testing.T) {
 		d, err = e.lim.Do(ctx, Request{Tenant: tenant, ID: "j2", Reserve: true})
 		require.NoError(t, err)
 		require.True(t, d.Allowed || d.Reserved, tenant)
-		_, _, err = e.lim.AddBacklog(ctx, tenant, 0, "j3")
+		_, _, err = e.lim.Room().Join(ctx, tenant, 0, Waiter{ID: "j3"})
 		require.NoError(t, err)
 	}
 
@@ -97,7 +97,7 @@ func TestClusterTenantsSpread(t *testing.T) {
 	}
 
 	// every key written is on the master of its slot, and every tenant's
-	// state, window and backlog keys were written
+	// state, window and line keys were written
 	var mu sync.Mutex
 	found := map[string]string{}
 	require.NoError(t, redistest.ForEachMaster(ctx, cc, func(ctx context.Context, node redis.Cmdable) error {
@@ -112,7 +112,7 @@ func TestClusterTenantsSpread(t *testing.T) {
 	}))
 	for _, tenant := range tenants {
 		k := keysFor(e.prefix, tenant)
-		for _, key := range []string{k.state, k.planned, k.backlog} {
+		for _, key := range []string{k.state, k.planned, k.line} {
 			require.Contains(t, found, key)
 		}
 	}

@@ -81,12 +81,13 @@ func (d Decision) Err(tenant string) error {
 	return &ThrottledError{Tenant: tenant, Rule: d.Rule, Policy: d.Policy, RetryAfter: d.RetryAfter, Reserved: d.Reserved}
 }
 
-// ErrBacklogFull is returned when a tenant already has as many queued and
-// deferred jobs as its policy's backlog allows. The producer decides what to
+// ErrBacklogFull is returned when a tenant already has as many jobs waiting
+// in its line as its policy's backlog allows. The producer decides what to
 // do: retry later, shed the work, or tell its own caller.
 var ErrBacklogFull = errors.New("backlog full")
 
-// BacklogError carries the tenant and its cap; it matches ErrBacklogFull.
+// BacklogError carries the tenant, how many of its jobs wait (Backlog) and
+// its cap (Limit); it matches ErrBacklogFull.
 type BacklogError struct {
 	Tenant  string
 	Backlog int64
@@ -94,7 +95,7 @@ type BacklogError struct {
 }
 
 func (e *BacklogError) Error() string {
-	return fmt.Sprintf("tenant %q: backlog full (%d queued or deferred jobs, cap %d): retry later or raise backlog= in its policy", e.Tenant, e.Backlog, e.Limit)
+	return fmt.Sprintf("tenant %q: backlog full (%d waiting, cap %d): retry later or raise backlog= in its policy", e.Tenant, e.Backlog, e.Limit)
 }
 
 // Is makes errors.Is(err, ErrBacklogFull) match.

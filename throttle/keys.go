@@ -16,13 +16,16 @@ import (
 //	PREFIX:{t:TENANT}:w   zset: planned window entries (score = start time, µs)
 //	PREFIX:{t:TENANT}:a   zset: started window entries
 //	PREFIX:{t:TENANT}:b   zset: backlog (member = job id), kept by the queue package
+//	PREFIX:{t:TENANT}:l   list: the tenant's line in the waiting room
+//	PREFIX:{t:TENANT}:g   zset: jobs taken from the line, being handed to asynq
 //
 // TENANT is escaped so that braces, colons, spaces and percent signs never
 // reach the key: a tenant cannot move its keys to another slot or collide
 // with another tenant's keys. @global's tag is {g}.
 //
 // The policy store lives under PREFIX:{p}:policies (hash), PREFIX:{p}:version
-// and the pub/sub channel PREFIX:policies:changed.
+// and the pub/sub channel PREFIX:policies:changed. The waiting room's due
+// index is PREFIX:{r}:due (zset: tenant -> due time, µs).
 
 // PrefixDefault is the key prefix used when Config.Prefix is empty.
 const PrefixDefault = "sluice"
@@ -30,6 +33,7 @@ const PrefixDefault = "sluice"
 // keys of one scope.
 type scopeKeys struct {
 	state, planned, started, backlog string
+	line, handing                    string
 }
 
 const scopeKeyCount = 3 // keys passed to admit.lua per scope
@@ -72,12 +76,19 @@ func keysFor(prefix, scope string) scopeKeys {
 		planned: base + "w",
 		started: base + "a",
 		backlog: base + "b",
+		line:    base + "l",
+		handing: base + "g",
 	}
 }
 
 func (k scopeKeys) all() []string {
-	return []string{k.state, k.planned, k.started, k.backlog}
+	return []string{k.state, k.planned, k.started, k.backlog, k.line, k.handing}
 }
+
+// The waiting room's keys, in a slot of their own: the due index, and the
+// lock one pump takes to sweep for lines missing from it.
+func dueKey(prefix string) string   { return prefix + ":{r}:due" }
+func sweepKey(prefix string) string { return prefix + ":{r}:sweep" }
 
 // The policy hash and its version share a hash tag so one MULTI updates both.
 func policiesKey(prefix string) string        { return prefix + ":{p}:policies" }
@@ -94,14 +105,23 @@ func validatePrefix(p string) error {
 // scopeKeyPattern is a SCAN MATCH pattern for the keys of every scope
 // (tenants and @global) under prefix; scopeFromKey reads a match back.
 func scopeKeyPattern(prefix string) string {
+	return globEscape(prefix) + ":{[tg]*}:[swarcblg]"
+}
+
+// lineKeyPattern is a SCAN MATCH pattern for every tenant's line.
+func lineKeyPattern(prefix string) string {
+	return globEscape(prefix) + ":{t:*}:l"
+}
+
+func globEscape(s string) string {
 	var b strings.Builder
-	for _, c := range prefix {
+	for _, c := range s {
 		if strings.ContainsRune(`*?[]\`, c) {
 			b.WriteByte('\\')
 		}
 		b.WriteRune(c)
 	}
-	return b.String() + ":{[tg]*}:[swarcb]"
+	return b.String()
 }
 
 // scopeFromKey returns the tenant (or GlobalPolicy) whose key under prefix

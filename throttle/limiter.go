@@ -20,6 +20,7 @@ const (
 	ConcurrencyRetryDefault = 200 * time.Millisecond
 	MaxBatchDefault         = 128
 	PipelinesDefault        = 4
+	PromoteLeadDefault      = 50 * time.Millisecond
 )
 
 // Config configures a Limiter. The zero value is ready to use.
@@ -46,6 +47,11 @@ type Config struct {
 	// freed by a finished job is not announced, so a waiting job looks again
 	// this often. ConcurrencyRetryDefault when zero.
 	ConcurrencyRetry time.Duration
+	// PromoteLead is how long before its slot a job may leave its line in
+	// the waiting room (Room), so that it is in a worker when the slot
+	// comes; the worker's gate holds it until then. PromoteLeadDefault when
+	// zero.
+	PromoteLead time.Duration
 	// MaxBatch is how many concurrent decisions may share one round trip.
 	// MaxBatchDefault when zero; 1 turns sharing off.
 	MaxBatch int
@@ -63,6 +69,7 @@ func (c Config) withDefaults() Config {
 		c.Tolerance = 0
 	}
 	c.ConcurrencyRetry = cmp.Or(c.ConcurrencyRetry, ConcurrencyRetryDefault)
+	c.PromoteLead = cmp.Or(c.PromoteLead, PromoteLeadDefault)
 	c.MaxBatch = cmp.Or(c.MaxBatch, MaxBatchDefault)
 	c.Pipelines = cmp.Or(c.Pipelines, PipelinesDefault)
 	return c
@@ -79,6 +86,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("throttle config: Grace %s: must be at least 100ms, or jobs returning a little late lose their slots", c.Grace)
 	case c.ConcurrencyRetry < time.Millisecond:
 		return fmt.Errorf("throttle config: ConcurrencyRetry %s: must be at least 1ms", c.ConcurrencyRetry)
+	case c.PromoteLead < 0 || c.PromoteLead > 10*time.Second:
+		return fmt.Errorf("throttle config: PromoteLead %s: must be between 0 and 10s", c.PromoteLead)
 	case c.MaxBatch < 1 || c.MaxBatch > 10_000:
 		return fmt.Errorf("throttle config: MaxBatch %d: must be between 1 and 10000", c.MaxBatch)
 	case c.Pipelines < 1 || c.Pipelines > 1024:

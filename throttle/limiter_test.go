@@ -136,7 +136,7 @@ func TestBadInputs(t *testing.T) {
 		{"not UTF-8", func() error { _, err := e.lim.Admit(ctx, "a\xffb", "j"); return err }, []string{`"a\xffb"`, "UTF-8"}},
 		{"empty tenant cooldown", func() error { _, err := e.lim.Cooldown(ctx, "", time.Second); return err }, []string{"empty"}},
 		{"empty tenant stats", func() error { _, err := e.lim.Stats(ctx, ""); return err }, []string{"empty"}},
-		{"empty tenant backlog", func() error { _, _, err := e.lim.AddBacklog(ctx, "", 0, "j"); return err }, []string{"empty"}},
+		{"empty tenant line", func() error { _, _, err := e.lim.Room().Join(ctx, "", 0, Waiter{ID: "j"}); return err }, []string{"empty"}},
 		{"empty tenant policy", func() error { return e.store.Set(ctx, "", &Policy{}) }, []string{"empty"}},
 		{"long tenant release", func() error { return e.lim.Release(ctx, long, "j", 0) }, []string{"257 bytes"}},
 		{"long tenant renew", func() error { return e.lim.Renew(ctx, long, "j", 0) }, []string{"257 bytes"}},
@@ -157,7 +157,6 @@ func TestBadInputs(t *testing.T) {
 		{"no id with concurrency", func() error { _, err := e.lim.Admit(ctx, "c", ""); return err }, []string{`"c"`, "concurrency", "id"}},
 		{"no id to reserve", func() error { _, err := e.lim.Reserve(ctx, Request{Tenant: "t"}); return err }, []string{"id"}},
 		{"cooldown of 0", func() error { _, err := e.lim.Cooldown(ctx, "t", 0); return err }, []string{`"t"`, "0s", "positive"}},
-		{"negative backlog cap", func() error { _, _, err := e.lim.AddBacklog(ctx, "t", -1, "j"); return err }, []string{"-1"}},
 	} {
 		err := c.call()
 		require.Error(t, err, c.name)

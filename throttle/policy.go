@@ -38,9 +38,11 @@ const (
 //
 //	rate=100/s burst=20 rate=5000/h window=600/min quota=10000/day tz=UTC
 //	concurrency=5 lease=30s overflow=wait max_wait=500ms backlog=50000
-//	shape=true fail_open=false
+//	weight=2 fail_open=false
 //
 // burst applies to the rate before it; lease to concurrency; tz to quota.
+// shape=true, from before the waiting room, is accepted and has no effect:
+// the waiting room does for every job what it asked for.
 type Policy struct {
 	Rates       []Rate
 	Window      *Window
@@ -51,11 +53,14 @@ type Policy struct {
 	Overflow Overflow
 	// MaxWait bounds how long OverflowWait holds a job.
 	MaxWait time.Duration
-	// Backlog caps the tenant's queued and deferred jobs; 0 is no cap.
+	// Backlog caps the tenant's jobs waiting in its line (the waiting
+	// room); past it queue.Client.Enqueue returns ErrBacklogFull. 0 is no
+	// cap.
 	Backlog int64
-	// Shape makes producers take each job's slot at enqueue time and
-	// schedule the job for it.
-	Shape bool
+	// Weight is the tenant's share when the waiting room serves tenants in
+	// turn: a tenant of weight 3 gets three jobs (by cost) for every one
+	// of a tenant of weight 1. 0 means 1.
+	Weight int64
 	// FailOpen lets jobs run unthrottled while Redis cannot be reached.
 	// The default, false, defers them.
 	FailOpen bool
@@ -113,8 +118,8 @@ func (p *Policy) String() string {
 	if p.Backlog != 0 {
 		parts = append(parts, fmt.Sprintf("backlog=%d", p.Backlog))
 	}
-	if p.Shape {
-		parts = append(parts, "shape=true")
+	if p.Weight > 1 {
+		parts = append(parts, fmt.Sprintf("weight=%d", p.Weight))
 	}
 	if p.FailOpen {
 		parts = append(parts, "fail_open=true")
@@ -124,7 +129,7 @@ func (p *Policy) String() string {
 
 // policyOptions are the options of a policy that are not rules, in text
 // form order.
-var policyOptions = []string{"overflow", "max_wait", "backlog", "shape", "fail_open"}
+var policyOptions = []string{"overflow", "max_wait", "backlog", "weight", "shape", "fail_open"}
 
 // optionKind finds the rule kind an option belongs to; nil for a policy
 // option (or an unknown one).
@@ -205,14 +210,18 @@ func (p *Policy) parseOption(key, val string, seen map[string]bool) error {
 			return &PolicyError{key, val, "must be a whole number of at least 1 (leave it out for no cap)"}
 		}
 		p.Backlog = n
+	case "weight":
+		n, err := parseCount(key, val)
+		if err != nil || n > MaxWeight {
+			return &PolicyError{key, val, fmt.Sprintf("must be a whole number from 1 to %d (the tenant's share in the waiting room's turns)", MaxWeight)}
+		}
+		p.Weight = n
 	case "shape", "fail_open":
 		b, err := strconv.ParseBool(val)
 		if err != nil {
 			return &PolicyError{key, val, "must be true or false"}
 		}
-		if key == "shape" {
-			p.Shape = b
-		} else {
+		if key == "fail_open" {
 			p.FailOpen = b
 		}
 	}
@@ -244,8 +253,22 @@ func (p *Policy) Validate() error {
 	if p.Backlog < 0 {
 		return &PolicyError{"backlog", strconv.FormatInt(p.Backlog, 10), "must be at least 1 (leave it out for no cap)"}
 	}
+	if p.Weight < 0 || p.Weight > MaxWeight {
+		return &PolicyError{"weight", strconv.FormatInt(p.Weight, 10), fmt.Sprintf("must be from 1 to %d", MaxWeight)}
+	}
 	return nil
 }
+
+// weight is the tenant's share in the waiting room's turns (nil: 1).
+func (p *Policy) weight() int64 {
+	if p == nil || p.Weight < 1 {
+		return 1
+	}
+	return p.Weight
+}
+
+// MaxWeight is the largest weight= a policy may give a tenant.
+const MaxWeight = 1000
 
 // MaxCost is the largest cost a job may have under this policy: a job that
 // costs more than a rule's burst, window or quota could never be admitted.

@@ -41,9 +41,9 @@ var canonicalPolicies = []string{
 	"overflow=wait",
 	"overflow=wait max_wait=500ms",
 	"backlog=50000",
-	"shape=true",
+	"weight=3",
 	"fail_open=true",
-	"rate=100/s burst=20 rate=5000/h window=600/min quota=10000/day tz=UTC concurrency=5 lease=30s overflow=wait max_wait=500ms backlog=50000 shape=true fail_open=true",
+	"rate=100/s burst=20 rate=5000/h window=600/min quota=10000/day tz=UTC concurrency=5 lease=30s overflow=wait max_wait=500ms backlog=50000 weight=2 fail_open=true",
 }
 
 func TestPolicyCanonicalRoundTrip(t *testing.T) {
@@ -80,12 +80,13 @@ func TestPolicyCanonicalForm(t *testing.T) {
 		"concurrency=5 lease=30000ms":   "concurrency=5 lease=30s",
 		"concurrency=5 lease=60s":       "concurrency=5 lease=1m",
 		"fail_open=false shape=false":   "",
-		"shape=1":                       "shape=true",
+		"shape=1":                       "",
+		"weight=1":                      "",
 		"overflow=wait max_wait=1000ms": "overflow=wait max_wait=1s",
 		"concurrency=2 rate=1/s":        "rate=1/s concurrency=2",
 		"backlog=10 window=1/s":         "window=1/s backlog=10",
 		"  rate=1/s,\tconcurrency=2\n":  "rate=1/s concurrency=2",
-		"rate=100/s burst=20 rate=5000/h window=600/min quota=10000/day tz=UTC concurrency=5 lease=30s overflow=wait max_wait=500ms backlog=50000 shape=true fail_open=false": "rate=100/s burst=20 rate=5000/h window=600/min quota=10000/day tz=UTC concurrency=5 lease=30s overflow=wait max_wait=500ms backlog=50000 shape=true",
+		"rate=100/s burst=20 rate=5000/h window=600/min quota=10000/day tz=UTC concurrency=5 lease=30s overflow=wait max_wait=500ms backlog=50000 shape=true fail_open=false": "rate=100/s burst=20 rate=5000/h window=600/min quota=10000/day tz=UTC concurrency=5 lease=30s overflow=wait max_wait=500ms backlog=50000",
 	} {
 		p, err := ParsePolicy(in)
 		require.NoError(t, err, in)
@@ -106,7 +107,6 @@ func TestPolicyFields(t *testing.T) {
 	require.Equal(t, OverflowWait, p.OverflowMode())
 	require.Equal(t, 500*time.Millisecond, p.WaitLimit())
 	require.Equal(t, int64(50000), p.Backlog)
-	require.True(t, p.Shape)
 	require.True(t, p.FailOpen)
 	require.True(t, p.HasRules())
 	max, rule := p.MaxCost()
@@ -321,7 +321,7 @@ empty: ""
 	want := map[string]string{
 		"*":       "rate=10/s concurrency=2",
 		"@global": "rate=1000/s",
-		"acme":    "rate=100/s burst=20 rate=5000/h window=600/min quota=10000/day tz=America/Los_Angeles concurrency=5 lease=30s overflow=wait max_wait=500ms backlog=50000 shape=true",
+		"acme":    "rate=100/s burst=20 rate=5000/h window=600/min quota=10000/day tz=America/Los_Angeles concurrency=5 lease=30s overflow=wait max_wait=500ms backlog=50000",
 		"globex":  `rate=50/min burst=5 quota=100 reset="0 9 * * 1-5"`,
 		"initech": "window=5/s",
 		"a{b} c":  "concurrency=1",

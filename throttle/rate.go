@@ -249,10 +249,12 @@ func (rateKind) maxCost(p *Policy, low func(int64, string)) {
 	}
 }
 
+// encode: the period and limit (admit.lua works out the increment of any
+// cost from them, exactly as rateArgs does) and the burst offset.
 func (rateKind) encode(p *Policy, _ time.Time, args []any) ([]any, int) {
 	for _, r := range p.Rates {
-		_, unit, off := rateArgs(r, 1)
-		args = append(args, kindRate, unit, off)
+		_, _, off := rateArgs(r, 1)
+		args = append(args, kindRate, micros(r.Period), r.Limit, off)
 	}
 	return args, len(p.Rates)
 }

@@ -31,9 +31,11 @@ type Stats struct {
 	FirstSlot, LastSlot time.Time
 	// CooldownUntil is when the tenant's cooldown ends; zero when none.
 	CooldownUntil time.Time
-	// Backlog is the number of the tenant's queued and deferred jobs, as
-	// counted by the queue package.
-	Backlog int64
+	// Waiting is how many of the tenant's jobs wait in its line in the
+	// waiting room, and WaitingSince when the one at its head joined it
+	// (zero when none waits).
+	Waiting      int64
+	WaitingSince time.Time
 	// Started counts the tenant's jobs started while its state has been
 	// alive (it starts again from 0 once the tenant has been idle); the
 	// difference between two snapshots gives starts per second.
@@ -78,17 +80,17 @@ func (l *Limiter) Stats(ctx context.Context, tenant string) (*Stats, error) {
 	if p.Window != nil {
 		wdur = micros(p.Window.Period)
 	}
-	res, err := l.batch.run(ctx, lua.Stats, []string{k.state, k.planned, k.started, k.backlog},
+	res, err := l.batch.run(ctx, lua.Stats, []string{k.state, k.planned, k.started, k.line},
 		[]any{l.clockArg(), wdur, micros(l.cfg.Grace)})
 	if err != nil {
 		return nil, fmt.Errorf("stats of tenant %q: %w", tenant, err)
 	}
 	arr, ok := res.([]any)
-	if !ok || len(arr) != 10 {
+	if !ok || len(arr) != 11 {
 		return nil, fmt.Errorf("stats.lua: unexpected reply %v", res)
 	}
-	ints := make([]int64, 10)
-	for _, i := range []int{0, 2, 3, 4, 5, 6, 7, 8} {
+	ints := make([]int64, 11)
+	for _, i := range []int{0, 2, 3, 4, 5, 6, 7, 8, 10} {
 		v, ok := arr[i].(int64)
 		if !ok {
 			return nil, fmt.Errorf("stats.lua: unexpected element %d: %v", i, arr[i])
@@ -114,9 +116,12 @@ func (l *Limiter) Stats(ctx context.Context, tenant string) (*Stats, error) {
 		}
 	}
 	sort.Slice(raw.holders, func(i, j int) bool { return raw.holders[i].LeaseEnd.Before(raw.holders[j].LeaseEnd) })
-	s := &Stats{Tenant: tenant, Policy: name, Rules: p, Now: time.UnixMicro(raw.now), Reservations: ints[4], Backlog: ints[8]}
+	s := &Stats{Tenant: tenant, Policy: name, Rules: p, Now: time.UnixMicro(raw.now), Reservations: ints[4], Waiting: ints[8]}
 	if name == "" {
 		s.Rules = nil
+	}
+	if ints[10] > 0 {
+		s.WaitingSince = time.UnixMilli(ints[10])
 	}
 	if ints[5] > 0 {
 		s.FirstSlot, s.LastSlot = time.UnixMicro(ints[5]), time.UnixMicro(ints[6])

@@ -37,8 +37,9 @@ func TestStats(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, time.Duration(i+1)*100*time.Millisecond, d.Slot.Sub(now))
 	}
-	_, _, err = e.lim.AddBacklog(ctx, stepTenant, 100, "b1", "b2", "b3")
+	joined, _, err := e.lim.Room().Join(ctx, stepTenant, 100, Waiter{ID: "b1"}, Waiter{ID: "b2"}, Waiter{ID: "b3"})
 	require.NoError(t, err)
+	require.Equal(t, 3, joined)
 	until, err := e.lim.Cooldown(ctx, stepTenant, 5*time.Second)
 	require.NoError(t, err)
 
@@ -74,7 +75,7 @@ func TestStats(t *testing.T) {
 	require.Equal(t, now.Add(200*time.Millisecond).UnixMicro(), st.LastSlot.UnixMicro())
 	require.Equal(t, now.Add(5*time.Second).UnixMicro(), st.CooldownUntil.UnixMicro())
 	require.Equal(t, until.UnixMicro(), st.CooldownUntil.UnixMicro())
-	require.Equal(t, int64(3), st.Backlog)
+	require.Equal(t, int64(3), st.Waiting)
 	require.Equal(t, int64(2), st.Started)
 
 	// later: the cooldown is over, a holder left, the meters drained
@@ -105,7 +106,7 @@ func TestStats(t *testing.T) {
 	require.Equal(t, int64(0), st.Reservations)
 	require.True(t, st.FirstSlot.IsZero())
 	require.Equal(t, int64(0), st.Started)
-	require.Equal(t, int64(3), st.Backlog)
+	require.Equal(t, int64(3), st.Waiting)
 	d, err := e.lim.Admit(ctx, stepTenant, "r2") // its reservation is gone: charged as new
 	require.NoError(t, err)
 	require.True(t, d.Allowed)
@@ -181,61 +182,4 @@ func TestStatsPolicies(t *testing.T) {
 	d, err = e.lim.Admit(ctx, "somebody", "k")
 	require.NoError(t, err)
 	require.True(t, d.Allowed)
-}
-
-func TestBacklog(t *testing.T) {
-	t.Parallel()
-	e := setup(t, false, nil)
-	ctx := context.Background()
-	e.policy(t, stepTenant, "concurrency=2 backlog=3")
-	backlog := func() int64 {
-		t.Helper()
-		st, err := e.lim.Stats(ctx, stepTenant)
-		require.NoError(t, err)
-		return st.Backlog
-	}
-	n, size, err := e.lim.AddBacklog(ctx, stepTenant, 3, "b1", "b2", "b3", "b4")
-	require.NoError(t, err)
-	require.Equal(t, 3, n)
-	require.Equal(t, int64(3), size)
-	// an id already counted is taken again without counting twice
-	n, size, err = e.lim.AddBacklog(ctx, stepTenant, 3, "b1")
-	require.NoError(t, err)
-	require.Equal(t, 1, n)
-	require.Equal(t, int64(3), size)
-	n, size, err = e.lim.AddBacklog(ctx, stepTenant, 3, "b4", "b1")
-	require.NoError(t, err)
-	require.Equal(t, 0, n)
-	require.Equal(t, int64(3), size)
-	n, size, err = e.lim.AddBacklog(ctx, stepTenant, 3)
-	require.NoError(t, err)
-	require.Equal(t, 0, n)
-	require.Equal(t, int64(0), size)
-
-	require.NoError(t, e.lim.RemoveBacklog(ctx, stepTenant, "b3", "never-added"))
-	require.Equal(t, int64(2), backlog())
-	require.NoError(t, e.lim.RemoveBacklog(ctx, stepTenant))
-
-	// Release gives back the slot and keeps the job counted; Finish does both
-	for _, id := range []string{"b1", "b2"} {
-		d, err := e.lim.Admit(ctx, stepTenant, id)
-		require.NoError(t, err)
-		require.True(t, d.Allowed)
-	}
-	require.NoError(t, e.lim.Release(ctx, stepTenant, "b1", 0))
-	require.Equal(t, int64(2), backlog())
-	require.NoError(t, e.lim.Finish(ctx, stepTenant, "b2", 0))
-	require.Equal(t, int64(1), backlog())
-	st, err := e.lim.Stats(ctx, stepTenant)
-	require.NoError(t, err)
-	require.Equal(t, int64(0), st.Concurrency.InFlight)
-	require.NoError(t, e.lim.Finish(ctx, stepTenant, "b1", 0))
-	require.Equal(t, int64(0), backlog())
-
-	// without a cap, everything is counted
-	n, size, err = e.lim.AddBacklog(ctx, stepTenant, 0, "x1", "x2", "x3", "x4", "x5")
-	require.NoError(t, err)
-	require.Equal(t, 5, n)
-	require.Equal(t, int64(5), size)
-	require.ErrorIs(t, e.lim.RemoveBacklog(ctx, "*", "x1"), ErrInvalidTenant)
 }

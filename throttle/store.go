@@ -264,6 +264,10 @@ func (s *PolicyStore) readVersion(ctx context.Context) (int64, error) {
 	return v, err
 }
 
+// generation counts the cache's invalidations: it moves when a policy may
+// have changed.
+func (s *PolicyStore) generation() uint64 { return s.gen.Load() }
+
 func (s *PolicyStore) invalidate() {
 	s.mu.Lock()
 	s.cache = map[string]cachedPolicy{}

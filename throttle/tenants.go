@@ -22,11 +22,25 @@ const tenantsScanCount = 1000
 // proportion to the number of keys in the database: it is meant for
 // operators' tools, not for the job path.
 func (l *Limiter) Tenants(ctx context.Context) ([]string, error) {
+	seen, err := l.scanScopes(ctx, scopeKeyPattern(l.cfg.Prefix))
+	if err != nil {
+		return nil, fmt.Errorf("list tenants: %w", err)
+	}
+	out := make([]string, 0, len(seen))
+	for t := range seen {
+		out = append(out, t)
+	}
+	sort.Strings(out)
+	return out, nil
+}
+
+// scanScopes SCANs the keyspace (every master of a Cluster) for keys that
+// match pattern and returns the scopes they belong to.
+func (l *Limiter) scanScopes(ctx context.Context, pattern string) (map[string]struct{}, error) {
 	var (
 		mu   sync.Mutex
 		seen = map[string]struct{}{}
 	)
-	pattern := scopeKeyPattern(l.cfg.Prefix)
 	scan := func(ctx context.Context, c redis.Cmdable) error {
 		var cursor uint64
 		for {
@@ -53,13 +67,5 @@ func (l *Limiter) Tenants(ctx context.Context) ([]string, error) {
 	} else {
 		err = scan(ctx, l.client)
 	}
-	if err != nil {
-		return nil, fmt.Errorf("list tenants: %w", err)
-	}
-	out := make([]string, 0, len(seen))
-	for t := range seen {
-		out = append(out, t)
-	}
-	sort.Strings(out)
-	return out, nil
+	return seen, err
 }

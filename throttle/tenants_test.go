@@ -28,7 +28,7 @@ func TestTenantsKeyRoundTrip(t *testing.T) {
 		_, ok := scopeFromKey("sluice", key)
 		require.False(t, ok, key)
 	}
-	require.Equal(t, `p\*\?\[x\]\\:{[tg]*}:[swarcb]`, scopeKeyPattern(`p*?[x]\`))
+	require.Equal(t, `p\*\?\[x\]\\:{[tg]*}:[swarcblg]`, scopeKeyPattern(`p*?[x]\`))
 }
 
 func TestTenants(t *testing.T) {
@@ -50,7 +50,7 @@ func TestTenants(t *testing.T) {
 		require.NoError(t, err)
 		require.True(t, d.Allowed)
 	}
-	_, _, err = e.lim.AddBacklog(ctx, "backlog-only", 0, "job-1")
+	_, _, err = e.lim.Room().Join(ctx, "waiting-only", 0, Waiter{ID: "job-1"})
 	require.NoError(t, err)
 	_, err = e.lim.Cooldown(ctx, "cooling", time.Minute)
 	require.NoError(t, err)
@@ -62,7 +62,7 @@ func TestTenants(t *testing.T) {
 
 	got, err = e.lim.Tenants(ctx)
 	require.NoError(t, err)
-	require.Equal(t, []string{GlobalPolicy, "acme", "backlog-only", "cooling", weird, "ünï"}, got)
+	require.Equal(t, []string{GlobalPolicy, "acme", "cooling", "waiting-only", weird, "ünï"}, got)
 
 	require.NoError(t, e.lim.Reset(ctx, "cooling"))
 	got, err = e.lim.Tenants(ctx)

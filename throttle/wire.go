@@ -11,16 +11,19 @@ import (
 
 // Flags of an op (ARGV "flags").
 const (
-	flagReserve  = 1   // a denied job takes its own future slot
-	flagHold     = 2   // the job holds a concurrency slot while it runs
-	flagDry      = 4   // decide, write nothing
-	flagPlan     = 8   // take the job's slot without starting it (shaping)
-	flagNoTTL    = 16  // set no expiry (tests)
-	flagProbe    = 32  // write only when the job starts now
-	flagTwoStep  = 64  // return each local scope's snapshot and undo record
-	flagUndo     = 128 // take back the undo records first, then decide
-	flagExpect   = 256 // write only when the verdict is the one expected
-	flagUndoOnly = 512 // take back the undo records, decide nothing
+	flagReserve  = 1    // a denied job takes its own future slot
+	flagHold     = 2    // the job holds a concurrency slot while it runs
+	flagDry      = 4    // decide, write nothing
+	flagPlan     = 8    // take the job's slot without starting it (shaping)
+	flagNoTTL    = 16   // set no expiry (tests)
+	flagProbe    = 32   // write only when the job starts now
+	flagTwoStep  = 64   // return each local scope's snapshot and undo record
+	flagUndo     = 128  // take back the undo records first, then decide
+	flagExpect   = 256  // write only when the verdict is the one expected
+	flagUndoOnly = 512  // take back the undo records, decide nothing
+	flagArrive   = 1024 // the waiting room: may a new job go straight?
+	flagPromote  = 2048 // the waiting room: a tenant's turn
+	flagRelease  = 4096 // give back the job's slots, then promote into them
 )
 
 // Decision rule codes that are not a rule kind's (kinds have theirs: the
@@ -56,6 +59,11 @@ type admitOp struct {
 	// (flagExpect).
 	expectAllowed bool
 	expectSlot    int64
+	// roomKeys and roomArgs: the tenant's line (and handing) keys, and the
+	// op's arguments, for a waiting-room op (flagArrive, flagPromote,
+	// flagRelease)
+	roomKeys []string
+	roomArgs []any
 }
 
 // opScope is a scope of an op: local (read and written by the op), or
@@ -164,12 +172,6 @@ func (l *Limiter) encode(op *admitOp, clock int64, now time.Time) ([]string, *ad
 		} else {
 			aa.op = append(aa.op, -(ref + 1))
 		}
-		if op.cost != 1 {
-			for _, r := range p.Rates {
-				inc, _, _ := rateArgs(r, op.cost)
-				aa.op = append(aa.op, inc)
-			}
-		}
 		for _, v := range s.snapshot {
 			aa.op = append(aa.op, v)
 		}
@@ -186,6 +188,8 @@ func (l *Limiter) encode(op *admitOp, clock int64, now time.Time) ([]string, *ad
 		}
 		aa.op = append(aa.op, allowed, op.expectSlot)
 	}
+	keys = append(keys, op.roomKeys...)
+	aa.op = append(aa.op, op.roomArgs...)
 	return keys, aa
 }
 
@@ -368,4 +372,113 @@ func int64Lists(reply any) ([][]int64, error) {
 		out[i] = v
 	}
 	return out, nil
+}
+
+// Verdicts of an arrival.
+const (
+	arriveFull     = -1 // the line is at its cap
+	arriveWait     = 0  // the job is to wait in its line
+	arriveStraight = 1  // the job took its slot and goes straight
+)
+
+// arriveReply is admit.lua's answer for an arrival: {verdict, slot,
+// waiting, {undo records}}.
+type arriveReply struct {
+	verdict, slot, waiting int64
+	undo                   [][]int64
+}
+
+func decodeArrive(raw any) (arriveReply, error) {
+	op, err := roomOpReply(raw, 4)
+	if err != nil {
+		return arriveReply{}, err
+	}
+	v, err := int64s(op[:3], 3)
+	if err != nil {
+		return arriveReply{}, fmt.Errorf("admit.lua arrival: %w", err)
+	}
+	undo, err := int64Lists(op[3])
+	if err != nil {
+		return arriveReply{}, fmt.Errorf("admit.lua arrival's undo records: %w", err)
+	}
+	return arriveReply{verdict: v[0], slot: v[1], waiting: v[2], undo: undo}, nil
+}
+
+// roomOpReply checks a waiting-room op's reply, {op's reply, now}, and
+// returns the op's n items.
+func roomOpReply(raw any, n int) ([]any, error) {
+	arr, ok := raw.([]any)
+	if !ok || len(arr) != 2 {
+		return nil, fmt.Errorf("admit.lua: unexpected reply %T %v", raw, raw)
+	}
+	op, ok := arr[0].([]any)
+	if !ok || len(op) != n {
+		return nil, fmt.Errorf("admit.lua: unexpected reply %v", arr[0])
+	}
+	return op, nil
+}
+
+// decodeTurn reads a promote or release op's reply: {{promoted}, {retries},
+// due, waiting, head lined (ms), skipped, released, lost}, each promoted
+// job {entry, slot, claim, {undo records}}; scopes are the op's.
+func decodeTurn(tenant string, raw any, scopes []scope) (Turn, error) {
+	op, err := roomOpReply(raw, 8)
+	if err != nil {
+		return Turn{}, err
+	}
+	promoted, ok1 := op[0].([]any)
+	retries, ok2 := op[1].([]any)
+	v, err := int64s(op[2:], 6)
+	if !ok1 || !ok2 || err != nil {
+		return Turn{}, fmt.Errorf("admit.lua: unexpected turn %v", op)
+	}
+	t := Turn{Waiting: max(v[1], 0), Skipped: int(v[3]), Released: int(v[4]), Lost: int(v[5])}
+	if v[0] >= 0 {
+		t.Due = time.UnixMicro(v[0])
+	}
+	if v[2] >= 0 {
+		t.Oldest = time.UnixMilli(v[2])
+	}
+	for _, x := range promoted {
+		p, ok := x.([]any)
+		if !ok || len(p) != 4 {
+			return Turn{}, fmt.Errorf("admit.lua: unexpected promoted job %v", x)
+		}
+		m, ok := p[0].(string)
+		nums, err := int64s(p[1:3], 2)
+		if !ok || err != nil {
+			return Turn{}, fmt.Errorf("admit.lua: unexpected promoted job %v", x)
+		}
+		undo, err := int64Lists(p[3])
+		if err != nil {
+			return Turn{}, fmt.Errorf("admit.lua: promoted job's undo records: %w", err)
+		}
+		j, err := promotedFrom(tenant, m)
+		if err != nil {
+			return Turn{}, err
+		}
+		j.Slot, j.Claim, j.undo, j.scopes = time.UnixMicro(nums[0]), uint64(nums[1]), undo, scopes
+		t.Promoted = append(t.Promoted, j)
+	}
+	for _, x := range retries {
+		m, ok := x.(string)
+		if !ok {
+			return Turn{}, fmt.Errorf("admit.lua: unexpected handover %v", x)
+		}
+		j, err := promotedFrom(tenant, m)
+		if err != nil {
+			return Turn{}, err
+		}
+		j.Retry = true
+		t.Promoted = append(t.Promoted, j)
+	}
+	return t, nil
+}
+
+func promotedFrom(tenant, member string) (Promoted, error) {
+	e, ok := parseLineEntry(member)
+	if !ok {
+		return Promoted{}, fmt.Errorf("line entry %q of tenant %q is not LINED_MS␟COST␟QUEUE␟ID", member, tenant)
+	}
+	return Promoted{Tenant: tenant, Queue: e.queue, ID: e.id, Cost: e.cost, Lined: e.lined, member: member}, nil
 }

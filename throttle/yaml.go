@@ -28,7 +28,7 @@ import (
 //	  overflow: wait
 //	  max_wait: 500ms
 //	  backlog: 50000
-//	  shape: true
+//	  weight: 2
 //
 // Entries may share fields through YAML anchors and merge keys
 // ("<<: *defaults"); fields given in the entry win. An empty entry ("acme:")

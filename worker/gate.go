@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice/internal/asynqroom"
 	"github.com/sluicehq/sluice/taskspec"
 	"github.com/sluicehq/sluice/throttle"
 )
@@ -46,12 +47,19 @@ type Gate struct {
 	cfg       GateConfig
 	log       *slog.Logger
 	m         *metrics
+	rm        *roomMetrics
 	gatherer  prometheus.Gatherer
 	asynq     *asynq.Client
 	inspector *asynq.Inspector
+	room      *throttle.Room
+	handover  throttle.Handover
+	gauge     *asynqroom.Gauge
 
 	stopping chan struct{}
 	stopOnce sync.Once
+	pumpOnce sync.Once
+	pumpWG   sync.WaitGroup
+	stopPump context.CancelFunc
 	active   tracker
 	outage   atomic.Int64 // when the gate's Redis errors began (unix ns); 0 when healthy
 	logLimit logLimiter
@@ -81,6 +89,9 @@ func NewGate(lim *throttle.Limiter, asynqRedis redis.UniversalClient, cfg *GateC
 		log:       c.Logger,
 		asynq:     asynq.NewClientFromRedisClient(asynqRedis),
 		inspector: asynq.NewInspectorFromRedisClient(asynqRedis),
+		room:      lim.Room(),
+		handover:  asynqroom.Handover(asynqRedis),
+		gauge:     asynqroom.NewGauge(asynqRedis),
 		stopping:  make(chan struct{}),
 	}
 	reg := c.Registerer
@@ -95,6 +106,9 @@ func NewGate(lim *throttle.Limiter, asynqRedis redis.UniversalClient, cfg *GateC
 		return nil, fmt.Errorf("worker: register metrics: %w", err)
 	}
 	g.m = m
+	if g.rm, err = newRoomMetrics(reg, c.TenantLabels); err != nil {
+		return nil, fmt.Errorf("worker: register metrics: %w", err)
+	}
 	return g, nil
 }
 
@@ -118,9 +132,29 @@ func (g *Gate) wrap(h asynq.Handler) asynq.Handler {
 
 // Stop ends every in-process wait at once, handing the waiting jobs back to
 // asynq (deferred to their slots); jobs that arrive later are handed back
-// too. Call it when the worker begins shutting down, before asynq's own
-// Shutdown. Running handlers are not interrupted.
-func (g *Gate) Stop() { g.stopOnce.Do(func() { close(g.stopping) }) }
+// too. It also stops the waiting room's pump (Configure started it). Call
+// it when the worker begins shutting down, before asynq's own Shutdown.
+// Running handlers are not interrupted.
+func (g *Gate) Stop() {
+	g.stopOnce.Do(func() {
+		close(g.stopping)
+		g.pumpOnce.Do(func() {}) // no pump starts after Stop
+		if g.stopPump != nil {
+			g.stopPump()
+		}
+		g.pumpWG.Wait()
+	})
+}
+
+// stopped reports whether Stop was called.
+func (g *Gate) stopped() bool {
+	select {
+	case <-g.stopping:
+		return true
+	default:
+		return false
+	}
+}
 
 // Wait blocks until no job is inside the gate (every handler has returned
 // and released its slots) or ctx ends.
@@ -136,8 +170,7 @@ type job struct {
 	queue    string
 	retried  int
 	maxRetry int
-	gen      int  // copies made so far at the retry limit
-	counted  bool // in its tenant's backlog
+	gen      int // copies made so far at the retry limit
 	// policies are the job's, resolved once per delivery; nil until then
 	policies *throttle.Resolved
 }
@@ -186,7 +219,6 @@ func (g *Gate) identify(ctx context.Context, task *asynq.Task) *job {
 		}
 	}
 	j.gen, _ = strconv.Atoi(h[taskspec.GenHeader])
-	j.counted = h[taskspec.BacklogHeader] == "1"
 	return j
 }
 
@@ -361,7 +393,6 @@ func (g *Gate) deferJob(ctx context.Context, j *job, e *DeferError) error {
 // drop archives a denied job whose policy says overflow=drop.
 func (g *Gate) drop(ctx context.Context, j *job, d throttle.Decision) error {
 	g.m.drop(j.tenant)
-	g.release(ctx, j, 0, true)
 	return &DropError{Tenant: j.tenant, Rule: d.Rule, Policy: d.Policy, RetryAfter: d.RetryAfter}
 }
 
@@ -435,7 +466,6 @@ func (g *Gate) run(ctx context.Context, j *job, a Admission, next asynq.Handler)
 		stopRenew = g.renew(ctx, j, lease, a.Decision.Claim)
 	}
 	returned := false
-	final := false
 	defer func() {
 		if stopRenew != nil {
 			stopRenew()
@@ -443,24 +473,21 @@ func (g *Gate) run(ctx context.Context, j *job, a Admission, next asynq.Handler)
 		if !returned {
 			// The handler panicked; asynq recovers it and retries or archives.
 			g.m.outcome(j.tenant, outcomePanic)
-			final = j.retried >= j.maxRetry
 		}
-		g.release(ctx, j, a.Decision.Claim, final)
+		g.release(ctx, j, a.Decision.Claim)
 	}()
 	herr := next.ProcessTask(ctx, j.task)
 	returned = true
-	err, final = g.after(ctx, j, herr)
-	return err
+	return g.after(ctx, j, herr)
 }
 
-// after classifies the handler's result: the error to give asynq, and
-// whether the job is done for good (it leaves the backlog).
-func (g *Gate) after(ctx context.Context, j *job, err error) (error, bool) {
+// after classifies the handler's result: the error to give asynq.
+func (g *Gate) after(ctx context.Context, j *job, err error) error {
 	var ra *RetryAfterError
 	switch {
 	case err == nil:
 		g.m.outcome(j.tenant, outcomeSuccess)
-		return nil, true
+		return nil
 	case errors.As(err, &ra):
 		g.m.outcome(j.tenant, outcomeCooldown)
 		d := max(ra.Delay, time.Millisecond)
@@ -477,35 +504,36 @@ func (g *Gate) after(ctx context.Context, j *job, err error) (error, bool) {
 			g.m.err(errCooldown)
 			g.warn(errCooldown, "sluice: could not pause the tenant", "tenant", scope, "err", cerr)
 		}
-		return g.deferJob(ctx, j, &DeferError{Reason: ReasonCooldown, RetryAfter: d, At: time.Now().Add(d), Err: err}), false
+		return g.deferJob(ctx, j, &DeferError{Reason: ReasonCooldown, RetryAfter: d, At: time.Now().Add(d), Err: err})
 	case errors.Is(err, asynq.SkipRetry):
 		g.m.outcome(j.tenant, outcomeSkip)
-		return err, true
+		return err
 	case errors.Is(err, asynq.RevokeTask):
 		g.m.outcome(j.tenant, outcomeRevoke)
-		return err, true
+		return err
 	default:
 		g.m.outcome(j.tenant, outcomeError)
-		return err, j.retried >= j.maxRetry
+		return err
 	}
 }
 
 // release gives back the concurrency slots the job holds under claim (0:
-// none); a job done for good also leaves its tenant's backlog. Jobs that
-// hold neither cost no round trip. A slot that passed to another admission
-// of the job (its lease ran out first) is left to that admission.
-func (g *Gate) release(ctx context.Context, j *job, claim uint64, final bool) {
-	finish := final && j.counted && j.tenant != ""
-	if claim == 0 && !finish {
+// none, and no round trip) and, in the same script run, hands the freed
+// slot to the next job in its tenant's line, which goes to asynq at once;
+// a worker shutting down hands nothing on: it releases its slots, and the
+// fleet's pumps serve the line. A slot that passed to another admission of
+// the job (its lease ran out first) is left to that admission.
+func (g *Gate) release(ctx context.Context, j *job, claim uint64) {
+	if claim == 0 {
 		return
 	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.cfg.CallTimeout)
 	defer cancel()
 	var err error
-	if finish {
-		err = g.lim.Finish(cctx, j.tenant, j.id, claim)
-	} else {
+	if j.tenant == "" || g.stopped() {
 		err = g.lim.Release(cctx, j.tenant, j.id, claim)
+	} else {
+		err = g.room.Release(cctx, j.tenant, j.id, claim, g.handover)
 	}
 	if errors.Is(err, throttle.ErrClaimLost) {
 		g.m.renewals.WithLabelValues(renewLost).Inc()

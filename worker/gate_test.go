@@ -56,13 +56,14 @@ func TestDeferredJobsKeepTheirRetriesAndAreNeverArchived(t *testing.T) {
 	})
 	srv.Handle("job", rec)
 	require.NoError(t, srv.Start())
+	// Enqueued with asynq's own client, the jobs skip the waiting room and
 	// asynq serves its pending list in order: the last jobs get slots more
 	// than the in-process wait away and are deferred, those at MaxRetry(0)
 	// as copies.
 	var ids []string
-	ids = append(ids, e.enqueue(t, "acme", 5, "")...)
-	ids = append(ids, e.enqueue(t, "acme", 5, "", asynq.MaxRetry(1))...)
-	ids = append(ids, e.enqueue(t, "acme", 5, "", asynq.MaxRetry(0))...)
+	ids = append(ids, e.enqueueDirect(t, "acme", 5, "")...)
+	ids = append(ids, e.enqueueDirect(t, "acme", 5, "", asynq.MaxRetry(1))...)
+	ids = append(ids, e.enqueueDirect(t, "acme", 5, "", asynq.MaxRetry(0))...)
 	eventually(t, 20*time.Second, func() bool { return rec.doneCount() == len(ids) }, "every job done")
 
 	require.Zero(t, nonConforming(rec.startTimes(), 5, 2))
@@ -162,7 +163,7 @@ func TestOverflowDropArchivesWithTheReason(t *testing.T) {
 	require.Equal(t, float64(info.Archived), metric(t, srv.Gate().Gatherer(), "sluice_worker_drops_total", nil))
 	st, err := e.lim.Stats(context.Background(), "acme")
 	require.NoError(t, err)
-	require.Zero(t, st.Backlog, "dropped and finished jobs leave the backlog")
+	require.Zero(t, st.Waiting, "jobs of a policy that drops them never wait in a line")
 }
 
 func TestOverflowWaitHoldsThenDefers(t *testing.T) {
@@ -173,7 +174,7 @@ func TestOverflowWaitHoldsThenDefers(t *testing.T) {
 	srv := e.server(t, nil)
 	srv.Handle("job", rec)
 	require.NoError(t, srv.Start())
-	e.enqueue(t, "acme", 7, "")
+	e.enqueueDirect(t, "acme", 7, "") // past the waiting room: the gate decides
 	eventually(t, 15*time.Second, func() bool { return rec.doneCount() == 7 }, "every job done")
 	// Slots every 0.5 s: the jobs whose slots are within 2 s (0, 0.5, 1,
 	// 1.5 and 2 s, give or take the time the jobs took to arrive) wait
@@ -285,7 +286,7 @@ func TestShutdownHandsBackWaitingJobsAndReleasesSlots(t *testing.T) {
 	})
 	srv.Handle("job", rec)
 	require.NoError(t, srv.Start())
-	e.enqueue(t, "acme", 2, "")
+	e.enqueueDirect(t, "acme", 2, "") // past the waiting room: the gate holds the second
 	<-started
 	g := srv.Gate().Gatherer()
 	eventually(t, 5*time.Second, func() bool {

@@ -3,9 +3,12 @@ package worker
 import (
 	"context"
 	"errors"
+	"sort"
 	"time"
 
 	"github.com/hibiken/asynq"
+
+	"github.com/sluicehq/sluice/throttle"
 )
 
 // Configure sets the asynq.Config hooks the gate needs, keeping the
@@ -15,7 +18,30 @@ import (
 // decisions (deferrals and drops), only the handlers' errors, cooldowns
 // included. DelayedTaskCheckInterval and TaskCheckInterval get sluice's
 // defaults when zero. Call it once, before asynq.NewServer.
+//
+// It also starts the waiting room's pump for cfg.Queues (see Gate.Stop):
+// jobs that producers (queue.Client) parked in their tenants' lines reach
+// this server when they may start and the fleet has room.
 func (g *Gate) Configure(cfg *asynq.Config) {
+	g.setHooks(cfg)
+	g.startPump(queuesOf(*cfg))
+}
+
+// queuesOf are the queues an asynq server serves.
+func queuesOf(cfg asynq.Config) []string {
+	queues := make([]string, 0, len(cfg.Queues))
+	for q := range cfg.Queues {
+		queues = append(queues, q)
+	}
+	if len(queues) == 0 {
+		queues = []string{throttle.DefaultQueue}
+	}
+	sort.Strings(queues)
+	return queues
+}
+
+// setHooks is Configure without the pump (Server starts it with asynq).
+func (g *Gate) setHooks(cfg *asynq.Config) {
 	isFailure := cfg.IsFailure
 	cfg.IsFailure = func(err error) bool {
 		var de *DeferError

@@ -117,6 +117,22 @@ func (e *env) enqueue(tb testing.TB, tenant string, n int, payload string, opts 
 	return ids
 }
 
+// enqueueDirect enqueues n jobs of tenant with asynq's own client, tagged
+// with the tenant header, as an application that does not use queue.Client
+// does: they skip the waiting room, and the gate alone decides on them.
+func (e *env) enqueueDirect(tb testing.TB, tenant string, n int, payload string, opts ...asynq.Option) []string {
+	tb.Helper()
+	ac := asynq.NewClientFromRedisClient(e.asynq)
+	ids := make([]string, n)
+	for i := range ids {
+		task := asynq.NewTaskWithHeaders("job", []byte(payload), map[string]string{taskspec.TenantHeader: tenant})
+		info, err := ac.Enqueue(task, append([]asynq.Option{asynq.Queue(e.queue)}, opts...)...)
+		require.NoError(tb, err)
+		ids[i] = info.ID
+	}
+	return ids
+}
+
 // queueInfo returns the state counts of the env's queue.
 func (e *env) queueInfo(tb testing.TB) *asynq.QueueInfo {
 	tb.Helper()
@@ -234,11 +250,18 @@ func nonConforming(starts []time.Time, rate float64, burst int) int {
 
 // nonConformingAt returns the indexes of the starts nonConforming counts.
 func nonConformingAt(starts []time.Time, rate float64, burst int) []int {
+	return nonConformingTol(starts, rate, burst, 0)
+}
+
+// nonConformingTol is nonConformingAt allowing each start tol early: the
+// started-jobs meter's tolerance (throttle.Config.Tolerance), for
+// admission times, which the limiter's meter decides on.
+func nonConformingTol(starts []time.Time, rate float64, burst int, tol time.Duration) []int {
 	if len(starts) == 0 {
 		return nil
 	}
 	interval := float64(time.Second) / rate
-	tau := interval * float64(burst-1)
+	tau := interval*float64(burst-1) + float64(min(tol, time.Duration(interval/4)))
 	tat := float64(starts[0].UnixNano())
 	var bad []int
 	for i, s := range starts {

@@ -24,6 +24,7 @@ const (
 	errCopy       = "copy"
 	errRelease    = "release"
 	errCooldown   = "cooldown"
+	errRoom       = "room"
 
 	outcomeSuccess  = "success"
 	outcomeError    = "error"
@@ -83,7 +84,7 @@ func newMetrics(reg prometheus.Registerer, tenants bool) (*metrics, error) {
 		}, []string{"result"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_worker_errors_total",
-			Help: "Errors of the gate, by kind (redis, policy, cost, tenant_header, no_tenant, cost_header, id_header, copy, release, cooldown).",
+			Help: "Errors of the gate, by kind (redis, policy, cost, tenant_header, no_tenant, cost_header, id_header, copy, release, cooldown, room).",
 		}, []string{"kind"}),
 		outcomes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_worker_handler_outcomes_total",

@@ -63,7 +63,7 @@ func New(client redis.UniversalClient, cfg *Config) (*Server, error) {
 		return nil, err
 	}
 	s.gate = gate
-	gate.Configure(&c.Asynq)
+	gate.setHooks(&c.Asynq)
 	s.srv = asynq.NewServerFromRedisClient(ar, c.Asynq)
 	return s, nil
 }
@@ -97,6 +97,7 @@ func (s *Server) Start() error {
 		return fmt.Errorf("worker: %w", err)
 	}
 	s.started = true
+	s.gate.startPump(queuesOf(s.cfg.Asynq))
 	return nil
 }
 

@@ -186,7 +186,7 @@ func testUnreachable(t *testing.T, c *cli) {
 	require.Regexp(t, `^enqueue: cannot read /\S+/missing.jsonl: no such file or directory\n$`, r.stderr)
 }
 
-var oneRE = regexp.MustCompile(`^enqueued task (\S+) \(type (\S+), tenant (\S+), queue (\S+)(, due (\S+))?\)\n$`)
+var oneRE = regexp.MustCompile(`^enqueued task (\S+) \(type (\S+), tenant (\S+), queue (\S+)(, due (\S+)|, waiting in its tenant's line)?\)\n$`)
 
 func testOne(t *testing.T, c *cli) {
 	r := c.run(t, nil, "--tenant", "acme", "--type", "http", "--payload", ` {"url": "http://127.0.0.1:1/x"} `, "--cost", "3", "--max-retry", "0")
@@ -194,7 +194,7 @@ func testOne(t *testing.T, c *cli) {
 	require.Empty(t, r.stderr)
 	m := oneRE.FindStringSubmatch(r.stdout)
 	require.NotNil(t, m, r.stdout)
-	require.Equal(t, []string{"http", "acme", c.queue, ""}, []string{m[2], m[3], m[4], m[6]})
+	require.Equal(t, []string{"http", "acme", c.queue, ", waiting in its tenant's line"}, []string{m[2], m[3], m[4], m[5]}, "no worker serves the queue: the job waits")
 	tasks := c.tasks(t)
 	require.Len(t, tasks, 1)
 	info := tasks[m[1]]
@@ -241,12 +241,12 @@ func testCount(t *testing.T, c *cli) {
 	lines := strings.Split(strings.TrimSuffix(r.stderr, "\n"), "\n")
 	require.Len(t, lines, 50)
 	for i, l := range lines {
-		require.Equal(t, "enqueue: job "+strconv.Itoa(251+i)+": tenant \"acme\": backlog full (250 queued or deferred jobs, cap 250): retry later or raise backlog= in its policy", l)
+		require.Equal(t, "enqueue: job "+strconv.Itoa(251+i)+": tenant \"acme\": backlog full (250 waiting, cap 250): retry later or raise backlog= in its policy", l)
 	}
 	require.Len(t, c.tasks(t), 250)
 	st, err := lim.Stats(ctx, "acme")
 	require.NoError(t, err)
-	require.EqualValues(t, 250, st.Backlog)
+	require.EqualValues(t, 250, st.Waiting)
 }
 
 // fileLines are the lines of testFile: good ones (with ids, to find them),
@@ -296,7 +296,7 @@ enqueue: line 11: not a JSON object; want {"tenant": …, "type": …, "payload"
 enqueue: line 12: id "j1": line 1 already gave this task id in queue "`+c.queue+`"; task ids must be unique
 enqueue: line 15: more than one JSON value on the line; put one job on each line
 enqueue: line 16: queue "": the queue name must not be blank; leave "queue" out for "`+c.queue+`"
-enqueue: line 14: tenant "small": backlog full (1 queued or deferred jobs, cap 1): retry later or raise backlog= in its policy
+enqueue: line 14: tenant "small": backlog full (1 waiting, cap 1): retry later or raise backlog= in its policy
 `, r.stderr)
 	require.Regexp(t, `^enqueued 4 of 16 jobs from `+regexp.QuoteMeta(file)+` in \d+\.\d\ds \(\d+/s\); 12 failed \(reported above\)\n$`, r.stdout)
 

@@ -301,10 +301,15 @@ func jobOptions(q string, cost int64, in time.Duration, id string, maxRetry int,
 	return opts
 }
 
-// describe says what was enqueued, in one line.
-func describe(info *asynq.TaskInfo, tenant string) string {
+// describe says what was enqueued, in one line. A job scheduled without
+// --in waits in its tenant's line, parked in asynq's schedule at its
+// fallback time, until a worker promotes it.
+func describe(info *asynq.TaskInfo, tenant string, in time.Duration) string {
 	s := fmt.Sprintf("enqueued task %s (type %s, tenant %s, queue %s", info.ID, info.Type, tenant, info.Queue)
-	if info.State == asynq.TaskStateScheduled && !info.NextProcessAt.IsZero() {
+	switch {
+	case info.State == asynq.TaskStateScheduled && in == 0:
+		s += ", waiting in its tenant's line"
+	case info.State == asynq.TaskStateScheduled && !info.NextProcessAt.IsZero():
 		s += ", due " + info.NextProcessAt.UTC().Format(time.RFC3339)
 	}
 	return s + ")"
@@ -318,7 +323,7 @@ func (e *enqueuer) one(ctx context.Context) int {
 		fmt.Fprintf(e.stderr, "enqueue: %s\n", explain(err))
 		return exitFailure
 	}
-	fmt.Fprintln(e.stdout, describe(info, j.Tenant))
+	fmt.Fprintln(e.stdout, describe(info, j.Tenant, e.o.in))
 	return exitOK
 }
 

@@ -392,7 +392,7 @@ func seedState(t *testing.T, c *cli) {
 		require.NoError(t, err)
 		require.True(t, d.Allowed)
 	}
-	_, _, err := l.AddBacklog(ctx, "acme", 100, "job-3", "job-4", "job-5")
+	_, _, err := l.Room().Join(ctx, "acme", 100, throttle.Waiter{ID: "job-3"}, throttle.Waiter{ID: "job-4"}, throttle.Waiter{ID: "job-5"})
 	require.NoError(t, err)
 	_, err = l.Cooldown(ctx, "cooling", time.Hour)
 	require.NoError(t, err)

@@ -193,7 +193,7 @@ func toJSON(s *throttle.Stats) tenantJSON {
 		Tenant: s.Tenant, Policy: s.Policy, Started: s.Started,
 		Rates:        []rateJSON{},
 		Reservations: s.Reservations, FirstSlot: timePtr(s.FirstSlot), LastSlot: timePtr(s.LastSlot),
-		Cooldown: timePtr(s.CooldownUntil), Backlog: s.Backlog, Leftovers: s.Leftovers,
+		Cooldown: timePtr(s.CooldownUntil), Backlog: s.Waiting, Leftovers: s.Leftovers,
 	}
 	if s.Rules != nil {
 		j.Rules = s.Rules.String()
@@ -285,9 +285,9 @@ func cooldownCell(s *throttle.Stats) string {
 
 func backlogCell(s *throttle.Stats) string {
 	if s.Rules != nil && s.Rules.Backlog > 0 {
-		return fmt.Sprintf("%d/%d", s.Backlog, s.Rules.Backlog)
+		return fmt.Sprintf("%d/%d", s.Waiting, s.Rules.Backlog)
 	}
-	return fmt.Sprint(s.Backlog)
+	return fmt.Sprint(s.Waiting)
 }
 
 // short prints a duration rounded for people: 1.2s, 350ms, 4m10s.

@@ -118,7 +118,7 @@ type topRow struct {
 func topRows(prev, cur topSample) []topRow {
 	rows := make([]topRow, 0, len(cur))
 	for name, s := range cur {
-		r := topRow{tenant: name, limit: "-", cap: -1, reserved: s.Reservations, backlog: s.Backlog, policy: policyName(s)}
+		r := topRow{tenant: name, limit: "-", cap: -1, reserved: s.Reservations, backlog: s.Waiting, policy: policyName(s)}
 		started := s.Started
 		elapsed := time.Duration(0)
 		if p, ok := prev[name]; ok {

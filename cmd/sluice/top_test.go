@@ -32,7 +32,7 @@ func TestTopRows(t *testing.T) {
 	cur := topSample{
 		"busy":  {Tenant: "busy", Policy: "busy", Now: t1, Started: 300, Rates: []throttle.RateStats{rate("5000/h"), rate("100/s burst 20")}},
 		"reset": {Tenant: "reset", Policy: "*", Now: t1, Started: 10},
-		"idle": {Tenant: "idle", Policy: "idle", Now: t1, Started: 7, Reservations: 4, Backlog: 9, CooldownUntil: t1.Add(1500 * time.Millisecond),
+		"idle": {Tenant: "idle", Policy: "idle", Now: t1, Started: 7, Reservations: 4, Waiting: 9, CooldownUntil: t1.Add(1500 * time.Millisecond),
 			Concurrency: &throttle.ConcurrencyStats{Concurrency: throttle.Concurrency{Limit: 5}, InFlight: 2}},
 		"new": {Tenant: "new", Now: t1, Started: 4},
 	}

@@ -317,10 +317,11 @@ func testProcessAndDrain(t *testing.T, b *bins) {
 	r = runBin(t, b.enqueue, env, "--prefix", prefix, "--queue", q, "--tenant", "acme", "--type", "sleep", "--payload", `{"ms":1500}`, "--count", "5", "--quiet")
 	require.Equal(t, 0, r.code, r.stderr)
 	ctx := context.Background()
-	waitFor(t, "2 jobs in flight", 20*time.Second, func() bool {
-		st, err := lim.Stats(ctx, "acme")
+	insp := asynq.NewInspectorFromRedisClient(client)
+	waitFor(t, "2 jobs running", 20*time.Second, func() bool {
+		info, err := insp.GetQueueInfo(q)
 		require.NoError(t, err)
-		return st.Concurrency.InFlight == 2
+		return info.Active == 2
 	})
 	require.Equal(t, 0, w.stop(syscall.SIGTERM, 30*time.Second), w.stderr.String())
 	require.Contains(t, w.stderr.String(), "msg=\"worker stopped\" jobs_processed=")
@@ -347,10 +348,11 @@ func testHandBack(t *testing.T, b *bins) {
 	r := runBin(t, b.enqueue, map[string]string{"SLUICE_REDIS_URL": url}, "--prefix", prefix, "--queue", q, "--tenant", "slow", "--type", "sleep", "--payload", `{"ms":60000}`, "--count", "3")
 	require.Equal(t, 0, r.code, r.stderr)
 	ctx := context.Background()
-	waitFor(t, "3 jobs in flight", 20*time.Second, func() bool {
-		st, err := lim.Stats(ctx, "slow")
+	insp := asynq.NewInspectorFromRedisClient(client)
+	waitFor(t, "3 jobs running", 20*time.Second, func() bool {
+		info, err := insp.GetQueueInfo(q)
 		require.NoError(t, err)
-		return st.Concurrency.InFlight == 3
+		return info.Active == 3
 	})
 	start := time.Now()
 	require.Equal(t, 0, w.stop(syscall.SIGINT, 20*time.Second), w.stderr.String())

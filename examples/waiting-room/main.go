@@ -1,14 +1,15 @@
-// Command shaping shows enqueue-time shaping (shape=true): a noisy tenant
-// enqueues a large burst at once, and a small tenant's jobs, enqueued just
-// after, wait behind it, or, with shaping, do not.
+// Command waiting-room shows sluice's waiting room against a noisy
+// neighbour: a noisy tenant enqueues a large burst at once, and a small
+// tenant's jobs, enqueued just after, wait behind it, or, with the waiting
+// room, do not.
 //
-// Without shaping the whole burst sits in asynq's pending list, first in
-// line; the workers must take every one of those jobs out, ask the gate, and
-// defer it to its slot before they reach the small tenant's job. With
-// shape=true, queue.Client takes each job's slot when it is enqueued and
-// schedules the job for it, so the pending list holds only jobs that are due.
+// Enqueued with asynq's own client, the whole burst sits in asynq's pending
+// list, first in line; the workers must take every one of those jobs out,
+// ask the gate, and defer it to its slot before they reach the small
+// tenant's job. Enqueued with queue.Client, the burst waits in its tenant's
+// line in Redis, and the pending list holds only jobs that may start now.
 //
-//	go run ./examples/shaping [--short] [--redis URL]
+//	go run ./examples/waiting-room [--short] [--redis URL]
 package main
 
 import (
@@ -27,6 +28,7 @@ import (
 
 	"github.com/sluicehq/sluice/examples/internal/demo"
 	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/taskspec"
 	"github.com/sluicehq/sluice/throttle"
 	"github.com/sluicehq/sluice/worker"
 )
@@ -38,7 +40,7 @@ func main() {
 	flag.Parse()
 	res, err := run(context.Background(), *redisURL, *short, os.Stdout)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "shaping:", err)
+		fmt.Fprintln(os.Stderr, "waiting-room:", err)
 		os.Exit(1)
 	}
 	if !res.ok() {
@@ -46,20 +48,20 @@ func main() {
 	}
 }
 
-// phase is one half of the demo: the same traffic under one policy.
+// phase is one half of the demo: the same traffic, enqueued one way.
 type phase struct {
-	policy  string
-	pending int // bulk jobs in the pending list when tiny's first job came
+	room    bool // through queue.Client and its waiting room
+	pending int  // bulk jobs in the pending list when tiny's first job came
 	waits   []time.Duration
 }
 
 func (p phase) median() time.Duration { return p.waits[len(p.waits)/2] }
 func (p phase) worst() time.Duration  { return p.waits[len(p.waits)-1] }
 
-type result struct{ plain, shaped phase }
+type result struct{ plain, room phase }
 
-// ok: with shaping the small tenant waits at most half as long.
-func (r result) ok() bool { return r.shaped.median()*2 < r.plain.median() }
+// ok: with the waiting room the small tenant waits at most half as long.
+func (r result) ok() bool { return r.room.median()*2 < r.plain.median() }
 
 // sizes of the demo.
 type sizes struct {
@@ -76,38 +78,39 @@ func run(ctx context.Context, redisURL string, short bool, out io.Writer) (resul
 		sz.bulk = 20000
 	}
 	if short {
-		sz = sizes{bulk: 600, tiny: 5, tinyEvery: 200 * time.Millisecond}
+		sz = sizes{bulk: 1500, tiny: 5, tinyEvery: 200 * time.Millisecond}
 	}
 	var res result
 	fmt.Fprintf(out, "The noisy tenant \"bulk\" (rate=50/s) enqueues %d jobs at once; right after, the small\n", sz.bulk)
 	fmt.Fprintf(out, "tenant \"tiny\" (no limit) enqueues a job every %s. How long does tiny wait to start?\n\n", sz.tinyEvery)
 	var err error
-	for i, policy := range []string{"rate=50/s", "rate=50/s shape=true"} {
-		p, perr := runPhase(ctx, redisURL, policy, sz, i)
+	for i, room := range []bool{false, true} {
+		p, perr := runPhase(ctx, redisURL, room, sz, i)
 		if perr != nil {
 			return res, perr
 		}
-		if i == 0 {
-			res.plain = p
+		how := "asynq's own client:"
+		if room {
+			res.room, how = p, "queue.Client:"
 		} else {
-			res.shaped = p
+			res.plain = p
 		}
-		fmt.Fprintf(out, "bulk %-21s tiny waited %5.2fs (median), %5.2fs (worst); bulk jobs in the pending list: %d\n",
-			policy+":", p.median().Seconds(), p.worst().Seconds(), p.pending)
+		fmt.Fprintf(out, "enqueued with %-19s tiny waited %5.2fs (median), %5.2fs (worst); bulk jobs in the pending list: %d\n",
+			how, p.median().Seconds(), p.worst().Seconds(), p.pending)
 	}
 	fmt.Fprintln(out)
 	if res.ok() {
-		fmt.Fprintln(out, "With shape=true, bulk's jobs waited for their slots in asynq's schedule instead of in the")
+		fmt.Fprintln(out, "Through queue.Client, bulk's jobs waited in their own line in Redis instead of in asynq's")
 		fmt.Fprintln(out, "pending list, so tiny's jobs were next in line as soon as they were enqueued.")
 	} else {
-		fmt.Fprintln(out, "UNEXPECTED: shaping did not halve tiny's median wait.")
+		fmt.Fprintln(out, "UNEXPECTED: the waiting room did not halve tiny's median wait.")
 	}
 	return res, err
 }
 
-func runPhase(ctx context.Context, redisURL, policy string, sz sizes, n int) (phase, error) {
-	ph := phase{policy: policy}
-	env, err := demo.Start(ctx, redisURL, fmt.Sprintf("shaping%d", n))
+func runPhase(ctx context.Context, redisURL string, room bool, sz sizes, n int) (phase, error) {
+	ph := phase{room: room}
+	env, err := demo.Start(ctx, redisURL, fmt.Sprintf("room%d", n))
 	if err != nil {
 		return ph, err
 	}
@@ -118,7 +121,7 @@ func runPhase(ctx context.Context, redisURL, policy string, sz sizes, n int) (ph
 		return ph, err
 	}
 	defer lim.Close()
-	p, err := throttle.ParsePolicy(policy)
+	p, err := throttle.ParsePolicy("rate=50/s")
 	if err != nil {
 		return ph, err
 	}
@@ -161,13 +164,39 @@ func runPhase(ctx context.Context, redisURL, policy string, sz sizes, n int) (ph
 		return ph, err
 	}
 	defer producer.Close()
-	jobs := make([]queue.Job, sz.bulk)
-	for i := range jobs {
-		jobs[i] = queue.Job{Tenant: "bulk", Task: asynq.NewTask("bulk", nil), Options: []asynq.Option{asynq.Queue(env.Queue)}}
-	}
-	for _, r := range producer.EnqueueBatch(ctx, jobs) {
-		if r.Err != nil {
-			return ph, r.Err
+	if room {
+		jobs := make([]queue.Job, sz.bulk)
+		for i := range jobs {
+			jobs[i] = queue.Job{Tenant: "bulk", Task: asynq.NewTask("bulk", nil), Options: []asynq.Option{asynq.Queue(env.Queue)}}
+		}
+		for _, r := range producer.EnqueueBatch(ctx, jobs) {
+			if r.Err != nil {
+				return ph, r.Err
+			}
+		}
+	} else {
+		// an application's own producer: asynq's client and the tenant
+		// header, 16 enqueues at a time as EnqueueBatch sends them
+		ac := asynq.NewClientFromRedisClient(rdb)
+		var wg sync.WaitGroup
+		errs := make(chan error, 16)
+		for g := 0; g < 16; g++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := g; i < sz.bulk; i += 16 {
+					task := asynq.NewTaskWithHeaders("bulk", nil, map[string]string{taskspec.TenantHeader: "bulk"})
+					if _, err := ac.EnqueueContext(ctx, task, asynq.Queue(env.Queue)); err != nil {
+						errs <- err
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		if err := <-errs; err != nil {
+			return ph, err
 		}
 	}
 	if info, err := asynq.NewInspectorFromRedisClient(rdb).GetQueueInfo(env.Queue); err == nil {

@@ -17,7 +17,7 @@ func TestShort(t *testing.T) {
 	res, err := run(context.Background(), "", true, &out)
 	require.NoError(t, err, out.String())
 	t.Log("\n" + out.String())
-	require.Greater(t, res.plain.pending, 500, "without shaping the burst sits in the pending list")
-	require.Less(t, res.shaped.pending, 100, "with shaping it waits in the schedule")
-	require.True(t, res.ok(), "shaping at least halves tiny's median wait")
+	require.Greater(t, res.plain.pending, 500, "enqueued with asynq's client, the burst sits in the pending list")
+	require.Less(t, res.room.pending, 100, "through queue.Client it waits in its tenant's line")
+	require.True(t, res.ok(), "the waiting room at least halves tiny's median wait")
 }

@@ -1,0 +1,224 @@
+// Package asynqroom is asynq's side of sluice's waiting room, shared by
+// the queue and worker packages: how much room the fleet has for more
+// jobs (its asynq servers' concurrency against their pending lists), and
+// the hand-over of promoted jobs to asynq's pending list.
+//
+// It reads and writes asynq's own keys, in the layout of asynq v0.26; the
+// package's tests pin that layout, so an asynq upgrade that changes it
+// fails them.
+package asynqroom
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/lua"
+	"github.com/sluicehq/sluice/throttle"
+)
+
+// asynq v0.26's key layout: every key of a queue carries its name as hash
+// tag, asynq:{QUEUE}:.
+func queuePrefix(queue string) string { return "asynq:{" + queue + "}:" }
+
+// PendingKey is the list of a queue's tasks ready to run.
+func PendingKey(queue string) string { return queuePrefix(queue) + "pending" }
+
+// TaskKey is the hash of one task.
+func TaskKey(queue, id string) string { return queuePrefix(queue) + "t:" + id }
+
+// Defaults of a Gauge.
+const (
+	// CapacityEvery is how often the fleet's capacity is read from asynq's
+	// server registry (asynq's servers write it every few seconds).
+	CapacityEvery = 5 * time.Second
+	// PendingEvery is how often a producer's gauge reads a pending list's
+	// length again; in between it counts the jobs it sent itself.
+	PendingEvery = 50 * time.Millisecond
+
+	idleCapacityEvery = 250 * time.Millisecond
+)
+
+// Gauge tells how many more jobs the fleet can take from a queue now: the
+// concurrency of the asynq servers that serve it, less the jobs waiting in
+// its pending list. Keeping the pending lists that short is what lets the
+// waiting room serve tenants in turn: a job admitted later is not queued
+// behind everything admitted before.
+//
+// A Gauge is safe for concurrent use.
+type Gauge struct {
+	client    redis.UniversalClient
+	inspector *asynq.Inspector
+
+	mu       sync.Mutex
+	capAt    time.Time
+	capacity map[string]int
+	queues   map[string]*queueRoom
+}
+
+type queueRoom struct {
+	at   time.Time
+	free int
+}
+
+// NewGauge returns a gauge over the Redis client of asynq's queues.
+func NewGauge(client redis.UniversalClient) *Gauge {
+	return &Gauge{
+		client:    client,
+		inspector: asynq.NewInspectorFromRedisClient(client),
+		queues:    map[string]*queueRoom{},
+	}
+}
+
+// capacityOf is how many jobs of queue the fleet runs at once, read from
+// asynq's server registry at most every CapacityEvery (every
+// idleCapacityEvery while no server serves the queue, so that jobs start
+// soon after the first worker does).
+func (g *Gauge) capacityOf(queue string) (int, error) {
+	g.mu.Lock()
+	every := CapacityEvery
+	if g.capacity[queue] == 0 {
+		every = idleCapacityEvery
+	}
+	fresh := time.Since(g.capAt) < every && g.capacity != nil
+	g.mu.Unlock()
+	if !fresh {
+		servers, err := g.inspector.Servers()
+		if err != nil {
+			return 0, fmt.Errorf("read asynq's servers: %w", err)
+		}
+		capacity := map[string]int{}
+		for _, s := range servers {
+			if s.Status != "active" {
+				continue
+			}
+			for q := range s.Queues {
+				capacity[q] += s.Concurrency
+			}
+		}
+		g.mu.Lock()
+		g.capacity, g.capAt = capacity, time.Now()
+		g.mu.Unlock()
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.capacity[queue], nil
+}
+
+// Free is how many more jobs the fleet can take from the queues now, in
+// all: each queue's capacity less its pending list's length.
+func (g *Gauge) Free(ctx context.Context, queues []string) (int, error) {
+	pipe := g.client.Pipeline()
+	lens := make([]*redis.IntCmd, len(queues))
+	for i, q := range queues {
+		lens[i] = pipe.LLen(ctx, PendingKey(q))
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return 0, fmt.Errorf("read asynq's pending lists: %w", err)
+	}
+	free := 0
+	for i, q := range queues {
+		c, err := g.capacityOf(q)
+		if err != nil {
+			return 0, err
+		}
+		free += max(c-int(lens[i].Val()), 0)
+	}
+	return free, nil
+}
+
+// Take reports whether one more job may go straight to queue's pending
+// list, and counts it. The pending list's length is read at most every
+// PendingEvery; in between the gauge counts what it let through. An error
+// reading it says no: the job waits in its line, where a pump finds it.
+func (g *Gauge) Take(ctx context.Context, queue string) bool {
+	g.mu.Lock()
+	q := g.queues[queue]
+	if q == nil {
+		q = &queueRoom{}
+		g.queues[queue] = q
+	}
+	stale := time.Since(q.at) >= PendingEvery
+	if stale {
+		// one caller refreshes; the others count on the old figure
+		q.at = time.Now()
+	}
+	g.mu.Unlock()
+	if stale {
+		free, err := g.Free(ctx, []string{queue})
+		g.mu.Lock()
+		if err != nil {
+			q.free = 0
+		} else {
+			q.free = free
+		}
+		g.mu.Unlock()
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if q.free > 0 {
+		q.free--
+		return true
+	}
+	return false
+}
+
+// handoverChunk is the most tasks one handover.lua call moves.
+const handoverChunk = 100
+
+// Handover returns the waiting room's hand-over to asynq over its Redis
+// client: each promoted job's task moves from asynq's schedule (where it
+// was parked) or its retry set to the pending list of its queue, in one
+// script call per queue and chunk.
+func Handover(client redis.UniversalClient) throttle.Handover {
+	return func(ctx context.Context, jobs []throttle.Promoted) []throttle.HandoverResult {
+		out := make([]throttle.HandoverResult, len(jobs))
+		byQueue := map[string][]int{}
+		var order []string
+		for i, j := range jobs {
+			if _, ok := byQueue[j.Queue]; !ok {
+				order = append(order, j.Queue)
+			}
+			byQueue[j.Queue] = append(byQueue[j.Queue], i)
+		}
+		now := strconv.FormatInt(time.Now().UnixNano(), 10)
+		for _, q := range order {
+			idx := byQueue[q]
+			for start := 0; start < len(idx); start += handoverChunk {
+				chunk := idx[start:min(start+handoverChunk, len(idx))]
+				keys := make([]string, 0, 1+len(chunk))
+				args := make([]any, 0, 2+len(chunk))
+				keys = append(keys, PendingKey(q))
+				args = append(args, queuePrefix(q), now)
+				for _, i := range chunk {
+					keys = append(keys, TaskKey(q, jobs[i].ID))
+					args = append(args, jobs[i].ID)
+				}
+				res, err := lua.Handover.Run(ctx, client, keys, args...).Result()
+				arr, ok := res.([]any)
+				if err != nil || !ok || len(arr) != len(chunk) {
+					for _, i := range chunk {
+						out[i] = throttle.Failed
+					}
+					continue
+				}
+				for k, i := range chunk {
+					switch v, _ := arr[k].(int64); v {
+					case 1, 2:
+						out[i] = throttle.Handed
+					case 0, 3:
+						out[i] = throttle.Gone
+					default:
+						out[i] = throttle.Failed
+					}
+				}
+			}
+		}
+		return out
+	}
+}

@@ -1,0 +1,292 @@
+package throttle
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// The pump: whoever runs jobs runs one, and it moves waiting jobs from
+// their lines to the queue engine when they may start and the fleet has
+// room for them, serving the due tenants in turn.
+
+// HandoverResult is what the queue engine made of one promoted job.
+type HandoverResult int
+
+const (
+	// Handed: the engine has the job to run now (or had it already,
+	// pending or running).
+	Handed HandoverResult = iota
+	// Gone: the engine has no such job, or holds it in a state it does
+	// not run from (archived, completed): the job leaves the room and
+	// what its promotion took is given back.
+	Gone
+	// Failed: the engine could not be asked; the hand-over is tried again
+	// later.
+	Failed
+)
+
+// A Handover gives promoted jobs to the queue engine and reports, for each
+// in order, what became of it.
+type Handover func(ctx context.Context, jobs []Promoted) []HandoverResult
+
+// Defaults of PumpConfig.
+const (
+	PumpIntervalDefault = 20 * time.Millisecond
+	PumpTenantsDefault  = 256
+	sweepEvery          = 30 * time.Second
+)
+
+// PumpConfig configures a pump.
+type PumpConfig struct {
+	// Handover gives promoted jobs to the queue engine. Required.
+	Handover Handover
+	// Free is how many more jobs the fleet can take now: the room in the
+	// queue engine's pending lists, so that they stay short and a tenant
+	// arriving later is not served after everything already admitted.
+	// Required.
+	Free func(ctx context.Context) (int, error)
+	// Interval is how often the pump looks again when the fleet has no
+	// room or no line is due (it also wakes for the next due line).
+	// PumpIntervalDefault when zero.
+	Interval time.Duration
+	// Tenants is the most tenants served in one round. PumpTenantsDefault
+	// when zero.
+	Tenants int
+	// OnTurn, when set, is told of every tenant's turn: the turn, how many
+	// of its jobs were handed over and how many were gone.
+	OnTurn func(tenant string, t Turn, handed, gone int)
+	// OnError, when set, is told of errors the pump goes on after.
+	OnError func(err error)
+}
+
+func (c PumpConfig) withDefaults() PumpConfig {
+	c.Interval = cmp.Or(c.Interval, PumpIntervalDefault)
+	c.Tenants = cmp.Or(c.Tenants, PumpTenantsDefault)
+	return c
+}
+
+func (c PumpConfig) validate() error {
+	switch {
+	case c.Handover == nil:
+		return errors.New("pump config: Handover is required")
+	case c.Free == nil:
+		return errors.New("pump config: Free is required")
+	case c.Interval < time.Millisecond:
+		return fmt.Errorf("pump config: Interval %s: must be at least 1ms", c.Interval)
+	case c.Tenants < 1:
+		return fmt.Errorf("pump config: Tenants %d: must be at least 1", c.Tenants)
+	}
+	return nil
+}
+
+// Pump runs the waiting room's pump until ctx ends: while the fleet has
+// room it takes the due tenants from the index, oldest first, gives each
+// a turn (deficit round robin: a share of the room by the tenants'
+// weights, weight= in their policies), hands the promoted jobs over and
+// sets when each tenant is next due. A policy change makes every waiting tenant due at once, so
+// that its jobs follow the new rules, and every half minute the pump looks
+// for lines missing from the index (a producer that died between its line
+// and the index). Several pumps share the work: a tenant taken by one is
+// held from the others for a few seconds.
+func (r *Room) Pump(ctx context.Context, cfg *PumpConfig) error {
+	var c PumpConfig
+	if cfg != nil {
+		c = *cfg
+	}
+	c = c.withDefaults()
+	if err := c.validate(); err != nil {
+		return err
+	}
+	p := &pump{r: r, cfg: c, gen: r.l.policies.generation()}
+	p.run(ctx)
+	return nil
+}
+
+type pump struct {
+	r         *Room
+	cfg       PumpConfig
+	gen       uint64
+	lastSweep time.Time
+}
+
+func (p *pump) run(ctx context.Context) {
+	for ctx.Err() == nil {
+		wait, err := p.round(ctx)
+		if err != nil && ctx.Err() == nil {
+			p.report(err)
+			wait = max(wait, p.cfg.Interval)
+		}
+		if wait > 0 {
+			t := time.NewTimer(wait)
+			select {
+			case <-ctx.Done():
+			case <-t.C:
+			}
+			t.Stop()
+		}
+	}
+}
+
+func (p *pump) report(err error) {
+	if p.cfg.OnError != nil {
+		p.cfg.OnError(err)
+	}
+}
+
+// round serves the due tenants once; it returns how long to wait before the
+// next round.
+func (p *pump) round(ctx context.Context) (time.Duration, error) {
+	if g := p.r.l.policies.generation(); g != p.gen {
+		p.gen = g
+		if err := p.r.markAll(ctx); err != nil {
+			return 0, err
+		}
+	}
+	if time.Since(p.lastSweep) > sweepEvery {
+		p.lastSweep = time.Now()
+		if err := p.r.sweep(ctx); err != nil {
+			p.report(err)
+		}
+	}
+	free, err := p.cfg.Free(ctx)
+	if err != nil {
+		return p.cfg.Interval, err
+	}
+	if free <= 0 {
+		return p.cfg.Interval, nil
+	}
+	tenants, held, err := p.r.take(ctx, min(free, p.cfg.Tenants), HoldDefault)
+	if err != nil {
+		return p.cfg.Interval, err
+	}
+	if len(tenants) == 0 {
+		due, now, ok, err := p.r.next(ctx)
+		if err != nil || !ok {
+			return p.cfg.Interval, err
+		}
+		return min(max(due.Sub(now), 0), p.cfg.Interval), nil
+	}
+	// the room is shared out by the tenants' weights (from the policy
+	// cache): each gets its share, at least one job
+	weights := make([]int64, len(tenants))
+	var total int64
+	for i, t := range tenants {
+		weights[i] = 1
+		if res, err := p.r.l.resolved(ctx, t); err == nil {
+			weights[i] = res.Policy.weight()
+		}
+		total += weights[i]
+	}
+	turns := make([]Turn, len(tenants))
+	errs := make([]error, len(tenants))
+	var wg sync.WaitGroup
+	for i, t := range tenants {
+		share := max(1, int(int64(free)*weights[i]/total))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			turns[i], errs[i] = p.r.promote(ctx, t, share, int64(share))
+		}()
+	}
+	wg.Wait()
+	due := make(map[string]time.Time, len(tenants))
+	var all []Promoted
+	for i, t := range tenants {
+		if errs[i] != nil {
+			// due again when the hold ends
+			p.report(errs[i])
+			continue
+		}
+		due[t] = turns[i].Due
+		all = append(all, turns[i].Promoted...)
+	}
+	handed, gone := p.r.handOver(ctx, all, p.cfg.Handover)
+	if p.cfg.OnTurn != nil {
+		for i, t := range tenants {
+			if errs[i] == nil {
+				p.cfg.OnTurn(t, turns[i], handed[t], gone[t])
+			}
+		}
+	}
+	if err := p.r.settle(ctx, held, due); err != nil {
+		return 0, err
+	}
+	return 0, nil
+}
+
+// handOver gives promoted jobs to the queue engine, then confirms them in
+// their tenants' handing sets, or takes back the promotions of jobs the
+// engine does not have (an earlier promotion's retry only leaves the set:
+// the engine may have run it already). Jobs it could not hand over stay in
+// the handing sets, to be tried again. It returns, per tenant, how many
+// jobs were handed over and how many were gone.
+func (r *Room) handOver(ctx context.Context, jobs []Promoted, h Handover) (handed, gone map[string]int) {
+	handed, gone = map[string]int{}, map[string]int{}
+	if len(jobs) == 0 {
+		return handed, gone
+	}
+	results := h(ctx, jobs)
+	done := map[string][]Promoted{}
+	for i, j := range jobs {
+		res := Failed
+		if i < len(results) {
+			res = results[i]
+		}
+		switch {
+		case res == Handed:
+			handed[j.Tenant]++
+			done[j.Tenant] = append(done[j.Tenant], j)
+		case res == Gone && j.Retry:
+			gone[j.Tenant]++
+			done[j.Tenant] = append(done[j.Tenant], j)
+		case res == Gone:
+			gone[j.Tenant]++
+			// an error leaves the entry to be tried again
+			_ = r.undo(ctx, j)
+		}
+	}
+	_ = r.handedMany(ctx, done)
+	return handed, gone
+}
+
+// handedMany confirms hand-overs of several tenants in one round trip.
+func (r *Room) handedMany(ctx context.Context, done map[string][]Promoted) error {
+	if len(done) == 0 {
+		return nil
+	}
+	pipe := r.l.client.Pipeline()
+	for t, jobs := range done {
+		members := make([]any, len(jobs))
+		for i, p := range jobs {
+			members[i] = p.member
+		}
+		pipe.ZRem(ctx, keysFor(r.l.cfg.Prefix, t).handing, members...)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return fmt.Errorf("handed jobs: %w", err)
+	}
+	return nil
+}
+
+// Release gives back the concurrency slots job id of tenant holds under
+// claim (as Limiter.Release does) and, in the same script run, hands the
+// freed slot to the next job in the tenant's line: that job is promoted
+// and given to the queue engine with h at once. It returns ErrClaimLost
+// as Limiter.Release does.
+func (r *Room) Release(ctx context.Context, tenant, id string, claim uint64, h Handover) error {
+	t, err := r.release(ctx, tenant, id, claim, 1)
+	if err != nil {
+		return err
+	}
+	if len(t.Promoted) > 0 {
+		r.handOver(ctx, t.Promoted, h)
+	}
+	if claim != 0 && t.Lost > 0 {
+		return fmt.Errorf("release tenant %q job %q: %w", tenant, id, ErrClaimLost)
+	}
+	return nil
+}

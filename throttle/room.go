@@ -1,0 +1,630 @@
+package throttle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/lua"
+)
+
+// Room is the waiting room (docs/architecture.md, "The waiting room"): the
+// tenants' lines of jobs that may not start yet, the promotion of a line's
+// head when it may, and the index of which lines are due when. sluice owns
+// the waiting; the queue engine (asynq) owns the execution: the queue
+// package brings jobs in (Arrive, Join), the worker package runs the pump
+// (Pump) and hands a finished job's slot to the next in line (Release).
+// Applications use those packages; Room is what they share.
+//
+// A job waiting in a line is charged nothing, so a policy change reaches it
+// at once. When it is promoted it takes its slot (a reservation) and its
+// concurrency slot, and the worker's gate starts it on them.
+//
+// On Redis Cluster the room decides on the tenant's rules alone: @global
+// lives in another slot, and the gate applies it when the job starts.
+//
+// A Room is safe for concurrent use.
+type Room struct {
+	l *Limiter
+}
+
+// Room returns the limiter's waiting room.
+func (l *Limiter) Room() *Room { return &Room{l: l} }
+
+// Defaults of the waiting room.
+const (
+	// RepairDefault is how long a promoted job may go unconfirmed by the
+	// queue engine before its hand-over is tried again (a pump or worker
+	// died in between).
+	RepairDefault = 5 * time.Second
+	// HoldDefault is how long a pump holds the tenants it takes from the
+	// due index: no other pump serves them meanwhile, and if it dies they
+	// are due again after it.
+	HoldDefault = 5 * time.Second
+)
+
+// lineSep separates the fields of a line entry; a queue name may not hold it.
+const lineSep = "\x1f"
+
+// Arrival is a new job at the waiting room: it goes straight to the queue
+// engine or waits in its tenant's line.
+type Arrival struct {
+	Tenant string
+	// ID is the job's asynq task id.
+	ID string
+	// Queue is the job's queue ("" for asynq's default).
+	Queue string
+	// Cost is what the job weighs on rate, window and quota rules; 0 means 1.
+	Cost int64
+	// MayGo reports that the fleet has room for the job now: without it
+	// the job waits in its line even if its rules allow it, so that a
+	// saturated fleet serves tenants in turn.
+	MayGo bool
+	// Policies, when set, are the job's policies as PolicyStore.Resolve
+	// returned them; nil: the room resolves them.
+	Policies *Resolved
+}
+
+// Arrived is what the room made of an arrival.
+type Arrived struct {
+	// Straight reports that the job may start now: it took its slot (and
+	// its concurrency slot, under Claim) and goes straight to the queue
+	// engine's pending list. Otherwise it is to wait in its tenant's line
+	// (Join).
+	Straight bool
+	Slot     time.Time
+	Claim    uint64
+	// Waiting is how many jobs of the tenant wait in its line.
+	Waiting int64
+	// Backlog is the cap of the tenant's line (its policy's backlog=); 0
+	// when there is none.
+	Backlog int64
+
+	op *admitOp // to take a straight arrival back
+}
+
+// Arrive decides whether a new job goes straight to the queue engine: when
+// its tenant's line is empty, a.MayGo and every rule lets it start now. A
+// job that does not goes to the engine parked (scheduled far ahead) and
+// then joins its line (Join). A tenant whose line holds its backlog cap
+// already gets a *BacklogError (ErrBacklogFull), and a cost no rule can
+// ever admit a *CostError, with nothing written.
+func (r *Room) Arrive(ctx context.Context, a Arrival) (Arrived, error) {
+	if err := ValidateTenant(a.Tenant); err != nil {
+		return Arrived{}, err
+	}
+	if strings.Contains(a.Queue, lineSep) {
+		return Arrived{}, fmt.Errorf("arrival of tenant %q: queue %q holds the byte 0x1f, which sluice keeps for itself; rename the queue", a.Tenant, a.Queue)
+	}
+	cost := max(a.Cost, 1)
+	res := a.Policies
+	if res == nil {
+		rs, err := r.l.resolved(ctx, a.Tenant)
+		if err != nil {
+			return Arrived{}, fmt.Errorf("arrival of tenant %q: %w", a.Tenant, err)
+		}
+		res = &rs
+	}
+	scopes := r.scopes(a.Tenant, *res)
+	for _, s := range scopes {
+		if f := s.facts; f.maxCost >= 0 && cost > f.maxCost {
+			return Arrived{}, &CostError{Tenant: a.Tenant, Cost: cost, Max: f.maxCost, Rule: s.name + " " + f.maxCostRule}
+		}
+	}
+	var backlog int64
+	if res.Policy != nil {
+		backlog = res.Policy.Backlog
+	}
+	op := &admitOp{id: a.ID, cost: cost, flags: flagHold | flagArrive | r.l.noTTLFlag(), claim: newClaim()}
+	for _, s := range scopes {
+		op.scopes = append(op.scopes, opScope{scope: s})
+	}
+	op.roomKeys = []string{keysFor(r.l.cfg.Prefix, a.Tenant).line}
+	op.roomArgs = []any{boolInt(a.MayGo), backlog, micros(r.l.cfg.PromoteLead)}
+	raw, err := r.l.runRaw(ctx, op, -1)
+	if err != nil {
+		return Arrived{}, fmt.Errorf("arrival of tenant %q: %w", a.Tenant, err)
+	}
+	rep, err := decodeArrive(raw)
+	if err != nil {
+		return Arrived{}, err
+	}
+	d := Arrived{Waiting: rep.waiting, Backlog: backlog}
+	switch rep.verdict {
+	case arriveFull:
+		return d, &BacklogError{Tenant: a.Tenant, Backlog: rep.waiting, Limit: backlog}
+	case arriveStraight:
+		d.Straight, d.Slot = true, time.UnixMicro(rep.slot)
+		if len(rep.undo) > 0 {
+			// the charges to take back if the job never reaches the engine
+			op.undo = rep.undo
+			d.op = op
+			if r.holds(scopes) {
+				d.Claim = op.claim
+			}
+		}
+	}
+	return d, nil
+}
+
+// holds reports whether a job in these scopes takes a concurrency slot.
+func (r *Room) holds(scopes []scope) bool {
+	for _, s := range scopes {
+		if s.facts.lease > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// TakeBack gives back what a straight arrival took (its slot and its
+// concurrency slot), for a job the queue engine refused. A slot another
+// admission of the job has taken over since is left to it.
+func (r *Room) TakeBack(ctx context.Context, d Arrived) error {
+	if d.op == nil {
+		return nil
+	}
+	op := *d.op
+	op.flags = flagUndoOnly | r.l.noTTLFlag()
+	op.roomKeys, op.roomArgs = nil, nil
+	if _, err := r.l.run(ctx, &op, -1); err != nil {
+		return fmt.Errorf("take back the arrival of job %q: %w", op.id, err)
+	}
+	return nil
+}
+
+// scopes are the scopes the room decides a tenant's jobs in: the tenant's
+// (even without rules: its line's turn is kept there), and @global's where
+// one script sees both (not on a Cluster, where @global is left to the
+// gate when the job starts).
+func (r *Room) scopes(tenant string, res Resolved) []scope {
+	scopes := r.l.scopesOf(tenant, res)
+	if r.l.cluster && len(scopes) > 1 {
+		scopes = scopes[:1]
+	}
+	return scopes
+}
+
+// Waiter is a job to put in its tenant's line.
+type Waiter struct {
+	ID    string
+	Queue string // "" for asynq's default
+	Cost  int64  // 0 means 1
+}
+
+// Join puts jobs in tenant's line, in order, once their tasks are in the
+// queue engine (parked). When the line holds backlog jobs (0: no cap) the
+// rest do not join: joined counts those that did; a caller takes the
+// others out of the engine again. A line that begins here makes its tenant
+// due in the index at once.
+func (r *Room) Join(ctx context.Context, tenant string, backlog int64, jobs ...Waiter) (joined int, waiting int64, err error) {
+	if err := ValidateTenant(tenant); err != nil {
+		return 0, 0, err
+	}
+	if len(jobs) == 0 {
+		return 0, 0, nil
+	}
+	args := make([]any, 0, 2+len(jobs))
+	args = append(args, r.l.clockArg(), backlog)
+	for _, j := range jobs {
+		if strings.Contains(j.Queue, lineSep) {
+			return 0, 0, fmt.Errorf("line of tenant %q: queue %q holds the byte 0x1f, which sluice keeps for itself; rename the queue", tenant, j.Queue)
+		}
+		args = append(args, lineTail(j))
+	}
+	res, err := lua.Line.Run(ctx, r.l.client, []string{keysFor(r.l.cfg.Prefix, tenant).line}, args...).Result()
+	if err != nil {
+		return 0, 0, fmt.Errorf("line of tenant %q: %w", tenant, err)
+	}
+	v, err := int64s(res, 3)
+	if err != nil {
+		return 0, 0, fmt.Errorf("line.lua: %w", err)
+	}
+	if v[2] == 1 {
+		// The line began: its tenant is due now. Should this fail, the
+		// pumps' sweep finds the line.
+		if err := r.mark(ctx, tenant); err != nil {
+			return int(v[0]), v[1], err
+		}
+	}
+	return int(v[0]), v[1], nil
+}
+
+// lineTail is a line entry after its time: COST␟QUEUE␟ID, the cost empty
+// for 1 and the queue for the default.
+func lineTail(j Waiter) string {
+	cost := ""
+	if j.Cost > 1 {
+		cost = strconv.FormatInt(j.Cost, 10)
+	}
+	q := j.Queue
+	if q == DefaultQueue {
+		q = ""
+	}
+	return cost + lineSep + q + lineSep + j.ID
+}
+
+// DefaultQueue is asynq's default queue, written as "" in line entries.
+const DefaultQueue = "default"
+
+// Promoted is a job the room promoted from its line: it took its slot and
+// its concurrency slot (under Claim), and is to be handed to the queue
+// engine.
+type Promoted struct {
+	Tenant string
+	Queue  string
+	ID     string
+	Cost   int64
+	Slot   time.Time
+	Claim  uint64
+	Lined  time.Time // when it joined the line
+	// Retry reports a promotion made earlier whose hand-over was not
+	// confirmed: the engine may have it already.
+	Retry bool
+
+	member string
+	undo   [][]int64 // per scope, to take the promotion back
+	scopes []scope   // the scopes it was promoted in
+}
+
+// Turn is what one turn of a tenant's line did.
+type Turn struct {
+	// Promoted are the jobs to hand over, in line order, then the earlier
+	// promotions to hand over again (Retry).
+	Promoted []Promoted
+	// Due is when the tenant's line may next be promoted; zero when it is
+	// empty and nothing is being handed over.
+	Due time.Time
+	// Waiting is how many jobs wait in the line after the turn, and Oldest
+	// when the one at its head joined it (zero when none waits).
+	Waiting int64
+	Oldest  time.Time
+	// Skipped counts line entries dropped because their job runs already.
+	Skipped int
+	// Released and Lost are, for Release, how many scopes gave back the
+	// job's slot and how many held none under its claim.
+	Released, Lost int
+}
+
+// promote gives tenant's line a turn: its head jobs are promoted while they
+// may start, at most budget of them, and as much cost as quantum plus what
+// the tenant is owed from earlier turns (deficit round robin).
+func (r *Room) promote(ctx context.Context, tenant string, budget int, quantum int64) (Turn, error) {
+	return r.turn(ctx, tenant, "", 0, budget, quantum, flagPromote)
+}
+
+// release gives back the concurrency slots job id holds under claim and in
+// the same run promotes at most budget jobs from the line's head into them.
+func (r *Room) release(ctx context.Context, tenant, id string, claim uint64, budget int) (Turn, error) {
+	return r.turn(ctx, tenant, id, claim, budget, int64(budget), flagRelease)
+}
+
+func (r *Room) turn(ctx context.Context, tenant, id string, claim uint64, budget int, quantum int64, kind int) (Turn, error) {
+	if err := ValidateTenant(tenant); err != nil {
+		return Turn{}, err
+	}
+	res, err := r.l.resolved(ctx, tenant)
+	if err != nil {
+		return Turn{}, fmt.Errorf("turn of tenant %q: %w", tenant, err)
+	}
+	scopes := r.scopes(tenant, res)
+	if kind == flagPromote {
+		claim = newClaim()
+	}
+	var t Turn
+	groups := [][]scope{scopes}
+	if kind == flagRelease && r.l.cluster && len(scopes) == 1 && res.Global.HasRules() {
+		// @global's slot, in its own slot of the Cluster, is given back
+		// on its own
+		groups = append(groups, r.l.scopesOf("", Resolved{Global: res.Global, globalFacts: res.globalFacts}))
+	}
+	for i, g := range groups {
+		b := budget
+		if i > 0 {
+			b = 0
+		}
+		op := &admitOp{id: id, cost: 1, flags: flagHold | kind | r.l.noTTLFlag(), claim: claim}
+		for _, s := range g {
+			op.scopes = append(op.scopes, opScope{scope: s})
+		}
+		op.roomArgs = []any{b, quantum, micros(RepairDefault), micros(r.l.cfg.PromoteLead)}
+		if b > 0 {
+			k := keysFor(r.l.cfg.Prefix, tenant)
+			op.roomKeys = []string{k.line, k.handing}
+		}
+		raw, err := r.l.runRaw(ctx, op, -1)
+		if err != nil {
+			return t, fmt.Errorf("turn of tenant %q: %w", tenant, err)
+		}
+		gt, err := decodeTurn(tenant, raw, g)
+		if err != nil {
+			return t, err
+		}
+		if i == 0 {
+			t = gt
+		} else {
+			t.Released += gt.Released
+			t.Lost += gt.Lost
+		}
+	}
+	return t, nil
+}
+
+// handed confirms that the queue engine has the promoted jobs: they leave
+// the handing set.
+func (r *Room) handed(ctx context.Context, tenant string, jobs []Promoted) error {
+	if len(jobs) == 0 {
+		return nil
+	}
+	members := make([]any, len(jobs))
+	for i, p := range jobs {
+		members[i] = p.member
+	}
+	if err := r.l.client.ZRem(ctx, keysFor(r.l.cfg.Prefix, tenant).handing, members...).Err(); err != nil {
+		return fmt.Errorf("handed jobs of tenant %q: %w", tenant, err)
+	}
+	return nil
+}
+
+// undo takes a promotion back, for a job the queue engine does not have
+// (deleted, archived, or gone while it waited): what it took is given back
+// as far as nothing took it over since, and it leaves the handing set.
+func (r *Room) undo(ctx context.Context, p Promoted) error {
+	if len(p.undo) > 0 && len(p.undo) == len(p.scopes) {
+		op := &admitOp{id: p.ID, cost: max(p.Cost, 1), flags: flagUndoOnly | r.l.noTTLFlag(), undo: p.undo}
+		for _, s := range p.scopes {
+			op.scopes = append(op.scopes, opScope{scope: s})
+		}
+		if _, err := r.l.run(ctx, op, -1); err != nil {
+			return fmt.Errorf("undo the promotion of job %q: %w", p.ID, err)
+		}
+	}
+	return r.handed(ctx, p.Tenant, []Promoted{p})
+}
+
+// The due index (lua/room.lua).
+
+// take takes up to n tenants whose lines are due, earliest first, holding
+// them for hold; held is the score they got (settle compares it).
+func (r *Room) take(ctx context.Context, n int, hold time.Duration) (tenants []string, held int64, err error) {
+	res, err := r.l.batch.run(ctx, lua.Room, []string{dueKey(r.l.cfg.Prefix)}, []any{r.l.clockArg(), "take", n, micros(hold)})
+	if err != nil {
+		return nil, 0, fmt.Errorf("take due tenants: %w", err)
+	}
+	arr, ok := res.([]any)
+	if !ok || len(arr) < 2 {
+		return nil, 0, fmt.Errorf("room.lua: unexpected reply %v", res)
+	}
+	hs, ok := arr[1].(string)
+	if !ok {
+		return nil, 0, fmt.Errorf("room.lua: unexpected reply %v", res)
+	}
+	held, err = strconv.ParseInt(hs, 10, 64)
+	if err != nil {
+		return nil, 0, fmt.Errorf("room.lua: unexpected hold %q", hs)
+	}
+	tenants = make([]string, 0, len(arr)-2)
+	for _, x := range arr[2:] {
+		s, ok := x.(string)
+		if !ok {
+			return nil, 0, fmt.Errorf("room.lua: unexpected tenant %T %v", x, x)
+		}
+		tenants = append(tenants, s)
+	}
+	return tenants, held, nil
+}
+
+// settle sets the next due time of tenants a pump took at held (zero: out
+// of the index), unless someone marked them meanwhile.
+func (r *Room) settle(ctx context.Context, held int64, due map[string]time.Time) error {
+	if len(due) == 0 {
+		return nil
+	}
+	args := make([]any, 0, 3+2*len(due))
+	args = append(args, r.l.clockArg(), "settle", held)
+	for t, at := range due {
+		v := int64(-1)
+		if !at.IsZero() {
+			v = at.UnixMicro()
+		}
+		args = append(args, t, v)
+	}
+	if _, err := r.l.batch.run(ctx, lua.Room, []string{dueKey(r.l.cfg.Prefix)}, args); err != nil {
+		return fmt.Errorf("settle due tenants: %w", err)
+	}
+	return nil
+}
+
+// mark makes tenants due now (or keeps an earlier due time).
+func (r *Room) mark(ctx context.Context, tenants ...string) error {
+	args := make([]any, 0, 2+len(tenants))
+	args = append(args, r.l.clockArg(), "mark")
+	for _, t := range tenants {
+		args = append(args, t)
+	}
+	if _, err := r.l.batch.run(ctx, lua.Room, []string{dueKey(r.l.cfg.Prefix)}, args); err != nil {
+		return fmt.Errorf("mark tenants due: %w", err)
+	}
+	return nil
+}
+
+// markAll makes every tenant in the index due now: a policy change may
+// have moved their lines' due times.
+func (r *Room) markAll(ctx context.Context) error {
+	if _, err := r.l.batch.run(ctx, lua.Room, []string{dueKey(r.l.cfg.Prefix)}, []any{r.l.clockArg(), "markall"}); err != nil {
+		return fmt.Errorf("mark every tenant due: %w", err)
+	}
+	return nil
+}
+
+// sweep makes every tenant whose line is missing from the index due, at
+// most once per sweepEvery across the fleet (a lock in Redis): a producer
+// that died between its line and the index leaves one.
+func (r *Room) sweep(ctx context.Context) error {
+	ok, err := r.l.client.SetNX(ctx, sweepKey(r.l.cfg.Prefix), 1, sweepEvery-time.Second).Result()
+	if err != nil || !ok {
+		return err
+	}
+	seen, err := r.l.scanScopes(ctx, lineKeyPattern(r.l.cfg.Prefix))
+	if err != nil {
+		return fmt.Errorf("sweep lines: %w", err)
+	}
+	args := []any{r.l.clockArg(), "ensure"}
+	for t := range seen {
+		args = append(args, t)
+		if len(args) > 1000 {
+			if _, err := r.l.batch.run(ctx, lua.Room, []string{dueKey(r.l.cfg.Prefix)}, args); err != nil {
+				return fmt.Errorf("sweep lines: %w", err)
+			}
+			args = args[:2]
+		}
+	}
+	if len(args) > 2 {
+		if _, err := r.l.batch.run(ctx, lua.Room, []string{dueKey(r.l.cfg.Prefix)}, args); err != nil {
+			return fmt.Errorf("sweep lines: %w", err)
+		}
+	}
+	return nil
+}
+
+// next is the earliest due time in the index and the Redis time it was
+// read at; ok is false when no line is due at all.
+func (r *Room) next(ctx context.Context) (due, now time.Time, ok bool, err error) {
+	res, err := r.l.batch.run(ctx, lua.Room, []string{dueKey(r.l.cfg.Prefix)}, []any{r.l.clockArg(), "next"})
+	if err != nil {
+		return time.Time{}, time.Time{}, false, fmt.Errorf("next due tenant: %w", err)
+	}
+	v, err := int64s(res, 2)
+	if err != nil {
+		return time.Time{}, time.Time{}, false, fmt.Errorf("room.lua: %w", err)
+	}
+	if v[1] < 0 {
+		return time.Time{}, time.UnixMicro(v[0]), false, nil
+	}
+	return time.UnixMicro(v[1]), time.UnixMicro(v[0]), true, nil
+}
+
+// Waiting is how many of tenant's jobs wait in its line, and when the one
+// at its head joined it (zero when none waits).
+func (r *Room) Waiting(ctx context.Context, tenant string) (int64, time.Time, error) {
+	if err := ValidateTenant(tenant); err != nil {
+		return 0, time.Time{}, err
+	}
+	k := keysFor(r.l.cfg.Prefix, tenant)
+	pipe := r.l.client.Pipeline()
+	n := pipe.LLen(ctx, k.line)
+	head := pipe.LIndex(ctx, k.line, 0)
+	if _, err := pipe.Exec(ctx); err != nil && !isNil(err) {
+		return 0, time.Time{}, fmt.Errorf("waiting jobs of tenant %q: %w", tenant, err)
+	}
+	var oldest time.Time
+	if m, err := head.Result(); err == nil {
+		if e, ok := parseLineEntry(m); ok {
+			oldest = e.lined
+		}
+	}
+	return n.Val(), oldest, nil
+}
+
+// Line is one tenant's line: how many jobs wait in it and when the one at
+// its head joined it.
+type Line struct {
+	Tenant  string
+	Waiting int64
+	Oldest  time.Time
+}
+
+// maxLines bounds how many lines Lines reads.
+const maxLines = 10_000
+
+// Lines reads the lines of the tenants in the waiting room's index (at
+// most 10,000 of them), in one round trip per tenant's slot. Empty lines
+// are left out.
+func (r *Room) Lines(ctx context.Context) ([]Line, error) {
+	tenants, err := r.l.client.ZRange(ctx, dueKey(r.l.cfg.Prefix), 0, maxLines-1).Result()
+	if err != nil {
+		return nil, fmt.Errorf("read the waiting room's lines: %w", err)
+	}
+	pipe := r.l.client.Pipeline()
+	lens := make([]*redis.IntCmd, len(tenants))
+	heads := make([]*redis.StringCmd, len(tenants))
+	for i, t := range tenants {
+		k := keysFor(r.l.cfg.Prefix, t).line
+		lens[i], heads[i] = pipe.LLen(ctx, k), pipe.LIndex(ctx, k, 0)
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !isNil(err) {
+		return nil, fmt.Errorf("read the waiting room's lines: %w", err)
+	}
+	out := make([]Line, 0, len(tenants))
+	for i, t := range tenants {
+		if n := lens[i].Val(); n > 0 {
+			l := Line{Tenant: t, Waiting: n}
+			if e, ok := parseLineEntry(heads[i].Val()); ok {
+				l.Oldest = e.lined
+			}
+			out = append(out, l)
+		}
+	}
+	return out, nil
+}
+
+// WaitingIDs lists the task ids of up to n jobs at the head of tenant's
+// line, in line order, with their queues.
+func (r *Room) WaitingIDs(ctx context.Context, tenant string, n int64) ([]Waiter, error) {
+	if err := ValidateTenant(tenant); err != nil {
+		return nil, err
+	}
+	ms, err := r.l.client.LRange(ctx, keysFor(r.l.cfg.Prefix, tenant).line, 0, n-1).Result()
+	if err != nil {
+		return nil, fmt.Errorf("waiting jobs of tenant %q: %w", tenant, err)
+	}
+	out := make([]Waiter, 0, len(ms))
+	for _, m := range ms {
+		if e, ok := parseLineEntry(m); ok {
+			out = append(out, Waiter{ID: e.id, Queue: e.queue, Cost: e.cost})
+		}
+	}
+	return out, nil
+}
+
+// lineEntry is a line entry read back: LINED_MS␟COST␟QUEUE␟ID.
+type lineEntry struct {
+	lined     time.Time
+	cost      int64
+	queue, id string
+}
+
+func parseLineEntry(m string) (lineEntry, bool) {
+	f := strings.SplitN(m, lineSep, 4)
+	if len(f) != 4 {
+		return lineEntry{}, false
+	}
+	ms, err := strconv.ParseInt(f[0], 10, 64)
+	if err != nil {
+		return lineEntry{}, false
+	}
+	e := lineEntry{lined: time.UnixMilli(ms), cost: 1, queue: f[2], id: f[3]}
+	if f[1] != "" {
+		if e.cost, err = strconv.ParseInt(f[1], 10, 64); err != nil || e.cost < 1 {
+			return lineEntry{}, false
+		}
+	}
+	if e.queue == "" {
+		e.queue = DefaultQueue
+	}
+	return e, true
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func isNil(err error) bool { return errors.Is(err, redis.Nil) }

@@ -1,0 +1,333 @@
+package throttle
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// engine is a stand-in queue engine for the room's tests: it records the
+// jobs handed to it and answers what the test tells it to.
+type engine struct {
+	mu     sync.Mutex
+	handed []Promoted
+	answer func(p Promoted) HandoverResult // nil: Handed
+}
+
+func (g *engine) handover(_ context.Context, jobs []Promoted) []HandoverResult {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	out := make([]HandoverResult, len(jobs))
+	for i, j := range jobs {
+		out[i] = Handed
+		if g.answer != nil {
+			out[i] = g.answer(j)
+		}
+		if out[i] == Handed {
+			g.handed = append(g.handed, j)
+		}
+	}
+	return out
+}
+
+func (g *engine) ids() []string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	var out []string
+	for _, p := range g.handed {
+		out = append(out, p.ID)
+	}
+	return out
+}
+
+func arrive(t *testing.T, e *env, tenant, id string, mayGo bool) Arrived {
+	t.Helper()
+	a, err := e.lim.Room().Arrive(context.Background(), Arrival{Tenant: tenant, ID: id, MayGo: mayGo})
+	require.NoError(t, err)
+	return a
+}
+
+// line brings jobs in as queue.Client does: each arrives and, unless it
+// goes straight, joins the line.
+func line(t *testing.T, e *env, tenant string, ids ...string) (straight []string) {
+	t.Helper()
+	for _, id := range ids {
+		a := arrive(t, e, tenant, id, true)
+		if a.Straight {
+			straight = append(straight, id)
+			continue
+		}
+		joined, _, err := e.lim.Room().Join(context.Background(), tenant, a.Backlog, Waiter{ID: id})
+		require.NoError(t, err)
+		require.Equal(t, 1, joined)
+	}
+	return straight
+}
+
+func TestRoomArrival(t *testing.T) {
+	t.Parallel()
+	e := setup(t, false, nil)
+	ctx := context.Background()
+	e.policy(t, "acme", "rate=10/s burst=2 concurrency=1 backlog=2")
+	room := e.lim.Room()
+
+	// the line is empty, the fleet has room and the rules allow it: straight
+	a := arrive(t, e, "acme", "j1", true)
+	require.True(t, a.Straight)
+	require.NotZero(t, a.Claim, "it holds its concurrency slot")
+	require.Equal(t, e.clock.Now().UnixMicro(), a.Slot.UnixMicro())
+	st, err := e.lim.Stats(ctx, "acme")
+	require.NoError(t, err)
+	require.Equal(t, int64(1), st.Concurrency.InFlight)
+	require.Equal(t, int64(1), st.Reservations, "its slot is reserved for the gate")
+
+	// its concurrency slot is taken: the next waits, charged nothing
+	require.False(t, arrive(t, e, "acme", "j2", true).Straight)
+	// the fleet has no room: it waits, even with a free slot elsewhere
+	require.False(t, arrive(t, e, "other", "o1", false).Straight)
+	require.True(t, arrive(t, e, "other", "o1", true).Straight, "another tenant is not held back")
+
+	// a line that holds jobs keeps newcomers behind them
+	joined, waiting, err := room.Join(ctx, "acme", 2, Waiter{ID: "j2"}, Waiter{ID: "j3"}, Waiter{ID: "j4"})
+	require.NoError(t, err)
+	require.Equal(t, 2, joined, "backlog=2 caps the line")
+	require.Equal(t, int64(2), waiting)
+	_, err = room.Arrive(ctx, Arrival{Tenant: "acme", ID: "j5", MayGo: true})
+	var be *BacklogError
+	require.ErrorAs(t, err, &be)
+	require.ErrorIs(t, err, ErrBacklogFull)
+	require.Equal(t, int64(2), be.Limit)
+
+	st, err = e.lim.Stats(ctx, "acme")
+	require.NoError(t, err)
+	require.Equal(t, int64(2), st.Waiting)
+	require.Equal(t, e.clock.Now().UnixMilli(), st.WaitingSince.UnixMilli())
+	require.Equal(t, int64(1), st.Rates[0].Available, "waiting jobs are charged nothing")
+	ids, err := room.WaitingIDs(ctx, "acme", 10)
+	require.NoError(t, err)
+	require.Equal(t, []Waiter{{ID: "j2", Queue: DefaultQueue, Cost: 1}, {ID: "j3", Queue: DefaultQueue, Cost: 1}}, ids)
+
+	// a straight job the engine refused gives back what it took
+	require.NoError(t, room.TakeBack(ctx, a))
+	st, err = e.lim.Stats(ctx, "acme")
+	require.NoError(t, err)
+	require.Equal(t, int64(0), st.Concurrency.InFlight)
+	require.Equal(t, int64(0), st.Reservations)
+	require.Equal(t, int64(2), st.Rates[0].Available)
+
+	// bad input changes nothing
+	_, err = room.Arrive(ctx, Arrival{Tenant: "acme", ID: "x", Queue: "a\x1fb", MayGo: true})
+	require.ErrorContains(t, err, "0x1f")
+	_, err = room.Arrive(ctx, Arrival{Tenant: "*", ID: "x"})
+	require.ErrorIs(t, err, ErrInvalidTenant)
+	e.policy(t, "costly", "rate=10/s burst=3")
+	_, err = room.Arrive(ctx, Arrival{Tenant: "costly", ID: "x", Cost: 4, MayGo: true})
+	var ce *CostError
+	require.ErrorAs(t, err, &ce)
+}
+
+// TestRoomPromotesAtEachSlot: a rate-limited line is promoted one job per
+// slot, each taking its slot (a reservation) when it leaves; a concurrency
+// limited line waits for a slot, and a release hands its slot to the head
+// in the same script run.
+func TestRoomPromotesAtEachSlot(t *testing.T) {
+	t.Parallel()
+	e := setup(t, false, &Config{PromoteLead: 10 * time.Millisecond})
+	ctx := context.Background()
+	e.policy(t, "acme", "rate=10/s")
+	room := e.lim.Room()
+	require.Equal(t, []string{"j1"}, line(t, e, "acme", "j1", "j2", "j3", "j4"))
+
+	start := e.clock.Now()
+	turn, err := room.promote(ctx, "acme", 10, 10)
+	require.NoError(t, err)
+	require.Empty(t, turn.Promoted, "j2's slot is 100ms away")
+	require.Equal(t, start.Add(90*time.Millisecond).UnixMicro(), turn.Due.UnixMicro(), "due at the slot less the lead")
+	require.Equal(t, int64(3), turn.Waiting)
+
+	e.clock.Advance(90 * time.Millisecond)
+	turn, err = room.promote(ctx, "acme", 10, 10)
+	require.NoError(t, err)
+	require.Len(t, turn.Promoted, 1)
+	p := turn.Promoted[0]
+	require.Equal(t, "j2", p.ID)
+	require.Equal(t, DefaultQueue, p.Queue)
+	require.Equal(t, start.Add(100*time.Millisecond).UnixMicro(), p.Slot.UnixMicro())
+	require.Equal(t, start.Add(190*time.Millisecond).UnixMicro(), turn.Due.UnixMicro())
+	require.Equal(t, int64(2), turn.Waiting)
+
+	// until handed over, the job is in the handing set: a turn after the
+	// repair age hands it over again
+	e.clock.Advance(RepairDefault)
+	turn, err = room.promote(ctx, "acme", 10, 10)
+	require.NoError(t, err)
+	var retried []string
+	for _, p := range turn.Promoted {
+		if p.Retry {
+			retried = append(retried, p.ID)
+		}
+	}
+	require.Equal(t, []string{"j2"}, retried)
+	g := &engine{}
+	room.handOver(ctx, turn.Promoted, g.handover)
+	require.ElementsMatch(t, []string{"j2", "j3"}, g.ids(), "j2 again, and j3 whose slot is due")
+	n, err := e.client.ZCard(ctx, keysFor(e.prefix, "acme").handing).Result()
+	require.NoError(t, err)
+	require.Zero(t, n, "handed jobs leave the handing set")
+
+	// the gate admits a promoted job on its reservation, charging nothing
+	// more
+	d, err := e.lim.Do(ctx, Request{Tenant: "acme", ID: "j3", Reserve: true})
+	require.NoError(t, err)
+	require.True(t, d.Allowed, "%+v", d)
+
+	// concurrency: the line waits for a slot, a release hands it on
+	e.policy(t, "pool", "concurrency=1")
+	require.Equal(t, []string{"p1"}, line(t, e, "pool", "p1", "p2", "p3"))
+	turn, err = room.promote(ctx, "pool", 10, 10)
+	require.NoError(t, err)
+	require.Empty(t, turn.Promoted)
+	lease := LeaseDefault
+	require.Equal(t, e.clock.Now().Add(lease).UnixMicro(), turn.Due.UnixMicro(), "due when p1's lease would run out")
+	d, err = e.lim.Admit(ctx, "pool", "p1")
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+	g = &engine{}
+	require.NoError(t, room.Release(ctx, "pool", "p1", d.Claim, g.handover))
+	require.Equal(t, []string{"p2"}, g.ids(), "the freed slot went to the head of the line")
+	st, err := e.lim.Stats(ctx, "pool")
+	require.NoError(t, err)
+	require.Equal(t, int64(1), st.Concurrency.InFlight, "p2 holds the slot")
+	require.Equal(t, "p2", st.Concurrency.Holders[0].ID)
+	require.Equal(t, int64(1), st.Waiting)
+	// a second release of the same claim changes nothing and says so
+	require.ErrorIs(t, room.Release(ctx, "pool", "p1", d.Claim, g.handover), ErrClaimLost)
+	require.Equal(t, []string{"p2"}, g.ids())
+}
+
+// TestRoomGoneAndRunningJobs: a line entry whose job the engine no longer
+// has is dropped and what its promotion took given back; one whose job
+// runs already (brought by the engine's fallback) is dropped uncharged.
+func TestRoomGoneAndRunningJobs(t *testing.T) {
+	t.Parallel()
+	e := setup(t, false, nil)
+	ctx := context.Background()
+	e.policy(t, "acme", "rate=10/s burst=5 concurrency=5")
+	room := e.lim.Room()
+	_, _, err := room.Join(ctx, "acme", 0, Waiter{ID: "gone"}, Waiter{ID: "ran"}, Waiter{ID: "ok"})
+	require.NoError(t, err)
+	d, err := e.lim.Admit(ctx, "acme", "ran") // the fallback brought it
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+
+	turn, err := room.promote(ctx, "acme", 10, 10)
+	require.NoError(t, err)
+	require.Equal(t, 1, turn.Skipped, "the running job")
+	var ids []string
+	for _, p := range turn.Promoted {
+		ids = append(ids, p.ID)
+	}
+	require.Equal(t, []string{"gone", "ok"}, ids)
+	g := &engine{answer: func(p Promoted) HandoverResult {
+		if p.ID == "gone" {
+			return Gone
+		}
+		return Handed
+	}}
+	handed, gone := room.handOver(ctx, turn.Promoted, g.handover)
+	require.Equal(t, map[string]int{"acme": 1}, handed)
+	require.Equal(t, map[string]int{"acme": 1}, gone)
+	st, err := e.lim.Stats(ctx, "acme")
+	require.NoError(t, err)
+	require.Equal(t, int64(2), st.Concurrency.InFlight, "ran and ok; gone's slot was given back")
+	require.Equal(t, int64(1), st.Reservations, "ok's slot; gone's was given back")
+	require.Equal(t, int64(3), st.Rates[0].Available, "5 less ran and ok")
+	require.Zero(t, st.Waiting)
+	n, err := e.client.ZCard(ctx, keysFor(e.prefix, "acme").handing).Result()
+	require.NoError(t, err)
+	require.Zero(t, n)
+}
+
+// TestRoomPump: the pump serves due tenants in turn while the fleet has
+// room, each an equal share times its weight, and a policy change makes
+// the waiting tenants due at once.
+func TestRoomPump(t *testing.T) {
+	t.Parallel()
+	e := setup(t, true, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	e.policy(t, "heavy", "weight=3")
+	room := e.lim.Room()
+	for _, tenant := range []string{"heavy", "light1", "light2"} {
+		var ws []Waiter
+		for i := range 30 {
+			ws = append(ws, Waiter{ID: fmt.Sprintf("%s-%d", tenant, i)})
+		}
+		_, _, err := room.Join(ctx, tenant, 0, ws...)
+		require.NoError(t, err)
+	}
+	// the fleet takes 10 jobs, then nothing until the test says so
+	var mu sync.Mutex
+	free := 10
+	g := &engine{}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = room.Pump(ctx, &PumpConfig{
+			Handover: func(ctx context.Context, jobs []Promoted) []HandoverResult {
+				mu.Lock()
+				free -= len(jobs)
+				mu.Unlock()
+				return g.handover(ctx, jobs)
+			},
+			Free: func(context.Context) (int, error) {
+				mu.Lock()
+				defer mu.Unlock()
+				return free, nil
+			},
+			Interval: 5 * time.Millisecond,
+		})
+	}()
+	count := func() map[string]int {
+		out := map[string]int{}
+		for _, id := range g.ids() {
+			out[id[:len(id)-len(fmt.Sprint(0))-1]]++
+		}
+		return out
+	}
+	waitFor(t, 5*time.Second, func() bool { return len(g.ids()) >= 10 })
+	c := count()
+	t.Logf("first round: %v", c)
+	require.Equal(t, 10, len(g.ids()))
+	require.Greater(t, c["heavy"], c["light1"], "weight=3 gets a larger share")
+	require.Positive(t, c["light1"])
+	require.Positive(t, c["light2"])
+
+	// room for everything: every line drains, none left behind
+	mu.Lock()
+	free = 1000
+	mu.Unlock()
+	waitFor(t, 5*time.Second, func() bool { return len(g.ids()) == 90 })
+	for _, tenant := range []string{"heavy", "light1", "light2"} {
+		n, _, err := room.Waiting(ctx, tenant)
+		require.NoError(t, err)
+		require.Zero(t, n)
+	}
+	cancel()
+	<-done
+}
+
+func waitFor(t *testing.T, timeout time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s", timeout)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

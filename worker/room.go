@@ -1,0 +1,129 @@
+package worker
+
+import (
+	"context"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluicehq/sluice/throttle"
+)
+
+// The worker's part in the waiting room (throttle.Room): the pump that
+// moves waiting jobs to asynq when they may start and the fleet has room,
+// and its metrics. A finished job's slot is handed to the next in its
+// tenant's line by the gate's release (gate.go).
+
+// roomMetrics are the waiting room's Prometheus metrics.
+type roomMetrics struct {
+	tenants  bool
+	promoted prometheus.Counter
+	skipped  *prometheus.CounterVec
+	waiting  *prometheus.GaugeVec
+	oldest   *prometheus.GaugeVec
+}
+
+func newRoomMetrics(reg prometheus.Registerer, tenants bool) (*roomMetrics, error) {
+	var labels []string
+	if tenants {
+		labels = []string{"tenant"}
+	}
+	m := &roomMetrics{
+		tenants: tenants,
+		promoted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sluice_room_promoted_total",
+			Help: "Jobs this worker moved from their tenants' lines in the waiting room to asynq's pending list (by its pump, or handing a finished job's slot on).",
+		}),
+		skipped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_room_skipped_total",
+			Help: "Line entries dropped because their job was gone from asynq (deleted, archived, completed) or was running already.",
+		}, []string{"reason"}),
+		waiting: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "sluice_room_waiting",
+			Help: "Jobs waiting in their tenants' lines, as this worker's pump last sampled them (every 5s).",
+		}, labels),
+		oldest: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "sluice_room_oldest_wait_seconds",
+			Help: "How long the job at the head of a line has waited (the longest of all tenants without tenant labels), last sampled.",
+		}, labels),
+	}
+	for _, c := range []prometheus.Collector{m.promoted, m.skipped, m.waiting, m.oldest} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// sampleEvery is how often the pump samples the lines for the metrics.
+const sampleEvery = 5 * time.Second
+
+// startPump runs the waiting room's pump for queues (see
+// throttle.Room.Pump) until Stop: it moves jobs that producers
+// (queue.Client) parked in their tenants' lines to asynq's pending lists,
+// when they may start and the fleet serving queues has room for them. A
+// gate runs one pump; later calls do nothing.
+func (g *Gate) startPump(queues []string) {
+	g.pumpOnce.Do(func() {
+		ctx, cancel := context.WithCancel(context.Background())
+		g.pumpWG.Add(2)
+		go func() {
+			defer g.pumpWG.Done()
+			g.sampleLines(ctx, g.room)
+		}()
+		go func() {
+			defer g.pumpWG.Done()
+			_ = g.room.Pump(ctx, &throttle.PumpConfig{
+				Handover: g.handover,
+				Free:     func(ctx context.Context) (int, error) { return g.gauge.Free(ctx, queues) },
+				OnTurn: func(_ string, t throttle.Turn, handed, gone int) {
+					g.rm.promoted.Add(float64(handed))
+					g.rm.skipped.WithLabelValues("gone").Add(float64(gone))
+					g.rm.skipped.WithLabelValues("running").Add(float64(t.Skipped))
+				},
+				OnError: func(err error) {
+					g.m.err(errRoom)
+					g.warn(errRoom, "sluice: the waiting room's pump met an error; it goes on", "err", err)
+				},
+			})
+		}()
+		g.stopPump = cancel
+	})
+}
+
+// sampleLines keeps the waiting metrics, every sampleEvery.
+func (g *Gate) sampleLines(ctx context.Context, room *throttle.Room) {
+	t := time.NewTicker(sampleEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		lines, err := room.Lines(ctx)
+		if err != nil {
+			continue
+		}
+		now := time.Now()
+		var total int64
+		var oldest time.Duration
+		if g.rm.tenants {
+			g.rm.waiting.Reset()
+			g.rm.oldest.Reset()
+		}
+		for _, l := range lines {
+			total += l.Waiting
+			age := max(now.Sub(l.Oldest), 0)
+			oldest = max(oldest, age)
+			if g.rm.tenants {
+				g.rm.waiting.WithLabelValues(l.Tenant).Set(float64(l.Waiting))
+				g.rm.oldest.WithLabelValues(l.Tenant).Set(age.Seconds())
+			}
+		}
+		if !g.rm.tenants {
+			g.rm.waiting.WithLabelValues().Set(float64(total))
+			g.rm.oldest.WithLabelValues().Set(oldest.Seconds())
+		}
+	}
+}
