@@ -19,7 +19,10 @@ import (
 	"github.com/sluicehq/sluice/throttle"
 )
 
-func TestMain(m *testing.M) { redistest.Main(m) }
+func TestMain(m *testing.M) {
+	redis.SetLogger(quietLogger{}) // as main does: tests stop servers on purpose
+	redistest.Main(m)
+}
 
 // cli runs the sluice binary built once by TestCLI.
 type cli struct {
@@ -54,6 +57,7 @@ func TestCLI(t *testing.T) {
 		"StatsTable":           testStatsTable,
 		"AdmitDryRun":          testAdmitDryRun,
 		"TopOnce":              testTopOnce,
+		"Dashboard":            testDashboard,
 		"PolicyListEmptyState": testPolicyListEmpty,
 		"Cluster":              testCluster,
 	} {
@@ -205,7 +209,7 @@ func testBadUsage(t *testing.T, c *cli) {
 		wantMsg string
 		usage   string // the usage line printed after the message
 	}{
-		{args: []string{"polcy", "list"}, wantMsg: `unknown command "polcy"; commands: policy, stats, top, admit, version, help`, usage: "sluice [--redis URL] [--prefix PREFIX] COMMAND [ARGS]"},
+		{args: []string{"polcy", "list"}, wantMsg: `unknown command "polcy"; commands: policy, stats, top, dashboard, admit, version, help`, usage: "sluice [--redis URL] [--prefix PREFIX] COMMAND [ARGS]"},
 		{args: []string{"--bogus", "policy", "list"}, wantMsg: "unknown flag --bogus", usage: "sluice [--redis URL] [--prefix PREFIX] COMMAND [ARGS]"},
 		{args: []string{"policy"}, wantMsg: "policy needs a subcommand: set, get, list, delete, apply", usage: "sluice policy set|get|list|delete|apply ..."},
 		{args: []string{"policy", "sett", "acme", "rate=1/s"}, wantMsg: `unknown subcommand "sett" of policy; use one of: set, get, list, delete, apply`, usage: "sluice policy set|get|list|delete|apply ..."},
@@ -230,6 +234,13 @@ func testBadUsage(t *testing.T, c *cli) {
 		{args: []string{"admit", "acme", "--dry-run", "--cost", "abc"}, wantMsg: `admit: invalid value "abc" for flag --cost`, usage: "sluice admit TENANT --dry-run [--cost N] [--id JOB] [--json]"},
 		{args: []string{"top", "--interval", "0"}, wantMsg: `top: invalid value "0" for flag --interval: want a positive duration such as 1s or 500ms`, usage: "sluice top [--once] [--interval 1s] [--limit N]"},
 		{args: []string{"top", "--limit", "-1"}, wantMsg: "--limit -1: must be 0 (as many as fit) or more", usage: "sluice top [--once] [--interval 1s] [--limit N]"},
+		{args: []string{"dashboard", "--listen", "0.0.0.0:8080"}, wantMsg: `--listen "0.0.0.0:8080": not a loopback address; the dashboard has no login, so it serves 127.0.0.1 or localhost only unless --public is given`, usage: "sluice dashboard [--listen 127.0.0.1:8080] [--metrics URL]... [--allow-write]"},
+		{args: []string{"dashboard", "--listen", ":8080"}, wantMsg: `--listen ":8080": not a loopback address`, usage: "sluice dashboard [--listen 127.0.0.1:8080] [--metrics URL]... [--allow-write]"},
+		{args: []string{"dashboard", "--listen", "8080"}, wantMsg: `--listen "8080": want HOST:PORT such as 127.0.0.1:8080 (port 0 picks a free one)`, usage: "sluice dashboard [--listen 127.0.0.1:8080] [--metrics URL]... [--allow-write]"},
+		{args: []string{"dashboard", "--metrics", "127.0.0.1:9464"}, wantMsg: `--metrics "127.0.0.1:9464": want a worker's metrics URL such as http://127.0.0.1:9464/metrics (its --admin address)`, usage: "sluice dashboard [--listen 127.0.0.1:8080] [--metrics URL]... [--allow-write]"},
+		{args: []string{"dashboard", "--interval", "2s", "--history", "1s"}, wantMsg: "--history 1s: must be at least --interval (2s)", usage: "sluice dashboard [--listen 127.0.0.1:8080] [--metrics URL]... [--allow-write]"},
+		{args: []string{"dashboard", "--max-tenants", "0"}, wantMsg: "--max-tenants 0: must be at least 1 (default 500)", usage: "sluice dashboard [--listen 127.0.0.1:8080] [--metrics URL]... [--allow-write]"},
+		{args: []string{"dashboard", "extra"}, wantMsg: `dashboard: unexpected argument "extra"`, usage: "sluice dashboard [--listen 127.0.0.1:8080] [--metrics URL]... [--allow-write]"},
 		{args: []string{"version", "extra"}, wantMsg: `version takes no arguments, got "extra"`, usage: "sluice version"},
 		{args: []string{"help", "nope"}, wantMsg: `no command "nope"`, usage: "sluice [--redis URL] [--prefix PREFIX] COMMAND [ARGS]"},
 		{args: []string{"--redis", "foo", "policy", "list"}, wantMsg: `--redis: Redis URL "foo": no scheme; write it as a URL, e.g. redis://foo; accepted forms: redis://[USER:PASSWORD@]HOST:PORT[/DB], `, usage: "sluice policy list [--json]"},
@@ -277,6 +288,7 @@ func testUnreachable(t *testing.T, c *cli) {
 		{"stats", "acme", "--json"},
 		{"top", "--once"},
 		{"admit", "acme", "--dry-run"},
+		{"dashboard", "--listen", "127.0.0.1:0"},
 	} {
 		start := time.Now()
 		r := c.runWith(t, nil, map[string]string{"SLUICE_REDIS_URL": "redis://" + addr}, append([]string{"--prefix", c.prefix}, args...)...)

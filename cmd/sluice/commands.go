@@ -89,6 +89,32 @@ func init() {
 			run: top,
 		},
 		{
+			name: "dashboard", usage: "dashboard [--listen 127.0.0.1:8080] [--metrics URL]... [--allow-write]",
+			summary: "a web page of the tenants, live and over the last minutes, and of asynq's queues",
+			help: "Serves a web page: every tenant's starts per second against its rate limit,\n" +
+				"jobs in flight against its concurrency cap, waiting and reserved jobs, cooldown\n" +
+				"and the gate's decisions by rule; a page per tenant plotting the last\n" +
+				"--history; asynq's queues and tasks (asynqmon) under /asynq/. One sampler reads\n" +
+				"Redis every --interval for every browser; /api/tenants and /api/tenants/NAME\n" +
+				"serve its figures as JSON.\n\n" +
+				"  --listen ADDR     where to serve (default 127.0.0.1:8080; port 0 picks one)\n" +
+				"  --public          allow an address other than loopback: the dashboard has\n" +
+				"                    no login, so put it behind a proxy that asks for one\n" +
+				"  --allow-write     let asynq's pages pause queues and run, archive or delete\n" +
+				"                    tasks (read-only by default)\n" +
+				"  --metrics URL     a worker's metrics (http://HOST:9464/metrics, its --admin\n" +
+				"                    address), repeated for every worker: the decisions by rule\n" +
+				"                    live only there; per tenant when the workers run with\n" +
+				"                    --tenant-labels\n" +
+				"  --interval D      how often to sample (default 1s)\n" +
+				"  --history D       how much history each tenant keeps (default 5m)\n" +
+				"  --max-tenants N   how many tenants to follow at once (default 500); past it,\n" +
+				"                    tenants idle for the whole history make room for others\n\n" +
+				"SIGINT or SIGTERM stops it (exit 0).",
+			flags: dashboardFlags,
+			run:   dashboard,
+		},
+		{
 			name: "admit", usage: "admit TENANT --dry-run [--cost N] [--id JOB] [--json]",
 			summary: "would a job of TENANT be admitted now, and if not, why",
 			help: "Asks the throttle, without changing anything, whether a job of TENANT costing\n" +

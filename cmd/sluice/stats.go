@@ -65,6 +65,12 @@ func (cn *conn) tenantNames(ctx context.Context) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
+	return cn.withPolicyNames(ctx, live)
+}
+
+// withPolicyNames adds to live (tenants with state) the names of every
+// stored policy but "*", sorted, without repeats.
+func (cn *conn) withPolicyNames(ctx context.Context, live []string) ([]string, error) {
 	set := map[string]bool{}
 	for _, t := range live {
 		set[t] = true

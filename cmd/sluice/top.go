@@ -135,11 +135,8 @@ func topRows(prev, cur topSample) []topRow {
 		if elapsed > 0 {
 			r.perSec = float64(started) / elapsed.Seconds()
 		}
-		best := -1.0
-		for _, rt := range s.Rates {
-			if v := float64(rt.Rate.Limit) / rt.Rate.Period.Seconds(); best < 0 || v < best {
-				best, r.limit = v, limitText(rt.Rate)
-			}
+		if rt, _, ok := tightestRate(s); ok {
+			r.limit = limitText(rt)
 		}
 		if cs := s.Concurrency; cs != nil {
 			r.inFlight, r.cap = cs.InFlight, cs.Concurrency.Limit
@@ -166,6 +163,17 @@ func topRows(prev, cur topSample) []topRow {
 		return a.tenant < b.tenant
 	})
 	return rows
+}
+
+// tightestRate is the rate rule of s that allows the fewest starts per
+// second, and that number; ok is false without a rate rule.
+func tightestRate(s *throttle.Stats) (r throttle.Rate, perSec float64, ok bool) {
+	for _, rt := range s.Rates {
+		if v := float64(rt.Rate.Limit) / rt.Rate.Period.Seconds(); !ok || v < perSec {
+			r, perSec, ok = rt.Rate, v, true
+		}
+	}
+	return r, perSec, ok
 }
 
 // writeTop prints the table of rows, at most limit of them (0: all), with
