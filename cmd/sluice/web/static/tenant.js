@@ -74,7 +74,9 @@ function showDetail(doc) {
   if (s.quota) add("quota", el("code", {}, s.quota.quota), ` — ${count(s.quota.used)} used, ${count(s.quota.remaining)} left until ${new Date(s.quota.window_end).toLocaleString("en-GB")}`);
   if (s.concurrency) {
     add("concurrency", `${s.concurrency.in_flight} of ${s.concurrency.limit} running`);
-    for (const h of s.concurrency.holders.slice(0, 20)) add("", el("code", {}, h.id), ` lease ends ${clock(h.lease_end)}`);
+    const shown = 5;
+    for (const h of s.concurrency.holders.slice(0, shown)) add("", el("code", {}, h.id), ` lease ends ${clock(h.lease_end)}`);
+    if (s.concurrency.holders.length > shown) add("", `and ${s.concurrency.holders.length - shown} more`);
   }
   add("reserved", s.reservations ? `${count(s.reservations)} jobs hold future slots, the last at ${clock(s.last_slot)}` : "0");
   add("cooldown", s.cooldown_until ? "until " + clock(s.cooldown_until) : "none");

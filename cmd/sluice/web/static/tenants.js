@@ -20,7 +20,7 @@ function showSummary(doc) {
     card("Tenants", count(shown), shown < doc.tenants_total ? `followed, of ${count(doc.tenants_total)}` : "with a policy or state", "tenants"),
     card("Starts / s", rate(starts), "all tenants", "starts"),
     card("In flight", count(inFlight), "running now", "in_flight"),
-    card("Waiting", count(waiting), "in backlogs (policies with backlog=K)", "waiting"),
+    card("Waiting", count(waiting), "in backlogs (backlog=K)", "waiting"),
     card("Reserved", count(reserved), "jobs holding a future slot", "reserved"),
     card("In cooldown", count(cooling), "tenants paused by a 429/503", "cooldown"));
 }
@@ -38,7 +38,8 @@ function showDecisions(doc) {
   }
   const rules = Object.keys(d.denied_per_s).sort();
   const parts = [{ name: "allowed", v: d.allowed_per_s, colour: ALLOWED_COLOUR }];
-  for (const r of rules) parts.push({ name: "denied by " + r, v: d.denied_per_s[r], colour: ruleColour(rules, r) });
+  // A rule that denied nothing in the last interval is left out.
+  for (const r of rules) if (d.denied_per_s[r] > 0) parts.push({ name: "denied by " + r, v: d.denied_per_s[r], colour: ruleColour(rules, r) });
   if (d.fail_open_per_s > 0) parts.push({ name: "fail open", v: d.fail_open_per_s, colour: FAIL_OPEN_COLOUR });
   const total = parts.reduce((a, p) => a + p.v, 0);
   const stack = el("div", { class: "stack" });
