@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -513,4 +514,12 @@ func testCluster(t *testing.T, c *cli) {
 	out := sluice("stats", "--json")
 	require.Contains(t, out, `"tenant": "@global"`)
 	require.Contains(t, out, `"tenant": "acme"`)
+
+	// The dashboard and asynqmon under it work on a Cluster too.
+	d := startDashboard(t, c, env, "--interval", "100ms")
+	d.tenants(t, "@global", "acme")
+	resp, err := http.Get(d.base + "asynq/api/queues")
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
 }

@@ -10,6 +10,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -388,47 +390,76 @@ func TestLoopbackHost(t *testing.T) {
 	}
 }
 
-// testDashboard runs the binary: it serves, answers, and stops on SIGTERM
-// with exit code 0; an address in use is a failure that says so.
-func testDashboard(t *testing.T, c *cli) {
-	c.mustRun(t, "policy", "set", "acme", "rate=10/s concurrency=2")
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	cmd := clitest.Command(ctx, t, c.bin, nil, map[string]string{"SLUICE_REDIS_URL": c.url},
-		"--prefix", c.prefix, "dashboard", "--listen", "127.0.0.1:0", "--interval", "100ms")
-	stdout, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	var stderr clitest.SyncBuffer
-	cmd.Stderr = &stderr
-	require.NoError(t, cmd.Start())
-	lines := bufio.NewScanner(stdout)
-	require.True(t, lines.Scan(), "stderr: %s", stderr.String())
-	first := lines.Text()
-	require.Regexp(t, `^sluice dashboard on http://127\.0\.0\.1:\d+/ \(read-only; asynq's queues and tasks at /asynq/\)$`, first)
-	base := strings.Fields(first)[3]
-	addr := strings.TrimSuffix(strings.TrimPrefix(base, "http://"), "/")
+// runningDashboard is a sluice dashboard process started by a test.
+type runningDashboard struct {
+	cmd    *exec.Cmd
+	lines  *bufio.Scanner
+	stderr *clitest.SyncBuffer
+	base   string // http://127.0.0.1:PORT/
+}
 
+// startDashboard runs the binary with env on a free loopback port and
+// reads the address it prints.
+func startDashboard(t *testing.T, c *cli, env map[string]string, args ...string) *runningDashboard {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	d := &runningDashboard{stderr: &clitest.SyncBuffer{}}
+	d.cmd = clitest.Command(ctx, t, c.bin, nil, env, append([]string{"dashboard", "--listen", "127.0.0.1:0"}, args...)...)
+	stdout, err := d.cmd.StdoutPipe()
+	require.NoError(t, err)
+	d.cmd.Stderr = d.stderr
+	require.NoError(t, d.cmd.Start())
+	t.Cleanup(func() {
+		_ = d.cmd.Process.Kill()
+		_ = d.cmd.Wait()
+	})
+	d.lines = bufio.NewScanner(stdout)
+	require.True(t, d.lines.Scan(), "stderr: %s", d.stderr.String())
+	first := d.lines.Text()
+	require.Regexp(t, `^sluice dashboard on http://127\.0\.0\.1:\d+/ \(read-only; asynq's queues and tasks at /asynq/\)$`, first)
+	d.base = strings.Fields(first)[3]
+	return d
+}
+
+// tenants waits until the dashboard lists want, by name.
+func (d *runningDashboard) tenants(t *testing.T, want ...string) tenantsDoc {
+	t.Helper()
 	var doc tenantsDoc
-	waitFor(t, "acme on the dashboard", func() bool {
-		resp, err := http.Get(base + "api/tenants")
+	waitFor(t, fmt.Sprintf("%v on the dashboard", want), func() bool {
+		resp, err := http.Get(d.base + "api/tenants")
 		require.NoError(t, err)
 		defer resp.Body.Close()
 		doc = tenantsDoc{}
 		require.NoError(t, json.NewDecoder(resp.Body).Decode(&doc))
-		return len(doc.Tenants) == 1 && doc.Tenants[0].Tenant == "acme"
+		var got []string
+		for _, r := range doc.Tenants {
+			got = append(got, r.Tenant)
+		}
+		return slices.Equal(want, got)
 	})
+	return doc
+}
+
+// testDashboard runs the binary: it serves, answers, and stops on SIGTERM
+// with exit code 0; an address in use is a failure that says so.
+func testDashboard(t *testing.T, c *cli) {
+	c.mustRun(t, "policy", "set", "acme", "rate=10/s concurrency=2")
+	d := startDashboard(t, c, map[string]string{"SLUICE_REDIS_URL": c.url}, "--prefix", c.prefix, "--interval", "100ms")
+	doc := d.tenants(t, "acme")
 	require.Nil(t, doc.Decisions, "no --metrics")
 
 	// A second dashboard on the same address fails and says what to do.
+	addr := strings.TrimSuffix(strings.TrimPrefix(d.base, "http://"), "/")
 	r := c.run(t, "dashboard", "--listen", addr)
 	require.Equal(t, 1, r.code)
 	require.Equal(t, "sluice: --listen "+addr+": cannot listen: address already in use; choose another address with --listen HOST:PORT (port 0 picks a free one)\n", r.stderr)
 
-	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
-	require.True(t, lines.Scan())
-	require.Equal(t, "sluice dashboard stopped", lines.Text())
-	require.NoError(t, cmd.Wait(), "exit code 0 after SIGTERM; stderr: %s", stderr.String())
-	require.Empty(t, stderr.String())
-	_, err = net.DialTimeout("tcp", addr, time.Second)
+	require.NoError(t, d.cmd.Process.Signal(syscall.SIGTERM))
+	require.True(t, d.lines.Scan())
+	require.Equal(t, "sluice dashboard stopped", d.lines.Text())
+	require.NoError(t, d.cmd.Wait(), "exit code 0 after SIGTERM; stderr: %s", d.stderr.String())
+	require.Empty(t, d.stderr.String())
+	_, err := net.DialTimeout("tcp", addr, time.Second)
 	require.Error(t, err, "the port is closed")
 }
