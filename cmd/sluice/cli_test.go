@@ -240,6 +240,7 @@ func testBadUsage(t *testing.T, c *cli) {
 		{args: []string{"dashboard", "--listen", "8080"}, wantMsg: `--listen "8080": want HOST:PORT such as 127.0.0.1:8080 (port 0 picks a free one)`, usage: "sluice dashboard [--listen 127.0.0.1:8080] [--metrics URL]... [--allow-write]"},
 		{args: []string{"dashboard", "--metrics", "127.0.0.1:9464"}, wantMsg: `--metrics "127.0.0.1:9464": want a worker's metrics URL such as http://127.0.0.1:9464/metrics (its --admin address)`, usage: "sluice dashboard [--listen 127.0.0.1:8080] [--metrics URL]... [--allow-write]"},
 		{args: []string{"dashboard", "--interval", "2s", "--history", "1s"}, wantMsg: "--history 1s: must be at least --interval (2s)", usage: "sluice dashboard [--listen 127.0.0.1:8080] [--metrics URL]... [--allow-write]"},
+		{args: []string{"dashboard", "--interval", "10ms"}, wantMsg: "--interval 10ms: must be at least 100ms (each sample reads every followed tenant's state)", usage: "sluice dashboard [--listen 127.0.0.1:8080] [--metrics URL]... [--allow-write]"},
 		{args: []string{"dashboard", "--max-tenants", "0"}, wantMsg: "--max-tenants 0: must be at least 1 (default 500)", usage: "sluice dashboard [--listen 127.0.0.1:8080] [--metrics URL]... [--allow-write]"},
 		{args: []string{"dashboard", "extra"}, wantMsg: `dashboard: unexpected argument "extra"`, usage: "sluice dashboard [--listen 127.0.0.1:8080] [--metrics URL]... [--allow-write]"},
 		{args: []string{"version", "extra"}, wantMsg: `version takes no arguments, got "extra"`, usage: "sluice version"},

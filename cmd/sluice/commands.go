@@ -106,7 +106,7 @@ func init() {
 				"                    address), repeated for every worker: the decisions by rule\n" +
 				"                    live only there; per tenant when the workers run with\n" +
 				"                    --tenant-labels\n" +
-				"  --interval D      how often to sample (default 1s)\n" +
+				"  --interval D      how often to sample (default 1s, at least 100ms)\n" +
 				"  --history D       how much history each tenant keeps (default 5m)\n" +
 				"  --max-tenants N   how many tenants to follow at once (default 500); past it,\n" +
 				"                    tenants idle for the whole history make room for others\n\n" +

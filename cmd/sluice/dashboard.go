@@ -27,6 +27,8 @@ const (
 	// maxPoints bounds each tenant's history whatever --history and
 	// --interval say.
 	maxPoints = 3600
+	// minInterval is the shortest --interval.
+	minInterval = 100 * time.Millisecond
 	// asynqRoot is where asynqmon's pages are mounted.
 	asynqRoot = "/asynq"
 )
@@ -70,6 +72,9 @@ func dashboard(a *app, c *command, o *opts, args []string) error {
 		return err
 	}
 	interval, history := time.Duration(o.interval), time.Duration(o.history)
+	if interval < minInterval {
+		return usagef(c, "--interval %s: must be at least %s (each sample reads every followed tenant's state)", interval, minInterval)
+	}
 	if history < interval {
 		return usagef(c, "--history %s: must be at least --interval (%s)", history, interval)
 	}
@@ -100,6 +105,7 @@ func dashboard(a *app, c *command, o *opts, args []string) error {
 	srv := &http.Server{
 		Handler:           b.handler(mon, o.public),
 		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
 	}
 
 	sampleCtx, stopSampling := context.WithCancel(a.ctx)

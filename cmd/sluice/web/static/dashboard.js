@@ -95,8 +95,15 @@ function poll(url, show) {
   let interval = 1000;
   let last = null;
   async function once() {
+    let resp;
     try {
-      const resp = await fetch(url, { cache: "no-store" });
+      resp = await fetch(url, { cache: "no-store" });
+    } catch (e) {
+      showHeader(last, "The dashboard does not answer (" + e.message + "); is sluice dashboard still running?");
+      setTimeout(once, Math.max(interval, 250));
+      return;
+    }
+    try {
       const doc = await resp.json();
       if (!resp.ok) throw new Error(doc.error || resp.statusText);
       last = doc;
@@ -104,7 +111,7 @@ function poll(url, show) {
       showHeader(doc, "");
       show(doc);
     } catch (e) {
-      showHeader(last, "The dashboard does not answer: " + e.message);
+      showHeader(last, e.message);
     }
     setTimeout(once, Math.max(interval, 250));
   }
