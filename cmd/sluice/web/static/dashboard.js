@@ -74,11 +74,11 @@ function ruleColour(rules, rule) {
 // showHeader fills the header's Redis, prefix, mode and status from a
 // document of the API, and the error banner.
 function showHeader(doc, fetchError) {
-  const where = document.getElementById("where");
-  where.replaceChildren(
-    "Redis ", el("b", {}, doc ? doc.redis : "?"),
-    " · prefix ", el("b", {}, doc ? doc.prefix : "?"),
-    doc && doc.read_only ? el("span", { class: "badge" }, "read-only") : el("span", { class: "badge write" }, "writes allowed"));
+  if (doc) {
+    document.getElementById("where").replaceChildren(
+      "Redis ", el("b", {}, doc.redis), " · prefix ", el("b", {}, doc.prefix),
+      doc.read_only ? el("span", { class: "badge" }, "read-only") : el("span", { class: "badge write" }, "writes allowed"));
+  }
   const status = document.getElementById("status");
   const updated = document.getElementById("updated");
   const banner = document.getElementById("banner");
