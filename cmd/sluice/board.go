@@ -351,7 +351,7 @@ func newRow(s *throttle.Stats, r topRow) rowJSON {
 		row.Rules, row.BacklogCap = s.Rules.String(), s.Rules.Backlog
 	}
 	if rt, perSec, ok := tightestRate(s); ok {
-		row.Limit, row.LimitPerS = limitText(rt), round2(perSec)
+		row.Limit, row.LimitPerS = limitText(rt), perSec
 	}
 	return row
 }

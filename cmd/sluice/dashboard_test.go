@@ -194,6 +194,30 @@ func TestBoardFollowsATenant(t *testing.T) {
 	require.Equal(t, "a/b c", detail.Tenant.Tenant)
 }
 
+func TestBoardShowsReservationsAndCooldown(t *testing.T) {
+	t.Parallel()
+	e := newBoardEnv(t, boardConfig{readOnly: true})
+	ctx := context.Background()
+	setPolicy(t, e.cn, "slow", "rate=1/min")
+	d, err := e.cn.limiter.Do(ctx, throttle.Request{Tenant: "slow", ID: "first", Reserve: true})
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+	for _, id := range []string{"second", "third"} {
+		d, err = e.cn.limiter.Do(ctx, throttle.Request{Tenant: "slow", ID: id, Reserve: true})
+		require.NoError(t, err)
+		require.False(t, d.Allowed)
+	}
+	_, err = e.cn.limiter.Cooldown(ctx, "slow", time.Minute)
+	require.NoError(t, err)
+	_, row := e.row(t, "slow", "two reserved slots and a cooldown", func(_ tenantsDoc, r rowJSON) bool {
+		return r.Reserved == 2 && r.CooldownMS > 0
+	})
+	require.LessOrEqual(t, row.CooldownMS, 60_000.0)
+	require.Equal(t, "1/min", row.Limit)
+	require.InDelta(t, 1.0/60, row.LimitPerS, 1e-9, "a slow limit is not rounded to 0")
+	require.False(t, row.WaitingCounted, "no backlog=K")
+}
+
 func TestBoardPages(t *testing.T) {
 	t.Parallel()
 	e := newBoardEnv(t, boardConfig{readOnly: true})
