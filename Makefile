@@ -1,19 +1,21 @@
 # make test is the command the README gives users and the one CI runs.
 GO ?= go
 REDIS_SERVER ?= redis-server
+CHROMIUM ?= chromium
 
-.PHONY: test deps vet unit bench-unit cluster test-cluster bench bench-engine bench-worker bench-fleet
+.PHONY: test deps vet unit bench-unit e2e cluster test-cluster bench bench-engine bench-worker bench-fleet
 
 # CLUSTER_PKGS run their suites a second time on a local three-master Redis
 # Cluster. A package opts in by taking redistest.UniversalClient in its
 # tests (see internal/redistest).
 CLUSTER_PKGS ?= ./throttle/ ./queue/ ./worker/
 
-test: deps vet unit bench-unit cluster
+test: deps vet unit bench-unit e2e cluster
 
 # deps makes sure every program the tests start is present: redis-server
-# comes from the system's packages. As root it is installed; otherwise the
-# message says exactly what to install.
+# and Chromium (for the dashboard's browser test) come from the system's
+# packages. As root they are installed; otherwise the message says exactly
+# what to install.
 deps:
 	@if ! command -v $(REDIS_SERVER) >/dev/null 2>&1; then \
 		if [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then \
@@ -27,10 +29,23 @@ deps:
 		fi; \
 	fi
 	@$(REDIS_SERVER) --version
+	@if ! command -v $(CHROMIUM) >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then \
+			echo "chromium not found: installing it with apt-get"; \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null || exit 1; \
+		else \
+			echo "chromium is needed by the dashboard's browser test (make e2e) and is not on PATH."; \
+			echo "Install it: sudo apt-get install chromium  (Debian/Ubuntu)"; \
+			echo "            or set CHROMIUM=/path/to/chrome"; \
+			exit 1; \
+		fi; \
+	fi
+	@$(CHROMIUM) --version 2>/dev/null
 
 vet:
 	$(GO) vet ./...
 	cd bench && $(GO) vet ./...
+	cd e2e && $(GO) vet ./...
 
 unit:
 	$(GO) test -race -count=1 -timeout 15m ./...
@@ -40,6 +55,15 @@ unit:
 # fleet run included) run here.
 bench-unit: deps
 	cd bench && $(GO) test -race -count=1 -timeout 10m ./...
+
+# e2e is the dashboard's browser test, in its own module (e2e/go.mod) so
+# that the library's users do not inherit the browser driver: the real
+# redis-server, worker and sluice dashboard, driven in headless Chromium
+# (about a minute). Without -race: it drives processes; the dashboard's
+# own code runs under -race in unit. make e2e ARGS=-update-screenshot
+# rewrites docs/img/dashboard*.png.
+e2e: deps
+	cd e2e && CHROMIUM="$$(command -v $(CHROMIUM))" $(GO) test -count=1 -timeout 5m ./... $(ARGS)
 
 # cluster is the Cluster pass: SLUICE_TEST_CLUSTER=1 makes the shared test
 # client a Cluster client.

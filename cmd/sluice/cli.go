@@ -77,6 +77,13 @@ type opts struct {
 	once     bool
 	interval durationFlag
 	limit    int
+
+	listen     string
+	public     bool
+	allowWrite bool
+	metrics    stringList
+	history    durationFlag
+	maxTenants int
 }
 
 // run is the whole program: it parses args, runs the command and returns

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,7 +20,10 @@ import (
 	"github.com/sluicehq/sluice/throttle"
 )
 
-func TestMain(m *testing.M) { redistest.Main(m) }
+func TestMain(m *testing.M) {
+	redis.SetLogger(quietLogger{}) // as main does: tests stop servers on purpose
+	redistest.Main(m)
+}
 
 // cli runs the sluice binary built once by TestCLI.
 type cli struct {
@@ -54,6 +58,7 @@ func TestCLI(t *testing.T) {
 		"StatsTable":           testStatsTable,
 		"AdmitDryRun":          testAdmitDryRun,
 		"TopOnce":              testTopOnce,
+		"Dashboard":            testDashboard,
 		"PolicyListEmptyState": testPolicyListEmpty,
 		"Cluster":              testCluster,
 	} {
@@ -205,7 +210,7 @@ func testBadUsage(t *testing.T, c *cli) {
 		wantMsg string
 		usage   string // the usage line printed after the message
 	}{
-		{args: []string{"polcy", "list"}, wantMsg: `unknown command "polcy"; commands: policy, stats, top, admit, version, help`, usage: "sluice [--redis URL] [--prefix PREFIX] COMMAND [ARGS]"},
+		{args: []string{"polcy", "list"}, wantMsg: `unknown command "polcy"; commands: policy, stats, top, dashboard, admit, version, help`, usage: "sluice [--redis URL] [--prefix PREFIX] COMMAND [ARGS]"},
 		{args: []string{"--bogus", "policy", "list"}, wantMsg: "unknown flag --bogus", usage: "sluice [--redis URL] [--prefix PREFIX] COMMAND [ARGS]"},
 		{args: []string{"policy"}, wantMsg: "policy needs a subcommand: set, get, list, delete, apply", usage: "sluice policy set|get|list|delete|apply ..."},
 		{args: []string{"policy", "sett", "acme", "rate=1/s"}, wantMsg: `unknown subcommand "sett" of policy; use one of: set, get, list, delete, apply`, usage: "sluice policy set|get|list|delete|apply ..."},
@@ -230,6 +235,14 @@ func testBadUsage(t *testing.T, c *cli) {
 		{args: []string{"admit", "acme", "--dry-run", "--cost", "abc"}, wantMsg: `admit: invalid value "abc" for flag --cost`, usage: "sluice admit TENANT --dry-run [--cost N] [--id JOB] [--json]"},
 		{args: []string{"top", "--interval", "0"}, wantMsg: `top: invalid value "0" for flag --interval: want a positive duration such as 1s or 500ms`, usage: "sluice top [--once] [--interval 1s] [--limit N]"},
 		{args: []string{"top", "--limit", "-1"}, wantMsg: "--limit -1: must be 0 (as many as fit) or more", usage: "sluice top [--once] [--interval 1s] [--limit N]"},
+		{args: []string{"dashboard", "--listen", "0.0.0.0:8080"}, wantMsg: `--listen "0.0.0.0:8080": not a loopback address; the dashboard has no login, so it serves 127.0.0.1 or localhost only unless --public is given`, usage: "sluice dashboard [--listen 127.0.0.1:8080] [--metrics URL]... [--allow-write]"},
+		{args: []string{"dashboard", "--listen", ":8080"}, wantMsg: `--listen ":8080": not a loopback address`, usage: "sluice dashboard [--listen 127.0.0.1:8080] [--metrics URL]... [--allow-write]"},
+		{args: []string{"dashboard", "--listen", "8080"}, wantMsg: `--listen "8080": want HOST:PORT such as 127.0.0.1:8080 (port 0 picks a free one)`, usage: "sluice dashboard [--listen 127.0.0.1:8080] [--metrics URL]... [--allow-write]"},
+		{args: []string{"dashboard", "--metrics", "127.0.0.1:9464"}, wantMsg: `--metrics "127.0.0.1:9464": want a worker's metrics URL such as http://127.0.0.1:9464/metrics (its --admin address)`, usage: "sluice dashboard [--listen 127.0.0.1:8080] [--metrics URL]... [--allow-write]"},
+		{args: []string{"dashboard", "--interval", "2s", "--history", "1s"}, wantMsg: "--history 1s: must be at least --interval (2s)", usage: "sluice dashboard [--listen 127.0.0.1:8080] [--metrics URL]... [--allow-write]"},
+		{args: []string{"dashboard", "--interval", "10ms"}, wantMsg: "--interval 10ms: must be at least 100ms (each sample reads every followed tenant's state)", usage: "sluice dashboard [--listen 127.0.0.1:8080] [--metrics URL]... [--allow-write]"},
+		{args: []string{"dashboard", "--max-tenants", "0"}, wantMsg: "--max-tenants 0: must be at least 1 (default 500)", usage: "sluice dashboard [--listen 127.0.0.1:8080] [--metrics URL]... [--allow-write]"},
+		{args: []string{"dashboard", "extra"}, wantMsg: `dashboard: unexpected argument "extra"`, usage: "sluice dashboard [--listen 127.0.0.1:8080] [--metrics URL]... [--allow-write]"},
 		{args: []string{"version", "extra"}, wantMsg: `version takes no arguments, got "extra"`, usage: "sluice version"},
 		{args: []string{"help", "nope"}, wantMsg: `no command "nope"`, usage: "sluice [--redis URL] [--prefix PREFIX] COMMAND [ARGS]"},
 		{args: []string{"--redis", "foo", "policy", "list"}, wantMsg: `--redis: Redis URL "foo": no scheme; write it as a URL, e.g. redis://foo; accepted forms: redis://[USER:PASSWORD@]HOST:PORT[/DB], `, usage: "sluice policy list [--json]"},
@@ -277,6 +290,7 @@ func testUnreachable(t *testing.T, c *cli) {
 		{"stats", "acme", "--json"},
 		{"top", "--once"},
 		{"admit", "acme", "--dry-run"},
+		{"dashboard", "--listen", "127.0.0.1:0"},
 	} {
 		start := time.Now()
 		r := c.runWith(t, nil, map[string]string{"SLUICE_REDIS_URL": "redis://" + addr}, append([]string{"--prefix", c.prefix}, args...)...)
@@ -411,7 +425,7 @@ func testStatsTable(t *testing.T, c *cli) {
 	out := c.mustRun(t, "stats")
 	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
 	require.Len(t, lines, 5, out)
-	require.Regexp(t, `^TENANT\s+POLICY\s+STARTED\s+RATE \(FREE/BURST\)\s+WINDOW\s+QUOTA\s+IN FLIGHT\s+RESERVED\s+COOLDOWN\s+BACKLOG$`, lines[0])
+	require.Regexp(t, `^TENANT\s+POLICY\s+STARTED\s+RATE \(FREE/BURST\)\s+WINDOW\s+QUOTA\s+IN FLIGHT\s+RESERVED\s+COOLDOWN\s+WAITING$`, lines[0])
 	require.Regexp(t, `^@global\s+@global\s+2\s+998/1000 of 1/h\s+-\s+-\s+-\s+0\s+-\s+0$`, lines[1])
 	require.Regexp(t, `^acme\s+acme\s+2\s+3/5 of 1/h\s+-\s+2 of 1000/day\s+2/3\s+0\s+-\s+3/100$`, lines[2])
 	require.Regexp(t, `^cooling\s+-\s+0\s+-\s+-\s+-\s+-\s+0\s+\S+ left\s+0$`, lines[3])
@@ -421,7 +435,7 @@ func testStatsTable(t *testing.T, c *cli) {
 	require.Contains(t, detail, "policy       acme: rate=1/h burst=5 quota=1000/day tz=UTC concurrency=3 backlog=100\n")
 	require.Contains(t, detail, "concurrency  2 of 3 in flight\n")
 	require.Regexp(t, `\n\s+job-1 \(lease ends in \S+\)\n`, detail)
-	require.Contains(t, detail, "backlog      3/100 queued or deferred jobs\n")
+	require.Regexp(t, `\nwaiting      3/100 jobs in its line, the oldest for \S+\n`, detail)
 	cooling := c.mustRun(t, "stats", "cooling")
 	require.Regexp(t, `\npolicy\s+none \(no policy of its own and no default \*\): not limited\n`, cooling)
 	require.Regexp(t, `cooldown\s+\S+ left \(until `, cooling)
@@ -469,7 +483,7 @@ func testTopOnce(t *testing.T, c *cli) {
 	out := c.mustRun(t, "top", "--interval", "100ms")
 	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
 	require.Len(t, lines, 5, out)
-	require.Regexp(t, `^TENANT\s+STARTS/S\s+LIMIT\s+IN FLIGHT\s+RESERVED\s+COOLDOWN\s+BACKLOG\s+POLICY$`, lines[0])
+	require.Regexp(t, `^TENANT\s+STARTS/S\s+LIMIT\s+IN FLIGHT\s+RESERVED\s+COOLDOWN\s+WAITING\s+POLICY$`, lines[0])
 	// Nothing starts during the measurement; the busiest by in-flight jobs come first.
 	require.Regexp(t, `^acme\s+0\.0\s+1/h\s+2/3\s+0\s+-\s+3\s+acme$`, lines[1])
 	out = c.mustRun(t, "top", "--once", "--interval", "100ms", "--limit", "1")
@@ -501,4 +515,12 @@ func testCluster(t *testing.T, c *cli) {
 	out := sluice("stats", "--json")
 	require.Contains(t, out, `"tenant": "@global"`)
 	require.Contains(t, out, `"tenant": "acme"`)
+
+	// The dashboard and asynqmon under it work on a Cluster too.
+	d := startDashboard(t, c, env, "--interval", "100ms")
+	d.tenants(t, "@global", "acme")
+	resp, err := http.Get(d.base + "asynq/api/queues")
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
 }

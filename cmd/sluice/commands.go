@@ -67,7 +67,7 @@ func init() {
 			name: "stats", usage: "stats [TENANT] [--json]",
 			summary: "throttle state of TENANT, or of every tenant with a policy or state",
 			help: "Prints a table of the throttle state: starts counted, free rate tokens, window\n" +
-				"and quota use, jobs in flight, reserved slots, cooldown and backlog. With\n" +
+				"and quota use, jobs in flight, reserved slots, cooldown and jobs waiting. With\n" +
 				"TENANT (or @global) one tenant in detail. --json prints\n" +
 				"{\"now\": …, \"tenants\": [{…}]} for scripts; times are RFC 3339, durations in ms.",
 			flags: func(fs *flag.FlagSet, o *opts) { fs.BoolVar(&o.json, "json", false, "") },
@@ -78,7 +78,7 @@ func init() {
 			summary: "live view of the busiest tenants (q or Ctrl-C quits)",
 			help: "Shows, refreshed every --interval, the busiest tenants: starts per second\n" +
 				"against the rate limit, jobs in flight against the concurrency cap, reserved\n" +
-				"slots, cooldown and backlog. When standard output is not a terminal, or with\n" +
+				"slots, cooldown and jobs waiting. When standard output is not a terminal, or with\n" +
 				"--once, it measures over one interval, prints one table and exits.",
 			flags: func(fs *flag.FlagSet, o *opts) {
 				o.interval = durationFlag(time.Second)
@@ -87,6 +87,32 @@ func init() {
 				fs.IntVar(&o.limit, "limit", 0, "")
 			},
 			run: top,
+		},
+		{
+			name: "dashboard", usage: "dashboard [--listen 127.0.0.1:8080] [--metrics URL]... [--allow-write]",
+			summary: "a web page of the tenants, live and over the last minutes, and of asynq's queues",
+			help: "Serves a web page: every tenant's starts per second against its rate limit,\n" +
+				"jobs in flight against its concurrency cap, waiting and reserved jobs, cooldown\n" +
+				"and the gate's decisions by rule; a page per tenant plotting the last\n" +
+				"--history; asynq's queues and tasks (asynqmon) under /asynq/. One sampler reads\n" +
+				"Redis every --interval for every browser; /api/tenants and /api/tenants/NAME\n" +
+				"serve its figures as JSON.\n\n" +
+				"  --listen ADDR     where to serve (default 127.0.0.1:8080; port 0 picks one)\n" +
+				"  --public          allow an address other than loopback: the dashboard has\n" +
+				"                    no login, so put it behind a proxy that asks for one\n" +
+				"  --allow-write     let asynq's pages pause queues and run, archive or delete\n" +
+				"                    tasks (read-only by default)\n" +
+				"  --metrics URL     a worker's metrics (http://HOST:9464/metrics, its --admin\n" +
+				"                    address), repeated for every worker: the decisions by rule\n" +
+				"                    live only there; per tenant when the workers run with\n" +
+				"                    --tenant-labels\n" +
+				"  --interval D      how often to sample (default 1s, at least 100ms)\n" +
+				"  --history D       how much history each tenant keeps (default 5m)\n" +
+				"  --max-tenants N   how many tenants to follow at once (default 500); past it,\n" +
+				"                    tenants idle for the whole history make room for others\n\n" +
+				"SIGINT or SIGTERM stops it (exit 0).",
+			flags: dashboardFlags,
+			run:   dashboard,
 		},
 		{
 			name: "admit", usage: "admit TENANT --dry-run [--cost N] [--id JOB] [--json]",
@@ -179,7 +205,7 @@ const rulesHelp = `Rules (policy set, policy apply), in any combination:
   quota=N reset="CRON"        or per window of a cron spec
   concurrency=M [lease=D]     at most M jobs running at once
   overflow=defer|wait|drop    what a worker does with a denied job [max_wait=D]
-  backlog=K  shape=true  fail_open=true
+  backlog=K  weight=W  fail_open=true
 Example: sluice policy set acme 'rate=100/s burst=20 concurrency=5'
 `
 

@@ -15,6 +15,8 @@
 //	stats [TENANT] [--json]            throttle state of TENANT, or of every tenant with a policy or state
 //	top [--once] [--interval 1s] [--limit N]
 //	                                   live view of the busiest tenants (q or Ctrl-C quits)
+//	dashboard [--listen 127.0.0.1:8080] [--metrics URL]... [--allow-write]
+//	                                   a web page of the tenants, live and over the last minutes, and of asynq's queues
 //	admit TENANT --dry-run [--cost N] [--id JOB] [--json]
 //	                                   would a job of TENANT be admitted now, and if not, why
 //	version                            print sluice's version
@@ -49,6 +51,14 @@
 // what does not apply). `top` redraws a terminal screen every interval; when
 // standard output is not a terminal, or with --once, it measures over one
 // interval, prints one table and exits.
+//
+// `dashboard` serves a web page on loopback (127.0.0.1:8080): the tenants
+// live, a page per tenant with its last minutes plotted, and asynq's own
+// queues and tasks (asynqmon) under /asynq/. It is read-only unless
+// --allow-write, and serves another address only with --public. One
+// goroutine samples Redis every second for every browser and keeps a few
+// minutes of history per tenant; the gate's decisions by rule come from
+// the workers' /metrics (--metrics URL, repeated).
 //
 // Exit status: 0 on success, 1 on failure (Redis unreachable, a bad policy
 // file, no such policy for `policy get`), 2 on bad usage (unknown command or

@@ -65,6 +65,12 @@ func (cn *conn) tenantNames(ctx context.Context) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
+	return cn.withPolicyNames(ctx, live)
+}
+
+// withPolicyNames adds to live (tenants with state) the names of every
+// stored policy but "*", sorted, without repeats.
+func (cn *conn) withPolicyNames(ctx context.Context, live []string) ([]string, error) {
 	set := map[string]bool{}
 	for _, t := range live {
 		set[t] = true
@@ -132,7 +138,8 @@ type tenantJSON struct {
 	FirstSlot    *time.Time       `json:"first_slot"`
 	LastSlot     *time.Time       `json:"last_slot"`
 	Cooldown     *time.Time       `json:"cooldown_until"`
-	Backlog      int64            `json:"backlog"`
+	Waiting      int64            `json:"waiting"`
+	WaitingSince *time.Time       `json:"waiting_since"`
 	BacklogCap   int64            `json:"backlog_cap"`
 	Leftovers    int64            `json:"leftovers"`
 }
@@ -193,7 +200,7 @@ func toJSON(s *throttle.Stats) tenantJSON {
 		Tenant: s.Tenant, Policy: s.Policy, Started: s.Started,
 		Rates:        []rateJSON{},
 		Reservations: s.Reservations, FirstSlot: timePtr(s.FirstSlot), LastSlot: timePtr(s.LastSlot),
-		Cooldown: timePtr(s.CooldownUntil), Backlog: s.Waiting, Leftovers: s.Leftovers,
+		Cooldown: timePtr(s.CooldownUntil), Waiting: s.Waiting, WaitingSince: timePtr(s.WaitingSince), Leftovers: s.Leftovers,
 	}
 	if s.Rules != nil {
 		j.Rules = s.Rules.String()
@@ -283,7 +290,9 @@ func cooldownCell(s *throttle.Stats) string {
 	return short(s.CooldownUntil.Sub(s.Now)) + " left"
 }
 
-func backlogCell(s *throttle.Stats) string {
+// waitingCell is how many jobs wait in the tenant's line (of its backlog
+// cap).
+func waitingCell(s *throttle.Stats) string {
 	if s.Rules != nil && s.Rules.Backlog > 0 {
 		return fmt.Sprintf("%d/%d", s.Waiting, s.Rules.Backlog)
 	}
@@ -295,10 +304,10 @@ func short(d time.Duration) string { return human.Duration(d) }
 
 func writeStatsTable(w io.Writer, all []*throttle.Stats) error {
 	tw := newTable(w)
-	fmt.Fprintln(tw, "TENANT\tPOLICY\tSTARTED\tRATE (FREE/BURST)\tWINDOW\tQUOTA\tIN FLIGHT\tRESERVED\tCOOLDOWN\tBACKLOG")
+	fmt.Fprintln(tw, "TENANT\tPOLICY\tSTARTED\tRATE (FREE/BURST)\tWINDOW\tQUOTA\tIN FLIGHT\tRESERVED\tCOOLDOWN\tWAITING")
 	for _, s := range all {
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.Tenant, policyName(s), s.Started,
-			rateCell(s), windowCell(s), quotaCell(s), inFlightCell(s), reservedCell(s), cooldownCell(s), backlogCell(s))
+			rateCell(s), windowCell(s), quotaCell(s), inFlightCell(s), reservedCell(s), cooldownCell(s), waitingCell(s))
 	}
 	return tw.Flush()
 }
@@ -334,7 +343,11 @@ func writeDetail(w io.Writer, s *throttle.Stats) error {
 	} else {
 		row("cooldown", "%s left (until %s)", short(s.CooldownUntil.Sub(s.Now)), s.CooldownUntil.UTC().Format(time.RFC3339Nano))
 	}
-	row("backlog", "%s queued or deferred jobs", backlogCell(s))
+	if s.Waiting > 0 {
+		row("waiting", "%s jobs in its line, the oldest for %s", waitingCell(s), short(s.Now.Sub(s.WaitingSince)))
+	} else {
+		row("waiting", "%s jobs in its line", waitingCell(s))
+	}
 	if s.Leftovers > 0 {
 		row("leftovers", "%d charges a two-step Cluster admission could not take back (each at most one interval of a rate; they pass with time)", s.Leftovers)
 	}

@@ -108,7 +108,7 @@ type topRow struct {
 	cap       int64 // -1 without a concurrency rule
 	reserved  int64
 	cooldown  time.Duration
-	backlog   int64
+	waiting   int64
 	policy    string
 	hasPolicy bool
 }
@@ -118,7 +118,7 @@ type topRow struct {
 func topRows(prev, cur topSample) []topRow {
 	rows := make([]topRow, 0, len(cur))
 	for name, s := range cur {
-		r := topRow{tenant: name, limit: "-", cap: -1, reserved: s.Reservations, backlog: s.Waiting, policy: policyName(s)}
+		r := topRow{tenant: name, limit: "-", cap: -1, reserved: s.Reservations, waiting: s.Waiting, policy: policyName(s)}
 		started := s.Started
 		elapsed := time.Duration(0)
 		if p, ok := prev[name]; ok {
@@ -135,11 +135,8 @@ func topRows(prev, cur topSample) []topRow {
 		if elapsed > 0 {
 			r.perSec = float64(started) / elapsed.Seconds()
 		}
-		best := -1.0
-		for _, rt := range s.Rates {
-			if v := float64(rt.Rate.Limit) / rt.Rate.Period.Seconds(); best < 0 || v < best {
-				best, r.limit = v, limitText(rt.Rate)
-			}
+		if rt, _, ok := tightestRate(s); ok {
+			r.limit = limitText(rt)
 		}
 		if cs := s.Concurrency; cs != nil {
 			r.inFlight, r.cap = cs.InFlight, cs.Concurrency.Limit
@@ -158,8 +155,8 @@ func topRows(prev, cur topSample) []topRow {
 			return a.inFlight > b.inFlight
 		case a.reserved != b.reserved:
 			return a.reserved > b.reserved
-		case a.backlog != b.backlog:
-			return a.backlog > b.backlog
+		case a.waiting != b.waiting:
+			return a.waiting > b.waiting
 		case (a.cooldown > 0) != (b.cooldown > 0):
 			return a.cooldown > 0
 		}
@@ -168,12 +165,23 @@ func topRows(prev, cur topSample) []topRow {
 	return rows
 }
 
+// tightestRate is the rate rule of s that allows the fewest starts per
+// second, and that number; ok is false without a rate rule.
+func tightestRate(s *throttle.Stats) (r throttle.Rate, perSec float64, ok bool) {
+	for _, rt := range s.Rates {
+		if v := float64(rt.Rate.Limit) / rt.Rate.Period.Seconds(); !ok || v < perSec {
+			r, perSec, ok = rt.Rate, v, true
+		}
+	}
+	return r, perSec, ok
+}
+
 // writeTop prints the table of rows, at most limit of them (0: all), with
 // eol ending each line ("\r\n" on a raw terminal).
 func writeTop(w io.Writer, rows []topRow, limit int, eol string) error {
 	var b strings.Builder
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "TENANT\tSTARTS/S\tLIMIT\tIN FLIGHT\tRESERVED\tCOOLDOWN\tBACKLOG\tPOLICY")
+	fmt.Fprintln(tw, "TENANT\tSTARTS/S\tLIMIT\tIN FLIGHT\tRESERVED\tCOOLDOWN\tWAITING\tPOLICY")
 	for i, r := range rows {
 		if limit > 0 && i >= limit {
 			break
@@ -186,7 +194,7 @@ func writeTop(w io.Writer, rows []topRow, limit int, eol string) error {
 		if r.cooldown > 0 {
 			cool = short(r.cooldown)
 		}
-		fmt.Fprintf(tw, "%s\t%.1f\t%s\t%s\t%d\t%s\t%d\t%s\n", r.tenant, r.perSec, r.limit, inFlight, r.reserved, cool, r.backlog, r.policy)
+		fmt.Fprintf(tw, "%s\t%.1f\t%s\t%s\t%d\t%s\t%d\t%s\n", r.tenant, r.perSec, r.limit, inFlight, r.reserved, cool, r.waiting, r.policy)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

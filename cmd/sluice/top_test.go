@@ -44,12 +44,12 @@ func TestTopRows(t *testing.T) {
 		{tenant: "reset", perSec: 5, limit: "-", cap: -1, policy: "*"},
 		// First seen in this sample: every start counted happened within the interval.
 		{tenant: "new", perSec: 2, limit: "-", cap: -1, policy: "-"},
-		{tenant: "idle", perSec: 0, limit: "-", inFlight: 2, cap: 5, reserved: 4, cooldown: 1500 * time.Millisecond, backlog: 9, policy: "idle"},
+		{tenant: "idle", perSec: 0, limit: "-", inFlight: 2, cap: 5, reserved: 4, cooldown: 1500 * time.Millisecond, waiting: 9, policy: "idle"},
 	}, rows)
 
 	var b bytes.Buffer
 	require.NoError(t, writeTop(&b, rows, 3, "\n"))
-	require.Equal(t, `TENANT  STARTS/S  LIMIT   IN FLIGHT  RESERVED  COOLDOWN  BACKLOG  POLICY
+	require.Equal(t, `TENANT  STARTS/S  LIMIT   IN FLIGHT  RESERVED  COOLDOWN  WAITING  POLICY
 busy    100.0     5000/h  -          0         -         0        busy
 reset   5.0       -       -          0         -         0        *
 new     2.0       -       -          0         -         0        -
@@ -94,7 +94,7 @@ func TestTopLoopQuitsOnKeys(t *testing.T) {
 		}
 		frame := out.String()
 		require.Contains(t, frame, "sluice top  "+redistest.URL(t)+"  prefix "+a.prefix+"  every 20ms  (q quits)\x1b[K\r\n")
-		require.Contains(t, frame, "TENANT  STARTS/S  LIMIT  IN FLIGHT  RESERVED  COOLDOWN  BACKLOG  POLICY\x1b[K\r\n")
+		require.Contains(t, frame, "TENANT  STARTS/S  LIMIT  IN FLIGHT  RESERVED  COOLDOWN  WAITING  POLICY\x1b[K\r\n")
 		cn.Close()
 	}
 }

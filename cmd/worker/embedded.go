@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+
+	"github.com/sluicehq/sluice/internal/cmdline"
 )
 
 // ttlTick is how often the embedded Redis's key TTLs are counted down.
@@ -32,7 +34,7 @@ func startEmbedded(addr string) (*embedded, error) {
 			host, _, _ := net.SplitHostPort(addr)
 			hint = fmt.Sprintf("; another Redis or worker may be listening there: pick another port, e.g. --redis memory://%s", net.JoinHostPort(host, "6380"))
 		}
-		return nil, fmt.Errorf("cannot start the embedded Redis on %s: %v%s", addr, unwrapOp(err), hint)
+		return nil, fmt.Errorf("cannot start the embedded Redis on %s: %v%s", addr, cmdline.ListenCause(err), hint)
 	}
 	e := &embedded{Miniredis: m, stop: make(chan struct{})}
 	// miniredis counts TTLs down only when told to; sluice does not need

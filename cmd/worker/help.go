@@ -29,6 +29,9 @@ Flags:
   --prefix PREFIX          the key prefix of sluice's limits (default "sluice")
   --shutdown-timeout D     how long running jobs may take to finish after
                            SIGTERM before they go back to the queue (default 8s)
+  --tenant-labels          label the per-job metrics with the tenant, for
+                           sluice dashboard's decisions per tenant (one series
+                           per tenant: mind the cardinality of many tenants)
   --log-format FORMAT      text or json (default text); logs go to stderr
   --log-level LEVEL        debug, info, warn or error (default info)
   --version                print the version

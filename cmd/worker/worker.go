@@ -63,6 +63,7 @@ type options struct {
 	admin           string
 	prefix          string
 	shutdownTimeout time.Duration
+	tenantLabels    bool
 	logFormat       string
 	logLevel        slog.Level
 	asynqLevel      asynq.LogLevel
@@ -108,6 +109,7 @@ func parseFlags(args []string, env func(string) string) (*options, error) {
 	fs.StringVar(&o.admin, "admin", adminDefault, "")
 	fs.StringVar(&o.prefix, "prefix", throttle.PrefixDefault, "")
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", shutdownTimeoutDefault, "")
+	fs.BoolVar(&o.tenantLabels, "tenant-labels", false, "")
 	fs.StringVar(&o.logFormat, "log-format", "text", "")
 	fs.StringVar(&logLevel, "log-level", "info", "")
 	fs.BoolVar(&showHelp, "help", false, "")
@@ -249,7 +251,7 @@ func serve(ctx context.Context, o *options, stdout, stderr io.Writer) error {
 	if o.admin != adminOff {
 		var err error
 		if ln, err = net.Listen("tcp", o.admin); err != nil {
-			return fmt.Errorf("--admin %s: cannot listen: %v; choose another address with --admin HOST:PORT (port 0 picks a free one) or turn the endpoints off with --admin %s", o.admin, unwrapOp(err), adminOff)
+			return fmt.Errorf("--admin %s: cannot listen: %v; choose another address with --admin HOST:PORT (port 0 picks a free one) or turn the endpoints off with --admin %s", o.admin, cmdline.ListenCause(err), adminOff)
 		}
 		defer ln.Close()
 	}
@@ -269,7 +271,7 @@ func serve(ctx context.Context, o *options, stdout, stderr io.Writer) error {
 			Logger:          asynqLogger{log.With("component", "asynq")},
 			LogLevel:        o.asynqLevel,
 		},
-		Gate: worker.GateConfig{Logger: log, Registerer: reg},
+		Gate: worker.GateConfig{Logger: log, Registerer: reg, TenantLabels: o.tenantLabels},
 	})
 	if err != nil {
 		return err
@@ -330,20 +332,6 @@ func stopAdmin(s *http.Server) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	_ = s.Shutdown(ctx)
-}
-
-// unwrapOp drops the "listen tcp ADDR:" part of a net.OpError, which the
-// message already names.
-func unwrapOp(err error) error {
-	var op *net.OpError
-	if errors.As(err, &op) && op.Err != nil {
-		var se interface{ Unwrap() error }
-		if errors.As(op.Err, &se) && se.Unwrap() != nil {
-			return se.Unwrap()
-		}
-		return op.Err
-	}
-	return err
 }
 
 // queueCollector reports the sizes of the worker's queues, read with

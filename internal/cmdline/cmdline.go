@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"runtime"
 	"runtime/debug"
 )
@@ -64,4 +65,19 @@ func Parsed(err error, name, version, usageLine string, help func() string, stdo
 	}
 	fmt.Fprintf(stderr, "%s: %s\n", name, err)
 	return ExitFailure, true
+}
+
+// ListenCause is the cause of a failed net.Listen without the "listen tcp
+// ADDR:" part of its net.OpError, which a message naming the flag already
+// says: "address already in use".
+func ListenCause(err error) error {
+	var op *net.OpError
+	if errors.As(err, &op) && op.Err != nil {
+		var se interface{ Unwrap() error }
+		if errors.As(op.Err, &se) && se.Unwrap() != nil {
+			return se.Unwrap()
+		}
+		return op.Err
+	}
+	return err
 }

@@ -1,0 +1,426 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"net/http"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/sluicehq/sluice/throttle"
+)
+
+// listEvery is how many samples pass between two scans of the keyspace for
+// the tenants with state (a SCAN costs in proportion to the database);
+// stored policies are read at every sample.
+const listEvery = 5
+
+// sparkPoints is how many of a tenant's last points the tenants list
+// carries for its sparkline.
+const sparkPoints = 60
+
+// boardConfig is how the board samples and what it keeps.
+type boardConfig struct {
+	interval   time.Duration
+	points     int // per tenant
+	maxTenants int
+	scrape     []string // workers' metrics URLs
+	readOnly   bool
+}
+
+// board samples Redis (and the workers' metrics) once per interval in one
+// goroutine, for every browser at once, and keeps each followed tenant's
+// recent history in memory: at most maxTenants tenants of at most points
+// points each.
+type board struct {
+	cn      *conn
+	cfg     boardConfig
+	scraper *scraper // nil without --metrics
+
+	// Only the sampling goroutine uses these.
+	samples int
+	live    []string  // tenants with state, from the last scan
+	prev    topSample // the last good sample
+
+	mu       sync.RWMutex
+	tracks   map[string]*track
+	total    int       // tenants known, followed or not
+	now      time.Time // Redis time of the last good sample
+	err      string    // why the last sample failed; "" when it went well
+	errSince time.Time
+	fleet    *decisionsJSON
+	labelled bool
+	sources  []sourceJSON
+}
+
+// track is one followed tenant.
+type track struct {
+	row       rowJSON
+	stats     *throttle.Stats
+	points    []point
+	idleSince time.Time // zero while the tenant is active
+}
+
+// rowJSON is a tenant's line on the tenants page (GET /api/tenants).
+type rowJSON struct {
+	Tenant string `json:"tenant"`
+	// Policy is the name of the policy that applies ("" when none does)
+	// and Rules its text.
+	Policy     string  `json:"policy"`
+	Rules      string  `json:"rules"`
+	StartsPerS float64 `json:"starts_per_s"`
+	// Limit is the tightest rate rule ("20/s"), LimitPerS its starts per
+	// second; "" and 0 without a rate rule.
+	Limit     string  `json:"limit"`
+	LimitPerS float64 `json:"limit_per_s"`
+	InFlight  int64   `json:"in_flight"`
+	// Cap is the concurrency rule's limit, -1 without one.
+	Cap int64 `json:"cap"`
+	// Waiting counts the jobs waiting in the tenant's line, the oldest
+	// for OldestWaitMS; BacklogCap is its policy's backlog=, 0 for none.
+	Waiting      int64   `json:"waiting"`
+	OldestWaitMS float64 `json:"oldest_wait_ms"`
+	Reserved     int64   `json:"reserved"`
+	CooldownMS   float64 `json:"cooldown_ms"`
+	BacklogCap   int64   `json:"backlog_cap"`
+	// Decisions are the tenant's decisions per second, null unless the
+	// workers scraped label their metrics by tenant.
+	Decisions *decisionsJSON `json:"decisions"`
+	// Spark is the starts per second of the last points, oldest first
+	// (tenants list only).
+	Spark []float64 `json:"spark,omitempty"`
+}
+
+// point is one sample of a tenant's history.
+type point struct {
+	T          int64          `json:"t"` // Redis time, Unix ms
+	StartsPerS float64        `json:"starts_per_s"`
+	LimitPerS  float64        `json:"limit_per_s"`
+	InFlight   int64          `json:"in_flight"`
+	Cap        int64          `json:"cap"`
+	Waiting    int64          `json:"waiting"`
+	Reserved   int64          `json:"reserved"`
+	Decisions  *decisionsJSON `json:"decisions,omitempty"`
+}
+
+// boardHeader starts both JSON documents.
+type boardHeader struct {
+	// Now is the Redis time of the last good sample, null before the first.
+	Now        *time.Time `json:"now"`
+	IntervalMS float64    `json:"interval_ms"`
+	HistoryMS  float64    `json:"history_ms"`
+	Redis      string     `json:"redis"`
+	Prefix     string     `json:"prefix"`
+	ReadOnly   bool       `json:"read_only"`
+	// Error says why the last sample failed (the figures are then those of
+	// the last good one), since ErrorSince; "" and null when it went well.
+	Error      string     `json:"error"`
+	ErrorSince *time.Time `json:"error_since"`
+}
+
+// tenantsDoc is GET /api/tenants.
+type tenantsDoc struct {
+	boardHeader
+	// TenantsTotal counts the tenants with a policy or state; Tenants lists
+	// at most --max-tenants of them, by name.
+	TenantsTotal int `json:"tenants_total"`
+	// Decisions are the fleet's decisions per second, from the workers'
+	// metrics (MetricsSources); null without --metrics. TenantLabels says
+	// whether the workers label them by tenant.
+	Decisions      *decisionsJSON `json:"decisions"`
+	TenantLabels   bool           `json:"tenant_labels"`
+	MetricsSources []sourceJSON   `json:"metrics_sources"`
+	Tenants        []rowJSON      `json:"tenants"`
+}
+
+// tenantDoc is GET /api/tenants/{name}: the tenant's line, its state as
+// `sluice stats --json` prints it, and its history, oldest first.
+type tenantDoc struct {
+	boardHeader
+	Tenant rowJSON    `json:"tenant"`
+	Stats  tenantJSON `json:"stats"`
+	Points []point    `json:"points"`
+}
+
+func newBoard(cn *conn, cfg boardConfig) *board {
+	b := &board{cn: cn, cfg: cfg, tracks: map[string]*track{}}
+	if len(cfg.scrape) > 0 {
+		b.scraper = newScraper(cfg.scrape, max(cfg.interval, time.Second))
+	}
+	return b
+}
+
+func (b *board) close() {
+	if b.scraper != nil {
+		b.scraper.close()
+	}
+}
+
+// run samples at once, then every interval, until ctx ends.
+func (b *board) run(ctx context.Context) {
+	tick := time.NewTicker(b.cfg.interval)
+	defer tick.Stop()
+	for {
+		b.sample(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// sample reads every followed tenant's stats and the workers' metrics, at
+// the same time, and records them.
+func (b *board) sample(parent context.Context) {
+	ctx, cancel := context.WithTimeout(parent, max(2*b.cfg.interval, 5*time.Second))
+	defer cancel()
+	var (
+		rates decisionRates
+		wg    sync.WaitGroup
+	)
+	if b.scraper != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rates = b.scraper.round(ctx)
+		}()
+	}
+	cur, total, err := b.read(ctx)
+	wg.Wait()
+	if parent.Err() != nil {
+		return // shutting down
+	}
+	b.record(cur, total, rates, err)
+}
+
+// read lists the tenants, picks the ones to follow and reads their stats.
+func (b *board) read(ctx context.Context) (topSample, int, error) {
+	if b.live == nil || b.samples%listEvery == 0 {
+		live, err := b.cn.limiter.Tenants(ctx)
+		if err != nil {
+			return nil, 0, err
+		}
+		b.live = live
+	}
+	b.samples++
+	names, err := b.cn.withPolicyNames(ctx, b.live)
+	if err != nil {
+		return nil, 0, err
+	}
+	all, err := b.cn.collect(ctx, b.choose(names))
+	if err != nil {
+		return nil, 0, err
+	}
+	cur := topSample{}
+	for _, s := range all {
+		cur[s.Tenant] = s
+	}
+	return cur, len(names), nil
+}
+
+// choose picks at most maxTenants of names (sorted) to sample. Tenants
+// already followed keep their place; newcomers take free places in name
+// order, and when none is free, the places of followed tenants that have
+// been idle for the whole history, the longest idle first.
+func (b *board) choose(names []string) []string {
+	if len(names) <= b.cfg.maxTenants {
+		return names
+	}
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	var kept, newcomers []string
+	for _, n := range names {
+		if _, ok := b.tracks[n]; ok {
+			kept = append(kept, n)
+		} else {
+			newcomers = append(newcomers, n)
+		}
+	}
+	if room := b.cfg.maxTenants - len(kept); len(newcomers) > room {
+		history := time.Duration(b.cfg.points) * b.cfg.interval
+		var idle []string
+		for _, n := range kept {
+			if s := b.tracks[n].idleSince; !s.IsZero() && time.Since(s) >= history {
+				idle = append(idle, n)
+			}
+		}
+		sort.SliceStable(idle, func(i, j int) bool { return b.tracks[idle[i]].idleSince.Before(b.tracks[idle[j]].idleSince) })
+		evict := map[string]bool{}
+		for _, n := range idle[:min(len(idle), len(newcomers)-room)] {
+			evict[n] = true
+		}
+		kept = slices.DeleteFunc(kept, func(n string) bool { return evict[n] })
+	}
+	chosen := append(kept, newcomers[:min(len(newcomers), b.cfg.maxTenants-len(kept))]...)
+	sort.Strings(chosen)
+	return chosen
+}
+
+// record stores a sample: a failed one only as the error.
+func (b *board) record(cur topSample, total int, rates decisionRates, err error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.scraper != nil {
+		b.fleet, b.labelled, b.sources = rates.fleet(), rates.labelled, rates.sources
+	}
+	if err != nil {
+		if b.err == "" {
+			b.errSince = time.Now()
+		}
+		b.err = err.Error()
+		return
+	}
+	b.err, b.errSince = "", time.Time{}
+	b.total = total
+	// A tenant followed from this sample on has no earlier reading to
+	// measure against: its first point counts no starts, where top would
+	// count every start since its state was created.
+	prev := topSample{}
+	for name, s := range cur {
+		if p, ok := b.prev[name]; ok {
+			prev[name] = p
+		} else {
+			prev[name] = s
+		}
+	}
+	byTenant := rates.byTenant()
+	for _, r := range topRows(prev, cur) {
+		s := cur[r.tenant]
+		b.now = s.Now
+		row := newRow(s, r)
+		if byTenant != nil {
+			row.Decisions = byTenant[r.tenant]
+			if row.Decisions == nil {
+				row.Decisions = &decisionsJSON{Denied: map[string]float64{}}
+			}
+		}
+		tr := b.tracks[r.tenant]
+		if tr == nil {
+			tr = &track{}
+			b.tracks[r.tenant] = tr
+		}
+		tr.row, tr.stats = row, s
+		if len(tr.points) == b.cfg.points {
+			tr.points = slices.Delete(tr.points, 0, 1)
+		}
+		tr.points = append(tr.points, point{
+			T: s.Now.UnixMilli(), StartsPerS: row.StartsPerS, LimitPerS: row.LimitPerS,
+			InFlight: row.InFlight, Cap: row.Cap, Waiting: row.Waiting, Reserved: row.Reserved,
+			Decisions: row.Decisions,
+		})
+		idle := row.StartsPerS == 0 && row.InFlight == 0 && row.Waiting == 0 && row.Reserved == 0 && row.CooldownMS == 0
+		switch {
+		case !idle:
+			tr.idleSince = time.Time{}
+		case tr.idleSince.IsZero():
+			tr.idleSince = time.Now()
+		}
+	}
+	for name := range b.tracks {
+		if _, ok := cur[name]; !ok {
+			delete(b.tracks, name)
+		}
+	}
+	b.prev = cur
+}
+
+func newRow(s *throttle.Stats, r topRow) rowJSON {
+	row := rowJSON{
+		Tenant: s.Tenant, Policy: s.Policy, StartsPerS: round2(r.perSec),
+		InFlight: r.inFlight, Cap: r.cap, Reserved: r.reserved,
+		CooldownMS: ms(r.cooldown), Waiting: s.Waiting,
+	}
+	if !s.WaitingSince.IsZero() {
+		row.OldestWaitMS = ms(max(s.Now.Sub(s.WaitingSince), 0))
+	}
+	if s.Rules != nil {
+		row.Rules, row.BacklogCap = s.Rules.String(), s.Rules.Backlog
+	}
+	if rt, perSec, ok := tightestRate(s); ok {
+		row.Limit, row.LimitPerS = limitText(rt), perSec
+	}
+	return row
+}
+
+func round2(v float64) float64 { return math.Round(v*100) / 100 }
+
+func (b *board) header() boardHeader {
+	h := boardHeader{
+		IntervalMS: ms(b.cfg.interval),
+		HistoryMS:  ms(time.Duration(b.cfg.points) * b.cfg.interval),
+		Redis:      b.cn.url.String(),
+		Prefix:     b.cn.prefix,
+		ReadOnly:   b.cfg.readOnly,
+		Error:      b.err,
+		ErrorSince: timePtr(b.errSince),
+		Now:        timePtr(b.now),
+	}
+	return h
+}
+
+// tenants is the tenants page's document.
+func (b *board) tenants() tenantsDoc {
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	doc := tenantsDoc{
+		boardHeader: b.header(), TenantsTotal: b.total,
+		Decisions: b.fleet, TenantLabels: b.labelled, MetricsSources: b.sources,
+		Tenants: make([]rowJSON, 0, len(b.tracks)),
+	}
+	if doc.MetricsSources == nil {
+		doc.MetricsSources = []sourceJSON{}
+	}
+	for _, tr := range b.tracks {
+		row := tr.row
+		from := max(len(tr.points)-sparkPoints, 0)
+		row.Spark = make([]float64, 0, len(tr.points)-from)
+		for _, p := range tr.points[from:] {
+			row.Spark = append(row.Spark, p.StartsPerS)
+		}
+		doc.Tenants = append(doc.Tenants, row)
+	}
+	sort.Slice(doc.Tenants, func(i, j int) bool { return doc.Tenants[i].Tenant < doc.Tenants[j].Tenant })
+	return doc
+}
+
+// tenant is a tenant page's document; ok is false when the tenant is not
+// followed.
+func (b *board) tenant(name string) (tenantDoc, bool) {
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	tr, ok := b.tracks[name]
+	if !ok {
+		return tenantDoc{boardHeader: b.header()}, false
+	}
+	return tenantDoc{
+		boardHeader: b.header(), Tenant: tr.row, Stats: toJSON(tr.stats),
+		Points: slices.Clone(tr.points),
+	}, true
+}
+
+func (b *board) serveTenants(w http.ResponseWriter, r *http.Request) {
+	serveJSON(w, http.StatusOK, b.tenants())
+}
+
+func (b *board) serveTenant(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	doc, ok := b.tenant(name)
+	if !ok {
+		serveJSON(w, http.StatusNotFound, map[string]string{"error": fmt.Sprintf(
+			"tenant %q is not followed: it has no policy and no throttle state (or more than --max-tenants tenants have)", name)})
+		return
+	}
+	serveJSON(w, http.StatusOK, doc)
+}
+
+func serveJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(v)
+}

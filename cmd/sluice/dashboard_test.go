@@ -1,0 +1,489 @@
+package main
+
+import (
+	"bufio"
+	"cmp"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynqmon"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicehq/sluice/internal/clitest"
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/throttle"
+)
+
+// boardEnv is a board sampling the shared test server every 20ms under a
+// prefix of its own, served by an httptest server, with a fake worker's
+// metrics endpoint.
+type boardEnv struct {
+	cn        *conn
+	board     *board
+	srv       *httptest.Server
+	decisions *prometheus.CounterVec
+}
+
+func newBoardEnv(t *testing.T, cfg boardConfig) *boardEnv {
+	t.Helper()
+	a := &app{ctx: context.Background(), env: func(string) string { return "" }, redisFlag: redistest.URL(t), prefix: redistest.Prefix(t)}
+	cn, err := a.connect(nil)
+	require.NoError(t, err)
+	t.Cleanup(cn.Close)
+
+	e := &boardEnv{cn: cn}
+	// A worker's /metrics: the gate's decisions, labelled by tenant.
+	reg := prometheus.NewRegistry()
+	e.decisions = prometheus.NewCounterVec(prometheus.CounterOpts{Name: decisionsMetric, Help: "decisions"}, []string{"verdict", "rule", "tenant"})
+	reg.MustRegister(e.decisions)
+	e.decisions.WithLabelValues("allowed", "", "someone-else").Add(1)
+	worker := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	t.Cleanup(worker.Close)
+
+	cfg.interval = cmp.Or(cfg.interval, 20*time.Millisecond)
+	cfg.points = cmp.Or(cfg.points, 50)
+	cfg.maxTenants = cmp.Or(cfg.maxTenants, 100)
+	cfg.scrape = append(cfg.scrape, worker.URL+"/metrics")
+	e.board = newBoard(cn, cfg)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		e.board.run(ctx)
+	}()
+	mon := asynqmon.New(asynqmon.Options{RootPath: asynqRoot, RedisConnOpt: cn.url.AsynqOpt(), ReadOnly: cfg.readOnly})
+	e.srv = httptest.NewServer(e.board.handler(mon, false))
+	t.Cleanup(func() {
+		e.srv.Close()
+		cancel()
+		<-done
+		e.board.close()
+		_ = mon.Close()
+	})
+	return e
+}
+
+func (e *boardEnv) get(t *testing.T, path string, v any) int {
+	t.Helper()
+	resp, err := http.Get(e.srv.URL + path)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	if v != nil && strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json") {
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(v))
+	} else {
+		_, _ = io.Copy(io.Discard, resp.Body)
+	}
+	return resp.StatusCode
+}
+
+// row waits until the tenants list has tenant and cond holds for its row.
+func (e *boardEnv) row(t *testing.T, tenant, what string, cond func(tenantsDoc, rowJSON) bool) (tenantsDoc, rowJSON) {
+	t.Helper()
+	var (
+		doc tenantsDoc
+		got rowJSON
+	)
+	waitFor(t, tenant+": "+what, func() bool {
+		doc = tenantsDoc{}
+		require.Equal(t, http.StatusOK, e.get(t, "/api/tenants", &doc))
+		for _, r := range doc.Tenants {
+			if r.Tenant == tenant {
+				got = r
+				return cond(doc, r)
+			}
+		}
+		return false
+	})
+	return doc, got
+}
+
+func setPolicy(t *testing.T, cn *conn, name, text string) {
+	t.Helper()
+	p, err := throttle.ParsePolicy(text)
+	require.NoError(t, err)
+	require.NoError(t, cn.store.Set(context.Background(), name, p))
+}
+
+func TestBoardFollowsATenant(t *testing.T) {
+	t.Parallel()
+	e := newBoardEnv(t, boardConfig{readOnly: true})
+	ctx := context.Background()
+	setPolicy(t, e.cn, "acme", "rate=1000/s burst=10 concurrency=5 backlog=100")
+
+	doc, row := e.row(t, "acme", "listed from its policy", func(tenantsDoc, rowJSON) bool { return true })
+	require.Equal(t, rowJSON{
+		Tenant: "acme", Policy: "acme", Rules: "rate=1000/s burst=10 concurrency=5 backlog=100",
+		Limit: "1000/s", LimitPerS: 1000, Cap: 5, BacklogCap: 100,
+		Decisions: &decisionsJSON{Denied: map[string]float64{}}, Spark: row.Spark,
+	}, row)
+	require.Equal(t, e.cn.prefix, doc.Prefix)
+	require.True(t, doc.ReadOnly)
+	require.Empty(t, doc.Error)
+	require.Equal(t, 1, doc.TenantsTotal)
+	require.Equal(t, []sourceJSON{{URL: e.board.cfg.scrape[0], OK: true}}, doc.MetricsSources)
+
+	// Jobs start and run: starts per second and in flight move.
+	var claims []uint64
+	for i := range 3 {
+		d, err := e.cn.limiter.Admit(ctx, "acme", "job-"+strconv.Itoa(i))
+		require.NoError(t, err)
+		require.True(t, d.Allowed)
+		claims = append(claims, d.Claim)
+	}
+	_, _, err := e.cn.limiter.Room().Join(ctx, "acme", 100, throttle.Waiter{ID: "queued-1"}, throttle.Waiter{ID: "queued-2"})
+	require.NoError(t, err)
+	e.decisions.WithLabelValues("allowed", "", "acme").Add(3)
+	e.decisions.WithLabelValues("denied", "concurrency", "acme").Add(4)
+	_, row = e.row(t, "acme", "starts, in flight, waiting and decisions", func(_ tenantsDoc, r rowJSON) bool {
+		return r.InFlight == 3 && r.Waiting == 2 && r.Decisions.Denied["concurrency"] > 0
+	})
+	require.Equal(t, int64(5), row.Cap)
+
+	var detail tenantDoc
+	waitFor(t, "the starts in acme's history", func() bool {
+		detail = tenantDoc{}
+		require.Equal(t, http.StatusOK, e.get(t, "/api/tenants/acme", &detail))
+		for _, p := range detail.Points {
+			if p.StartsPerS > 0 {
+				return true
+			}
+		}
+		return false
+	})
+	require.Equal(t, "acme", detail.Tenant.Tenant)
+	require.Equal(t, int64(3), detail.Stats.Started)
+	require.Equal(t, int64(5), detail.Stats.Concurrency.Limit)
+	require.LessOrEqual(t, len(detail.Points), 50, "history is bounded")
+	for i := 1; i < len(detail.Points); i++ {
+		require.GreaterOrEqual(t, detail.Points[i].T, detail.Points[i-1].T, "points oldest first")
+	}
+
+	for i, c := range claims {
+		require.NoError(t, e.cn.limiter.Release(ctx, "acme", "job-"+strconv.Itoa(i), c))
+	}
+	e.row(t, "acme", "nothing in flight after the releases", func(_ tenantsDoc, r rowJSON) bool { return r.InFlight == 0 })
+
+	// The fleet's decisions sum the tenants'.
+	require.NotNil(t, doc.Decisions)
+	var fleet tenantsDoc
+	require.Equal(t, http.StatusOK, e.get(t, "/api/tenants", &fleet))
+	require.True(t, fleet.TenantLabels)
+
+	// An unknown tenant is a 404 with a reason, also for a name with a slash.
+	var notFound map[string]string
+	require.Equal(t, http.StatusNotFound, e.get(t, "/api/tenants/nobody", &notFound))
+	require.Contains(t, notFound["error"], `tenant "nobody" is not followed`)
+	setPolicy(t, e.cn, "a/b c", "rate=1/s")
+	e.row(t, "a/b c", "listed", func(tenantsDoc, rowJSON) bool { return true })
+	require.Equal(t, http.StatusOK, e.get(t, "/api/tenants/a%2Fb%20c", &detail))
+	require.Equal(t, "a/b c", detail.Tenant.Tenant)
+}
+
+func TestBoardShowsReservationsAndCooldown(t *testing.T) {
+	t.Parallel()
+	e := newBoardEnv(t, boardConfig{readOnly: true})
+	ctx := context.Background()
+	setPolicy(t, e.cn, "slow", "rate=1/min")
+	d, err := e.cn.limiter.Do(ctx, throttle.Request{Tenant: "slow", ID: "first", Reserve: true})
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+	for _, id := range []string{"second", "third"} {
+		d, err = e.cn.limiter.Do(ctx, throttle.Request{Tenant: "slow", ID: id, Reserve: true})
+		require.NoError(t, err)
+		require.False(t, d.Allowed)
+	}
+	_, err = e.cn.limiter.Cooldown(ctx, "slow", time.Minute)
+	require.NoError(t, err)
+	_, row := e.row(t, "slow", "two reserved slots and a cooldown", func(_ tenantsDoc, r rowJSON) bool {
+		return r.Reserved == 2 && r.CooldownMS > 0
+	})
+	require.LessOrEqual(t, row.CooldownMS, 60_000.0)
+	require.Equal(t, "1/min", row.Limit)
+	require.InDelta(t, 1.0/60, row.LimitPerS, 1e-9, "a slow limit is not rounded to 0")
+	require.Zero(t, row.Waiting)
+}
+
+func TestBoardPages(t *testing.T) {
+	t.Parallel()
+	e := newBoardEnv(t, boardConfig{readOnly: true})
+	for path, want := range map[string]string{
+		"/":                     "<title>sluice · tenants</title>",
+		"/tenants/acme":         "<title>sluice · tenant</title>",
+		"/static/dashboard.js":  "function lineChart(",
+		"/static/dashboard.css": ".bar {",
+		"/asynq/":               "Asynq - Monitoring",
+	} {
+		resp, err := http.Get(e.srv.URL + path)
+		require.NoError(t, err)
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.NoError(t, err)
+		require.Equal(t, http.StatusOK, resp.StatusCode, path)
+		require.Contains(t, string(body), want, path)
+	}
+	var queues map[string]any
+	require.Equal(t, http.StatusOK, e.get(t, "/asynq/api/queues", &queues))
+}
+
+func TestBoardReadOnly(t *testing.T) {
+	t.Parallel()
+	e := newBoardEnv(t, boardConfig{readOnly: true})
+	for _, method := range []string{http.MethodPost, http.MethodDelete, http.MethodPut} {
+		req, err := http.NewRequest(method, e.srv.URL+"/asynq/api/queues/default:pause", nil)
+		require.NoError(t, err)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.Equal(t, http.StatusMethodNotAllowed, resp.StatusCode, method)
+		require.Contains(t, string(body), "the dashboard is read-only: start it with --allow-write")
+	}
+}
+
+func TestBoardWritesNeedTheSameOrigin(t *testing.T) {
+	t.Parallel()
+	e := newBoardEnv(t, boardConfig{readOnly: false})
+	post := func(header, value string) int {
+		req, err := http.NewRequest(http.MethodPost, e.srv.URL+"/asynq/api/queues/nosuchqueue:pause", nil)
+		require.NoError(t, err)
+		if header != "" {
+			req.Header.Set(header, value)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	require.Equal(t, http.StatusForbidden, post("Sec-Fetch-Site", "cross-site"), "a page of another site cannot post")
+	require.Equal(t, http.StatusForbidden, post("Origin", "http://evil.example"))
+	// With --allow-write a request from the page itself reaches asynqmon,
+	// which answers for the queue that does not exist.
+	require.NotEqual(t, http.StatusForbidden, post("Sec-Fetch-Site", "same-origin"))
+	require.NotEqual(t, http.StatusMethodNotAllowed, post("Sec-Fetch-Site", "same-origin"))
+}
+
+func TestBoardRefusesOtherHosts(t *testing.T) {
+	t.Parallel()
+	e := newBoardEnv(t, boardConfig{readOnly: true})
+	for host, want := range map[string]int{
+		"evil.example":    http.StatusForbidden,
+		"10.0.0.1:8080":   http.StatusForbidden,
+		"localhost:8080":  http.StatusOK,
+		"127.0.0.1":       http.StatusOK,
+		"[::1]:8080":      http.StatusOK,
+		"LOCALHOST:31337": http.StatusOK,
+	} {
+		req, err := http.NewRequest(http.MethodGet, e.srv.URL+"/api/tenants", nil)
+		require.NoError(t, err)
+		req.Host = host
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.Equal(t, want, resp.StatusCode, host)
+	}
+}
+
+func TestBoardReportsRedisErrors(t *testing.T) {
+	t.Parallel()
+	srv := redistest.NewServer(t, nil)
+	a := &app{ctx: context.Background(), env: func(string) string { return "" }, redisFlag: srv.URL(), prefix: "sluice"}
+	cn, err := a.connect(nil)
+	require.NoError(t, err)
+	defer cn.Close()
+	setPolicy(t, cn, "acme", "rate=5/s")
+	b := newBoard(cn, boardConfig{interval: 20 * time.Millisecond, points: 10, maxTenants: 10})
+	defer b.close()
+	ctx := context.Background()
+	b.sample(ctx)
+	require.Empty(t, b.tenants().Error)
+	require.Len(t, b.tenants().Tenants, 1)
+
+	srv.Kill()
+	b.sample(ctx)
+	doc := b.tenants()
+	require.Contains(t, doc.Error, "connection refused")
+	require.NotNil(t, doc.ErrorSince)
+	require.Len(t, doc.Tenants, 1, "the last good figures stay")
+
+	require.NoError(t, srv.Restart())
+	waitFor(t, "the board to recover", func() bool {
+		b.sample(ctx)
+		return b.tenants().Error == ""
+	})
+	require.Nil(t, b.tenants().ErrorSince)
+}
+
+func TestBoardChoose(t *testing.T) {
+	t.Parallel()
+	b := &board{cfg: boardConfig{interval: time.Second, points: 60, maxTenants: 3}, tracks: map[string]*track{}}
+	names := []string{"a", "b", "c", "d", "e"}
+	require.Equal(t, []string{"a", "b", "c"}, b.choose(names), "the first in name order")
+	require.Equal(t, []string{"a", "b"}, b.choose([]string{"a", "b"}))
+
+	long := time.Now().Add(-2 * time.Minute)
+	b.tracks["b"] = &track{}
+	b.tracks["d"] = &track{idleSince: long}
+	b.tracks["e"] = &track{idleSince: time.Now().Add(-30 * time.Second)}
+	// b is active and e idle for less than the history: they keep their
+	// places. d has been idle for the whole history: the first newcomer (a)
+	// takes its place; c waits.
+	require.Equal(t, []string{"a", "b", "e"}, b.choose(names))
+	b.tracks["d"].idleSince = time.Now()
+	require.Equal(t, []string{"b", "d", "e"}, b.choose(names), "no place is free")
+}
+
+func TestParseDecisions(t *testing.T) {
+	t.Parallel()
+	text := `# TYPE sluice_worker_decisions_total counter
+sluice_worker_decisions_total{rule="",tenant="acme",verdict="allowed"} 58
+sluice_worker_decisions_total{rule="rate[0]",tenant="acme",verdict="denied"} 4
+sluice_worker_decisions_total{rule="concurrency",tenant="b",verdict="denied"} 2
+`
+	got, labelled, err := parseDecisions(strings.NewReader(text))
+	require.NoError(t, err)
+	require.True(t, labelled)
+	require.Equal(t, map[decisionKey]float64{
+		{"acme", "allowed", ""}: 58, {"acme", "denied", "rate[0]"}: 4, {"b", "denied", "concurrency"}: 2,
+	}, got)
+
+	got, labelled, err = parseDecisions(strings.NewReader("# TYPE sluice_worker_in_flight gauge\nsluice_worker_in_flight 0\n"))
+	require.NoError(t, err, "a worker that decided nothing yet")
+	require.False(t, labelled)
+	require.Empty(t, got)
+
+	_, _, err = parseDecisions(strings.NewReader("# TYPE go_goroutines gauge\ngo_goroutines 7\n"))
+	require.EqualError(t, err, "no sluice_worker_* metrics: is this a sluice worker's /metrics?")
+	_, _, err = parseDecisions(strings.NewReader("<html>"))
+	require.ErrorContains(t, err, "not Prometheus metrics")
+}
+
+func TestScraperRates(t *testing.T) {
+	t.Parallel()
+	var body atomic.Value
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, body.Load()) }))
+	defer srv.Close()
+	s := newScraper([]string{srv.URL, "http://127.0.0.1:1/metrics"}, time.Second)
+	defer s.close()
+	counter := func(allowed, denied int) string {
+		return fmt.Sprintf("sluice_worker_decisions_total{rule=\"\",verdict=\"allowed\"} %d\nsluice_worker_decisions_total{rule=\"window\",verdict=\"denied\"} %d\n", allowed, denied)
+	}
+	ctx := context.Background()
+	body.Store(counter(100, 10))
+	r := s.round(ctx)
+	require.Empty(t, r.perSec, "the first round has nothing to compare with")
+	require.True(t, r.sources[0].OK)
+	require.False(t, r.sources[1].OK)
+	require.Contains(t, r.sources[1].Error, "connection refused")
+	require.Nil(t, r.byTenant(), "no tenant labels")
+
+	body.Store(counter(300, 10))
+	r = s.round(ctx)
+	fleet := r.fleet()
+	require.Positive(t, fleet.Allowed)
+	require.Zero(t, fleet.Denied["window"])
+
+	// A restarted worker's counters start again: what it counted since.
+	body.Store(counter(5, 1))
+	r = s.round(ctx)
+	require.Positive(t, r.fleet().Allowed)
+	require.Positive(t, r.fleet().Denied["window"])
+}
+
+func TestLoopbackHost(t *testing.T) {
+	t.Parallel()
+	for host, want := range map[string]bool{
+		"127.0.0.1": true, "127.8.9.1": true, "::1": true, "localhost": true, "LocalHost": true,
+		"": false, "0.0.0.0": false, "::": false, "10.1.2.3": false, "example.com": false, "localhost.example.com": false,
+	} {
+		require.Equal(t, want, loopbackHost(host), host)
+	}
+}
+
+// runningDashboard is a sluice dashboard process started by a test.
+type runningDashboard struct {
+	cmd    *exec.Cmd
+	lines  *bufio.Scanner
+	stderr *clitest.SyncBuffer
+	base   string // http://127.0.0.1:PORT/
+}
+
+// startDashboard runs the binary with env on a free loopback port and
+// reads the address it prints.
+func startDashboard(t *testing.T, c *cli, env map[string]string, args ...string) *runningDashboard {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	d := &runningDashboard{stderr: &clitest.SyncBuffer{}}
+	d.cmd = clitest.Command(ctx, t, c.bin, nil, env, append([]string{"dashboard", "--listen", "127.0.0.1:0"}, args...)...)
+	stdout, err := d.cmd.StdoutPipe()
+	require.NoError(t, err)
+	d.cmd.Stderr = d.stderr
+	require.NoError(t, d.cmd.Start())
+	t.Cleanup(func() {
+		_ = d.cmd.Process.Kill()
+		_ = d.cmd.Wait()
+	})
+	d.lines = bufio.NewScanner(stdout)
+	require.True(t, d.lines.Scan(), "stderr: %s", d.stderr.String())
+	first := d.lines.Text()
+	require.Regexp(t, `^sluice dashboard on http://127\.0\.0\.1:\d+/ \(read-only; asynq's queues and tasks at /asynq/\)$`, first)
+	d.base = strings.Fields(first)[3]
+	return d
+}
+
+// tenants waits until the dashboard lists want, by name.
+func (d *runningDashboard) tenants(t *testing.T, want ...string) tenantsDoc {
+	t.Helper()
+	var doc tenantsDoc
+	waitFor(t, fmt.Sprintf("%v on the dashboard", want), func() bool {
+		resp, err := http.Get(d.base + "api/tenants")
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		doc = tenantsDoc{}
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(&doc))
+		var got []string
+		for _, r := range doc.Tenants {
+			got = append(got, r.Tenant)
+		}
+		return slices.Equal(want, got)
+	})
+	return doc
+}
+
+// testDashboard runs the binary: it serves, answers, and stops on SIGTERM
+// with exit code 0; an address in use is a failure that says so.
+func testDashboard(t *testing.T, c *cli) {
+	c.mustRun(t, "policy", "set", "acme", "rate=10/s concurrency=2")
+	d := startDashboard(t, c, map[string]string{"SLUICE_REDIS_URL": c.url}, "--prefix", c.prefix, "--interval", "100ms")
+	doc := d.tenants(t, "acme")
+	require.Nil(t, doc.Decisions, "no --metrics")
+
+	// A second dashboard on the same address fails and says what to do.
+	addr := strings.TrimSuffix(strings.TrimPrefix(d.base, "http://"), "/")
+	r := c.run(t, "dashboard", "--listen", addr)
+	require.Equal(t, 1, r.code)
+	require.Equal(t, "sluice: --listen "+addr+": cannot listen: address already in use; choose another address with --listen HOST:PORT (port 0 picks a free one)\n", r.stderr)
+
+	require.NoError(t, d.cmd.Process.Signal(syscall.SIGTERM))
+	require.True(t, d.lines.Scan())
+	require.Equal(t, "sluice dashboard stopped", d.lines.Text())
+	require.NoError(t, d.cmd.Wait(), "exit code 0 after SIGTERM; stderr: %s", d.stderr.String())
+	require.Empty(t, d.stderr.String())
+	_, err := net.DialTimeout("tcp", addr, time.Second)
+	require.Error(t, err, "the port is closed")
+}

@@ -1,0 +1,92 @@
+// A tenant's page: its figures now, its history plotted, and its state in
+// detail (as `sluice stats TENANT` shows it).
+"use strict";
+
+const tenant = decodeURIComponent(location.pathname.slice("/tenants/".length));
+document.getElementById("tenant-name").textContent = tenant;
+document.title = "sluice · " + tenant;
+
+function showPolicy(t) {
+  const p = document.getElementById("policy");
+  if (!t.policy) {
+    p.replaceChildren("No policy applies (no policy of its own and no default *): not limited.");
+  } else {
+    p.replaceChildren(t.policy === t.tenant ? "Policy " : t.policy === "*" ? "Follows the default policy * " : "Policy " + t.policy + " ",
+      el("code", {}, t.rules || "(no rules)"));
+  }
+}
+
+function showSummary(doc) {
+  const t = doc.tenant;
+  const s = doc.stats;
+  document.getElementById("summary").replaceChildren(
+    card("Starts / s", rate(t.starts_per_s), t.limit ? "limit " + t.limit : "no rate rule", "starts"),
+    card("In flight", count(t.in_flight), t.cap >= 0 ? "cap " + t.cap : "no concurrency rule", "in_flight"),
+    card("Waiting", count(t.waiting), t.waiting > 0 ? "the oldest for " + duration(t.oldest_wait_ms) : "in its line", "waiting"),
+    card("Reserved", count(t.reserved), "jobs holding a future slot", "reserved"),
+    card("Cooldown", t.cooldown_ms > 0 ? duration(t.cooldown_ms) : "none", t.cooldown_ms > 0 ? "left" : "", "cooldown"),
+    card("Started", count(s.started), "while its state is alive", "started"));
+}
+
+function showCharts(doc) {
+  const pts = doc.points;
+  const now = pts.length ? pts[pts.length - 1].t : Date.parse(doc.now || new Date());
+  const first = pts.length ? pts[0].t : now;
+  const span = Math.min(Math.max(now - first, 60000), doc.history_ms);
+  const opts = { now, span, gap: 2.5 * doc.interval_ms };
+  const series = (name, colour, f, extra) => Object.assign({ name, colour, values: pts.map((p) => [p.t, f(p)]) }, extra || {});
+
+  const starts = [series("starts/s", "#2563eb", (p) => p.starts_per_s)];
+  if (pts.some((p) => p.limit_per_s > 0)) starts.push(series("limit", "#94a3b8", (p) => p.limit_per_s, { dashed: true, step: true }));
+  lineChart(document.getElementById("chart-starts"), starts, opts);
+
+  const inflight = [series("in flight", "#0891b2", (p) => p.in_flight, { step: true })];
+  if (pts.some((p) => p.cap >= 0)) inflight.push(series("cap", "#94a3b8", (p) => Math.max(p.cap, 0), { dashed: true, step: true }));
+  lineChart(document.getElementById("chart-inflight"), inflight, { ...opts, integer: true });
+
+  const waiting = [series("reserved", "#d97706", (p) => p.reserved, { step: true })];
+  waiting.push(series("waiting", "#7c3aed", (p) => p.waiting, { step: true }));
+  lineChart(document.getElementById("chart-waiting"), waiting, { ...opts, integer: true });
+
+  const box = document.getElementById("chart-decisions");
+  if (!pts.some((p) => p.decisions)) {
+    box.replaceChildren(el("p", { class: "hint" },
+      "The workers count the gate's decisions in their metrics. Start the dashboard with ",
+      el("code", {}, "--metrics http://WORKER:9464/metrics"), " for each worker, and the workers with ",
+      el("code", {}, "--tenant-labels"), ", to plot this tenant's decisions by rule."));
+    return;
+  }
+  const rules = [...new Set(pts.flatMap((p) => (p.decisions ? Object.keys(p.decisions.denied_per_s) : [])))].sort();
+  const dec = [series("allowed", ALLOWED_COLOUR, (p) => (p.decisions ? p.decisions.allowed_per_s : 0))];
+  for (const r of rules) dec.push(series("denied by " + r, ruleColour(rules, r), (p) => (p.decisions ? p.decisions.denied_per_s[r] || 0 : 0)));
+  lineChart(box, dec, opts);
+}
+
+function showDetail(doc) {
+  const s = doc.stats;
+  const rows = [];
+  const add = (k, ...v) => rows.push(el("tr", {}, el("td", {}, k), el("td", {}, ...v)));
+  for (const r of s.rates) {
+    add(r.rule, el("code", {}, r.rate), ` — ${r.available} of ${r.burst} back-to-back starts free` +
+      (r.ahead_ms > 0 ? `; reservations run ${duration(r.ahead_ms)} ahead` : ""));
+  }
+  if (s.window) add("window", el("code", {}, s.window.window), ` — ${s.window.started} started and ${s.window.planned} planned in the last ${duration(s.window.period_ms)}`);
+  if (s.quota) add("quota", el("code", {}, s.quota.quota), ` — ${count(s.quota.used)} used, ${count(s.quota.remaining)} left until ${new Date(s.quota.window_end).toLocaleString("en-GB")}`);
+  if (s.concurrency) {
+    add("concurrency", `${s.concurrency.in_flight} of ${s.concurrency.limit} running`);
+    const shown = 5;
+    for (const h of s.concurrency.holders.slice(0, shown)) add("", el("code", {}, h.id), ` lease ends ${clock(h.lease_end)}`);
+    if (s.concurrency.holders.length > shown) add("", `and ${s.concurrency.holders.length - shown} more`);
+  }
+  add("reserved", s.reservations ? `${count(s.reservations)} jobs hold future slots, the last at ${clock(s.last_slot)}` : "0");
+  add("cooldown", s.cooldown_until ? "until " + clock(s.cooldown_until) : "none");
+  add("waiting", count(s.waiting) + (s.backlog_cap ? " of " + count(s.backlog_cap) : "") + " jobs in its line" + (s.waiting_since ? ", the oldest since " + clock(s.waiting_since) : ""));
+  document.querySelector("#detail tbody").replaceChildren(...rows);
+}
+
+poll("/api/tenants/" + encodeURIComponent(tenant), (doc) => {
+  showPolicy(doc.tenant);
+  showSummary(doc);
+  showCharts(doc);
+  showDetail(doc);
+});

@@ -1,0 +1,145 @@
+// The tenants page: summary cards, the fleet's decisions by rule and one
+// row per tenant, refreshed at every sample.
+"use strict";
+
+let sortKey = "tenant";
+let sortDesc = false;
+let lastDoc = null;
+
+function showSummary(doc) {
+  let starts = 0, inFlight = 0, waiting = 0, reserved = 0, cooling = 0;
+  for (const t of doc.tenants) {
+    starts += t.starts_per_s;
+    inFlight += t.in_flight;
+    waiting += t.waiting;
+    reserved += t.reserved;
+    if (t.cooldown_ms > 0) cooling++;
+  }
+  const shown = doc.tenants.length;
+  document.getElementById("summary").replaceChildren(
+    card("Tenants", count(shown), shown < doc.tenants_total ? `followed, of ${count(doc.tenants_total)}` : "with a policy or state", "tenants"),
+    card("Starts / s", rate(starts), "all tenants", "starts"),
+    card("In flight", count(inFlight), "running now", "in_flight"),
+    card("Waiting", count(waiting), "in the tenants' lines", "waiting"),
+    card("Reserved", count(reserved), "jobs holding a future slot", "reserved"),
+    card("In cooldown", count(cooling), "tenants paused by a 429/503", "cooldown"));
+}
+
+function showDecisions(doc) {
+  const box = document.getElementById("decisions");
+  const d = doc.decisions;
+  if (!d) {
+    box.replaceChildren(el("p", { class: "hint" },
+      "The gate's decisions are counted by each worker, not in Redis. Start the dashboard with ",
+      el("code", {}, "--metrics http://WORKER:9464/metrics"),
+      " (once per worker, its --admin address) to see them here; add ",
+      el("code", {}, "--tenant-labels"), " to the workers to see them per tenant."));
+    return;
+  }
+  const rules = Object.keys(d.denied_per_s).sort();
+  const parts = [{ name: "allowed", v: d.allowed_per_s, colour: ALLOWED_COLOUR }];
+  // A rule that denied nothing in the last interval is left out.
+  for (const r of rules) if (d.denied_per_s[r] > 0) parts.push({ name: "denied by " + r, v: d.denied_per_s[r], colour: ruleColour(rules, r) });
+  if (d.fail_open_per_s > 0) parts.push({ name: "fail open", v: d.fail_open_per_s, colour: FAIL_OPEN_COLOUR });
+  const total = parts.reduce((a, p) => a + p.v, 0);
+  const stack = el("div", { class: "stack" });
+  for (const p of parts) if (p.v > 0) stack.append(el("div", { style: `width:${(100 * p.v) / total}%;background:${p.colour}`, title: p.name }));
+  const legend = el("div", { class: "legend" });
+  for (const p of parts) {
+    legend.append(el("span", { "data-decision": p.name }, el("i", { class: "swatch", style: `background:${p.colour}` }), p.name + " ", el("b", {}, rate(p.v) + "/s")));
+  }
+  const sources = el("div", { class: "sources" }, `from ${doc.metrics_sources.length} worker${doc.metrics_sources.length === 1 ? "" : "s"}: `);
+  doc.metrics_sources.forEach((s, i) => {
+    if (i) sources.append(", ");
+    sources.append(s.ok ? el("span", {}, s.url) : el("span", { class: "err", title: s.error }, s.url + " (" + s.error + ")"));
+  });
+  if (!doc.tenant_labels) sources.append(" · per tenant when the workers run with --tenant-labels");
+  box.replaceChildren(el("div", { class: "decisions" }, total > 0 ? stack : el("div", { class: "stack" }), legend, sources));
+}
+
+function sparkline(values, limit) {
+  const w = 120, h = 26;
+  const s = svg("svg", { class: "spark", width: w, height: h, viewBox: `0 0 ${w} ${h}` });
+  const top = Math.max(limit || 0, ...values, 1) * 1.05;
+  if (limit) {
+    const y = (h - 2 - (limit / top) * (h - 4)).toFixed(1);
+    s.append(svg("line", { x1: 0, x2: w, y1: y, y2: y, stroke: "#cbd5e1", "stroke-dasharray": "3 3" }));
+  }
+  if (values.length > 1) {
+    const n = 60;
+    const off = n - values.length;
+    const pts = values.map((v, i) => `${(((off + i) / (n - 1)) * w).toFixed(1)},${(h - 2 - (v / top) * (h - 4)).toFixed(1)}`);
+    s.append(svg("polyline", { points: pts.join(" "), fill: "none", stroke: "#2563eb", "stroke-width": 1.5, "stroke-linejoin": "round" }));
+  }
+  return s;
+}
+
+function meter(v, of) {
+  if (!(of > 0)) return null;
+  const f = v / of;
+  const cls = f >= 0.999 ? "full" : f >= 0.8 ? "high" : "";
+  return el("span", { class: "meter" }, el("i", { class: cls, style: `width:${Math.min(100, f * 100).toFixed(0)}%` }));
+}
+
+function row(t) {
+  const name = el("td", {},
+    el("a", { class: "tenant-name", href: tenantURL(t.tenant) }, t.tenant),
+    el("span", { class: "rules" }, t.policy ? (t.policy === t.tenant ? "" : t.policy + ": ") + (t.rules || "no limits") : "no policy: not limited"));
+  const starts = el("td", { class: "num", "data-field": "starts" },
+    el("span", { "data-value": t.starts_per_s }, rate(t.starts_per_s)),
+    t.limit ? el("span", { class: "of" }, " / " + t.limit) : null, meter(t.starts_per_s, t.limit_per_s));
+  const inFlight = el("td", { class: "num", "data-field": "in_flight" },
+    el("span", { "data-value": t.in_flight }, count(t.in_flight)),
+    t.cap >= 0 ? el("span", { class: "of" }, " / " + t.cap) : null, meter(t.in_flight, t.cap));
+  const waiting = el("td", { class: "num", "data-field": "waiting" },
+    el("span", { "data-value": t.waiting, title: t.oldest_wait_ms > 0 ? "the oldest waits for " + duration(t.oldest_wait_ms) : "" }, count(t.waiting)),
+    t.backlog_cap > 0 ? el("span", { class: "of" }, " / " + count(t.backlog_cap)) : null);
+  const cooldown = el("td", { class: "num", "data-field": "cooldown" },
+    t.cooldown_ms > 0 ? el("span", { class: "cool" }, duration(t.cooldown_ms)) : el("span", { class: "none" }, "–"));
+  const denied = el("td", { "data-field": "denied" });
+  if (!t.decisions) {
+    denied.append(el("span", { class: "none", title: "the workers do not label their metrics by tenant" }, "–"));
+  } else {
+    const rules = Object.keys(t.decisions.denied_per_s).filter((r) => t.decisions.denied_per_s[r] > 0).sort();
+    if (!rules.length) denied.append(el("span", { class: "none" }, "none"));
+    for (const r of rules) denied.append(el("span", { class: "chip" }, `${r} ${rate(t.decisions.denied_per_s[r])}`));
+  }
+  return el("tr", { "data-tenant": t.tenant },
+    name, starts, el("td", {}, sparkline(t.spark || [], t.limit_per_s)), inFlight, waiting,
+    el("td", { class: "num", "data-field": "reserved" }, count(t.reserved)), cooldown, denied);
+}
+
+function showTenants(doc) {
+  const filter = document.getElementById("filter").value.trim().toLowerCase();
+  let list = doc.tenants.filter((t) => !filter || t.tenant.toLowerCase().includes(filter));
+  list.sort((a, b) => {
+    const va = a[sortKey], vb = b[sortKey];
+    const c = typeof va === "string" ? va.localeCompare(vb) : va - vb;
+    return (sortDesc ? -c : c) || a.tenant.localeCompare(b.tenant);
+  });
+  document.querySelector("#tenants tbody").replaceChildren(...list.map(row));
+  document.getElementById("tenant-count").textContent =
+    `${doc.tenants.length} followed` + (doc.tenants_total > doc.tenants.length ? ` of ${doc.tenants_total}` : "") + ` · history of ${duration(doc.history_ms)}`;
+  document.getElementById("empty").hidden = doc.tenants.length > 0;
+  for (const th of document.querySelectorAll("th[data-sort]")) {
+    th.classList.toggle("sorted", th.dataset.sort === sortKey);
+    th.classList.toggle("asc", !sortDesc);
+  }
+}
+
+function show(doc) {
+  lastDoc = doc;
+  showSummary(doc);
+  showDecisions(doc);
+  showTenants(doc);
+}
+
+for (const th of document.querySelectorAll("th[data-sort]")) {
+  th.addEventListener("click", () => {
+    if (sortKey === th.dataset.sort) sortDesc = !sortDesc;
+    else { sortKey = th.dataset.sort; sortDesc = sortKey !== "tenant"; }
+    if (lastDoc) showTenants(lastDoc);
+  });
+}
+document.getElementById("filter").addEventListener("input", () => { if (lastDoc) showTenants(lastDoc); });
+poll("/api/tenants", show);

@@ -1,0 +1,319 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicehq/sluice/internal/clitest"
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/queue"
+)
+
+var updateScreenshot = flag.Bool("update-screenshot", false, "write the screenshots to ../docs/img")
+
+func TestMain(m *testing.M) { redistest.Main(m) }
+
+// The page is 1400 CSS pixels wide, as a laptop's browser window.
+const (
+	pageWidth    = 1400
+	tenantsPage  = 800
+	tenantPage   = 1040
+	pollInterval = 100 * time.Millisecond
+)
+
+// TestDashboardInChromium runs the real programs — redis-server, a worker
+// with the built-in sleep handler, the dashboard — and Debian's Chromium,
+// headless: the tenants page shows the tenants the test configured, their
+// figures move while jobs run, a tenant's page plots them, and asynq's
+// pages list the queue. It saves screenshots of both pages.
+func TestDashboardInChromium(t *testing.T) {
+	browser := findChromium(t)
+	srv := redistest.NewServer(t, nil)
+	bin := buildBinaries(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+
+	sluice := func(args ...string) {
+		t.Helper()
+		code, stdout, stderr := clitest.Run(t, filepath.Join(bin, "sluice"), nil, nil, append([]string{"--redis", srv.URL()}, args...)...)
+		require.Equal(t, 0, code, "sluice %v: %s%s", args, stdout, stderr)
+	}
+	sluice("policy", "set", "acme", "rate=20/s burst=5 concurrency=8")
+	sluice("policy", "set", "globex", "rate=4/s burst=2 backlog=500")
+	sluice("policy", "set", "initech", "concurrency=2")
+	sluice("policy", "set", "umbrella", "quota=10000/day tz=UTC")
+	sluice("policy", "set", "@global", "concurrency=50")
+
+	admin := startWorker(ctx, t, bin, srv.URL())
+	base := startDashboard(ctx, t, bin, srv.URL(), "--metrics", admin+"/metrics")
+
+	bctx := newBrowser(ctx, t, browser)
+	require.NoError(t, chromedp.Do(bctx,
+		chromedp.EmulateViewport(pageWidth, tenantsPage),
+		chromedp.Navigate(base),
+		chromedp.WaitVisible(chromedp.CSS(`tr[data-tenant="acme"]`)),
+	))
+	for _, tenant := range []string{"@global", "globex", "initech", "umbrella"} {
+		require.NoError(t, chromedp.Do(bctx, chromedp.WaitVisible(chromedp.CSS(fmt.Sprintf(`tr[data-tenant=%q]`, tenant)))))
+	}
+	require.Equal(t, 0.0, cell(t, bctx, "acme", "starts"), "nothing has run yet")
+	require.Equal(t, 0.0, cell(t, bctx, "acme", "in_flight"))
+
+	enqueue(ctx, t, srv.Client(t), map[string]job{
+		"acme":     {count: 800, ms: 300},
+		"globex":   {count: 200, ms: 100},
+		"initech":  {count: 100, ms: 1000},
+		"umbrella": {count: 40, ms: 50},
+	})
+
+	waitPage(t, base+"api/tenants", "acme's starts per second to move", func() bool { return cell(t, bctx, "acme", "starts") > 0 })
+	waitPage(t, base+"api/tenants", "acme's jobs in flight", func() bool { return cell(t, bctx, "acme", "in_flight") > 0 })
+	waitPage(t, base+"api/tenants", "initech at its concurrency cap", func() bool { return cell(t, bctx, "initech", "in_flight") == 2 })
+	waitPage(t, base+"api/tenants", "globex's jobs denied by its rate", func() bool {
+		return text(t, bctx, `tr[data-tenant="globex"] td[data-field="denied"]`) != "none" &&
+			strings.Contains(text(t, bctx, `tr[data-tenant="globex"] td[data-field="denied"]`), "rate[0]")
+	})
+	waitPage(t, base+"api/tenants", "the fleet's decisions by rule", func() bool {
+		return strings.Contains(text(t, bctx, "#decisions"), "denied by rate[0]")
+	})
+	// A screenshot worth looking at: a few tens of seconds of sparkline.
+	waitPage(t, base+"api/tenants", "half a minute of acme's history", func() bool {
+		n, err := chromedp.Run(bctx, chromedp.Evaluate[int](`document.querySelector('tr[data-tenant="acme"] polyline')?.points.length ?? 0`))
+		require.NoError(t, err)
+		return n >= 30 && cell(t, bctx, "acme", "in_flight") > 0
+	})
+	shots := screenshotDir(t)
+	screenshot(t, bctx, filepath.Join(shots, "dashboard.png"))
+
+	// The tenant's page plots what the list showed.
+	require.NoError(t, chromedp.Do(bctx,
+		chromedp.EmulateViewport(pageWidth, tenantPage),
+		chromedp.Navigate(base+"tenants/acme"),
+		chromedp.WaitVisible(chromedp.CSS(`#chart-starts path[data-series="starts/s"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`#chart-decisions path[data-series="allowed"]`)),
+	))
+	require.Equal(t, "acme", text(t, bctx, "#tenant-name"))
+	waitPage(t, base+"api/tenants", "acme's starts plotted", func() bool {
+		n, err := chromedp.Run(bctx, chromedp.Evaluate[int](`document.querySelector('#chart-starts path[data-series="starts/s"]').getAttribute("d").split(/[LMHV]/).length`))
+		require.NoError(t, err)
+		return n >= 20
+	})
+	screenshot(t, bctx, filepath.Join(shots, "dashboard-tenant.png"))
+
+	// asynq's own pages, under /asynq/, list the queue.
+	require.NoError(t, chromedp.Do(bctx,
+		chromedp.EmulateViewport(pageWidth, tenantsPage),
+		chromedp.Navigate(base+"asynq/"),
+	))
+	waitPage(t, base+"api/tenants", "asynqmon to list the default queue", func() bool {
+		return strings.Contains(text(t, bctx, "body"), "default")
+	})
+
+	if *updateScreenshot {
+		for _, name := range []string{"dashboard.png", "dashboard-tenant.png"} {
+			data, err := os.ReadFile(filepath.Join(shots, name))
+			require.NoError(t, err)
+			require.NoError(t, os.WriteFile(filepath.Join("..", "docs", "img", name), data, 0o644))
+		}
+	}
+	t.Logf("screenshots in %s", shots)
+}
+
+// findChromium returns the browser the test drives: $CHROMIUM, else
+// chromium on PATH (Debian's package, which `make deps` installs).
+func findChromium(t *testing.T) string {
+	t.Helper()
+	if p := os.Getenv("CHROMIUM"); p != "" {
+		return p
+	}
+	for _, name := range []string{"chromium", "chromium-browser"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	t.Fatal("Chromium is needed by the dashboard's browser test and is not on PATH; install it (Debian/Ubuntu: sudo apt-get install chromium; `make deps` does it as root) or set CHROMIUM to its path")
+	return ""
+}
+
+// buildBinaries builds sluice and worker from the main module.
+func buildBinaries(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	for _, name := range []string{"sluice", "worker"} {
+		cmd := exec.Command("go", "build", "-o", filepath.Join(dir, name), "./cmd/"+name)
+		cmd.Dir = ".."
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, "go build ./cmd/%s: %s", name, out)
+	}
+	return dir
+}
+
+// startWorker runs a worker with the built-in handlers, tenant labels on
+// its metrics and its admin endpoints on a free port, and returns their
+// base URL. SIGTERM stops it when the test ends.
+func startWorker(ctx context.Context, t *testing.T, bin, redisURL string) string {
+	t.Helper()
+	cmd := clitest.Command(ctx, t, filepath.Join(bin, "worker"), nil, nil,
+		"--redis", redisURL, "--admin", "127.0.0.1:0", "--tenant-labels", "--concurrency", "100",
+		"--shutdown-timeout", "1s", "--log-format", "json")
+	stderr, err := cmd.StderrPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	stop(t, cmd)
+	lines := bufio.NewScanner(stderr)
+	for lines.Scan() {
+		var entry struct {
+			Msg   string `json:"msg"`
+			Admin string `json:"admin"`
+		}
+		if json.Unmarshal(lines.Bytes(), &entry) == nil && entry.Msg == "worker started" {
+			go func() { _, _ = io.Copy(io.Discard, stderr) }()
+			return entry.Admin
+		}
+	}
+	t.Fatalf("the worker ended before it started: %v", lines.Err())
+	return ""
+}
+
+// startDashboard runs sluice dashboard on a free loopback port and returns
+// its base URL, read from the line it prints.
+func startDashboard(ctx context.Context, t *testing.T, bin, redisURL string, args ...string) string {
+	t.Helper()
+	cmd := clitest.Command(ctx, t, filepath.Join(bin, "sluice"), nil, nil,
+		append([]string{"--redis", redisURL, "dashboard", "--listen", "127.0.0.1:0"}, args...)...)
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	var stderr clitest.SyncBuffer
+	cmd.Stderr = &stderr
+	require.NoError(t, cmd.Start())
+	stop(t, cmd)
+	lines := bufio.NewScanner(stdout)
+	require.True(t, lines.Scan(), "the dashboard did not start: %s", stderr.String())
+	fields := strings.Fields(lines.Text())
+	require.GreaterOrEqual(t, len(fields), 4, lines.Text())
+	go func() { _, _ = io.Copy(io.Discard, stdout) }()
+	return fields[3]
+}
+
+// stop sends SIGTERM to cmd when the test ends and waits for it.
+func stop(t *testing.T, cmd *exec.Cmd) {
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		_ = cmd.Wait()
+	})
+}
+
+type job struct{ count, ms int }
+
+// enqueue puts sleep jobs for each tenant in the default queue.
+func enqueue(ctx context.Context, t *testing.T, rdb redis.UniversalClient, jobs map[string]job) {
+	t.Helper()
+	c, err := queue.New(rdb, nil)
+	require.NoError(t, err)
+	defer c.Close()
+	var batch []queue.Job
+	for tenant, j := range jobs {
+		for range j.count {
+			batch = append(batch, queue.Job{Tenant: tenant, Task: asynq.NewTask("sleep", []byte(`{"ms":`+strconv.Itoa(j.ms)+`}`))})
+		}
+	}
+	for _, r := range c.EnqueueBatch(ctx, batch) {
+		require.NoError(t, r.Err)
+	}
+}
+
+func newBrowser(ctx context.Context, t *testing.T, path string) context.Context {
+	t.Helper()
+	actx, cancelAlloc := chromedp.NewExecAllocator(ctx,
+		chromedp.ExecPath(path),
+		chromedp.Headless,
+		chromedp.NoSandbox,
+		chromedp.DisableGPU,
+		chromedp.NoFirstRun,
+		chromedp.NoDefaultBrowserCheck,
+		chromedp.Flag("disable-quic", true),
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.Flag("hide-scrollbars", true),
+		chromedp.Flag("disable-dev-shm-usage", true),
+		chromedp.UserDataDir(t.TempDir()),
+	)
+	bctx, cancelBrowser := chromedp.NewContext(actx)
+	t.Cleanup(func() {
+		cancelBrowser()
+		cancelAlloc()
+	})
+	require.NoError(t, chromedp.Do(bctx), "start %s", path)
+	return bctx
+}
+
+// cell is the number a tenant's row shows in a field (starts, in_flight).
+func cell(t *testing.T, ctx context.Context, tenant, field string) float64 {
+	t.Helper()
+	v, err := chromedp.Run(ctx, chromedp.AttributeValue(
+		chromedp.CSS(fmt.Sprintf(`tr[data-tenant=%q] td[data-field=%q] [data-value]`, tenant, field)), "data-value"))
+	require.NoError(t, err)
+	require.True(t, v.Exists)
+	f, err := strconv.ParseFloat(v.Value, 64)
+	require.NoError(t, err)
+	return f
+}
+
+func text(t *testing.T, ctx context.Context, sel string) string {
+	t.Helper()
+	s, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(sel)))
+	require.NoError(t, err)
+	return s
+}
+
+// waitPage polls cond, which reads the page, until it holds or a minute
+// has passed; then it fails with what the dashboard's API says.
+func waitPage(t *testing.T, api, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for !cond() {
+		if time.Now().After(deadline) {
+			var doc string
+			if resp, err := http.Get(api); err == nil {
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				doc = string(b)
+			}
+			t.Fatalf("timed out waiting for %s; %s says:\n%s", what, api, doc)
+		}
+		time.Sleep(pollInterval)
+	}
+}
+
+func screenshotDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "sluice-dashboard-")
+	require.NoError(t, err)
+	return dir
+}
+
+func screenshot(t *testing.T, ctx context.Context, path string) {
+	t.Helper()
+	png, err := chromedp.Run(ctx, chromedp.CaptureScreenshot())
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(path, png, 0o644))
+}
