@@ -89,7 +89,10 @@
 -- snapshot and of an undo record), each a branch of the phases below:
 --   1 rate: period, limit, burst offset; p<i>/a<i> the planned and
 --     started meter of the policy's i-th rate (a<i> not stored while equal
---     to p<i>); snapshot p, a; undo p before, p after, a before, a after
+--     to p<i>), i<i> the interval (increment of cost 1) they were charged
+--     at: read under another interval, the time they hold ahead of now is
+--     scaled to it; snapshot p, a; undo p before, p after, a before, a
+--     after
 --   2 window: limit, length; zsets [2] and [3], n the entries' sequence;
 --     snapshot the newest live planned entry, the planned and the started
 --     entry whose leaving makes room for the job (-1: none); undo the
@@ -175,7 +178,7 @@ end
 -- fields, per kind: nr rates (unit[i], off[i]: the increment for cost 1 and
 -- the burst offset of rate i), wlim/wdur, qlim/bounds/cur, clim/lease (0
 -- when the policy has no such rule), and the hash fields they read.
-local PF, AF = { 'p1', 'p2', 'p3', 'p4' }, { 'a1', 'a2', 'a3', 'a4' }
+local PF, AF, IF = { 'p1', 'p2', 'p3', 'p4' }, { 'a1', 'a2', 'a3', 'a4' }, { 'i1', 'i2', 'i3', 'i4' }
 local POL = {}
 for p = 1, n() do
   local pol = { nr = 0, unit = {}, off = {}, per = {}, lim = {}, wlim = 0, wdur = 0, qlim = 0, clim = 0, lease = 0, fields = {} }
@@ -189,6 +192,7 @@ for p = 1, n() do
       if pol.unit[i] * pol.lim[i] < pol.per[i] then pol.unit[i] = pol.unit[i] + 1 end
       f[#f + 1] = PF[i] or ('p' .. i)
       f[#f + 1] = AF[i] or ('a' .. i)
+      f[#f + 1] = IF[i] or ('i' .. i)
     elseif kind == WINDOW then
       pol.wlim, pol.wdur = n(), n()
       f[#f + 1] = 'n'
@@ -358,8 +362,29 @@ local function read_state(sc, k, claims)
     else
       A = P -- a started meter equal to its planned one is not stored
     end
+    -- the interval the meters were last charged at: a policy change
+    -- re-times what they hold ahead of now to the new interval, so that a
+    -- raised rate speeds up at once and a lowered one slows down at once;
+    -- the re-timed meters are kept at once (a dry run excepted), or every
+    -- read would re-time from its own now and never drain
+    local I, unit = num(v[j + 2]), pol.unit[i]
+    if I ~= unit then
+      if I and I > 0 and (P > now or A > now) then
+        if P > now then P = now + floor((P - now) * (unit / I)) end
+        if A > now then A = now + floor((A - now) * (unit / I)) end
+        if not dry then
+          call('HSET', sc.st, PF[i] or ('p' .. i), fmt(P), AF[i] or ('a' .. i), fmt(A), IF[i] or ('i' .. i), fmt(unit))
+          sc.astored = sc.astored or {}
+          sc.astored[i] = true
+        end
+      end
+      if dry or not (I and I > 0 and (P > now or A > now)) then
+        sc.inew = sc.inew or {}
+        sc.inew[i] = true
+      end
+    end
     m[3 * i - 1], m[3 * i] = P, A
-    j = j + 2
+    j = j + 3
   end
   if pol.wlim > 0 then
     sc.n = num(v[j]) or false
@@ -581,6 +606,9 @@ local function meters_state(sc, h)
     elseif sc.astored and sc.astored[i] then
       sc.hdel = sc.hdel or {}
       sc.hdel[#sc.hdel + 1] = AF[i] or ('a' .. i)
+    end
+    if sc.inew and sc.inew[i] then
+      h[#h + 1] = IF[i] or ('i' .. i); h[#h + 1] = fmt(pol.unit[i])
     end
     need = max(need, P, A)
   end

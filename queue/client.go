@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/internal/asynqroom"
+	"github.com/sluicehq/sluice/internal/crashpoint"
 	"github.com/sluicehq/sluice/taskspec"
 	"github.com/sluicehq/sluice/throttle"
 )
@@ -188,6 +189,7 @@ func (c *Client) Enqueue(ctx context.Context, tenant string, task *asynq.Task, o
 	if err != nil {
 		return nil, err
 	}
+	crashpoint.Hit("queue.parked")
 	joined, _, err := c.room.Join(ctx, j.tenant, j.arrived.Backlog, j.waiter())
 	if err != nil || joined == 0 {
 		return nil, c.unpark(ctx, j, err)
@@ -292,6 +294,7 @@ func (c *Client) arrive(ctx context.Context, j *job) error {
 // sendStraight enqueues a job that took its slot; if asynq refuses it, the
 // slot is given back.
 func (c *Client) sendStraight(ctx context.Context, j *job) (*asynq.TaskInfo, error) {
+	crashpoint.Hit("queue.straight")
 	info, err := c.enqueue(ctx, j, j.opts.pass)
 	if err != nil {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), CleanupTimeoutDefault)

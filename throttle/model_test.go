@@ -1,6 +1,7 @@
 package throttle
 
 import (
+	"math"
 	"sort"
 	"time"
 )
@@ -16,6 +17,7 @@ type model struct {
 
 type modelScope struct {
 	planned, started []int64 // rate meters (TAT), by rule
+	intervals        []int64 // the interval each rate's meters were charged at
 	cooldown         int64
 	quota            map[int64]int64 // window start -> units counted
 	plannedLog       []int64         // window entries, sorted
@@ -26,6 +28,23 @@ type modelScope struct {
 
 func newModel(cfg Config) *model {
 	return &model{cfg: cfg.withDefaults(), policies: map[string]*Policy{}, scopes: map[string]*modelScope{}}
+}
+
+// meters are rate i's planned and started meters as a decision at now
+// reads them under an interval of unit: charged at another interval, the
+// time they hold ahead of now is scaled to this one.
+func (s *modelScope) meters(i int, unit, now int64) (planned, started int64) {
+	planned, started = s.planned[i], s.started[i]
+	if i < len(s.intervals) && s.intervals[i] > 0 && s.intervals[i] != unit {
+		scale := func(t int64) int64 {
+			if t <= now {
+				return t
+			}
+			return now + int64(math.Floor(float64(t-now)*(float64(unit)/float64(s.intervals[i]))))
+		}
+		planned, started = scale(planned), scale(started)
+	}
+	return planned, started
 }
 
 func (m *model) scope(name string) *modelScope {
@@ -115,11 +134,36 @@ func (m *model) admit(now int64, tenant, id string, cost int64, flags int) model
 		cur    int
 	}
 	svs := make([]*sv, len(refs))
+	// the meters as stored, to put back after a dry run: any other
+	// decision keeps them re-timed to a changed interval
+	type stored struct{ planned, started []int64 }
+	raw := make([]stored, len(refs))
+	defer func() {
+		for i, v := range svs {
+			if dry {
+				copy(v.st.planned, raw[i].planned)
+				copy(v.st.started, raw[i].started)
+				continue
+			}
+			for k, r := range v.ref.policy.Rates {
+				for len(v.st.intervals) <= k {
+					v.st.intervals = append(v.st.intervals, 0)
+				}
+				_, unit, _ := rateArgs(r, 1)
+				v.st.intervals[k] = unit
+			}
+		}
+	}()
 	for i, ref := range refs {
 		v := &sv{ref: ref, st: m.scope(ref.key)}
 		for len(v.st.planned) < len(ref.policy.Rates) {
 			v.st.planned = append(v.st.planned, 0)
 			v.st.started = append(v.st.started, 0)
+		}
+		raw[i] = stored{append([]int64(nil), v.st.planned...), append([]int64(nil), v.st.started...)}
+		for k, r := range ref.policy.Rates {
+			_, unit, _ := rateArgs(r, 1)
+			v.st.planned[k], v.st.started[k] = v.st.meters(k, unit, now)
 		}
 		if q := ref.policy.Quota; q != nil {
 			v.bounds = modelBounds(q, now)

@@ -399,7 +399,7 @@ func requireStatsMatch(t *testing.T, m *model, e *env, scope string, now int64, 
 		_, unit, off := rateArgs(r, 1)
 		var planned, started int64
 		if i < len(ms.planned) {
-			planned, started = ms.planned[i], ms.started[i]
+			planned, started = ms.meters(i, unit, now)
 		}
 		tat := max(planned, started, now)
 		want := RateStats{Rule: ruleName(kindRate, int64(i+1)), Rate: r, Available: max((now+off-tat)/unit, 0),

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/crashpoint"
 )
 
 // The pump: whoever runs jobs runs one, and it moves waiting jobs from
@@ -204,6 +206,9 @@ func (p *pump) round(ctx context.Context) (time.Duration, error) {
 		due[t] = turns[i].Due
 		all = append(all, turns[i].Promoted...)
 	}
+	if len(all) > 0 {
+		crashpoint.Hit("room.promoted")
+	}
 	handed, gone := p.r.handOver(ctx, all, p.cfg.Handover)
 	if p.cfg.OnTurn != nil {
 		for i, t := range tenants {
@@ -230,6 +235,7 @@ func (r *Room) handOver(ctx context.Context, jobs []Promoted, h Handover) (hande
 		return handed, gone
 	}
 	results := h(ctx, jobs)
+	crashpoint.Hit("room.handed-over")
 	done := map[string][]Promoted{}
 	for i, j := range jobs {
 		res := Failed
@@ -283,6 +289,7 @@ func (r *Room) Release(ctx context.Context, tenant, id string, claim uint64, h H
 		return err
 	}
 	if len(t.Promoted) > 0 {
+		crashpoint.Hit("room.released")
 		r.handOver(ctx, t.Promoted, h)
 	}
 	if claim != 0 && t.Lost > 0 {

@@ -267,6 +267,17 @@ func (rateKind) stats(p *Policy, raw *rawStats, s *Stats) {
 		if !ok {
 			started = planned // not stored while equal
 		}
+		// meters charged at another interval: what they hold ahead of now
+		// is scaled to this one, as admit.lua reads them
+		if was := raw.hash["i"+strconv.Itoa(i+1)]; was > 0 && was != unit {
+			scale := func(t int64) int64 {
+				if t <= raw.now {
+					return t
+				}
+				return raw.now + int64(float64(t-raw.now)*(float64(unit)/float64(was)))
+			}
+			planned, started = scale(planned), scale(started)
+		}
 		tat := max(planned, started, raw.now)
 		s.Rates = append(s.Rates, RateStats{
 			Rule:         fmt.Sprintf("rate[%d]", i),

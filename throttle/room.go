@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice/internal/crashpoint"
 	"github.com/sluicehq/sluice/lua"
 )
 
@@ -226,6 +227,7 @@ func (r *Room) Join(ctx context.Context, tenant string, backlog int64, jobs ...W
 		return 0, 0, fmt.Errorf("line.lua: %w", err)
 	}
 	if v[2] == 1 {
+		crashpoint.Hit("room.joined")
 		// The line began: its tenant is due now. Should this fail, the
 		// pumps' sweep finds the line.
 		if err := r.mark(ctx, tenant); err != nil {

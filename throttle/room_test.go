@@ -331,3 +331,87 @@ func waitFor(t *testing.T, timeout time.Duration, cond func() bool) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// TestRoomSweepFindsLostLines: a producer that died between its line and
+// the due index left a line no pump knows of; the pumps' sweep finds it.
+func TestRoomSweepFindsLostLines(t *testing.T) {
+	t.Parallel()
+	e := setup(t, true, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	// the line alone, as line.lua leaves it
+	_, err := e.client.RPush(ctx, keysFor(e.prefix, "lost").line, "1\x1f\x1f\x1flost-1").Result()
+	require.NoError(t, err)
+	g := &engine{}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = e.lim.Room().Pump(ctx, &PumpConfig{Handover: g.handover, Free: func(context.Context) (int, error) { return 10, nil }})
+	}()
+	waitFor(t, 5*time.Second, func() bool { return len(g.ids()) == 1 })
+	require.Equal(t, []string{"lost-1"}, g.ids())
+	cancel()
+	<-done
+}
+
+// TestRoomDrainsUnderTheDefault: a tenant whose policy is deleted while
+// its jobs wait drains under the default policy.
+func TestRoomDrainsUnderTheDefault(t *testing.T) {
+	t.Parallel()
+	e := setup(t, false, &Config{PromoteLead: time.Millisecond})
+	ctx := context.Background()
+	e.policy(t, "acme", "rate=1/h")
+	e.policy(t, DefaultPolicy, "rate=10/s")
+	room := e.lim.Room()
+	require.Equal(t, []string{"j1"}, line(t, e, "acme", "j1", "j2", "j3"))
+	turn, err := room.promote(ctx, "acme", 10, 10)
+	require.NoError(t, err)
+	require.Empty(t, turn.Promoted, "1/h: the next slot is an hour away")
+	_, err = e.store.Delete(ctx, "acme")
+	require.NoError(t, err)
+	e.lim.policies.invalidate()
+	// the meter j1 charged at 1/h is re-timed to 10/s: the unit it held
+	// ahead (all but the moment that passed) is 100ms now, not an hour
+	turn, err = room.promote(ctx, "acme", 10, 10)
+	require.NoError(t, err)
+	require.Empty(t, turn.Promoted)
+	require.WithinDuration(t, e.clock.Now().Add(100*time.Millisecond), turn.Due, time.Millisecond)
+	e.clock.Advance(100 * time.Millisecond)
+	turn, err = room.promote(ctx, "acme", 10, 10)
+	require.NoError(t, err)
+	require.Len(t, turn.Promoted, 1, "under * (10/s) the head may go 100ms after the change")
+	e.clock.Advance(100 * time.Millisecond)
+	turn, err = room.promote(ctx, "acme", 10, 10)
+	require.NoError(t, err)
+	require.Len(t, turn.Promoted, 1)
+	require.Zero(t, turn.Waiting)
+}
+
+// TestRoomLineMemory measures what a waiting job costs Redis beyond
+// asynq's own task: its line entry (MEMORY USAGE of a line of 200,000
+// UUID-sized entries, per entry), and checks a line holds such a burst.
+func TestRoomLineMemory(t *testing.T) {
+	t.Parallel()
+	e := setup(t, true, nil)
+	ctx := context.Background()
+	const n = 200_000
+	room := e.lim.Room()
+	batch := make([]Waiter, 0, 1000)
+	for i := 0; i < n; i++ {
+		batch = append(batch, Waiter{ID: fmt.Sprintf("%08x-0000-4000-8000-%012x", i, i)})
+		if len(batch) == cap(batch) {
+			_, _, err := room.Join(ctx, "burst", 0, batch...)
+			require.NoError(t, err)
+			batch = batch[:0]
+		}
+	}
+	n2, oldest, err := room.Waiting(ctx, "burst")
+	require.NoError(t, err)
+	require.Equal(t, int64(n), n2)
+	require.False(t, oldest.IsZero())
+	bytes, err := e.client.MemoryUsage(ctx, keysFor(e.prefix, "burst").line, 0).Result()
+	require.NoError(t, err)
+	per := float64(bytes) / n
+	t.Logf("a line of %d waiting jobs (UUID task ids): %d bytes, %.1f bytes per job", n, bytes, per)
+	require.Less(t, per, 100.0, "a waiting job costs at most ~100 bytes beyond asynq's task")
+}

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"sort"
@@ -138,11 +139,20 @@ func newFleetOn(t *testing.T, bin string, server *redistest.Server, eventsApart 
 // start launches a worker process and waits until it takes jobs.
 func (f *fleet) start(t *testing.T) *proc {
 	t.Helper()
+	return f.startWith(t, nil)
+}
+
+// startWith is start with env added to the worker's environment.
+func (f *fleet) startWith(t *testing.T, env []string) *proc {
+	t.Helper()
 	args := []string{"-redis", f.url, "-prefix", f.env.prefix, "-queue", f.env.queue, "-events", f.events, "-concurrency", "200"}
 	if f.eventsURL != "" {
 		args = append(args, "-events-redis", f.eventsURL)
 	}
 	cmd := exec.Command(f.bin, append(args, f.args...)...)
+	if env != nil {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	stdout, err := cmd.StdoutPipe()
 	require.NoError(t, err)

@@ -1,0 +1,159 @@
+package worker_test
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicehq/sluice/internal/crashpoint"
+)
+
+// TestRoomCrashPoints kills a process of the waiting room at each step of
+// a job's way from its producer to a worker (a SIGKILL the process sends
+// itself at the step, package internal/crashpoint) and checks that every
+// job still runs, none is lost, and the tenant's cap is never exceeded.
+func TestRoomCrashPoints(t *testing.T) {
+	bin := buildTestWorker(t)
+	producer := buildTestProducer(t)
+	// A producer dies: after a job took its slot, before asynq has it (the
+	// job was never acknowledged: its slot frees with its lease); after
+	// asynq has a parked job, before its line does (asynq brings the job
+	// at its fallback time).
+	for _, point := range []string{"queue.straight", "queue.parked"} {
+		t.Run(point, func(t *testing.T) {
+			t.Parallel()
+			testProducerKilled(t, bin, producer, point)
+		})
+	}
+	// A worker dies: after its pump promoted jobs, before asynq has them;
+	// after asynq has them, before the handing set knows; in a release that
+	// handed a freed slot on, before asynq has the job. Another worker's
+	// pump hands the jobs over again after the repair age.
+	for _, point := range []string{"room.promoted", "room.handed-over", "room.released"} {
+		t.Run(point, func(t *testing.T) {
+			t.Parallel()
+			testWorkerKilledInRoom(t, bin, point)
+		})
+	}
+}
+
+// crashPolicy: a rate and a short-leased cap, so that slots a dead process
+// took free themselves within the test.
+const crashPolicy = "rate=50/s burst=5 concurrency=3 lease=2s"
+
+func testProducerKilled(t *testing.T, bin, producer, point string) {
+	f := newFleet(t, bin)
+	f.env.policy(t, "acme", crashPolicy)
+	f.start(t)
+	f.start(t)
+	cmd := exec.Command(producer, "-redis", f.url, "-prefix", f.env.prefix, "-queue", f.env.queue,
+		"-tenant", "acme", "-n", "40", "-payload", `{"ms":100}`, "-fallback", "3s")
+	// the second job sent straight (only the first few are: the rest
+	// wait for their slots), or the twelfth parked
+	at := map[string]string{"queue.straight": "@2", "queue.parked": "@12"}[point]
+	cmd.Env = append(os.Environ(), crashpoint.Env+"="+point+at)
+	out, err := cmd.Output()
+	require.Error(t, err, "the producer dies at %s", point)
+	acked := strings.Fields(string(out))
+	require.NotEmpty(t, acked)
+	require.Less(t, len(acked), 40)
+
+	// every job asynq has, acknowledged or not, runs
+	ids := append([]string(nil), acked...)
+	for _, list := range []func(string, ...asynq.ListOption) ([]*asynq.TaskInfo, error){
+		f.env.inspector.ListPendingTasks, f.env.inspector.ListScheduledTasks, f.env.inspector.ListActiveTasks, f.env.inspector.ListRetryTasks,
+	} {
+		infos, err := list(f.env.queue)
+		require.NoError(t, err)
+		for _, i := range infos {
+			if !contains(ids, i.ID) {
+				ids = append(ids, i.ID)
+			}
+		}
+	}
+	f.waitDone(t, ids, time.Now(), 30*time.Second)
+	starts := runs(f.records(t), nil)
+	done := f.finishedIDs(t)
+	for _, id := range acked {
+		require.Equal(t, 1, done[id], "acknowledged job %s ran once", id)
+	}
+	require.LessOrEqual(t, maxConcurrent(starts, "acme"), 3)
+	require.Zero(t, f.env.queueInfo(t).Archived)
+	st, err := f.env.lim.Stats(context.Background(), "acme")
+	require.NoError(t, err)
+	t.Logf("producer killed at %s after %d acknowledged jobs: %d jobs in asynq, each ran once; %d left waiting", point, len(acked), len(ids), st.Waiting)
+	require.Zero(t, st.Waiting)
+}
+
+func testWorkerKilledInRoom(t *testing.T, bin, point string) {
+	f := newFleet(t, bin)
+	payload := `{"ms":100}`
+	if point == "room.promoted" {
+		// short jobs: the rate binds, and the pumps promote the line
+		payload = `{"ms":10}`
+		f.env.policy(t, "acme", "rate=20/s concurrency=3 lease=2s")
+	} else {
+		f.env.policy(t, "acme", crashPolicy)
+	}
+	f.args = []string{"-concurrency", "8"}
+	// the victim's first promotion by its pump (most jobs here are
+	// promoted by releases: the cap binds), its third hand-over or release
+	at := map[string]string{"room.promoted": "@1", "room.handed-over": "@3", "room.released": "@3"}[point]
+	victim := f.startWith(t, []string{crashpoint.Env + "=" + point + at})
+	f.start(t)
+	ids := f.enqueueBatch(t, "acme", 60, payload)
+	select {
+	case <-victim.exited:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the worker did not reach %s", point)
+	}
+	require.True(t, victim.killed(), "the worker killed itself at %s: %s", point, victim.stderr.String())
+	killedAt := map[int]time.Time{victim.pid: time.Now()}
+	killed := f.openOn(t, victim.pid)
+	f.start(t) // a supervisor restarts it
+	orph := f.waitDone(t, ids, time.Now(), 60*time.Second)
+	starts := runs(f.records(t), killedAt)
+	done := f.finishedIDs(t)
+	twice := 0
+	for _, id := range ids {
+		require.Positive(t, done[id], "job %s ran", id)
+		if done[id] > 1 {
+			twice++
+			require.True(t, contains(killed, id) || contains(orph.ids, id), "only a job the dead worker was running runs twice: %s", id)
+		}
+	}
+	require.LessOrEqual(t, maxConcurrent(starts, "acme"), 3)
+	require.Zero(t, f.env.queueInfo(t).Archived)
+	eventually(t, 10*time.Second, func() bool {
+		n, err := f.env.client.ZCard(context.Background(), f.env.prefix+":{t:acme}:g").Result()
+		require.NoError(t, err)
+		return n == 0
+	}, "the handing set emptied")
+	t.Logf("worker killed at %s (running %d jobs): all %d jobs ran, %d twice (killed mid-run), %s; at most %d running at once",
+		point, len(killed), len(ids), twice, orph, maxConcurrent(starts, "acme"))
+}
+
+func contains(xs []string, x string) bool {
+	for _, v := range xs {
+		if v == x {
+			return true
+		}
+	}
+	return false
+}
+
+// buildTestProducer compiles the crash tests' producer program.
+func buildTestProducer(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "testproducer")
+	out, err := exec.Command("go", "build", "-o", bin, "github.com/sluicehq/sluice/worker/internal/testproducer").CombinedOutput()
+	require.NoError(t, err, "go build testproducer: %s", out)
+	return bin
+}
