@@ -269,7 +269,7 @@ func TestRate(t *testing.T) {
 
 func TestValidateTenant(t *testing.T) {
 	t.Parallel()
-	for _, ok := range []string{"a", "acme", "a{b}", "ünï code", strings.Repeat("é", 128), "x@y", "**"} {
+	for _, ok := range []string{"a", "acme", "a{b}", "ünï code", strings.Repeat("é", 128), "x@y", "**", "a\u00a0b", "😀", "a\u00a0\u00ffb"} {
 		require.NoError(t, ValidateTenant(ok), ok)
 	}
 	for bad, want := range map[string]string{
@@ -279,14 +279,22 @@ func TestValidateTenant(t *testing.T) {
 		"@global":                `"@global"`,
 		"@x":                     `"@x"`,
 		"\xff":                   "UTF-8",
+		"a\nb":                   `tenant "a\nb" has a control character (U+000A) at byte 1`,
+		"\tacme":                 "control character (U+0009) at byte 0",
+		"a\x00":                  "control character (U+0000)",
+		"a\x7f":                  "control character (U+007F)",
+		"a\u0085":                "control character (U+0085)",
+		"é\u009f":                "control character (U+009F) at byte 2",
+		"\x1b[31mred":            "control character (U+001B)",
 	} {
 		err := ValidateTenant(bad)
 		require.ErrorIs(t, err, ErrInvalidTenant, bad)
 		require.ErrorContains(t, err, want)
 	}
-	require.NoError(t, validatePolicyName(DefaultPolicy))
-	require.NoError(t, validatePolicyName(GlobalPolicy))
-	require.ErrorContains(t, validatePolicyName("@globals"), `"@globals"`)
+	require.NoError(t, ValidatePolicyName(DefaultPolicy))
+	require.NoError(t, ValidatePolicyName(GlobalPolicy))
+	require.ErrorContains(t, ValidatePolicyName("@globals"), `"@globals"`)
+	require.ErrorContains(t, ValidatePolicyName("a\rb"), "control character")
 }
 
 func TestParsePolicyFile(t *testing.T) {

@@ -149,7 +149,7 @@ func (s *PolicyStore) Apply(ctx context.Context, policies map[string]*Policy, pr
 	values := make([]any, 0, 2*len(names))
 	for _, name := range names {
 		p := policies[name]
-		if err := validatePolicyName(name); err != nil {
+		if err := ValidatePolicyName(name); err != nil {
 			return err
 		}
 		if p == nil {

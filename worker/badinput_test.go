@@ -73,6 +73,8 @@ func TestBadTenantRunsUnderGlobalOnly(t *testing.T) {
 		{id: "reserved-at", typ: "job", headers: map[string]string{taskspec.TenantHeader: "@x"}, bad: true},
 		{id: "reserved-star", typ: "job", headers: map[string]string{taskspec.TenantHeader: "*"}, bad: true},
 		{id: "invalid-utf8", typ: "raw", payload: "a\xffb", bad: true},
+		{id: "newline", typ: "job", headers: map[string]string{taskspec.TenantHeader: "acme\n"}, bad: true},
+		{id: "c1", typ: "job", headers: map[string]string{taskspec.TenantHeader: "a\u0085b"}, bad: true},
 		{id: "good", typ: "job", headers: map[string]string{taskspec.TenantHeader: "acme"}, want: "acme"},
 	}
 	bad := 0

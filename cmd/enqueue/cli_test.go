@@ -123,6 +123,8 @@ func testBadUsage(t *testing.T, c *cli) {
 		{[]string{"--tenant", "acme"}, nil, "missing --type: the job's type, e.g. http or sleep"},
 		{[]string{"--tenant", "*", "--type", "sleep"}, nil, `--tenant: invalid tenant: tenant "*" is a reserved name`},
 		{[]string{"--tenant", "", "--file", "x"}, nil, "--tenant: invalid tenant: the tenant is empty"},
+		{[]string{"--tenant", "a\tb", "--type", "sleep"}, nil, `--tenant: invalid tenant: tenant "a\tb" has a control character (U+0009) at byte 1`},
+		{[]string{"--tenant", "acme\n", "--file", "x"}, nil, `--tenant: invalid tenant: tenant "acme\n" has a control character (U+000A) at byte 4`},
 		{append(job, "--payload", `{"ms":`), nil, `--payload "{\"ms\":": not valid JSON (unexpected end of JSON input at byte 6); quote it for the shell, e.g. --payload '{"ms":100}'`},
 		{append(job, "--payload", `ms=100`), nil, `--payload "ms=100": not valid JSON (invalid character 'm' looking for beginning of value at byte 1)`},
 		{append(job, `{"ms":1}`), nil, `unexpected argument "{\"ms\":1}"; enqueue takes only flags (quote a payload: --payload '{"ms":100}')`},

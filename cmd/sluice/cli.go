@@ -77,6 +77,7 @@ type opts struct {
 	once     bool
 	interval durationFlag
 	limit    int
+	invalid  bool
 }
 
 // run is the whole program: it parses args, runs the command and returns
@@ -313,13 +314,7 @@ func (a *app) connect(cmd *command) (*conn, error) {
 
 // checkPolicyName accepts a tenant, "*" or "@global" as a policy's name.
 func checkPolicyName(cmd *command, name string) error {
-	if name == throttle.DefaultPolicy || name == throttle.GlobalPolicy {
-		return nil
-	}
-	if strings.HasPrefix(name, "@") {
-		return usagef(cmd, "policy name %q: the only names starting with @ are @global; * is the default policy", name)
-	}
-	if err := throttle.ValidateTenant(name); err != nil {
+	if err := throttle.ValidatePolicyName(name); err != nil {
 		return usagef(cmd, "%v", err)
 	}
 	return nil

@@ -56,6 +56,7 @@ func TestCLI(t *testing.T) {
 		"TopOnce":              testTopOnce,
 		"PolicyListEmptyState": testPolicyListEmpty,
 		"Cluster":              testCluster,
+		"InvalidNames":         testInvalidNames,
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -216,10 +217,16 @@ func testBadUsage(t *testing.T, c *cli) {
 		{args: []string{"policy", "set", "acme", "burst=5"}, wantMsg: "policy set acme: burst=5: burst belongs to a rate", usage: "sluice policy set TENANT 'RULES'"},
 		{args: []string{"policy", "set"}, wantMsg: "policy set: missing TENANT", usage: "sluice policy set TENANT 'RULES'"},
 		{args: []string{"policy", "set", "acme"}, wantMsg: "policy set: missing RULES (quote them: sluice policy set acme 'rate=100/s burst=20'; '' for no limits)", usage: "sluice policy set TENANT 'RULES'"},
-		{args: []string{"policy", "set", "@foo", "rate=1/s"}, wantMsg: `policy name "@foo": the only names starting with @ are @global`, usage: "sluice policy set TENANT 'RULES'"},
+		{args: []string{"policy", "set", "@foo", "rate=1/s"}, wantMsg: `invalid tenant: policy name "@foo": the only names starting with @ are @global`, usage: "sluice policy set TENANT 'RULES'"},
 		{args: []string{"policy", "get"}, wantMsg: "policy get: missing TENANT", usage: "sluice policy get TENANT"},
 		{args: []string{"policy", "get", "a", "b"}, wantMsg: `policy get: unexpected argument "b"`, usage: "sluice policy get TENANT"},
-		{args: []string{"policy", "delete", strings.Repeat("x", 300)}, wantMsg: "invalid tenant: tenant", usage: "sluice policy delete TENANT"},
+		{args: []string{"policy", "delete", strings.Repeat("x", 300)}, wantMsg: "invalid tenant: tenant", usage: "sluice policy delete TENANT|--invalid"},
+		{args: []string{"policy", "delete", "acme", "--invalid"}, wantMsg: "policy delete: give TENANT or --invalid, not both", usage: "sluice policy delete TENANT|--invalid"},
+		{args: []string{"policy", "set", "a\nb", "rate=1/s"}, wantMsg: `invalid tenant: tenant "a\nb" has a control character (U+000A) at byte 1`, usage: "sluice policy set TENANT 'RULES'"},
+		{args: []string{"policy", "set", "tab\there", "rate=1/s"}, wantMsg: `invalid tenant: tenant "tab\there" has a control character (U+0009)`, usage: "sluice policy set TENANT 'RULES'"},
+		{args: []string{"policy", "get", "\x1b[31mred"}, wantMsg: `invalid tenant: tenant "\x1b[31mred" has a control character (U+001B) at byte 0`, usage: "sluice policy get TENANT"},
+		{args: []string{"stats", "a\u0085"}, wantMsg: `invalid tenant: tenant "a\u0085" has a control character (U+0085)`, usage: "sluice stats [TENANT] [--json]"},
+		{args: []string{"admit", "a\x7f", "--dry-run"}, wantMsg: `invalid tenant: tenant "a\x7f" has a control character (U+007F)`, usage: "sluice admit TENANT --dry-run [--cost N] [--id JOB] [--json]"},
 		{args: []string{"policy", "apply"}, wantMsg: "policy apply: missing -f FILE.yaml (- reads standard input)", usage: "sluice policy apply -f FILE.yaml [--prune] [--dry-run]"},
 		{args: []string{"policy", "apply", "-f"}, wantMsg: "policy apply: flag --f needs a value", usage: "sluice policy apply -f FILE.yaml [--prune] [--dry-run]"},
 		{args: []string{"stats", "a", "b"}, wantMsg: `stats: unexpected argument "b"`, usage: "sluice stats [TENANT] [--json]"},
@@ -304,6 +311,8 @@ func testApplyAllOrNothing(t *testing.T, c *cli) {
 		{"bad-rate.yaml", "acme: rate=20/s\nnew: rate=5/s\nbroken:\n  rate: 10/fortnight\n", `policy file line 4, "broken": `},
 		{"bad-field.yaml", "acme: rate=20/s\nbroken:\n  rate: 10/s\n  burts: 5\n", `policy file line 3, "broken": line 4: unknown field "burts"`},
 		{"bad-name.yaml", "acme: rate=20/s\n\"@nope\": rate=1/s\n", `policy file line 2: invalid tenant: policy name "@nope"`},
+		{"ctl-name.yaml", "acme: rate=20/s\n\"a\\tb\": rate=1/s\n", `policy file line 2: invalid tenant: tenant "a\tb" has a control character (U+0009) at byte 1`},
+		{"nul-name.yaml", "\"a\\0b\": rate=1/s\n", `policy file line 1: invalid tenant: tenant "a\x00b" has a control character (U+0000) at byte 1`},
 		{"dup.yaml", "acme: rate=20/s\nacme: rate=30/s\n", `policy file line 2: "acme" is given twice`},
 		{"not-yaml.yaml", "acme: [rate\n", "policy file: not valid YAML"},
 		{"list.yaml", "- acme\n", "policy file line 1: want a mapping of policy name to policy"},
@@ -501,4 +510,39 @@ func testCluster(t *testing.T, c *cli) {
 	out := sluice("stats", "--json")
 	require.Contains(t, out, `"tenant": "@global"`)
 	require.Contains(t, out, `"tenant": "acme"`)
+}
+
+// testInvalidNames: policies whose names sluice refuses today (stored by an
+// older version) are shown escaped, kept out of stats and top, and removed
+// with policy delete --invalid, since a NUL cannot be typed at all.
+func testInvalidNames(t *testing.T, c *cli) {
+	ctx := context.Background()
+	c.mustRun(t, "policy", "set", "acme", "rate=10/s")
+	for _, name := range []string{"a\x00b", "two\nlines", "tab\tbed"} {
+		require.NoError(t, c.client.HSet(ctx, c.prefix+":{p}:policies", name, `{"policy":"rate=1/s","updated":"2026-01-01T00:00:00Z"}`).Err())
+	}
+	r := c.run(t, "policy", "list")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, `NAME          POLICY
+"a\x00b"      rate=1/s  (INVALID NAME)
+acme          rate=10/s
+"tab\tbed"    rate=1/s  (INVALID NAME)
+"two\nlines"  rate=1/s  (INVALID NAME)
+`, r.stdout)
+	require.Equal(t, "3 policies have a name that is not a valid tenant (shown quoted, with escapes); no job can use them; remove them with: sluice policy delete --invalid\n", r.stderr)
+	require.Contains(t, c.mustRun(t, "policy", "list", "--json"), `"name": "two\nlines",
+    "policy": "rate=1/s",
+    "name_error": "invalid tenant: tenant \"two\\nlines\" has a control character (U+000A) at byte 3;`)
+
+	out := c.mustRun(t, "stats")
+	require.Equal(t, 2, strings.Count(out, "\n"), "the header and acme only:\n%s", out)
+	require.Contains(t, out, "\nacme ")
+	out = c.mustRun(t, "top", "--once", "--interval", "10ms")
+	require.Equal(t, 2, strings.Count(out, "\n"), out)
+
+	out = c.mustRun(t, "policy", "delete", "--invalid")
+	require.Equal(t, 3, strings.Count(out, "\n"), out)
+	require.Contains(t, out, `deleted policy "a\x00b" (invalid tenant: tenant "a\x00b" has a control character (U+0000) at byte 1;`)
+	require.Equal(t, map[string]string{"acme": ""}, keysOnly(c.policies(t)))
+	require.Equal(t, "no policy has an invalid name; nothing deleted\n", c.mustRun(t, "policy", "delete", "--invalid"))
 }

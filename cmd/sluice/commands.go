@@ -36,10 +36,15 @@ func init() {
 			run:     policyList,
 		},
 		{
-			name: "policy delete", usage: "policy delete TENANT",
+			name: "policy delete", usage: "policy delete TENANT|--invalid",
 			summary: "remove TENANT's policy (its throttle state is kept)",
-			help:    "Removes the policy of TENANT; the tenant then follows the default policy *.\nDeleting a policy that does not exist succeeds and says so.",
-			run:     policyDelete,
+			help: "Removes the policy of TENANT; the tenant then follows the default policy *.\n" +
+				"Deleting a policy that does not exist succeeds, says so and changes nothing.\n" +
+				"--invalid removes every policy whose name is not a valid tenant (a control\n" +
+				"character, say: left by an older version or a writer that bypassed sluice;\n" +
+				"policy list marks them).",
+			flags: func(fs *flag.FlagSet, o *opts) { fs.BoolVar(&o.invalid, "invalid", false, "") },
+			run:   policyDelete,
 		},
 		{
 			name: "policy apply", usage: "policy apply -f FILE.yaml [--prune] [--dry-run]",

@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/term"
 
+	"github.com/sluicehq/sluice/internal/human"
 	"github.com/sluicehq/sluice/throttle"
 )
 
@@ -186,7 +187,7 @@ func writeTop(w io.Writer, rows []topRow, limit int, eol string) error {
 		if r.cooldown > 0 {
 			cool = short(r.cooldown)
 		}
-		fmt.Fprintf(tw, "%s\t%.1f\t%s\t%s\t%d\t%s\t%d\t%s\n", r.tenant, r.perSec, r.limit, inFlight, r.reserved, cool, r.backlog, r.policy)
+		fmt.Fprintf(tw, "%s\t%.1f\t%s\t%s\t%d\t%s\t%d\t%s\n", human.Text(r.tenant), r.perSec, r.limit, inFlight, r.reserved, cool, r.backlog, r.policy)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

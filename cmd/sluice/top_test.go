@@ -180,16 +180,3 @@ func TestParseArgs(t *testing.T) {
 	require.Equal(t, "flag --f needs a value", flagError(err))
 	require.ErrorIs(t, func() error { _, err := parseArgs(newFlagSet("t"), []string{"--help"}); return err }(), flag.ErrHelp)
 }
-
-func TestShort(t *testing.T) {
-	t.Parallel()
-	for d, want := range map[time.Duration]string{
-		-time.Second:                          "0s",
-		0:                                     "0s",
-		1234 * time.Microsecond:               "1ms",
-		1234 * time.Millisecond:               "1.2s",
-		3*time.Minute + 1500*time.Millisecond: "3m2s",
-	} {
-		require.Equal(t, want, short(d))
-	}
-}
