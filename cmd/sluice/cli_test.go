@@ -119,7 +119,7 @@ func testHelp(t *testing.T, c *cli) {
 	group := c.runWith(t, nil, nil, "help", "policy")
 	require.Equal(t, 0, group.code)
 	require.Contains(t, group.stdout, "  sluice policy set TENANT 'RULES'\n")
-	require.Contains(t, group.stdout, "  sluice policy delete TENANT\n")
+	require.Contains(t, group.stdout, "  sluice policy delete TENANT|--invalid\n")
 	require.Equal(t, group, c.runWith(t, nil, nil, "policy", "--help"))
 
 	// No command at all: the usage, on stderr, exit 2.
