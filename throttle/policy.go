@@ -162,6 +162,9 @@ func ParsePolicy(text string) (*Policy, error) {
 		if !ok || val == "" {
 			return nil, &PolicyError{Msg: fmt.Sprintf("%q: options are written key=value, e.g. rate=100/s", tok)}
 		}
+		if key == "" {
+			return nil, &PolicyError{Msg: fmt.Sprintf("%q: no option name before =; options are written key=value, e.g. rate=100/s (known: %s)", tok, strings.Join(knownOptions(), " "))}
+		}
 		if k := optionKind(key); k != nil {
 			if err := k.parse(p, key, val, seen); err != nil {
 				return nil, err

@@ -57,6 +57,7 @@ func TestCLI(t *testing.T) {
 		"PolicyListEmptyState": testPolicyListEmpty,
 		"Cluster":              testCluster,
 		"InvalidNames":         testInvalidNames,
+		"RangeEdge":            testRangeEdge,
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -214,6 +215,10 @@ func testBadUsage(t *testing.T, c *cli) {
 		{args: []string{"policy", "list", "extra"}, wantMsg: `policy list: unexpected argument "extra"`, usage: "sluice policy list [--json]"},
 		{args: []string{"policy", "set", "acme", "rate=abc"}, wantMsg: "policy set acme: rate=abc: ", usage: "sluice policy set TENANT 'RULES'"},
 		{args: []string{"policy", "set", "acme", "rate=10/s bogus=1"}, wantMsg: "policy set acme: bogus=1: unknown option; known: rate burst window quota", usage: "sluice policy set TENANT 'RULES'"},
+		{args: []string{"policy", "set", "acme", "=5"}, wantMsg: `policy set acme: "=5": no option name before =; options are written key=value`, usage: "sluice policy set TENANT 'RULES'"},
+		{args: []string{"policy", "set", "acme", "rate=1/s burst=10000000000000"}, wantMsg: "policy set acme: rate[0] 1/s burst 10000000000000: a full bucket spans 10000000000000 × 1s = 317098 years; the engine computes exactly only up to 2^52 µs (about 142 years): give burst 4503599627 or less", usage: "sluice policy set TENANT 'RULES'"},
+		{args: []string{"policy", "set", "acme", "rate=1/h burst=3000000000"}, wantMsg: "policy set acme: rate[0] 1/h burst 3000000000: a full bucket spans 3000000000 × 1h = 342466 years; ", usage: "sluice policy set TENANT 'RULES'"},
+		{args: []string{"policy", "set", "acme", "rate=1/day burst=200000000"}, wantMsg: "policy set acme: rate[0] 1/day burst 200000000: ", usage: "sluice policy set TENANT 'RULES'"},
 		{args: []string{"policy", "set", "acme", "burst=5"}, wantMsg: "policy set acme: burst=5: burst belongs to a rate", usage: "sluice policy set TENANT 'RULES'"},
 		{args: []string{"policy", "set"}, wantMsg: "policy set: missing TENANT", usage: "sluice policy set TENANT 'RULES'"},
 		{args: []string{"policy", "set", "acme"}, wantMsg: "policy set: missing RULES (quote them: sluice policy set acme 'rate=100/s burst=20'; '' for no limits)", usage: "sluice policy set TENANT 'RULES'"},
@@ -545,4 +550,13 @@ acme          rate=10/s
 	require.Contains(t, out, `deleted policy "a\x00b" (invalid tenant: tenant "a\x00b" has a control character (U+0000) at byte 1;`)
 	require.Equal(t, map[string]string{"acme": ""}, keysOnly(c.policies(t)))
 	require.Equal(t, "no policy has an invalid name; nothing deleted\n", c.mustRun(t, "policy", "delete", "--invalid"))
+}
+
+// testRangeEdge: the largest burst the engine computes exactly is accepted
+// and a brand-new tenant's job would start at once.
+func testRangeEdge(t *testing.T, c *cli) {
+	c.mustRun(t, "policy", "set", "edge", "rate=1/s burst=4503599627")
+	out := c.mustRun(t, "admit", "edge", "--dry-run")
+	require.True(t, strings.HasPrefix(out, "a job of edge would be admitted now\n"), out)
+	require.Contains(t, out, "remaining   4503599627 more jobs of cost 1 right now\n")
 }
