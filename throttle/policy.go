@@ -149,7 +149,9 @@ func knownOptions() []string {
 }
 
 // ParsePolicy reads a policy's text form (see Policy) and validates it.
-// The empty text is the policy with no rules.
+// The empty text is the policy with no rules. A rate given twice (the same
+// interval and burst, as rate=1/s rate=1/s or rate=1/s rate=2/2s) is one
+// rule and is kept once.
 func ParsePolicy(text string) (*Policy, error) {
 	tokens, err := splitPolicy(text)
 	if err != nil {
@@ -175,6 +177,7 @@ func ParsePolicy(text string) (*Policy, error) {
 			return nil, err
 		}
 	}
+	p.Rates = uniqueRates(p.Rates)
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}

@@ -85,6 +85,14 @@ func TestPolicyCanonicalForm(t *testing.T) {
 		"concurrency=2 rate=1/s":        "rate=1/s concurrency=2",
 		"backlog=10 window=1/s":         "window=1/s backlog=10",
 		"  rate=1/s,\tconcurrency=2\n":  "rate=1/s concurrency=2",
+		// a rate given twice is one rule, kept once; a different burst is
+		// a different rule
+		"rate=1/s rate=1/s":                         "rate=1/s",
+		"rate=1/s rate=10/min rate=1/s":             "rate=1/s rate=10/min",
+		"rate=5/s burst=2 rate=5/s burst=2":         "rate=5/s burst=2",
+		"rate=1/s rate=2/2s":                        "rate=1/s",
+		"rate=1/s burst=5 rate=1/s":                 "rate=1/s burst=5 rate=1/s",
+		"rate=100/s rate=100/s rate=100/s rate=1/h": "rate=100/s rate=1/h",
 		"rate=100/s burst=20 rate=5000/h window=600/min quota=10000/day tz=UTC concurrency=5 lease=30s overflow=wait max_wait=500ms backlog=50000 shape=true fail_open=false": "rate=100/s burst=20 rate=5000/h window=600/min quota=10000/day tz=UTC concurrency=5 lease=30s overflow=wait max_wait=500ms backlog=50000 shape=true",
 	} {
 		p, err := ParsePolicy(in)
@@ -474,4 +482,14 @@ func TestParsePolicyFileErrors(t *testing.T) {
 			require.Contains(t, err.Error(), w, "file:\n%s", c.file)
 		}
 	}
+}
+
+// TestDuplicateRatesCollapse: a rate rule given twice is one rule (the
+// engine would keep two identical meters): it is kept once, in text
+// (TestPolicyCanonicalForm) and YAML alike.
+func TestDuplicateRatesCollapse(t *testing.T) {
+	t.Parallel()
+	ps, err := ParsePolicyFile([]byte("acme:\n  rate: [1/s, 1/s]\n"))
+	require.NoError(t, err)
+	require.Equal(t, "rate=1/s", ps["acme"].String())
 }

@@ -117,6 +117,27 @@ func (r Rate) maxBurst() int64 {
 	return int64(q)
 }
 
+// uniqueRates drops each rate that is the same rule as an earlier one: the
+// same interval and burst, hence the same arguments to admit.lua.
+func uniqueRates(rates []Rate) []Rate {
+	out := rates[:0]
+	for _, r := range rates {
+		same := false
+		for _, o := range out {
+			_, u1, b1 := rateArgs(r, 1)
+			_, u2, b2 := rateArgs(o, 1)
+			same = same || (u1 == u2 && b1 == b2)
+		}
+		if !same {
+			out = append(out, r)
+		}
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	return out
+}
+
 // rateArgs are the integers admit.lua uses for a rate rule and a cost: the
 // increment of the meters for the cost, the increment for cost 1, and the
 // burst offset.

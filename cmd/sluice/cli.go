@@ -21,7 +21,13 @@ const (
 	exitOK      = 0
 	exitFailure = 1
 	exitUsage   = 2
+	// exitDenied is admit --dry-run's answer "the job would not be
+	// admitted now": neither a success nor a failure of the command.
+	exitDenied = 3
 )
+
+// errDenied makes run exit with exitDenied; the command has printed why.
+var errDenied = errors.New("would not be admitted")
 
 // version is set at build time with -ldflags "-X main.version=v1.2.3";
 // otherwise the module version from the build info is used.
@@ -92,6 +98,8 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	switch {
 	case err == nil:
 		return exitOK
+	case errors.Is(err, errDenied):
+		return exitDenied
 	case errors.As(err, &help):
 		a.printHelp(stdout, help.cmd)
 		return exitOK

@@ -147,14 +147,20 @@ func testPolicyCommands(t *testing.T, c *cli) {
 	c.mustRun(t, "policy", "set", "@global", "rate=1000/s window=50000/min")
 	c.mustRun(t, "policy", "set", "we{ird} tenant", "concurrency=1 lease=10s")
 	require.Equal(t, "set policy open: (no rules: nothing is limited)\n", c.mustRun(t, "policy", "set", "open", ""))
+	// A rate given twice is one rule, kept once, and the user is told.
+	r := c.run(t, "policy", "set", "twice", "rate=1/s rate=1/s")
+	require.Equal(t, result{code: 0, stdout: "set policy twice: rate=1/s\n", stderr: "sluice: note: a rate given twice is one rule; it is kept once\n"}, r)
+	require.Equal(t, "rate=1/s\n", c.mustRun(t, "policy", "get", "twice"))
+	c.mustRun(t, "policy", "delete", "twice")
 
 	require.Equal(t, "rate=100/s burst=20 quota=1000/day concurrency=5\n", c.mustRun(t, "policy", "get", "acme"))
 	require.Equal(t, "rate=1000/s window=50000/min\n", c.mustRun(t, "policy", "get", "@global"))
+	require.Equal(t, "{\n  \"name\": \"acme\",\n  \"policy\": \"rate=100/s burst=20 quota=1000/day concurrency=5\"\n}\n", c.mustRun(t, "policy", "get", "--json", "acme"))
 
 	clitest.Golden(t, "policy_list", c.mustRun(t, "policy", "list"))
 	clitest.Golden(t, "policy_list_json", c.mustRun(t, "policy", "list", "--json"))
 
-	r := c.run(t, "policy", "get", "bob")
+	r = c.run(t, "policy", "get", "bob")
 	require.Equal(t, result{code: 1, stderr: "sluice: no policy for \"bob\"; it follows the default policy *: rate=10/s\n"}, r)
 
 	require.Equal(t, "deleted policy acme (its throttle state is kept)\n", c.mustRun(t, "policy", "delete", "acme"))
@@ -223,13 +229,13 @@ func testBadUsage(t *testing.T, c *cli) {
 		{args: []string{"policy", "set"}, wantMsg: "policy set: missing TENANT", usage: "sluice policy set TENANT 'RULES'"},
 		{args: []string{"policy", "set", "acme"}, wantMsg: "policy set: missing RULES (quote them: sluice policy set acme 'rate=100/s burst=20'; '' for no limits)", usage: "sluice policy set TENANT 'RULES'"},
 		{args: []string{"policy", "set", "@foo", "rate=1/s"}, wantMsg: `invalid tenant: policy name "@foo": the only names starting with @ are @global`, usage: "sluice policy set TENANT 'RULES'"},
-		{args: []string{"policy", "get"}, wantMsg: "policy get: missing TENANT", usage: "sluice policy get TENANT"},
-		{args: []string{"policy", "get", "a", "b"}, wantMsg: `policy get: unexpected argument "b"`, usage: "sluice policy get TENANT"},
+		{args: []string{"policy", "get"}, wantMsg: "policy get: missing TENANT", usage: "sluice policy get TENANT [--json]"},
+		{args: []string{"policy", "get", "a", "b"}, wantMsg: `policy get: unexpected argument "b"`, usage: "sluice policy get TENANT [--json]"},
 		{args: []string{"policy", "delete", strings.Repeat("x", 300)}, wantMsg: "invalid tenant: tenant", usage: "sluice policy delete TENANT|--invalid"},
 		{args: []string{"policy", "delete", "acme", "--invalid"}, wantMsg: "policy delete: give TENANT or --invalid, not both", usage: "sluice policy delete TENANT|--invalid"},
 		{args: []string{"policy", "set", "a\nb", "rate=1/s"}, wantMsg: `invalid tenant: tenant "a\nb" has a control character (U+000A) at byte 1`, usage: "sluice policy set TENANT 'RULES'"},
 		{args: []string{"policy", "set", "tab\there", "rate=1/s"}, wantMsg: `invalid tenant: tenant "tab\there" has a control character (U+0009)`, usage: "sluice policy set TENANT 'RULES'"},
-		{args: []string{"policy", "get", "\x1b[31mred"}, wantMsg: `invalid tenant: tenant "\x1b[31mred" has a control character (U+001B) at byte 0`, usage: "sluice policy get TENANT"},
+		{args: []string{"policy", "get", "\x1b[31mred"}, wantMsg: `invalid tenant: tenant "\x1b[31mred" has a control character (U+001B) at byte 0`, usage: "sluice policy get TENANT [--json]"},
 		{args: []string{"stats", "a\u0085"}, wantMsg: `invalid tenant: tenant "a\u0085" has a control character (U+0085)`, usage: "sluice stats [TENANT] [--json]"},
 		{args: []string{"admit", "a\x7f", "--dry-run"}, wantMsg: `invalid tenant: tenant "a\x7f" has a control character (U+007F)`, usage: "sluice admit TENANT --dry-run [--cost N] [--id JOB] [--json]"},
 		{args: []string{"policy", "apply"}, wantMsg: "policy apply: missing -f FILE.yaml (- reads standard input)", usage: "sluice policy apply -f FILE.yaml [--prune] [--dry-run]"},
@@ -466,15 +472,21 @@ func testAdmitDryRun(t *testing.T, c *cli) {
 	require.True(t, d.Allowed)
 	before := stateKeys()
 
-	out = c.mustRun(t, "admit", "slow", "--dry-run")
+	// Denied: exit 3, so a script can tell "no" from an error (1).
+	r := c.run(t, "admit", "slow", "--dry-run")
+	require.Equal(t, 3, r.code, r.stderr)
+	require.Empty(t, r.stderr)
+	out = r.stdout
 	require.True(t, strings.HasPrefix(out, "a job of slow would NOT be admitted now\n  denied by    rate[0] of policy slow (1/h)\n  retry after  "), out)
 	require.Contains(t, out, "  in flight    1 of 2\n")
-	js := c.mustRun(t, "admit", "--json", "slow", "--dry-run")
+	r = c.run(t, "admit", "--json", "slow", "--dry-run")
+	require.Equal(t, 3, r.code, r.stderr)
+	js := r.stdout
 	require.Contains(t, js, `"allowed": false`)
 	require.Contains(t, js, "\"denied_by\": {\n    \"policy\": \"slow\",\n    \"rule\": \"rate[0]\",\n    \"text\": \"rate[0] of policy slow (1/h)\"\n  }")
 	require.Equal(t, before, stateKeys())
 
-	r := c.run(t, "admit", "slow", "--dry-run", "--cost", "5")
+	r = c.run(t, "admit", "slow", "--dry-run", "--cost", "5")
 	require.Equal(t, result{code: 1, stderr: "sluice: a job of \"slow\" costing 5 could never be admitted: the 1 that slow rate[0] (1/h) allows at once is less; raise that limit or split the job\n"}, r)
 }
 

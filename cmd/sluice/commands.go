@@ -23,10 +23,13 @@ func init() {
 			run: policySet,
 		},
 		{
-			name: "policy get", usage: "policy get TENANT",
+			name: "policy get", usage: "policy get TENANT [--json]",
 			summary: "print TENANT's policy",
-			help:    "Prints the policy stored for TENANT in its text form, or fails (exit 1)\nsaying which policy the tenant follows instead.",
-			run:     policyGet,
+			help: "Prints the policy stored for TENANT in its text form (with --json as\n" +
+				"{\"name\": …, \"policy\": …}), or fails (exit 1) saying which policy the tenant\n" +
+				"follows instead.",
+			flags: func(fs *flag.FlagSet, o *opts) { fs.BoolVar(&o.json, "json", false, "") },
+			run:   policyGet,
 		},
 		{
 			name: "policy list", usage: "policy list [--json]",
@@ -99,7 +102,9 @@ func init() {
 			help: "Asks the throttle, without changing anything, whether a job of TENANT costing\n" +
 				"N (default 1) would start now; if not, which rule of which policy denies it and\n" +
 				"when it would fit. --id asks for a given job, which may hold a reserved slot.\n" +
-				"--dry-run is required: the command line never admits a job for real.",
+				"--dry-run is required: the command line never admits a job for real.\n" +
+				"Exit status: 0 the job would be admitted now, 3 it would not (the output says\n" +
+				"why and when it would fit), 1 the question could not be answered, 2 bad usage.",
 			flags: func(fs *flag.FlagSet, o *opts) {
 				fs.BoolVar(&o.dryRun, "dry-run", false, "")
 				fs.Int64Var(&o.cost, "cost", 1, "")
@@ -224,7 +229,7 @@ func (a *app) printHelp(w io.Writer, c *command) {
 	}
 	fmt.Fprintf(w, "\n"+flagsHelp, forms)
 	fmt.Fprintf(w, "\n%s", rulesHelp)
-	fmt.Fprintf(w, "\nExit status: 0 success, 1 failure (e.g. Redis unreachable, a bad policy file),\n2 bad usage (unknown command or flag, missing or malformed argument).\n")
+	fmt.Fprintf(w, "\nExit status: 0 success, 1 failure (e.g. Redis unreachable, a bad policy file),\n2 bad usage (unknown command or flag, missing or malformed argument), 3 admit\n--dry-run: the job would not be admitted now.\n")
 }
 
 // durationFlag is a positive duration flag.

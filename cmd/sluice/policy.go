@@ -30,9 +30,13 @@ func policySet(a *app, c *command, _ *opts, args []string) error {
 		return err
 	}
 	// The rules may come as one quoted argument or as several.
-	p, err := throttle.ParsePolicy(strings.Join(args[1:], " "))
+	text := strings.Join(args[1:], " ")
+	p, err := throttle.ParsePolicy(text)
 	if err != nil {
 		return usagef(c, "policy set %s: %v", name, err)
+	}
+	if strings.Count(" "+text, " rate=") > len(p.Rates) {
+		fmt.Fprintln(a.stderr, "sluice: note: a rate given twice is one rule; it is kept once")
 	}
 	cn, err := a.connect(c)
 	if err != nil {
@@ -60,7 +64,7 @@ func describeRules(p *throttle.Policy) string {
 	return "(no rules: nothing is limited)"
 }
 
-func policyGet(a *app, c *command, _ *opts, args []string) error {
+func policyGet(a *app, c *command, o *opts, args []string) error {
 	if err := wantArgs(c, args, 1, 1, "TENANT"); err != nil {
 		return err
 	}
@@ -89,6 +93,9 @@ func policyGet(a *app, c *command, _ *opts, args []string) error {
 	}
 	if err != nil {
 		return err
+	}
+	if o.json {
+		return writeJSON(a.stdout, listEntry{Name: name, Policy: p.String()})
 	}
 	fmt.Fprintln(a.stdout, p.String())
 	return nil
