@@ -84,6 +84,8 @@ type opts struct {
 	interval durationFlag
 	limit    int
 	invalid  bool
+	state    string
+	queue    string
 }
 
 // run is the whole program: it parses args, runs the command and returns
@@ -214,6 +216,15 @@ func (a *app) dispatch(args []string) error {
 	}
 	if g := group(name); g != nil {
 		gc := groupCommand(name)
+		if len(rest) > 0 {
+			if c := lookup(name + " " + rest[0]); c != nil {
+				return a.runCommand(c, rest[1:])
+			}
+		}
+		if c := lookup(name); c != nil {
+			// a command that also has subcommands (jobs, jobs run)
+			return a.runCommand(c, rest)
+		}
 		if len(rest) == 0 || strings.HasPrefix(rest[0], "-") {
 			if len(rest) > 0 && (rest[0] == "-h" || rest[0] == "--help" || rest[0] == "-help") {
 				return helpRequested{cmd: gc}

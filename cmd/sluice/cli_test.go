@@ -2,6 +2,9 @@ package main
 
 import (
 	"context"
+	"errors"
+	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,12 +14,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicehq/sluice/internal/clitest"
 	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/throttle"
+	"github.com/sluicehq/sluice/worker"
 )
 
 func TestMain(m *testing.M) { redistest.Main(m) }
@@ -58,6 +64,7 @@ func TestCLI(t *testing.T) {
 		"Cluster":              testCluster,
 		"InvalidNames":         testInvalidNames,
 		"RangeEdge":            testRangeEdge,
+		"Jobs":                 testJobs,
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -213,7 +220,7 @@ func testBadUsage(t *testing.T, c *cli) {
 		wantMsg string
 		usage   string // the usage line printed after the message
 	}{
-		{args: []string{"polcy", "list"}, wantMsg: `unknown command "polcy"; commands: policy, stats, top, admit, version, help`, usage: "sluice [--redis URL] [--prefix PREFIX] COMMAND [ARGS]"},
+		{args: []string{"polcy", "list"}, wantMsg: `unknown command "polcy"; commands: policy, stats, top, admit, jobs, version, help`, usage: "sluice [--redis URL] [--prefix PREFIX] COMMAND [ARGS]"},
 		{args: []string{"--bogus", "policy", "list"}, wantMsg: "unknown flag --bogus", usage: "sluice [--redis URL] [--prefix PREFIX] COMMAND [ARGS]"},
 		{args: []string{"policy"}, wantMsg: "policy needs a subcommand: set, get, list, delete, apply", usage: "sluice policy set|get|list|delete|apply ..."},
 		{args: []string{"policy", "sett", "acme", "rate=1/s"}, wantMsg: `unknown subcommand "sett" of policy; use one of: set, get, list, delete, apply`, usage: "sluice policy set|get|list|delete|apply ..."},
@@ -571,4 +578,92 @@ func testRangeEdge(t *testing.T, c *cli) {
 	out := c.mustRun(t, "admit", "edge", "--dry-run")
 	require.True(t, strings.HasPrefix(out, "a job of edge would be admitted now\n"), out)
 	require.Contains(t, out, "remaining   4503599627 more jobs of cost 1 right now\n")
+}
+
+// testJobs: sluice jobs lists the jobs of every queue by state, with their
+// tenant, retries and last error (a handler's error, an unknown type),
+// filters them by tenant and state, and runs or deletes one by id. It has
+// a Redis of its own: asynq's queues are not prefixed.
+func testJobs(t *testing.T, c *cli) {
+	srv := redistest.NewServer(t, nil)
+	c = &cli{bin: c.bin, url: srv.URL(), prefix: c.prefix, client: srv.Client(t)}
+	ctx := context.Background()
+	qc, err := queue.New(c.client, &queue.Config{Prefix: c.prefix})
+	require.NoError(t, err)
+	defer qc.Close()
+	enqueue := func(tenant, typ, id string, opts ...asynq.Option) {
+		t.Helper()
+		_, err := qc.Enqueue(ctx, tenant, asynq.NewTask(typ, []byte(`{"n":1}`)), append(opts, asynq.TaskID(id))...)
+		require.NoError(t, err)
+	}
+	release := make(chan struct{})
+	w, err := worker.New(c.client, &worker.Config{
+		Prefix: c.prefix,
+		Asynq: asynq.Config{
+			Queues: map[string]int{"work": 1}, LogLevel: asynq.FatalLevel,
+			RetryDelayFunc: func(int, error, *asynq.Task) time.Duration { return time.Hour },
+		},
+		Gate: worker.GateConfig{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))},
+	})
+	require.NoError(t, err)
+	w.HandleFunc("block", func(context.Context, *asynq.Task) error { <-release; return nil })
+	w.HandleFunc("fail", func(context.Context, *asynq.Task) error { return errors.New("downstream said 500:\ninternal error") })
+	w.HandleFunc("sleep", func(context.Context, *asynq.Task) error { return nil })
+	require.NoError(t, w.Start())
+	defer w.Shutdown()
+	defer close(release)
+
+	enqueue("acme", "block", "j-active", asynq.Queue("work"))
+	enqueue("acme", "fail", "j-retry", asynq.Queue("work"), asynq.MaxRetry(3))
+	enqueue("globex", "slep", "j-archived", asynq.Queue("work"))
+	enqueue("acme", "sleep", "j-scheduled", asynq.Queue("work"), asynq.ProcessIn(time.Hour))
+	enqueue("acme", "sleep", "dup", asynq.Queue("work"), asynq.ProcessIn(2*time.Hour))
+	enqueue("globex", "sleep", "dup", asynq.Queue("idle"))
+	enqueue("acme", "sleep", "j-pending", asynq.Queue("idle"))
+	in := asynq.NewInspectorFromRedisClient(c.client)
+	waitFor(t, "a job in each state", func() bool {
+		info, err := in.GetQueueInfo("work")
+		return err == nil && info.Active == 1 && info.Retry == 1 && info.Archived == 1
+	})
+
+	out := c.mustRun(t, "jobs")
+	rows := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+	require.Len(t, rows, 8, out)
+	require.Regexp(t, `^ID\s+TENANT\s+TYPE\s+QUEUE\s+STATE\s+RETRIED\s+NEXT RUN\s+LAST ERROR$`, rows[0])
+	require.Regexp(t, `^j-active\s+acme\s+block\s+work\s+active\s+0/25\s+running\s+-$`, rows[1])
+	require.Regexp(t, `^(dup\s+globex|j-pending\s+acme)\s+sleep\s+idle\s+pending\s+0/25\s+now\s+-$`, rows[2])
+	require.Regexp(t, `^j-scheduled\s+acme\s+sleep\s+work\s+scheduled\s+0/25\s+in (59m\d\ds|1h0m0s)\s+-$`, rows[4])
+	require.Regexp(t, `^dup\s+acme\s+sleep\s+work\s+scheduled\s+0/25\s+in (1h59m\d\ds|2h0m0s)\s+-$`, rows[5])
+	require.Regexp(t, `^j-retry\s+acme\s+fail\s+work\s+retry\s+1/3\s+in \S+\s+downstream said 500: internal error$`, rows[6])
+	require.Regexp(t, `^j-archived\s+globex\s+slep\s+work\s+archived\s+0/25\s+-\s+no handler for task type "slep" on this worker \(it handles block, fail, sleep\):…$`, rows[7])
+
+	out = c.mustRun(t, "jobs", "globex", "--state", "archived,pending")
+	require.Regexp(t, `\ndup\s+globex\s+sleep\s+idle\s+pending .*\nj-archived\s+globex\s+slep\s+work\s+archived `, out)
+	require.Equal(t, 3, strings.Count(out, "\n"), out)
+	r := c.run(t, "jobs", "--queue", "work", "--limit", "2")
+	require.Equal(t, 0, r.code)
+	require.Equal(t, 3, strings.Count(r.stdout, "\n"), r.stdout)
+	require.Equal(t, "only the first 2 are listed: --limit N lists more (0: all); --state or a TENANT narrows them\n", r.stderr)
+	r = c.run(t, "jobs", "initech")
+	require.Equal(t, result{code: 0, stderr: "no active, pending, waiting, scheduled, retry, archived jobs of tenant initech in queues idle, work\n"}, r)
+	r = c.run(t, "jobs", "--state", "waiting")
+	require.Equal(t, result{code: 0, stderr: "sluice: note: no job waits in a tenant's line in this version; jobs due later are listed as scheduled\nno waiting jobs in queues idle, work\n"}, r)
+
+	js := c.mustRun(t, "jobs", "--state", "retry,archived", "--json")
+	js = regexp.MustCompile(`"(now|last_failed_at|next_process_at)": "[^"]+"`).ReplaceAllString(js, `"$1": "<time>"`)
+	clitest.Golden(t, "jobs_json", js)
+
+	// run and delete, by id; an id in two queues needs --queue
+	r = c.run(t, "jobs", "run", "dup")
+	require.Equal(t, 2, r.code)
+	require.True(t, strings.HasPrefix(r.stderr, "sluice: task dup is in queues idle, work: give the one you mean with --queue\n"), r.stderr)
+	require.Equal(t, "task dup (type sleep, tenant acme, queue work) was scheduled; now pending: a worker takes it next (it still passes its tenant's limits)\n", c.mustRun(t, "jobs", "run", "dup", "--queue", "work"))
+	require.Equal(t, "task j-pending (type sleep, tenant acme, queue idle) is pending already: a worker takes it next; nothing changed\n", c.mustRun(t, "jobs", "run", "j-pending"))
+	r = c.run(t, "jobs", "delete", "j-active")
+	require.Equal(t, result{code: 1, stderr: "sluice: task j-active (type block, tenant acme, queue work) is running now and cannot be deleted; nothing changed (run sluice jobs again when it ends)\n"}, r)
+	require.Equal(t, "deleted task j-archived (type slep, tenant globex, queue work) (it was archived)\n", c.mustRun(t, "jobs", "delete", "j-archived"))
+	r = c.run(t, "jobs", "delete", "j-archived")
+	require.Equal(t, result{code: 1, stderr: "sluice: no task j-archived in queues idle, work (a job that finished is gone); sluice jobs lists the jobs\n"}, r)
+	r = c.run(t, "jobs", "run", "j-retry", "--queue", "nope")
+	require.Equal(t, result{code: 1, stderr: "sluice: no queue \"nope\"; the queues are: idle, work\n"}, r)
 }

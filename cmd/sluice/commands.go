@@ -114,6 +114,46 @@ func init() {
 			run: admit,
 		},
 		{
+			name: "jobs", usage: "jobs [TENANT] [--state S] [--queue Q] [--limit N] [--json]",
+			summary: "jobs by state with their last error (of TENANT, or every tenant)",
+			help: "Lists the jobs in asynq's queues (every queue, or --queue Q), with their\n" +
+				"tenant, type, retries, when they run next and their last error: the jobs that\n" +
+				"fail are here. --state picks active, pending, waiting (in a tenant's line),\n" +
+				"scheduled, retry or archived, or several separated by commas (default: all).\n" +
+				"At most --limit jobs are listed (default 50; 0 lists all). --json prints\n" +
+				"{\"now\": …, \"jobs\": [{\"id\", \"queue\", \"state\", \"tenant\", \"type\", \"retried\",\n" +
+				"\"max_retry\", \"last_error\", \"last_failed_at\", \"next_process_at\", \"payload\"}],\n" +
+				"\"more\": …}. A tenant named run or delete is written after --.\n\n" +
+				"  sluice jobs run ID [--queue Q]      run a scheduled, retrying or archived job now\n" +
+				"  sluice jobs delete ID [--queue Q]   delete a job that is not running",
+			flags: func(fs *flag.FlagSet, o *opts) {
+				fs.StringVar(&o.state, "state", "", "")
+				fs.StringVar(&o.queue, "queue", "", "")
+				fs.IntVar(&o.limit, "limit", jobsLimitDefault, "")
+				fs.BoolVar(&o.json, "json", false, "")
+			},
+			run: jobs,
+		},
+		{
+			name: "jobs run", usage: "jobs run ID [--queue Q]",
+			summary: "run a scheduled, retrying or archived job now",
+			help: "Moves job ID (a task id, as sluice jobs lists it) to the pending list, from\n" +
+				"the scheduled, retry or archived set: a worker takes it next, and it still\n" +
+				"passes its tenant's limits. --queue is needed only when the id is in several\n" +
+				"queues.",
+			flags: func(fs *flag.FlagSet, o *opts) { fs.StringVar(&o.queue, "queue", "", "") },
+			run:   jobsRun,
+		},
+		{
+			name: "jobs delete", usage: "jobs delete ID [--queue Q]",
+			summary: "delete a job that is not running",
+			help: "Deletes job ID (a task id, as sluice jobs lists it) from its queue, whatever\n" +
+				"its state but running, and takes it out of its tenant's backlog. --queue is\n" +
+				"needed only when the id is in several queues.",
+			flags: func(fs *flag.FlagSet, o *opts) { fs.StringVar(&o.queue, "queue", "", "") },
+			run:   jobsDelete,
+		},
+		{
 			name: "version", usage: "version",
 			summary: "print sluice's version",
 			run:     func(a *app, _ *command, _ *opts, _ []string) error { return a.version() },
@@ -196,7 +236,7 @@ Example: sluice policy set acme 'rate=100/s burst=20 concurrency=5'
 func (a *app) printHelp(w io.Writer, c *command) {
 	forms := "  " + strings.ReplaceAll(redisurl.Forms, "\n", "\n  ")
 	if c != nil {
-		if g := group(c.name); g != nil {
+		if g := group(c.name); g != nil && lookup(c.name) == nil {
 			fmt.Fprintf(w, "usage:\n")
 			for _, sub := range g {
 				fmt.Fprintf(w, "  sluice %s\n      %s\n", sub.usage, sub.summary)
