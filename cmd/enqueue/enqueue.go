@@ -99,7 +99,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return e.dryRunFlags()
 	}
 
-	client := o.url.NewClient()
+	client := o.url.NewInteractiveClient()
 	defer client.Close()
 	if err := o.url.Ping(ctx, client, 0); err != nil {
 		if ctx.Err() != nil {

@@ -312,7 +312,7 @@ func (a *app) connect(cmd *command) (*conn, error) {
 	if strings.ContainsAny(prefix, "{}") {
 		return nil, usagef(cmd, "--prefix %q: must not contain { or }; use the prefix your workers use (default %q)", prefix, throttle.PrefixDefault)
 	}
-	client := u.NewClient()
+	client := u.NewInteractiveClient()
 	if err := u.Ping(a.ctx, client, 0); err != nil {
 		_ = client.Close()
 		return nil, err

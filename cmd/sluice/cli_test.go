@@ -253,8 +253,8 @@ func testBadUsage(t *testing.T, c *cli) {
 		{args: []string{"admit", "--dry-run"}, wantMsg: "admit: missing TENANT", usage: "sluice admit TENANT --dry-run [--cost N] [--id JOB] [--json]"},
 		{args: []string{"admit", "acme", "--dry-run", "--cost", "0"}, wantMsg: "--cost 0: must be at least 1", usage: "sluice admit TENANT --dry-run [--cost N] [--id JOB] [--json]"},
 		{args: []string{"admit", "acme", "--dry-run", "--cost", "abc"}, wantMsg: `admit: invalid value "abc" for flag --cost`, usage: "sluice admit TENANT --dry-run [--cost N] [--id JOB] [--json]"},
-		{args: []string{"top", "--interval", "0"}, wantMsg: `top: invalid value "0" for flag --interval: want a positive duration such as 1s or 500ms`, usage: "sluice top [--once] [--interval 1s] [--limit N]"},
-		{args: []string{"top", "--limit", "-1"}, wantMsg: "--limit -1: must be 0 (as many as fit) or more", usage: "sluice top [--once] [--interval 1s] [--limit N]"},
+		{args: []string{"top", "--interval", "0"}, wantMsg: `top: invalid value "0" for flag --interval: want a positive duration such as 1s or 500ms`, usage: "sluice top [--once] [--interval 1s] [--limit N] [--json]"},
+		{args: []string{"top", "--limit", "-1"}, wantMsg: "--limit -1: must be 0 (as many as fit) or more", usage: "sluice top [--once] [--interval 1s] [--limit N] [--json]"},
 		{args: []string{"version", "extra"}, wantMsg: `version takes no arguments, got "extra"`, usage: "sluice version"},
 		{args: []string{"help", "nope"}, wantMsg: `no command "nope"`, usage: "sluice [--redis URL] [--prefix PREFIX] COMMAND [ARGS]"},
 		{args: []string{"--redis", "foo", "policy", "list"}, wantMsg: `--redis: Redis URL "foo": no scheme; write it as a URL, e.g. redis://foo; accepted forms: redis://[USER:PASSWORD@]HOST:PORT[/DB], `, usage: "sluice policy list [--json]"},
@@ -439,10 +439,11 @@ func testStatsTable(t *testing.T, c *cli) {
 	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
 	require.Len(t, lines, 5, out)
 	require.Regexp(t, `^TENANT\s+POLICY\s+STARTED\s+RATE \(FREE/BURST\)\s+WINDOW\s+QUOTA\s+IN FLIGHT\s+RESERVED\s+COOLDOWN\s+BACKLOG$`, lines[0])
-	require.Regexp(t, `^@global\s+@global\s+2\s+998/1000 of 1/h\s+-\s+-\s+-\s+0\s+-\s+0$`, lines[1])
+	// the backlog is counted only under a policy with backlog=
+	require.Regexp(t, `^@global\s+@global\s+2\s+998/1000 of 1/h\s+-\s+-\s+-\s+0\s+-\s+-$`, lines[1])
 	require.Regexp(t, `^acme\s+acme\s+2\s+3/5 of 1/h\s+-\s+2 of 1000/day\s+2/3\s+0\s+-\s+3/100$`, lines[2])
-	require.Regexp(t, `^cooling\s+-\s+0\s+-\s+-\s+-\s+-\s+0\s+\S+ left\s+0$`, lines[3])
-	require.Regexp(t, `^quiet\s+quiet\s+0\s+-\s+0 of 10/min\s+-\s+-\s+0\s+-\s+0$`, lines[4])
+	require.Regexp(t, `^cooling\s+-\s+0\s+-\s+-\s+-\s+-\s+0\s+\S+ left\s+-$`, lines[3])
+	require.Regexp(t, `^quiet\s+quiet\s+0\s+-\s+0 of 10/min\s+-\s+-\s+0\s+-\s+-$`, lines[4])
 
 	detail := c.mustRun(t, "stats", "acme")
 	require.Contains(t, detail, "policy       acme: rate=1/h burst=5 quota=1000/day tz=UTC concurrency=3 backlog=100\n")
@@ -452,6 +453,7 @@ func testStatsTable(t *testing.T, c *cli) {
 	cooling := c.mustRun(t, "stats", "cooling")
 	require.Regexp(t, `\npolicy\s+none \(no policy of its own and no default \*\): not limited\n`, cooling)
 	require.Regexp(t, `cooldown\s+\S+ left \(until `, cooling)
+	require.Contains(t, cooling, "backlog   not counted (only a policy with backlog= counts its queued and deferred jobs; sluice jobs cooling lists them)\n")
 }
 
 func testAdmitDryRun(t *testing.T, c *cli) {
@@ -504,10 +506,16 @@ func testTopOnce(t *testing.T, c *cli) {
 	require.Len(t, lines, 5, out)
 	require.Regexp(t, `^TENANT\s+STARTS/S\s+LIMIT\s+IN FLIGHT\s+RESERVED\s+COOLDOWN\s+BACKLOG\s+POLICY$`, lines[0])
 	// Nothing starts during the measurement; the busiest by in-flight jobs come first.
-	require.Regexp(t, `^acme\s+0\.0\s+1/h\s+2/3\s+0\s+-\s+3\s+acme$`, lines[1])
+	require.Regexp(t, `^acme\s+0\.0\s+1/h\s+2/3\s+0\s+-\s+3/100\s+acme$`, lines[1])
 	out = c.mustRun(t, "top", "--once", "--interval", "100ms", "--limit", "1")
 	require.Equal(t, 3, strings.Count(out, "\n"), out)
 	require.True(t, strings.HasSuffix(out, "... and 3 more tenants\n"), out)
+
+	out = c.mustRun(t, "top", "--once", "--json", "--interval", "100ms", "--limit", "2")
+	require.Equal(t, 1, strings.Count(out, "\n"), "one JSON line: %s", out)
+	require.Regexp(t, `^\{"time":"[^"]+","interval_ms":100,"stale":false,"tenants":\[`+
+		`\{"tenant":"acme","starts_per_s":0,"limit":"1/h","in_flight":2,"concurrency":3,"reserved":0,"cooldown_ms":0,"backlog":3,"backlog_cap":100,"policy":"acme"\},`+
+		`\{"tenant":"cooling","starts_per_s":0,"limit":"","in_flight":0,"concurrency":-1,"reserved":0,"cooldown_ms":\d+(\.\d+)?,"backlog":0,"backlog_cap":0,"policy":""\}\]\}\n$`, out)
 }
 
 // testCluster runs the commands through the Cluster form of --redis against

@@ -82,17 +82,24 @@ func init() {
 			run:   stats,
 		},
 		{
-			name: "top", usage: "top [--once] [--interval 1s] [--limit N]",
+			name: "top", usage: "top [--once] [--interval 1s] [--limit N] [--json]",
 			summary: "live view of the busiest tenants (q or Ctrl-C quits)",
 			help: "Shows, refreshed every --interval, the busiest tenants: starts per second\n" +
 				"against the rate limit, jobs in flight against the concurrency cap, reserved\n" +
-				"slots, cooldown and backlog. When standard output is not a terminal, or with\n" +
-				"--once, it measures over one interval, prints one table and exits.",
+				"slots, cooldown and backlog (counted only for a policy with backlog=; - for\n" +
+				"the others). While Redis does not answer, a STALE line says for how long,\n" +
+				"above the last figures read. When standard output is not a terminal, or\n" +
+				"with --once, it measures over one interval, prints one table and exits.\n" +
+				"--json prints a JSON line each interval until interrupted (with --once,\n" +
+				"one): {\"time\", \"interval_ms\", \"stale\", \"error\", \"tenants\": [{\"tenant\",\n" +
+				"\"starts_per_s\", \"limit\", \"in_flight\", \"concurrency\", \"reserved\",\n" +
+				"\"cooldown_ms\", \"backlog\", \"backlog_cap\", \"policy\"}]}.",
 			flags: func(fs *flag.FlagSet, o *opts) {
 				o.interval = durationFlag(time.Second)
 				fs.BoolVar(&o.once, "once", false, "")
 				fs.Var(&o.interval, "interval", "")
 				fs.IntVar(&o.limit, "limit", 0, "")
+				fs.BoolVar(&o.json, "json", false, "")
 			},
 			run: top,
 		},

@@ -287,9 +287,14 @@ func cooldownCell(s *throttle.Stats) string {
 	return short(s.CooldownUntil.Sub(s.Now)) + " left"
 }
 
+// backlogCell is the tenant's backlog against its cap: "-" when it is not
+// counted (queue.Client counts it only under a policy with backlog=).
 func backlogCell(s *throttle.Stats) string {
-	if s.Rules != nil && s.Rules.Backlog > 0 {
+	switch {
+	case s.Rules != nil && s.Rules.Backlog > 0:
 		return fmt.Sprintf("%d/%d", s.Backlog, s.Rules.Backlog)
+	case s.Backlog == 0:
+		return "-"
 	}
 	return fmt.Sprint(s.Backlog)
 }
@@ -338,7 +343,11 @@ func writeDetail(w io.Writer, s *throttle.Stats) error {
 	} else {
 		row("cooldown", "%s left (until %s)", short(s.CooldownUntil.Sub(s.Now)), s.CooldownUntil.UTC().Format(time.RFC3339Nano))
 	}
-	row("backlog", "%s queued or deferred jobs", backlogCell(s))
+	if b := backlogCell(s); b == "-" {
+		row("backlog", "not counted (only a policy with backlog= counts its queued and deferred jobs; sluice jobs %s lists them)", shellQuote(s.Tenant))
+	} else {
+		row("backlog", "%s queued or deferred jobs", b)
+	}
 	if s.Leftovers > 0 {
 		row("leftovers", "%d charges a two-step Cluster admission could not take back (each at most one interval of a rate; they pass with time)", s.Leftovers)
 	}
