@@ -111,6 +111,7 @@ func testBadUsage(t *testing.T, b *bins) {
 		{[]string{"--redis", "foo"}, nil, `--redis: Redis URL "foo": no scheme; write it as a URL, e.g. redis://foo; accepted forms: `},
 		{[]string{"--redis", "memory://127.0.0.1:6379/1"}, nil, `--redis: Redis URL "memory://127.0.0.1:6379/1": memory:// takes only an address`},
 		{nil, map[string]string{"SLUICE_REDIS_URL": "http://x"}, `SLUICE_REDIS_URL: Redis URL "http://x": unknown scheme "http"`},
+		{nil, map[string]string{"SLUICE_WORKER_ADMIN": "9464"}, `SLUICE_WORKER_ADMIN "9464": want HOST:PORT such as 127.0.0.1:9464 (port 0 picks a free one), or "off"`},
 	} {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
 			r := runBin(t, b.worker, tt.env, tt.args...)
