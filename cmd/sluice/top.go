@@ -299,12 +299,15 @@ func topDocOf(cur topSample, rows []topRow, interval time.Duration, limit int, e
 			break
 		}
 		t := topTenantJSON{Tenant: r.tenant, StartsPerSec: math.Round(r.perSec*10) / 10, Limit: r.limit, InFlight: r.inFlight, Concurrency: r.cap,
-			Reserved: r.reserved, CooldownMS: ms(r.cooldown), Backlog: r.backlog, Policy: strings.TrimPrefix(r.policy, "-")}
+			Reserved: r.reserved, CooldownMS: ms(r.cooldown), Backlog: r.backlog}
 		if t.Limit == "-" {
 			t.Limit = ""
 		}
-		if s := cur[r.tenant]; s != nil && s.Rules != nil {
-			t.BacklogCap = s.Rules.Backlog
+		if s := cur[r.tenant]; s != nil {
+			t.Policy = s.Policy
+			if s.Rules != nil {
+				t.BacklogCap = s.Rules.Backlog
+			}
 		}
 		d.Tenants = append(d.Tenants, t)
 	}
