@@ -18,28 +18,30 @@
 -- A step's writes come back as an undo record, which a later step (flag
 -- UNDO, or UNDO_ONLY) takes back when the other scope does not agree.
 --
--- The waiting room (docs/architecture.md) keeps its lines here too, so one
--- engine decides: a job its tenant cannot start now waits in the tenant's
--- line, charged nothing, and is promoted (its slot taken, its concurrency
--- slot held) when it may start; a release hands its slot to the line's
--- head. Ops of kind line, promote and release do that.
+-- The waiting room (docs/architecture.md) keeps its decisions here too, so
+-- one engine decides: a job its tenant cannot start now waits in the
+-- tenant's line of its queue, charged nothing, and is promoted (its slot
+-- taken, its concurrency slot held) when it may start; a release hands its
+-- slot to the line's head. Ops of kind arrive, promote and release do that.
 --
 -- Several jobs may be decided in one call (ops). All times are integers in
 -- microseconds.
 --
--- KEYS: for every op, 3 per local scope, in order, then for line, promote
---   and release ops the tenant's line and handing keys:
+-- KEYS: for every op, 3 per local scope, in order, then for an arrive op the
+--   tenant's line of the job's queue, and for promote and release ops with a
+--   budget the line, the handing set and the set of queues with lines:
 --   [1] state hash: cd cooldown end; s jobs started; x the expiry last given
 --     to the hash; y the expiry its state needs without running jobs; rn
 --     reservations and rc a cursor sweeping stale ones; r:<job> a job's
---     reserved slot; u charges a two-step undo could not take back; and the
---     fields of the rule kinds below
+--     reserved slot; u charges a two-step undo could not take back;
+--     d:<queue> the tenant's deficit in the round robin of the queue's
+--     due tenants; and the fields of the rule kinds below
 --   [2] planned window zset, [3] started window zset (score: start time)
 --   line: a list of waiting jobs, each "LINED_MS<US>COST<US>QUEUE<US>ID"
---     (<US> is the byte 31), first in, first out; handing: a zset of the
---     same members taken from the line and not yet confirmed in asynq
---     (score: when taken); dq in the state hash is the tenant's deficit in
---     the round robin
+--     (<US> is the byte 31; COST empty for 1, QUEUE for the default queue),
+--     first in, first out; handing: a zset of the entries taken from the
+--     tenant's lines and not yet confirmed in asynq (score: when taken);
+--     queues: a set of the queues the tenant has a line in
 -- ARGV:
 --   [1] clock: the time to decide at, or -1 for Redis TIME
 --   [2] number of ops
@@ -52,17 +54,18 @@
 --     for a remote scope its snapshot
 --     then with UNDO or UNDO_ONLY an undo record per local scope, and with
 --     EXPECT the verdict the op must reach (allowed 0/1, slot)
---     then for line: may go straight (0/1), lead, backlog cap (0: none),
---     queue; for promote and release: budget (jobs), lead, quantum (cost
---     units this turn adds to the deficit), repair age
+--     then for arrive: the fleet has room (0/1), the backlog cap (0: none),
+--     the lead; for promote and release: budget (jobs; 0: none promoted),
+--     quantum (cost units this turn adds to the deficit), repair age, lead,
+--     and with a budget the queue
 --   flags: 1 reserve on denial, 2 hold a concurrency slot, 4 dry run (write
 --     nothing), 8 plan only (take the slot, do not start), 16 set no expiry,
 --     32 probe (write only when the job starts now), 64 two-step (return a
 --     snapshot and an undo record of each local scope), 128 UNDO first,
---     256 EXPECT, 512 UNDO_ONLY (no decision), 1024 line (a new job: go
---     straight or wait in the line), 2048 promote (the tenant's turn: promote
---     from the line's head), 4096 release (give back the job's concurrency
---     slots under its claim, then promote into them)
+--     256 EXPECT, 512 UNDO_ONLY (no decision), 1024 arrive (a new job: may
+--     it go straight?), 2048 promote (the tenant's turn: promote from the
+--     line's head), 4096 release (give back the job's concurrency slots
+--     under its claim, then promote into them)
 -- Returns: per op {verdict, retry_after, rule * 65536 + rule_index * 256 +
 --   scope, remaining, reset_after, in_flight, slot}, with two-step also
 --   {snapshots} and {undo records}; then the time of the decisions
@@ -74,14 +77,15 @@
 --   remaining, reset_after, in_flight: -1 when no rule applies (local
 --     scopes only)
 --   slot: the job's reserved slot, 0 when none was taken
---   line ops answer {verdict, slot, due, waiting}: verdict 1 straight (slot
---     taken), 0 lined, -1 the line is at its cap; due the tenant's next due
---     time when it starts a line, else -1
---   promote and release ops answer {{promoted}, {retries}, due, released,
---     lost}: per promoted job {member, slot, claim, {undo records}}; the
---     handing entries to hand over again; when the tenant is next due (-1:
---     its line is empty); for release how many scopes gave back a slot and
---     how many held none under the claim
+--   arrive ops answer {verdict, slot, waiting, {undo records}}: verdict 1
+--     straight (the slot and concurrency slot taken), 0 it waits, -1 the
+--     line is at its cap
+--   promote and release ops answer {{promoted}, {retries}, due, waiting,
+--     head lined (ms; -1: none), skipped, released, lost}: per promoted job
+--     {entry, slot, claim, {undo records}}; the handing entries to hand over
+--     again; when the line is next due (-1: empty, nothing handed over);
+--     entries skipped (their job runs already); for release how many scopes
+--     gave back a slot and how many held none under the claim
 -- Errors: "ERR sluice: clock" when the time is outside the quota windows
 --   given (the caller's clock estimate is off; it retries with fresh bounds).
 --
@@ -956,7 +960,7 @@ local function room_functions(ts)
   -- counted. Returns the promoted jobs, the handovers to retry, when the
   -- tenant is next due (-1: never), how many wait, when the head was lined
   -- (ms; -1: none) and how many entries were skipped.
-  room.promote = function(bases, line, handing, budget, quantum, repair, noexpire, base_claim)
+  room.promote = function(bases, line, handing, qset, queue, budget, quantum, repair, noexpire, base_claim)
     local st = KEYS[bases[1].k + 1]
     local out, retries = {}, {}
     -- handovers not confirmed in time are handed over again (and held a
@@ -972,7 +976,8 @@ local function room_functions(ts)
     for s = 1, #bases do
       if bases[s].pol.rules > 0 then plain = false end
     end
-    local v = call('HMGET', st, 'dq', 'cd')
+    local dfield = 'd:' .. queue
+    local v = call('HMGET', st, dfield, 'cd')
     local dq0 = num(v[1]) or 0
     local dq = dq0 + quantum
     local due, head = -1, -1
@@ -986,6 +991,7 @@ local function room_functions(ts)
       local m = call('LINDEX', line, '0')
       if not m then
         dq = 0
+        call('SREM', qset, queue)
         break
       end
       local lined, c, jid = parse(m)
@@ -1039,9 +1045,9 @@ local function room_functions(ts)
       if due < 0 or r < due then due = r end
     end
     if dq > 0 then
-      call('HSET', st, 'dq', fmt(dq))
+      call('HSET', st, dfield, fmt(dq))
     elseif dq0 > 0 then
-      call('HDEL', st, 'dq')
+      call('HDEL', st, dfield)
     end
     return out, retries, due, call('LLEN', line), head, skipped
   end
@@ -1173,10 +1179,12 @@ for o = 1, nops do
   elseif roomop then
     local budget, quantum, repair = n(), n(), n()
     lead = n()
-    local line, handing
+    local line, handing, qset, queue
     if budget > 0 then
-      line, handing = KEYS[k + 1], KEYS[k + 2]
-      k = k + 2
+      line, handing, qset = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3]
+      queue = ARGV[a]
+      a = a + 1
+      k = k + 3
     end
     local released, lost = 0, 0
     if is_release then
@@ -1184,7 +1192,7 @@ for o = 1, nops do
     end
     if budget > 0 then
       local promoted, retries, due, waiting, head, skipped =
-        rm.promote(bases, line, handing, budget, quantum, repair, noexpire, num(claim) + 1)
+        rm.promote(bases, line, handing, qset, queue, budget, quantum, repair, noexpire, num(claim) + 1)
       out[o] = { promoted, retries, due, waiting, head, skipped, released, lost }
     else
       out[o] = { {}, {}, -1, -1, -1, 0, released, lost }

@@ -1,10 +1,12 @@
 -- line.lua: jobs join their tenant's line in the waiting room, after their
 -- asynq tasks exist (parked in asynq's schedule), first in, first out.
 --
--- KEYS[1] -> the tenant's line (list)
+-- KEYS[1] -> the tenant's line of the jobs' queue (list)
+-- KEYS[2] -> the set of the queues the tenant has a line in
 -- ARGV[1] -> clock: the current time in µs, or -1 for Redis TIME
 -- ARGV[2] -> cap: the most jobs the line may hold (0: no cap)
--- ARGV[3..] -> the jobs, each "COST<US>QUEUE<US>ID" (<US> is the byte 31;
+-- ARGV[3] -> the queue
+-- ARGV[4..] -> the jobs, each "COST<US>QUEUE<US>ID" (<US> is the byte 31;
 --   COST empty for 1, QUEUE empty for asynq's default queue)
 -- Returns: {joined, waiting, was_empty}: the jobs join in order until the
 --   cap is reached, so the first `joined` of them are in the line; waiting
@@ -26,13 +28,14 @@ local sep = string.char(31)
 local waiting = redis.call('LLEN', KEYS[1])
 local before = waiting
 local add = {}
-for i = 3, #ARGV do
+for i = 4, #ARGV do
   if cap > 0 and waiting >= cap then break end
   add[#add + 1] = ms .. sep .. ARGV[i]
   waiting = waiting + 1
 end
 if #add > 0 then
   redis.call('RPUSH', KEYS[1], unpack(add))
+  if before == 0 then redis.call('SADD', KEYS[2], ARGV[3]) end
 end
 local was_empty = 0
 if before == 0 and #add > 0 then was_empty = 1 end

@@ -13,8 +13,6 @@ import (
 var (
 	//go:embed admit.lua
 	admitSrc string
-	//go:embed release.lua
-	releaseSrc string
 	//go:embed renew.lua
 	renewSrc string
 	//go:embed cooldown.lua
@@ -33,8 +31,6 @@ var (
 	// Admit decides whether jobs may start, all rules of all scopes at once;
 	// on Cluster it also runs the steps of a two-scope admission.
 	Admit = redis.NewScript(admitSrc)
-	// Release gives back concurrency slots and ends jobs' backlog entries.
-	Release = redis.NewScript(releaseSrc)
 	// Renew extends the leases of concurrency slots.
 	Renew = redis.NewScript(renewSrc)
 	// Cooldown pauses a scope until a time.
@@ -50,4 +46,4 @@ var (
 )
 
 // All lists every script, for loading them into a server ahead of pipelines.
-var All = []*redis.Script{Admit, Release, Renew, Cooldown, Stats, Room, Line, Handover}
+var All = []*redis.Script{Admit, Renew, Cooldown, Stats, Room, Line, Handover}

@@ -1,16 +1,16 @@
 -- stats.lua: a consistent snapshot of one scope's state, for sluice stats.
 --
 -- KEYS[1] -> state hash, KEYS[2] -> planned window zset, KEYS[3] -> started
---   window zset, KEYS[4] -> the tenant's line in the waiting room
+--   window zset, KEYS[4..] -> the tenant's lines in the waiting room
 -- ARGV[1] -> clock: current time in µs, or -1 for Redis TIME (tests only)
 -- ARGV[2] -> window length in µs (0: no window rule)
 -- ARGV[3] -> reservation grace in µs
 -- Returns: {now, the state hash's scalar fields as a flat field/value list,
 --   planned entries in the window, started entries in the window, live
 --   reservations, first reservation slot (0: none), last reservation slot
---   (0: none), live holders, jobs waiting in the line, holder ids (up to
---   100) as a flat id/lease-end list, when the line's head joined it (ms;
---   0: none)}
+--   (0: none), live holders, jobs waiting in the lines, holder ids (up to
+--   100) as a flat id/lease-end list, when the longest waiting head joined
+--   its line (ms; 0: none)}
 --   Reservations and running jobs come from the hash's r:<job> and h:<job>
 --   fields; past 100,000 fields the reservation count is the hash's rn
 --   counter and the slots and holders are partial.
@@ -72,12 +72,16 @@ if cursor ~= '0' then
   reservations = tonumber(call('HGET', KEYS[1], 'rn')) or reservations
 end
 
--- when the line's head joined it: the entry's first field
-local lined = 0
-local head = call('LINDEX', KEYS[4], '0')
-if head then
-  local ms = string.match(head, '^(%d+)')
-  if ms then lined = tonumber(ms) end
+-- the jobs waiting in the lines, and when the longest waiting head joined
+-- its line: an entry's first field
+local waiting, lined = 0, 0
+for i = 4, #KEYS do
+  waiting = waiting + call('LLEN', KEYS[i])
+  local head = call('LINDEX', KEYS[i], '0')
+  if head then
+    local ms = tonumber(string.match(head, '^(%d+)') or '')
+    if ms and (lined == 0 or ms < lined) then lined = ms end
+  end
 end
 
 return {
@@ -89,7 +93,7 @@ return {
   first,
   last,
   live,
-  call('LLEN', KEYS[4]),
+  waiting,
   holders,
   lined,
 }

@@ -98,20 +98,29 @@ func (c *Client) EnqueueBatch(ctx context.Context, jobs []Job) []Result {
 		}
 	})
 
-	// the parked jobs join their lines, each tenant's in batch order
-	c.parallel(len(tenants), func(t int) {
-		tenant := tenants[t]
-		var idx []int
-		var waiters []throttle.Waiter
+	// the parked jobs join their lines, each tenant's line of a queue in
+	// batch order
+	type line struct{ tenant, queue string }
+	var lines []line
+	byLine := map[line][]int{}
+	for _, tenant := range tenants {
 		for _, i := range byTenant[tenant] {
 			if j := prepared[i]; j != nil {
-				idx, waiters = append(idx, i), append(waiters, j.waiter())
+				l := line{tenant, j.opts.queue}
+				if _, ok := byLine[l]; !ok {
+					lines = append(lines, l)
+				}
+				byLine[l] = append(byLine[l], i)
 			}
 		}
-		if len(idx) == 0 {
-			return
+	}
+	c.parallel(len(lines), func(n int) {
+		idx := byLine[lines[n]]
+		waiters := make([]throttle.Waiter, len(idx))
+		for k, i := range idx {
+			waiters[k] = prepared[i].waiter()
 		}
-		joined, _, err := c.room.Join(ctx, tenant, prepared[idx[0]].arrived.Backlog, waiters...)
+		joined, _, err := c.room.Join(ctx, lines[n].tenant, prepared[idx[0]].arrived.Backlog, waiters...)
 		for k, i := range idx {
 			if k >= joined {
 				res[i].Info, res[i].Err = nil, c.unpark(ctx, prepared[i], err)

@@ -282,7 +282,14 @@ func (c *Client) arrive(ctx context.Context, j *job) error {
 	if err != nil {
 		var be *throttle.BacklogError
 		var ce *throttle.CostError
-		if errors.As(err, &be) || errors.As(err, &ce) {
+		if errors.As(err, &be) && j.opts.taskID != "" {
+			// the job given again while it waits (its id is in asynq
+			// already): a conflict, as asynq would say, not a full line
+			if _, ierr := c.inspector.GetTaskInfo(j.opts.queue, j.id); ierr == nil {
+				return fmt.Errorf("enqueue %s task for tenant %q: %w", j.typ, j.tenant, asynq.ErrTaskIDConflict)
+			}
+		}
+		if be != nil || errors.As(err, &ce) {
 			return err
 		}
 		return fmt.Errorf("enqueue %s task for tenant %q: %w", j.typ, j.tenant, err)

@@ -68,6 +68,8 @@ func TestEnqueueRefusesBadInputBeforeWriting(t *testing.T) {
 		{"oversized tenant", strings.Repeat("x", throttle.MaxTenantLen+1), task, nil, "tenant", "at most 256"},
 		{"reserved tenant", "*", task, nil, "tenant", "reserved name"},
 		{"invalid UTF-8 tenant", "a\xffb", task, nil, "tenant", "not valid UTF-8"},
+		{"control character in tenant", "a\tb", task, nil, "tenant", "control character (U+0009)"},
+		{"NUL in tenant", "a\x00b", task, nil, "tenant", "control character (U+0000)"},
 		{"nil task", "capped", nil, nil, "task", "is nil"},
 		{"empty type", "capped", asynq.NewTask("", nil), nil, "task", "empty type"},
 		{"options on the task", "capped", asynq.NewTask("email", nil, asynq.MaxRetry(0)), nil, "task", "pass them to Enqueue"},

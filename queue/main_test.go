@@ -90,8 +90,9 @@ func (e *env) waiting(tb testing.TB, tenant string) int64 {
 	return st.Waiting
 }
 
-// lineKey is tenant's line in the waiting room (throttle's key layout).
-func (e *env) lineKey(tenant string) string { return e.prefix + ":{t:" + tenant + "}:l" }
+// lineKey is tenant's line of the env's queue in the waiting room
+// (throttle's key layout).
+func (e *env) lineKey(tenant string) string { return e.prefix + ":{t:" + tenant + "}:l:" + e.queue }
 
 // fleet starts an asynq server serving the env's queue with the given
 // concurrency, whose jobs block until the test ends: the waiting room

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/bits"
 	"time"
 )
 
@@ -50,10 +51,30 @@ func ceilDiv(a, b int64) int64 {
 	return q
 }
 
-// mulDivCeil returns ceil(a*b/c) without overflowing for the values rules use.
+// mulDivCeil returns ceil(a*b/c) for a, b ≥ 0 and c > 0, exactly, or
+// math.MaxInt64 when that does not fit in 64 bits (validated policies keep
+// every value far below).
 func mulDivCeil(a, b, c int64) int64 {
-	if a <= math.MaxInt64/max(b, 1) {
-		return ceilDiv(a*b, c)
+	v, ok := mulDivCeilExact(a, b, c)
+	if !ok {
+		return math.MaxInt64
 	}
-	return int64(math.Ceil(float64(a) * float64(b) / float64(c)))
+	return v
+}
+
+// mulDivCeilExact returns ceil(a*b/c) for a, b ≥ 0 and c > 0 in 128-bit
+// arithmetic; false when the result does not fit in an int64.
+func mulDivCeilExact(a, b, c int64) (int64, bool) {
+	hi, lo := bits.Mul64(uint64(a), uint64(b))
+	if hi >= uint64(c) {
+		return 0, false
+	}
+	q, rem := bits.Div64(hi, lo, uint64(c))
+	if rem != 0 {
+		q++
+	}
+	if q > math.MaxInt64 {
+		return 0, false
+	}
+	return int64(q), true
 }

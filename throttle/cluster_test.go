@@ -77,7 +77,7 @@ func TestClusterTenantsSpread(t *testing.T) {
 	perMaster := map[string]int{}
 	keyMaster := map[string]string{} // key -> the master it must live on
 	for _, tenant := range tenants {
-		keys := keysFor(e.prefix, tenant).all()
+		keys := append(keysFor(e.prefix, tenant).all(), keysFor(e.prefix, tenant).line(DefaultQueue))
 		slot, err := cc.ClusterKeySlot(ctx, keys[0]).Result()
 		require.NoError(t, err)
 		require.Equal(t, int64(keySlot(keys[0])), slot, tenant)
@@ -112,7 +112,7 @@ func TestClusterTenantsSpread(t *testing.T) {
 	}))
 	for _, tenant := range tenants {
 		k := keysFor(e.prefix, tenant)
-		for _, key := range []string{k.state, k.planned, k.line} {
+		for _, key := range []string{k.state, k.planned, k.line(DefaultQueue)} {
 			require.Contains(t, found, key)
 		}
 	}

@@ -35,8 +35,14 @@ func (c Concurrency) validate() error {
 	if c.Limit <= 0 {
 		return fmt.Errorf("concurrency %d: the limit must be at least 1", c.Limit)
 	}
+	if err := checkCount(c.Limit); err != nil {
+		return fmt.Errorf("concurrency %d: %v", c.Limit, err)
+	}
 	if c.Lease != 0 && c.Lease < time.Second {
 		return fmt.Errorf("lease %s: must be at least 1s (it is renewed every lease/3 while a job runs)", c.Lease)
+	}
+	if err := checkSpan("the lease", c.Lease); err != nil {
+		return fmt.Errorf("lease %s: %v; a crashed worker's slot frees itself within the lease, so keep it short (the default is 30s)", formatDuration(c.Lease), err)
 	}
 	return nil
 }

@@ -15,9 +15,10 @@ import (
 //	                      jobs' concurrency slots (field h:JOBID = lease end, µs)
 //	PREFIX:{t:TENANT}:w   zset: planned window entries (score = start time, µs)
 //	PREFIX:{t:TENANT}:a   zset: started window entries
-//	PREFIX:{t:TENANT}:b   zset: backlog (member = job id), kept by the queue package
-//	PREFIX:{t:TENANT}:l   list: the tenant's line in the waiting room
-//	PREFIX:{t:TENANT}:g   zset: jobs taken from the line, being handed to asynq
+//	PREFIX:{t:TENANT}:l:QUEUE  list: the tenant's line of jobs of QUEUE in the
+//	                      waiting room
+//	PREFIX:{t:TENANT}:q   set: the queues the tenant has a line in
+//	PREFIX:{t:TENANT}:g   zset: jobs taken from a line, being handed to asynq
 //
 // TENANT is escaped so that braces, colons, spaces and percent signs never
 // reach the key: a tenant cannot move its keys to another slot or collide
@@ -25,16 +26,20 @@ import (
 //
 // The policy store lives under PREFIX:{p}:policies (hash), PREFIX:{p}:version
 // and the pub/sub channel PREFIX:policies:changed. The waiting room's due
-// index is PREFIX:{r}:due (zset: tenant -> due time, µs).
+// index of a queue is PREFIX:{r}:due:QUEUE (zset: tenant -> due time, µs).
 
 // PrefixDefault is the key prefix used when Config.Prefix is empty.
 const PrefixDefault = "sluice"
 
 // keys of one scope.
 type scopeKeys struct {
-	state, planned, started, backlog string
-	line, handing                    string
+	state, planned, started string
+	queues, handing         string
+	base                    string // of the lines
 }
+
+// line is the scope's line of jobs of queue in the waiting room.
+func (k scopeKeys) line(queue string) string { return k.base + "l:" + queue }
 
 const scopeKeyCount = 3 // keys passed to admit.lua per scope
 
@@ -75,20 +80,21 @@ func keysFor(prefix, scope string) scopeKeys {
 		state:   base + "s",
 		planned: base + "w",
 		started: base + "a",
-		backlog: base + "b",
-		line:    base + "l",
+		queues:  base + "q",
 		handing: base + "g",
+		base:    base,
 	}
 }
 
+// all are the scope's keys but its lines (which name their queues).
 func (k scopeKeys) all() []string {
-	return []string{k.state, k.planned, k.started, k.backlog, k.line, k.handing}
+	return []string{k.state, k.planned, k.started, k.queues, k.handing}
 }
 
-// The waiting room's keys, in a slot of their own: the due index, and the
-// lock one pump takes to sweep for lines missing from it.
-func dueKey(prefix string) string   { return prefix + ":{r}:due" }
-func sweepKey(prefix string) string { return prefix + ":{r}:sweep" }
+// The waiting room's keys, in a slot of their own: a queue's due index,
+// and the lock one pump takes to sweep for lines missing from them.
+func dueKey(prefix, queue string) string { return prefix + ":{r}:due:" + queue }
+func sweepKey(prefix string) string      { return prefix + ":{r}:sweep" }
 
 // The policy hash and its version share a hash tag so one MULTI updates both.
 func policiesKey(prefix string) string        { return prefix + ":{p}:policies" }
@@ -105,12 +111,12 @@ func validatePrefix(p string) error {
 // scopeKeyPattern is a SCAN MATCH pattern for the keys of every scope
 // (tenants and @global) under prefix; scopeFromKey reads a match back.
 func scopeKeyPattern(prefix string) string {
-	return globEscape(prefix) + ":{[tg]*}:[swarcblg]"
+	return globEscape(prefix) + ":{[tg]*}:[swaqgl]*"
 }
 
-// lineKeyPattern is a SCAN MATCH pattern for every tenant's line.
+// lineKeyPattern is a SCAN MATCH pattern for every tenant's lines.
 func lineKeyPattern(prefix string) string {
-	return globEscape(prefix) + ":{t:*}:l"
+	return globEscape(prefix) + ":{t:*}:l:*"
 }
 
 func globEscape(s string) string {
@@ -127,11 +133,29 @@ func globEscape(s string) string {
 // scopeFromKey returns the tenant (or GlobalPolicy) whose key under prefix
 // key is, undoing escapeTenant.
 func scopeFromKey(prefix, key string) (string, bool) {
+	s, _, ok := scopeAndQueue(prefix, key)
+	return s, ok
+}
+
+// scopeAndQueue reads a scope's key back: its scope and, for a line, its
+// queue.
+func scopeAndQueue(prefix, key string) (scope, queue string, ok bool) {
 	rest, ok := strings.CutPrefix(key, prefix+":")
-	if !ok || len(rest) < 4 || rest[len(rest)-2:len(rest)-1] != ":" {
-		return "", false
+	if !ok {
+		return "", "", false
 	}
-	tag := rest[:len(rest)-2]
+	if i := strings.Index(rest, "}:l:"); i > 0 {
+		rest, queue = rest[:i+1]+":l", rest[i+4:]
+	}
+	if len(rest) < 4 || rest[len(rest)-2:len(rest)-1] != ":" {
+		return "", "", false
+	}
+	scope, ok = tagScope(rest[:len(rest)-2])
+	return scope, queue, ok
+}
+
+// tagScope reads a hash tag back.
+func tagScope(tag string) (string, bool) {
 	if tag == "{g}" {
 		return GlobalPolicy, true
 	}

@@ -365,7 +365,7 @@ func TestTenantKeys(t *testing.T) {
 	e.clock.Set(time.Date(2026, 5, 1, 10, 0, 0, 0, time.UTC))
 	ctx := context.Background()
 	e.policy(t, DefaultPolicy, "rate=1/min window=5/min quota=10/day concurrency=2")
-	tenants := []string{"a{b}", "}x{", "x:y", "ünï code", "a b", "%7B", "{", "a%7Bb%7D", "a%20b", "g", "t:g", "p", "x", "a\tb"}
+	tenants := []string{"a{b}", "}x{", "x:y", "ünï code", "a b", "%7B", "{", "a%7Bb%7D", "a%20b", "g", "t:g", "p", "x", "a\u00a0b", "a\u200bb"}
 	owner := map[string]string{} // key -> tenant
 	tags := map[string]string{}  // hash tag -> tenant
 	for _, tenant := range tenants {

@@ -154,7 +154,9 @@ func knownOptions() []string {
 }
 
 // ParsePolicy reads a policy's text form (see Policy) and validates it.
-// The empty text is the policy with no rules.
+// The empty text is the policy with no rules. A rate given twice (the same
+// interval and burst, as rate=1/s rate=1/s or rate=1/s rate=2/2s) is one
+// rule and is kept once.
 func ParsePolicy(text string) (*Policy, error) {
 	tokens, err := splitPolicy(text)
 	if err != nil {
@@ -167,6 +169,9 @@ func ParsePolicy(text string) (*Policy, error) {
 		if !ok || val == "" {
 			return nil, &PolicyError{Msg: fmt.Sprintf("%q: options are written key=value, e.g. rate=100/s", tok)}
 		}
+		if key == "" {
+			return nil, &PolicyError{Msg: fmt.Sprintf("%q: no option name before =; options are written key=value, e.g. rate=100/s (known: %s)", tok, strings.Join(knownOptions(), " "))}
+		}
 		if k := optionKind(key); k != nil {
 			if err := k.parse(p, key, val, seen); err != nil {
 				return nil, err
@@ -177,6 +182,7 @@ func ParsePolicy(text string) (*Policy, error) {
 			return nil, err
 		}
 	}
+	p.Rates = uniqueRates(p.Rates)
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}

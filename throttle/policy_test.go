@@ -86,6 +86,14 @@ func TestPolicyCanonicalForm(t *testing.T) {
 		"concurrency=2 rate=1/s":        "rate=1/s concurrency=2",
 		"backlog=10 window=1/s":         "window=1/s backlog=10",
 		"  rate=1/s,\tconcurrency=2\n":  "rate=1/s concurrency=2",
+		// a rate given twice is one rule, kept once; a different burst is
+		// a different rule
+		"rate=1/s rate=1/s":                         "rate=1/s",
+		"rate=1/s rate=10/min rate=1/s":             "rate=1/s rate=10/min",
+		"rate=5/s burst=2 rate=5/s burst=2":         "rate=5/s burst=2",
+		"rate=1/s rate=2/2s":                        "rate=1/s",
+		"rate=1/s burst=5 rate=1/s":                 "rate=1/s burst=5 rate=1/s",
+		"rate=100/s rate=100/s rate=100/s rate=1/h": "rate=100/s rate=1/h",
 		"rate=100/s burst=20 rate=5000/h window=600/min quota=10000/day tz=UTC concurrency=5 lease=30s overflow=wait max_wait=500ms backlog=50000 shape=true fail_open=false": "rate=100/s burst=20 rate=5000/h window=600/min quota=10000/day tz=UTC concurrency=5 lease=30s overflow=wait max_wait=500ms backlog=50000",
 	} {
 		p, err := ParsePolicy(in)
@@ -191,6 +199,21 @@ func TestPolicyInvalid(t *testing.T) {
 		{"rate=", []string{`"rate="`, "key=value"}},
 		{`quota=5 reset="0 0 * * *`, []string{"quote", "not closed"}},
 		{"rate=1/s \xff", []string{"UTF-8"}},
+		{"=5", []string{`"=5"`, "no option name before ="}},
+		{"rate=1/s =5", []string{`"=5"`, "no option name before ="}},
+		// Beyond what the engine computes exactly: its times are integer
+		// microseconds in Lua numbers (doubles, exact to 2^53), and a rule's
+		// span is added to the clock.
+		{"rate=1/s burst=10000000000000", []string{"rate[0] 1/s burst 10000000000000", "spans 10000000000000 × 1s = 317098 years", "2^52 µs (about 142 years)", "burst 4503599627 or less", "quota"}},
+		{"rate=1/h burst=3000000000", []string{"rate[0] 1/h burst 3000000000", "342466 years", "burst 1250999 or less"}},
+		{"rate=1/day burst=200000000", []string{"rate[0] 1/day burst 200000000", "547945 years", "burst 52124 or less"}},
+		{"rate=10/s rate=1/s burst=4503599628", []string{"rate[1] 1/s burst 4503599628", "143 years", "burst 4503599627 or less"}},
+		{"rate=1/1251000h", []string{"rate[0] 1/1251000h", "the period 1251000h (143 years) is longer than the 2^52 µs (about 142 years)"}},
+		{"rate=3/s burst=9223372036854775807", []string{"burst 9223372036854775807", "burst 13510798882 or less"}},
+		{"window=5/1251000h", []string{"window 5/1251000h", "the duration 1251000h (143 years)", "2^52 µs (about 142 years)"}},
+		{"quota=9007199254740993/day", []string{"quota 9007199254740993", "2^53 (9007199254740992)"}},
+		{"concurrency=9007199254740993", []string{"concurrency 9007199254740993", "2^53 (9007199254740992)"}},
+		{"concurrency=2 lease=1251000h", []string{"lease 1251000h", "2^52 µs (about 142 years)"}},
 	} {
 		p, err := ParsePolicy(c.text)
 		require.Error(t, err, c.text)
@@ -226,6 +249,28 @@ func TestPolicyValidate(t *testing.T) {
 		require.ErrorContains(t, c.p.Validate(), c.want)
 	}
 	require.NoError(t, (&Policy{Rates: []Rate{{Limit: 1, Period: time.Second}}}).Validate(), "burst 0 means 1")
+}
+
+// TestPolicyRangeEdges: the largest spans and counts the engine computes
+// exactly are accepted, one more is not.
+func TestPolicyRangeEdges(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct{ ok, bad string }{
+		{"rate=1/s burst=4503599627", "rate=1/s burst=4503599628"},
+		{"rate=3/s burst=13510798882", "rate=3/s burst=13510798883"},
+		{"rate=1000000/s burst=4503599627370496", "rate=1000000/s burst=4503599627370497"},
+		{"rate=1/day burst=52124", "rate=1/day burst=52125"},
+		{"rate=1/1250999h", "rate=1/1251000h"},
+		{"window=5/1250999h", "window=5/1251000h"},
+		{"concurrency=9007199254740992 lease=1250999h", "concurrency=9007199254740992 lease=1251000h"},
+		{"quota=9007199254740992/month", "quota=9007199254740993/month"},
+	} {
+		_, err := ParsePolicy(c.ok)
+		require.NoError(t, err, c.ok)
+		_, err = ParsePolicy(c.bad)
+		require.Error(t, err, c.bad)
+	}
+	require.Equal(t, time.Duration(1<<52)*time.Microsecond, MaxSpan)
 }
 
 func TestRate(t *testing.T) {
@@ -269,7 +314,7 @@ func TestRate(t *testing.T) {
 
 func TestValidateTenant(t *testing.T) {
 	t.Parallel()
-	for _, ok := range []string{"a", "acme", "a{b}", "ünï code", strings.Repeat("é", 128), "x@y", "**"} {
+	for _, ok := range []string{"a", "acme", "a{b}", "ünï code", strings.Repeat("é", 128), "x@y", "**", "a\u00a0b", "😀", "a\u00a0\u00ffb"} {
 		require.NoError(t, ValidateTenant(ok), ok)
 	}
 	for bad, want := range map[string]string{
@@ -279,14 +324,22 @@ func TestValidateTenant(t *testing.T) {
 		"@global":                `"@global"`,
 		"@x":                     `"@x"`,
 		"\xff":                   "UTF-8",
+		"a\nb":                   `tenant "a\nb" has a control character (U+000A) at byte 1`,
+		"\tacme":                 "control character (U+0009) at byte 0",
+		"a\x00":                  "control character (U+0000)",
+		"a\x7f":                  "control character (U+007F)",
+		"a\u0085":                "control character (U+0085)",
+		"é\u009f":                "control character (U+009F) at byte 2",
+		"\x1b[31mred":            "control character (U+001B)",
 	} {
 		err := ValidateTenant(bad)
 		require.ErrorIs(t, err, ErrInvalidTenant, bad)
 		require.ErrorContains(t, err, want)
 	}
-	require.NoError(t, validatePolicyName(DefaultPolicy))
-	require.NoError(t, validatePolicyName(GlobalPolicy))
-	require.ErrorContains(t, validatePolicyName("@globals"), `"@globals"`)
+	require.NoError(t, ValidatePolicyName(DefaultPolicy))
+	require.NoError(t, ValidatePolicyName(GlobalPolicy))
+	require.ErrorContains(t, ValidatePolicyName("@globals"), `"@globals"`)
+	require.ErrorContains(t, ValidatePolicyName("a\rb"), "control character")
 }
 
 func TestParsePolicyFile(t *testing.T) {
@@ -429,4 +482,14 @@ func TestParsePolicyFileErrors(t *testing.T) {
 			require.Contains(t, err.Error(), w, "file:\n%s", c.file)
 		}
 	}
+}
+
+// TestDuplicateRatesCollapse: a rate rule given twice is one rule (the
+// engine would keep two identical meters): it is kept once, in text
+// (TestPolicyCanonicalForm) and YAML alike.
+func TestDuplicateRatesCollapse(t *testing.T) {
+	t.Parallel()
+	ps, err := ParsePolicyFile([]byte("acme:\n  rate: [1/s, 1/s]\n"))
+	require.NoError(t, err)
+	require.Equal(t, "rate=1/s", ps["acme"].String())
 }

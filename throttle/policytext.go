@@ -10,6 +10,55 @@ import (
 
 // The pieces of a policy's text form that every rule kind uses.
 
+// The range the engine computes exactly. admit.lua keeps times as integer
+// microseconds since 1970 in Lua numbers, which are doubles: exact up to
+// 2^53 µs. A rule's span (a full rate bucket, a window, a lease) is added to
+// the clock, so half of that range is left to the clock (2^52 µs from 1970
+// reaches the year 2112) and half to a rule: about 142 years. Counts
+// (limits) are exact up to 2^53.
+const (
+	// MaxSpan is the longest time a rule may span: a rate's full bucket
+	// (burst × period / limit), a window's duration, a lease.
+	MaxSpan = time.Duration(1<<52) * time.Microsecond
+	// MaxCount is the largest limit of a quota or a concurrency rule.
+	MaxCount = 1 << 53
+)
+
+const (
+	maxSpanText  = "2^52 µs (about 142 years)"
+	maxCountText = "2^53 (9007199254740992)"
+)
+
+// spanText prints a span of micros microseconds for people: 1h30m,
+// 54.2 days, 317098 years.
+func spanText(micros float64) string {
+	const day = 86400e6
+	switch {
+	case micros < 2*day:
+		return formatDuration(time.Duration(micros) * time.Microsecond)
+	case micros < 730*day:
+		return fmt.Sprintf("%.1f days", micros/day)
+	}
+	return fmt.Sprintf("%.0f years", micros/(365*day))
+}
+
+// checkSpan refuses a duration longer than MaxSpan; what names it ("the
+// period 1300h").
+func checkSpan(what string, d time.Duration) error {
+	if d <= MaxSpan {
+		return nil
+	}
+	return fmt.Errorf("%s (%s) is longer than the %s the engine computes exactly", what, spanText(float64(d.Microseconds())), maxSpanText)
+}
+
+// checkCount refuses a limit above MaxCount.
+func checkCount(n int64) error {
+	if n <= MaxCount {
+		return nil
+	}
+	return fmt.Errorf("the limit is above %s, the largest count the engine keeps exactly", maxCountText)
+}
+
 // PolicyError is a policy text or value that cannot be used. Field names
 // the option and Value the text given.
 type PolicyError struct {

@@ -44,13 +44,16 @@ const (
 
 // PumpConfig configures a pump.
 type PumpConfig struct {
+	// Queues are the queues whose lines the pump serves (those of the
+	// workers it runs with). Required.
+	Queues []string
 	// Handover gives promoted jobs to the queue engine. Required.
 	Handover Handover
-	// Free is how many more jobs the fleet can take now: the room in the
-	// queue engine's pending lists, so that they stay short and a tenant
-	// arriving later is not served after everything already admitted.
-	// Required.
-	Free func(ctx context.Context) (int, error)
+	// Free is how many more jobs of queue the fleet can take now: the room
+	// in the queue engine's pending list, so that it stays short and a
+	// tenant arriving later is not served after everything already
+	// admitted. Required.
+	Free func(ctx context.Context, queue string) (int, error)
 	// Interval is how often the pump looks again when the fleet has no
 	// room or no line is due (it also wakes for the next due line).
 	// PumpIntervalDefault when zero.
@@ -73,6 +76,8 @@ func (c PumpConfig) withDefaults() PumpConfig {
 
 func (c PumpConfig) validate() error {
 	switch {
+	case len(c.Queues) == 0:
+		return errors.New("pump config: Queues is required")
 	case c.Handover == nil:
 		return errors.New("pump config: Handover is required")
 	case c.Free == nil:
@@ -139,13 +144,15 @@ func (p *pump) report(err error) {
 	}
 }
 
-// round serves the due tenants once; it returns how long to wait before the
-// next round.
+// round serves the due tenants of every queue once; it returns how long
+// to wait before the next round.
 func (p *pump) round(ctx context.Context) (time.Duration, error) {
 	if g := p.r.l.policies.generation(); g != p.gen {
 		p.gen = g
-		if err := p.r.markAll(ctx); err != nil {
-			return 0, err
+		for _, q := range p.cfg.Queues {
+			if err := p.r.markAll(ctx, q); err != nil {
+				return 0, err
+			}
 		}
 	}
 	if time.Since(p.lastSweep) > sweepEvery {
@@ -154,19 +161,34 @@ func (p *pump) round(ctx context.Context) (time.Duration, error) {
 			p.report(err)
 		}
 	}
-	free, err := p.cfg.Free(ctx)
+	wait := p.cfg.Interval
+	var firstErr error
+	for _, q := range p.cfg.Queues {
+		w, err := p.serve(ctx, q)
+		if err != nil && firstErr == nil {
+			firstErr = err
+		}
+		wait = min(wait, w)
+	}
+	return wait, firstErr
+}
+
+// serve serves queue's due tenants once; it returns how long to wait
+// before serving it again.
+func (p *pump) serve(ctx context.Context, queue string) (time.Duration, error) {
+	free, err := p.cfg.Free(ctx, queue)
 	if err != nil {
 		return p.cfg.Interval, err
 	}
 	if free <= 0 {
 		return p.cfg.Interval, nil
 	}
-	tenants, held, err := p.r.take(ctx, min(free, p.cfg.Tenants), HoldDefault)
+	tenants, held, err := p.r.take(ctx, queue, min(free, p.cfg.Tenants), HoldDefault)
 	if err != nil {
 		return p.cfg.Interval, err
 	}
 	if len(tenants) == 0 {
-		due, now, ok, err := p.r.next(ctx)
+		due, now, ok, err := p.r.next(ctx, queue)
 		if err != nil || !ok {
 			return p.cfg.Interval, err
 		}
@@ -191,7 +213,7 @@ func (p *pump) round(ctx context.Context) (time.Duration, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			turns[i], errs[i] = p.r.promote(ctx, t, share, int64(share))
+			turns[i], errs[i] = p.r.promote(ctx, t, queue, share, int64(share))
 		}()
 	}
 	wg.Wait()
@@ -217,7 +239,7 @@ func (p *pump) round(ctx context.Context) (time.Duration, error) {
 			}
 		}
 	}
-	if err := p.r.settle(ctx, held, due); err != nil {
+	if err := p.r.settle(ctx, queue, held, due); err != nil {
 		return 0, err
 	}
 	return 0, nil
@@ -280,11 +302,11 @@ func (r *Room) handedMany(ctx context.Context, done map[string][]Promoted) error
 
 // Release gives back the concurrency slots job id of tenant holds under
 // claim (as Limiter.Release does) and, in the same script run, hands the
-// freed slot to the next job in the tenant's line: that job is promoted
-// and given to the queue engine with h at once. It returns ErrClaimLost
-// as Limiter.Release does.
-func (r *Room) Release(ctx context.Context, tenant, id string, claim uint64, h Handover) error {
-	t, err := r.release(ctx, tenant, id, claim, 1)
+// freed slot to the next job in the tenant's line of queue (the finished
+// job's): that job is promoted and given to the queue engine with h at
+// once. It returns ErrClaimLost as Limiter.Release does.
+func (r *Room) Release(ctx context.Context, tenant, queue, id string, claim uint64, h Handover) error {
+	t, err := r.release(ctx, tenant, queue, id, claim, 1)
 	if err != nil {
 		return err
 	}

@@ -51,6 +51,9 @@ func (q *Quota) compile() error {
 	if q.Limit <= 0 {
 		return fmt.Errorf("quota %d: the limit must be at least 1", q.Limit)
 	}
+	if err := checkCount(q.Limit); err != nil {
+		return fmt.Errorf("quota %d: %v", q.Limit, err)
+	}
 	loc, err := time.LoadLocation(q.TZ)
 	if err != nil || q.TZ == "Local" {
 		return fmt.Errorf("quota tz %q: unknown time zone; use an IANA name such as UTC or America/Los_Angeles", q.TZ)

@@ -2,6 +2,7 @@ package throttle
 
 import (
 	"fmt"
+	"math/bits"
 	"strconv"
 	"strings"
 	"time"
@@ -91,7 +92,50 @@ func (r Rate) validate(name string) error {
 	if r.Period/time.Duration(r.Limit) < time.Microsecond {
 		return fmt.Errorf("%s %d/%s: more than one unit per microsecond is not supported; use a longer period", name, r.Limit, formatPeriod(r.Period))
 	}
+	if err := checkSpan("the period "+formatDuration(r.Period), r.Period); err != nil {
+		return fmt.Errorf("%s %s: %v; use a quota (quota=N reset=\"CRON\") for limits over long periods", name, r, err)
+	}
+	if span, ok := r.span(); !ok || span > micros(MaxSpan) {
+		full := float64(micros(r.Period)) * float64(r.burst()) / float64(r.Limit)
+		return fmt.Errorf("%s %s: a full bucket spans %d × %s = %s; the engine computes exactly only up to %s: give burst %d or less, or use a quota (quota=N/day, /week, /month) for limits over long periods",
+			name, r, r.burst(), formatDuration(r.Interval()), spanText(full), maxSpanText, r.maxBurst())
+	}
 	return nil
+}
+
+// span is the time a full bucket spans, in microseconds: the burst offset
+// admit.lua adds to its meters (ceil(period × burst / limit)); false when
+// it does not fit in 64 bits.
+func (r Rate) span() (int64, bool) {
+	return mulDivCeilExact(micros(r.Period), r.burst(), r.Limit)
+}
+
+// maxBurst is the largest burst whose bucket spans at most MaxSpan.
+func (r Rate) maxBurst() int64 {
+	hi, lo := bits.Mul64(uint64(micros(MaxSpan)), uint64(r.Limit))
+	q, _ := bits.Div64(hi, lo, uint64(micros(r.Period)))
+	return int64(q)
+}
+
+// uniqueRates drops each rate that is the same rule as an earlier one: the
+// same interval and burst, hence the same arguments to admit.lua.
+func uniqueRates(rates []Rate) []Rate {
+	out := rates[:0]
+	for _, r := range rates {
+		same := false
+		for _, o := range out {
+			_, u1, b1 := rateArgs(r, 1)
+			_, u2, b2 := rateArgs(o, 1)
+			same = same || (u1 == u2 && b1 == b2)
+		}
+		if !same {
+			out = append(out, r)
+		}
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	return out
 }
 
 // rateArgs are the integers admit.lua uses for a rate rule and a cost: the

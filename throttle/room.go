@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -125,7 +126,7 @@ func (r *Room) Arrive(ctx context.Context, a Arrival) (Arrived, error) {
 	for _, s := range scopes {
 		op.scopes = append(op.scopes, opScope{scope: s})
 	}
-	op.roomKeys = []string{keysFor(r.l.cfg.Prefix, a.Tenant).line}
+	op.roomKeys = []string{keysFor(r.l.cfg.Prefix, a.Tenant).line(queueOf(a.Queue))}
 	op.roomArgs = []any{boolInt(a.MayGo), backlog, micros(r.l.cfg.PromoteLead)}
 	raw, err := r.l.runRaw(ctx, op, -1)
 	if err != nil {
@@ -198,11 +199,11 @@ type Waiter struct {
 	Cost  int64  // 0 means 1
 }
 
-// Join puts jobs in tenant's line, in order, once their tasks are in the
-// queue engine (parked). When the line holds backlog jobs (0: no cap) the
-// rest do not join: joined counts those that did; a caller takes the
-// others out of the engine again. A line that begins here makes its tenant
-// due in the index at once.
+// Join puts jobs of one queue in tenant's line of that queue, in order,
+// once their tasks are in the queue engine (parked). When the line holds
+// backlog jobs (0: no cap) the rest do not join: joined counts those that
+// did; a caller takes the others out of the engine again. A line that
+// begins here makes its tenant due in the queue's index at once.
 func (r *Room) Join(ctx context.Context, tenant string, backlog int64, jobs ...Waiter) (joined int, waiting int64, err error) {
 	if err := ValidateTenant(tenant); err != nil {
 		return 0, 0, err
@@ -210,15 +211,20 @@ func (r *Room) Join(ctx context.Context, tenant string, backlog int64, jobs ...W
 	if len(jobs) == 0 {
 		return 0, 0, nil
 	}
-	args := make([]any, 0, 2+len(jobs))
-	args = append(args, r.l.clockArg(), backlog)
+	queue := queueOf(jobs[0].Queue)
+	args := make([]any, 0, 3+len(jobs))
+	args = append(args, r.l.clockArg(), backlog, queue)
 	for _, j := range jobs {
+		if queueOf(j.Queue) != queue {
+			return 0, 0, fmt.Errorf("line of tenant %q: jobs of queues %q and %q join apart", tenant, queue, queueOf(j.Queue))
+		}
 		if strings.Contains(j.Queue, lineSep) {
 			return 0, 0, fmt.Errorf("line of tenant %q: queue %q holds the byte 0x1f, which sluice keeps for itself; rename the queue", tenant, j.Queue)
 		}
 		args = append(args, lineTail(j))
 	}
-	res, err := lua.Line.Run(ctx, r.l.client, []string{keysFor(r.l.cfg.Prefix, tenant).line}, args...).Result()
+	k := keysFor(r.l.cfg.Prefix, tenant)
+	res, err := lua.Line.Run(ctx, r.l.client, []string{k.line(queue), k.queues}, args...).Result()
 	if err != nil {
 		return 0, 0, fmt.Errorf("line of tenant %q: %w", tenant, err)
 	}
@@ -230,11 +236,19 @@ func (r *Room) Join(ctx context.Context, tenant string, backlog int64, jobs ...W
 		crashpoint.Hit("room.joined")
 		// The line began: its tenant is due now. Should this fail, the
 		// pumps' sweep finds the line.
-		if err := r.mark(ctx, tenant); err != nil {
+		if err := r.mark(ctx, queue, tenant); err != nil {
 			return int(v[0]), v[1], err
 		}
 	}
 	return int(v[0]), v[1], nil
+}
+
+// queueOf names the default queue.
+func queueOf(q string) string {
+	if q == "" {
+		return DefaultQueue
+	}
+	return q
 }
 
 // lineTail is a line entry after its time: COST␟QUEUE␟ID, the cost empty
@@ -293,22 +307,29 @@ type Turn struct {
 	Released, Lost int
 }
 
-// promote gives tenant's line a turn: its head jobs are promoted while they
-// may start, at most budget of them, and as much cost as quantum plus what
-// the tenant is owed from earlier turns (deficit round robin).
-func (r *Room) promote(ctx context.Context, tenant string, budget int, quantum int64) (Turn, error) {
-	return r.turn(ctx, tenant, "", 0, budget, quantum, flagPromote)
+// promote gives tenant's line of queue a turn: its head jobs are promoted
+// while they may start, at most budget of them, and as much cost as
+// quantum plus what the tenant is owed from earlier turns (deficit round
+// robin).
+func (r *Room) promote(ctx context.Context, tenant, queue string, budget int, quantum int64) (Turn, error) {
+	return r.turn(ctx, tenant, queue, "", 0, budget, quantum, flagPromote)
 }
 
 // release gives back the concurrency slots job id holds under claim and in
-// the same run promotes at most budget jobs from the line's head into them.
-func (r *Room) release(ctx context.Context, tenant, id string, claim uint64, budget int) (Turn, error) {
-	return r.turn(ctx, tenant, id, claim, budget, int64(budget), flagRelease)
+// the same run promotes at most budget jobs from the head of the tenant's
+// line of queue into them. tenant "" releases @global's slot alone.
+func (r *Room) release(ctx context.Context, tenant, queue, id string, claim uint64, budget int) (Turn, error) {
+	return r.turn(ctx, tenant, queue, id, claim, budget, int64(budget), flagRelease)
 }
 
-func (r *Room) turn(ctx context.Context, tenant, id string, claim uint64, budget int, quantum int64, kind int) (Turn, error) {
-	if err := ValidateTenant(tenant); err != nil {
-		return Turn{}, err
+func (r *Room) turn(ctx context.Context, tenant, queue, id string, claim uint64, budget int, quantum int64, kind int) (Turn, error) {
+	if tenant != "" || kind != flagRelease {
+		if err := ValidateTenant(tenant); err != nil {
+			return Turn{}, err
+		}
+	}
+	if tenant == "" {
+		budget = 0
 	}
 	res, err := r.l.resolved(ctx, tenant)
 	if err != nil {
@@ -320,12 +341,29 @@ func (r *Room) turn(ctx context.Context, tenant, id string, claim uint64, budget
 	}
 	var t Turn
 	groups := [][]scope{scopes}
-	if kind == flagRelease && r.l.cluster && len(scopes) == 1 && res.Global.HasRules() {
+	if kind == flagRelease && r.l.cluster && tenant != "" && res.Global.HasRules() {
 		// @global's slot, in its own slot of the Cluster, is given back
 		// on its own
 		groups = append(groups, r.l.scopesOf("", Resolved{Global: res.Global, globalFacts: res.globalFacts}))
 	}
+	if kind == flagRelease {
+		// a release that holds no slot in a group and promotes nothing
+		// there costs no round trip
+		kept := groups[:0]
+		for i, g := range groups {
+			if (i == 0 && budget > 0) || r.holds(g) {
+				kept = append(kept, g)
+			} else if i == 0 {
+				budget = 0
+				kept = append(kept, nil)
+			}
+		}
+		groups = kept
+	}
 	for i, g := range groups {
+		if g == nil {
+			continue
+		}
 		b := budget
 		if i > 0 {
 			b = 0
@@ -337,7 +375,8 @@ func (r *Room) turn(ctx context.Context, tenant, id string, claim uint64, budget
 		op.roomArgs = []any{b, quantum, micros(RepairDefault), micros(r.l.cfg.PromoteLead)}
 		if b > 0 {
 			k := keysFor(r.l.cfg.Prefix, tenant)
-			op.roomKeys = []string{k.line, k.handing}
+			op.roomKeys = []string{k.line(queueOf(queue)), k.handing, k.queues}
+			op.roomArgs = append(op.roomArgs, queueOf(queue))
 		}
 		raw, err := r.l.runRaw(ctx, op, -1)
 		if err != nil {
@@ -391,10 +430,11 @@ func (r *Room) undo(ctx context.Context, p Promoted) error {
 
 // The due index (lua/room.lua).
 
-// take takes up to n tenants whose lines are due, earliest first, holding
-// them for hold; held is the score they got (settle compares it).
-func (r *Room) take(ctx context.Context, n int, hold time.Duration) (tenants []string, held int64, err error) {
-	res, err := r.l.batch.run(ctx, lua.Room, []string{dueKey(r.l.cfg.Prefix)}, []any{r.l.clockArg(), "take", n, micros(hold)})
+// take takes up to n tenants whose lines of queue are due, earliest
+// first, holding them for hold; held is the score they got (settle
+// compares it).
+func (r *Room) take(ctx context.Context, queue string, n int, hold time.Duration) (tenants []string, held int64, err error) {
+	res, err := r.l.batch.run(ctx, lua.Room, []string{dueKey(r.l.cfg.Prefix, queue)}, []any{r.l.clockArg(), "take", n, micros(hold)})
 	if err != nil {
 		return nil, 0, fmt.Errorf("take due tenants: %w", err)
 	}
@@ -421,9 +461,9 @@ func (r *Room) take(ctx context.Context, n int, hold time.Duration) (tenants []s
 	return tenants, held, nil
 }
 
-// settle sets the next due time of tenants a pump took at held (zero: out
-// of the index), unless someone marked them meanwhile.
-func (r *Room) settle(ctx context.Context, held int64, due map[string]time.Time) error {
+// settle sets the next due time of tenants a pump took from queue's index
+// at held (zero: out of the index), unless someone marked them meanwhile.
+func (r *Room) settle(ctx context.Context, queue string, held int64, due map[string]time.Time) error {
 	if len(due) == 0 {
 		return nil
 	}
@@ -436,29 +476,30 @@ func (r *Room) settle(ctx context.Context, held int64, due map[string]time.Time)
 		}
 		args = append(args, t, v)
 	}
-	if _, err := r.l.batch.run(ctx, lua.Room, []string{dueKey(r.l.cfg.Prefix)}, args); err != nil {
+	if _, err := r.l.batch.run(ctx, lua.Room, []string{dueKey(r.l.cfg.Prefix, queue)}, args); err != nil {
 		return fmt.Errorf("settle due tenants: %w", err)
 	}
 	return nil
 }
 
-// mark makes tenants due now (or keeps an earlier due time).
-func (r *Room) mark(ctx context.Context, tenants ...string) error {
+// mark makes tenants due now in queue's index (or keeps an earlier due
+// time).
+func (r *Room) mark(ctx context.Context, queue string, tenants ...string) error {
 	args := make([]any, 0, 2+len(tenants))
 	args = append(args, r.l.clockArg(), "mark")
 	for _, t := range tenants {
 		args = append(args, t)
 	}
-	if _, err := r.l.batch.run(ctx, lua.Room, []string{dueKey(r.l.cfg.Prefix)}, args); err != nil {
+	if _, err := r.l.batch.run(ctx, lua.Room, []string{dueKey(r.l.cfg.Prefix, queue)}, args); err != nil {
 		return fmt.Errorf("mark tenants due: %w", err)
 	}
 	return nil
 }
 
-// markAll makes every tenant in the index due now: a policy change may
-// have moved their lines' due times.
-func (r *Room) markAll(ctx context.Context) error {
-	if _, err := r.l.batch.run(ctx, lua.Room, []string{dueKey(r.l.cfg.Prefix)}, []any{r.l.clockArg(), "markall"}); err != nil {
+// markAll makes every tenant in queue's index due now: a policy change
+// may have moved their lines' due times.
+func (r *Room) markAll(ctx context.Context, queue string) error {
+	if _, err := r.l.batch.run(ctx, lua.Room, []string{dueKey(r.l.cfg.Prefix, queue)}, []any{r.l.clockArg(), "markall"}); err != nil {
 		return fmt.Errorf("mark every tenant due: %w", err)
 	}
 	return nil
@@ -472,32 +513,29 @@ func (r *Room) sweep(ctx context.Context) error {
 	if err != nil || !ok {
 		return err
 	}
-	seen, err := r.l.scanScopes(ctx, lineKeyPattern(r.l.cfg.Prefix))
+	lines, err := r.l.scanLines(ctx)
 	if err != nil {
 		return fmt.Errorf("sweep lines: %w", err)
 	}
-	args := []any{r.l.clockArg(), "ensure"}
-	for t := range seen {
-		args = append(args, t)
-		if len(args) > 1000 {
-			if _, err := r.l.batch.run(ctx, lua.Room, []string{dueKey(r.l.cfg.Prefix)}, args); err != nil {
-				return fmt.Errorf("sweep lines: %w", err)
+	for queue, tenants := range lines {
+		args := []any{r.l.clockArg(), "ensure"}
+		for i, t := range tenants {
+			args = append(args, t)
+			if len(args) > 1000 || i == len(tenants)-1 {
+				if _, err := r.l.batch.run(ctx, lua.Room, []string{dueKey(r.l.cfg.Prefix, queue)}, args); err != nil {
+					return fmt.Errorf("sweep lines: %w", err)
+				}
+				args = args[:2]
 			}
-			args = args[:2]
-		}
-	}
-	if len(args) > 2 {
-		if _, err := r.l.batch.run(ctx, lua.Room, []string{dueKey(r.l.cfg.Prefix)}, args); err != nil {
-			return fmt.Errorf("sweep lines: %w", err)
 		}
 	}
 	return nil
 }
 
-// next is the earliest due time in the index and the Redis time it was
-// read at; ok is false when no line is due at all.
-func (r *Room) next(ctx context.Context) (due, now time.Time, ok bool, err error) {
-	res, err := r.l.batch.run(ctx, lua.Room, []string{dueKey(r.l.cfg.Prefix)}, []any{r.l.clockArg(), "next"})
+// next is the earliest due time in queue's index and the Redis time it
+// was read at; ok is false when no line is due at all.
+func (r *Room) next(ctx context.Context, queue string) (due, now time.Time, ok bool, err error) {
+	res, err := r.l.batch.run(ctx, lua.Room, []string{dueKey(r.l.cfg.Prefix, queue)}, []any{r.l.clockArg(), "next"})
 	if err != nil {
 		return time.Time{}, time.Time{}, false, fmt.Errorf("next due tenant: %w", err)
 	}
@@ -511,62 +549,75 @@ func (r *Room) next(ctx context.Context) (due, now time.Time, ok bool, err error
 	return time.UnixMicro(v[1]), time.UnixMicro(v[0]), true, nil
 }
 
-// Waiting is how many of tenant's jobs wait in its line, and when the one
-// at its head joined it (zero when none waits).
+// Waiting is how many of tenant's jobs wait in its lines, and when the
+// longest waiting head joined its line (zero when none waits).
 func (r *Room) Waiting(ctx context.Context, tenant string) (int64, time.Time, error) {
 	if err := ValidateTenant(tenant); err != nil {
 		return 0, time.Time{}, err
 	}
-	k := keysFor(r.l.cfg.Prefix, tenant)
-	pipe := r.l.client.Pipeline()
-	n := pipe.LLen(ctx, k.line)
-	head := pipe.LIndex(ctx, k.line, 0)
-	if _, err := pipe.Exec(ctx); err != nil && !isNil(err) {
-		return 0, time.Time{}, fmt.Errorf("waiting jobs of tenant %q: %w", tenant, err)
+	lines, err := r.linesOf(ctx, tenant)
+	if err != nil {
+		return 0, time.Time{}, err
 	}
+	var n int64
 	var oldest time.Time
-	if m, err := head.Result(); err == nil {
-		if e, ok := parseLineEntry(m); ok {
-			oldest = e.lined
+	for _, l := range lines {
+		n += l.Waiting
+		if !l.Oldest.IsZero() && (oldest.IsZero() || l.Oldest.Before(oldest)) {
+			oldest = l.Oldest
 		}
 	}
-	return n.Val(), oldest, nil
+	return n, oldest, nil
 }
 
-// Line is one tenant's line: how many jobs wait in it and when the one at
-// its head joined it.
-type Line struct {
-	Tenant  string
-	Waiting int64
-	Oldest  time.Time
-}
-
-// maxLines bounds how many lines Lines reads.
-const maxLines = 10_000
-
-// Lines reads the lines of the tenants in the waiting room's index (at
-// most 10,000 of them), in one round trip per tenant's slot. Empty lines
-// are left out.
-func (r *Room) Lines(ctx context.Context) ([]Line, error) {
-	tenants, err := r.l.client.ZRange(ctx, dueKey(r.l.cfg.Prefix), 0, maxLines-1).Result()
+// queuesOf are the queues tenant has a line in.
+func (r *Room) queuesOf(ctx context.Context, tenant string) ([]string, error) {
+	qs, err := r.l.client.SMembers(ctx, keysFor(r.l.cfg.Prefix, tenant).queues).Result()
 	if err != nil {
-		return nil, fmt.Errorf("read the waiting room's lines: %w", err)
+		return nil, fmt.Errorf("lines of tenant %q: %w", tenant, err)
 	}
+	sort.Strings(qs)
+	return qs, nil
+}
+
+// linesOf reads tenant's lines.
+func (r *Room) linesOf(ctx context.Context, tenant string) ([]Line, error) {
+	qs, err := r.queuesOf(ctx, tenant)
+	if err != nil {
+		return nil, err
+	}
+	return r.readLines(ctx, tenant, qs)
+}
+
+// readLines reads the lines of tenants (one tenant for all the queues, or
+// a tenant per queue) in one round trip per slot; empty ones are left out.
+func (r *Room) readLines(ctx context.Context, tenant string, queues []string, tenants ...string) ([]Line, error) {
 	pipe := r.l.client.Pipeline()
-	lens := make([]*redis.IntCmd, len(tenants))
-	heads := make([]*redis.StringCmd, len(tenants))
-	for i, t := range tenants {
-		k := keysFor(r.l.cfg.Prefix, t).line
-		lens[i], heads[i] = pipe.LLen(ctx, k), pipe.LIndex(ctx, k, 0)
+	type read struct {
+		tenant, queue string
+		n             *redis.IntCmd
+		head          *redis.StringCmd
+	}
+	var reads []read
+	for i, q := range queues {
+		t := tenant
+		if tenants != nil {
+			t = tenants[i]
+		}
+		k := keysFor(r.l.cfg.Prefix, t).line(q)
+		reads = append(reads, read{t, q, pipe.LLen(ctx, k), pipe.LIndex(ctx, k, 0)})
+	}
+	if len(reads) == 0 {
+		return nil, nil
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !isNil(err) {
 		return nil, fmt.Errorf("read the waiting room's lines: %w", err)
 	}
-	out := make([]Line, 0, len(tenants))
-	for i, t := range tenants {
-		if n := lens[i].Val(); n > 0 {
-			l := Line{Tenant: t, Waiting: n}
-			if e, ok := parseLineEntry(heads[i].Val()); ok {
+	out := make([]Line, 0, len(reads))
+	for _, rd := range reads {
+		if n := rd.n.Val(); n > 0 {
+			l := Line{Tenant: rd.tenant, Queue: rd.queue, Waiting: n}
+			if e, ok := parseLineEntry(rd.head.Val()); ok {
 				l.Oldest = e.lined
 			}
 			out = append(out, l)
@@ -575,20 +626,57 @@ func (r *Room) Lines(ctx context.Context) ([]Line, error) {
 	return out, nil
 }
 
-// WaitingIDs lists the task ids of up to n jobs at the head of tenant's
-// line, in line order, with their queues.
+// Line is one tenant's line of one queue: how many jobs wait in it and
+// when the one at its head joined it.
+type Line struct {
+	Tenant  string
+	Queue   string
+	Waiting int64
+	Oldest  time.Time
+}
+
+// maxLines bounds how many lines Lines reads.
+const maxLines = 10_000
+
+// Lines reads the lines of queues of the tenants in the queues' due
+// indexes (at most 10,000 of them). Empty lines are left out.
+func (r *Room) Lines(ctx context.Context, queues ...string) ([]Line, error) {
+	var ts, qs []string
+	for _, q := range queues {
+		tenants, err := r.l.client.ZRange(ctx, dueKey(r.l.cfg.Prefix, q), 0, maxLines-1).Result()
+		if err != nil {
+			return nil, fmt.Errorf("read the waiting room's lines: %w", err)
+		}
+		for _, t := range tenants {
+			if len(ts) == maxLines {
+				break
+			}
+			ts, qs = append(ts, t), append(qs, q)
+		}
+	}
+	return r.readLines(ctx, "", qs, ts...)
+}
+
+// WaitingIDs lists the task ids of up to n jobs (0: every job) at the head
+// of each of tenant's lines, in line order, with their queues.
 func (r *Room) WaitingIDs(ctx context.Context, tenant string, n int64) ([]Waiter, error) {
 	if err := ValidateTenant(tenant); err != nil {
 		return nil, err
 	}
-	ms, err := r.l.client.LRange(ctx, keysFor(r.l.cfg.Prefix, tenant).line, 0, n-1).Result()
+	qs, err := r.queuesOf(ctx, tenant)
 	if err != nil {
-		return nil, fmt.Errorf("waiting jobs of tenant %q: %w", tenant, err)
+		return nil, err
 	}
-	out := make([]Waiter, 0, len(ms))
-	for _, m := range ms {
-		if e, ok := parseLineEntry(m); ok {
-			out = append(out, Waiter{ID: e.id, Queue: e.queue, Cost: e.cost})
+	var out []Waiter
+	for _, q := range qs {
+		ms, err := r.l.client.LRange(ctx, keysFor(r.l.cfg.Prefix, tenant).line(q), 0, n-1).Result()
+		if err != nil {
+			return nil, fmt.Errorf("waiting jobs of tenant %q: %w", tenant, err)
+		}
+		for _, m := range ms {
+			if e, ok := parseLineEntry(m); ok {
+				out = append(out, Waiter{ID: e.id, Queue: e.queue, Cost: e.cost})
+			}
 		}
 	}
 	return out, nil

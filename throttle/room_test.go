@@ -143,14 +143,14 @@ func TestRoomPromotesAtEachSlot(t *testing.T) {
 	require.Equal(t, []string{"j1"}, line(t, e, "acme", "j1", "j2", "j3", "j4"))
 
 	start := e.clock.Now()
-	turn, err := room.promote(ctx, "acme", 10, 10)
+	turn, err := room.promote(ctx, "acme", DefaultQueue, 10, 10)
 	require.NoError(t, err)
 	require.Empty(t, turn.Promoted, "j2's slot is 100ms away")
 	require.Equal(t, start.Add(90*time.Millisecond).UnixMicro(), turn.Due.UnixMicro(), "due at the slot less the lead")
 	require.Equal(t, int64(3), turn.Waiting)
 
 	e.clock.Advance(90 * time.Millisecond)
-	turn, err = room.promote(ctx, "acme", 10, 10)
+	turn, err = room.promote(ctx, "acme", DefaultQueue, 10, 10)
 	require.NoError(t, err)
 	require.Len(t, turn.Promoted, 1)
 	p := turn.Promoted[0]
@@ -163,7 +163,7 @@ func TestRoomPromotesAtEachSlot(t *testing.T) {
 	// until handed over, the job is in the handing set: a turn after the
 	// repair age hands it over again
 	e.clock.Advance(RepairDefault)
-	turn, err = room.promote(ctx, "acme", 10, 10)
+	turn, err = room.promote(ctx, "acme", DefaultQueue, 10, 10)
 	require.NoError(t, err)
 	var retried []string
 	for _, p := range turn.Promoted {
@@ -188,7 +188,7 @@ func TestRoomPromotesAtEachSlot(t *testing.T) {
 	// concurrency: the line waits for a slot, a release hands it on
 	e.policy(t, "pool", "concurrency=1")
 	require.Equal(t, []string{"p1"}, line(t, e, "pool", "p1", "p2", "p3"))
-	turn, err = room.promote(ctx, "pool", 10, 10)
+	turn, err = room.promote(ctx, "pool", DefaultQueue, 10, 10)
 	require.NoError(t, err)
 	require.Empty(t, turn.Promoted)
 	lease := LeaseDefault
@@ -197,7 +197,7 @@ func TestRoomPromotesAtEachSlot(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, d.Allowed)
 	g = &engine{}
-	require.NoError(t, room.Release(ctx, "pool", "p1", d.Claim, g.handover))
+	require.NoError(t, room.Release(ctx, "pool", DefaultQueue, "p1", d.Claim, g.handover))
 	require.Equal(t, []string{"p2"}, g.ids(), "the freed slot went to the head of the line")
 	st, err := e.lim.Stats(ctx, "pool")
 	require.NoError(t, err)
@@ -205,7 +205,7 @@ func TestRoomPromotesAtEachSlot(t *testing.T) {
 	require.Equal(t, "p2", st.Concurrency.Holders[0].ID)
 	require.Equal(t, int64(1), st.Waiting)
 	// a second release of the same claim changes nothing and says so
-	require.ErrorIs(t, room.Release(ctx, "pool", "p1", d.Claim, g.handover), ErrClaimLost)
+	require.ErrorIs(t, room.Release(ctx, "pool", DefaultQueue, "p1", d.Claim, g.handover), ErrClaimLost)
 	require.Equal(t, []string{"p2"}, g.ids())
 }
 
@@ -224,7 +224,7 @@ func TestRoomGoneAndRunningJobs(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, d.Allowed)
 
-	turn, err := room.promote(ctx, "acme", 10, 10)
+	turn, err := room.promote(ctx, "acme", DefaultQueue, 10, 10)
 	require.NoError(t, err)
 	require.Equal(t, 1, turn.Skipped, "the running job")
 	var ids []string
@@ -284,7 +284,8 @@ func TestRoomPump(t *testing.T) {
 				mu.Unlock()
 				return g.handover(ctx, jobs)
 			},
-			Free: func(context.Context) (int, error) {
+			Queues: []string{DefaultQueue},
+			Free: func(context.Context, string) (int, error) {
 				mu.Lock()
 				defer mu.Unlock()
 				return free, nil
@@ -340,13 +341,13 @@ func TestRoomSweepFindsLostLines(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	// the line alone, as line.lua leaves it
-	_, err := e.client.RPush(ctx, keysFor(e.prefix, "lost").line, "1\x1f\x1f\x1flost-1").Result()
+	_, err := e.client.RPush(ctx, keysFor(e.prefix, "lost").line(DefaultQueue), "1\x1f\x1f\x1flost-1").Result()
 	require.NoError(t, err)
 	g := &engine{}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		_ = e.lim.Room().Pump(ctx, &PumpConfig{Handover: g.handover, Free: func(context.Context) (int, error) { return 10, nil }})
+		_ = e.lim.Room().Pump(ctx, &PumpConfig{Queues: []string{DefaultQueue}, Handover: g.handover, Free: func(context.Context, string) (int, error) { return 10, nil }})
 	}()
 	waitFor(t, 5*time.Second, func() bool { return len(g.ids()) == 1 })
 	require.Equal(t, []string{"lost-1"}, g.ids())
@@ -364,7 +365,7 @@ func TestRoomDrainsUnderTheDefault(t *testing.T) {
 	e.policy(t, DefaultPolicy, "rate=10/s")
 	room := e.lim.Room()
 	require.Equal(t, []string{"j1"}, line(t, e, "acme", "j1", "j2", "j3"))
-	turn, err := room.promote(ctx, "acme", 10, 10)
+	turn, err := room.promote(ctx, "acme", DefaultQueue, 10, 10)
 	require.NoError(t, err)
 	require.Empty(t, turn.Promoted, "1/h: the next slot is an hour away")
 	_, err = e.store.Delete(ctx, "acme")
@@ -372,16 +373,16 @@ func TestRoomDrainsUnderTheDefault(t *testing.T) {
 	e.lim.policies.invalidate()
 	// the meter j1 charged at 1/h is re-timed to 10/s: the unit it held
 	// ahead (all but the moment that passed) is 100ms now, not an hour
-	turn, err = room.promote(ctx, "acme", 10, 10)
+	turn, err = room.promote(ctx, "acme", DefaultQueue, 10, 10)
 	require.NoError(t, err)
 	require.Empty(t, turn.Promoted)
 	require.WithinDuration(t, e.clock.Now().Add(100*time.Millisecond), turn.Due, time.Millisecond)
 	e.clock.Advance(100 * time.Millisecond)
-	turn, err = room.promote(ctx, "acme", 10, 10)
+	turn, err = room.promote(ctx, "acme", DefaultQueue, 10, 10)
 	require.NoError(t, err)
 	require.Len(t, turn.Promoted, 1, "under * (10/s) the head may go 100ms after the change")
 	e.clock.Advance(100 * time.Millisecond)
-	turn, err = room.promote(ctx, "acme", 10, 10)
+	turn, err = room.promote(ctx, "acme", DefaultQueue, 10, 10)
 	require.NoError(t, err)
 	require.Len(t, turn.Promoted, 1)
 	require.Zero(t, turn.Waiting)
@@ -409,7 +410,7 @@ func TestRoomLineMemory(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, int64(n), n2)
 	require.False(t, oldest.IsZero())
-	bytes, err := e.client.MemoryUsage(ctx, keysFor(e.prefix, "burst").line, 0).Result()
+	bytes, err := e.client.MemoryUsage(ctx, keysFor(e.prefix, "burst").line(DefaultQueue), 0).Result()
 	require.NoError(t, err)
 	per := float64(bytes) / n
 	t.Logf("a line of %d waiting jobs (UUID task ids): %d bytes, %.1f bytes per job", n, bytes, per)

@@ -1,7 +1,6 @@
 package throttle
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -12,14 +11,12 @@ import (
 
 // Concurrency slots: releasing and renewing them under their claims.
 //
-// lua/release.lua and lua/renew.lua take a header (the clock, the number of
-// ops; release.lua also whether to leave expiries alone), then per op the
-// job's id, its claim and its scopes; each answers one reply per op, so
-// concurrent calls share a run.
-var (
-	releaseMerge = headerMerger{header: 3}
-	renewMerge   = headerMerger{header: 2}
-)
+// A release runs admit.lua's release op (one engine: a release may hand
+// its slot on to the head of a line, see Room.Release). lua/renew.lua
+// takes a header (the clock, the number of ops), then per op the job's
+// id, its claim and its scopes; it answers one reply per op, so concurrent
+// calls share a run.
+var renewMerge = headerMerger{header: 2}
 
 // ErrClaimLost is returned by Release and Renew when a job's concurrency
 // slot is no longer held under the claim given: its lease ran out before a
@@ -31,86 +28,18 @@ var ErrClaimLost = errors.New("concurrency claim lost")
 // holds under claim (Decision.Claim); claim 0 releases them whichever
 // admission holds them. A job that holds none costs nothing, and a second
 // Release of the same claim returns ErrClaimLost without changing anything.
-// The job stays in its tenant's backlog: use Finish for a job that is done
-// for good.
+// Once a scope's last slot is gone its state expires as soon as the rest
+// of it allows, not a lease later.
 func (l *Limiter) Release(ctx context.Context, tenant, id string, claim uint64) error {
-	return l.release(ctx, tenant, id, claim, false)
+	return l.release(ctx, tenant, id, claim)
 }
 
-// Finish is Release for a job that will not run again (it succeeded, was
-// archived or dropped): it also leaves its tenant's backlog.
-func (l *Limiter) Finish(ctx context.Context, tenant, id string, claim uint64) error {
-	return l.release(ctx, tenant, id, claim, tenant != "")
-}
-
-func (l *Limiter) release(ctx context.Context, tenant, id string, claim uint64, finish bool) error {
-	if tenant != "" {
-		if err := ValidateTenant(tenant); err != nil {
-			return err
-		}
-	}
-	r, err := l.policies.resolve(ctx, tenant)
+func (l *Limiter) release(ctx context.Context, tenant, id string, claim uint64) error {
+	t, err := l.Room().release(ctx, tenant, "", id, claim, 0)
 	if err != nil {
 		return fmt.Errorf("release tenant %q job %q: %w", tenant, id, err)
 	}
-	// Only scopes whose policy has a concurrency rule hold slots. A slot
-	// taken under a policy that has since lost its rule is not stranded: it
-	// is no longer renewed, so it frees itself when its lease runs out.
-	var groups [][]string
-	var tenantKeys, globalKeys []string
-	if tenant != "" && r.tenant != nil && r.tenant.Concurrency != nil {
-		tenantKeys = []string{keysFor(l.cfg.Prefix, tenant).state}
-	}
-	if r.global != nil && r.global.Concurrency != nil {
-		globalKeys = []string{keysFor(l.cfg.Prefix, GlobalPolicy).state}
-	}
-	backlog := finish && tenant != "" && r.tenant != nil && r.tenant.Backlog > 0
-	if l.cluster {
-		if tenantKeys != nil || backlog {
-			groups = append(groups, tenantKeys)
-		}
-		if globalKeys != nil {
-			groups = append(groups, globalKeys)
-		}
-	} else if keys := append(tenantKeys, globalKeys...); len(keys) > 0 || backlog {
-		groups = append(groups, keys)
-	}
-	lost := false
-	var firstErr error
-	for i, keys := range groups {
-		noTTL := 0
-		if l.noExpire {
-			noTTL = 1
-		}
-		args := []any{l.clockArg(), 1, noTTL, id, claim, len(keys), 0}
-		if backlog && i == 0 {
-			// the tenant's group comes first and shares its slot with the backlog
-			keys = append(keys, keysFor(l.cfg.Prefix, tenant).backlog)
-			args[6] = 1
-		}
-		// every group is tried: a scope that cannot be reached keeps its
-		// slot until the lease runs out, the others are given back now
-		res, err := l.batch.runMerged(ctx, lua.Release, keys, args, releaseMerge)
-		if err != nil {
-			firstErr = cmp.Or(firstErr, fmt.Errorf("release tenant %q job %q: %w", tenant, id, err))
-			continue
-		}
-		arr, ok := res.([]any)
-		if !ok || len(arr) != 1 {
-			return fmt.Errorf("release.lua: unexpected reply %v", res)
-		}
-		v, err := int64s(arr[0], 2)
-		if err != nil {
-			return fmt.Errorf("release.lua: %w", err)
-		}
-		if v[1] > 0 {
-			lost = true
-		}
-	}
-	if firstErr != nil {
-		return firstErr
-	}
-	if lost && claim != 0 {
+	if t.Lost > 0 && claim != 0 {
 		return fmt.Errorf("release tenant %q job %q: %w", tenant, id, ErrClaimLost)
 	}
 	return nil
@@ -132,7 +61,7 @@ func (l *Limiter) releaseLate(tenant, id string, claim uint64) {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), lateRelease)
 		defer cancel()
-		_ = l.release(ctx, tenant, id, claim, false)
+		_ = l.release(ctx, tenant, id, claim)
 	}()
 }
 

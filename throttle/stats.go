@@ -80,8 +80,17 @@ func (l *Limiter) Stats(ctx context.Context, tenant string) (*Stats, error) {
 	if p.Window != nil {
 		wdur = micros(p.Window.Period)
 	}
-	res, err := l.batch.run(ctx, lua.Stats, []string{k.state, k.planned, k.started, k.line},
-		[]any{l.clockArg(), wdur, micros(l.cfg.Grace)})
+	keys := []string{k.state, k.planned, k.started}
+	if tenant != GlobalPolicy {
+		qs, err := l.Room().queuesOf(ctx, tenant)
+		if err != nil {
+			return nil, err
+		}
+		for _, q := range qs {
+			keys = append(keys, k.line(q))
+		}
+	}
+	res, err := l.batch.run(ctx, lua.Stats, keys, []any{l.clockArg(), wdur, micros(l.cfg.Grace)})
 	if err != nil {
 		return nil, fmt.Errorf("stats of tenant %q: %w", tenant, err)
 	}

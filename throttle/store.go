@@ -139,17 +139,19 @@ func (s *PolicyStore) Set(ctx context.Context, name string, p *Policy) error {
 }
 
 // Apply stores every policy of the map at once: either all are stored or
-// none is. With prune, policies not in the map are deleted.
+// none is. With prune, policies not in the map are deleted. A policy stored
+// exactly as given is left as it is (its updated time too); when nothing
+// changes, readers are not told to drop their caches.
 func (s *PolicyStore) Apply(ctx context.Context, policies map[string]*Policy, prune bool) error {
 	names := make([]string, 0, len(policies))
 	for name := range policies {
 		names = append(names, name)
 	}
 	sort.Strings(names)
-	values := make([]any, 0, 2*len(names))
-	for _, name := range names {
+	texts := make([]string, len(names))
+	for i, name := range names {
 		p := policies[name]
-		if err := validatePolicyName(name); err != nil {
+		if err := ValidatePolicyName(name); err != nil {
 			return err
 		}
 		if p == nil {
@@ -158,42 +160,82 @@ func (s *PolicyStore) Apply(ctx context.Context, policies map[string]*Policy, pr
 		if err := p.Validate(); err != nil {
 			return fmt.Errorf("policy %q: %w", name, err)
 		}
-		enc, err := encodePolicy(p)
-		if err != nil {
-			return err
-		}
-		values = append(values, name, enc)
+		texts[i] = p.String()
 	}
-	var stale []string
-	if prune {
-		existing, err := s.client.HKeys(ctx, policiesKey(s.prefix)).Result()
-		if err != nil {
-			return fmt.Errorf("list policies: %w", err)
-		}
-		for _, name := range existing {
-			if _, keep := policies[name]; !keep {
-				stale = append(stale, name)
+	changed := false
+	err := s.changeAtomically(ctx, func(tx *redis.Tx) (func(redis.Pipeliner), error) {
+		var values []any
+		if len(names) > 0 {
+			stored, err := tx.HMGet(ctx, policiesKey(s.prefix), names...).Result()
+			if err != nil {
+				return nil, fmt.Errorf("read policies: %w", err)
+			}
+			for i, name := range names {
+				var sp storedPolicy
+				if raw, ok := stored[i].(string); ok && json.Unmarshal([]byte(raw), &sp) == nil && sp.Policy == texts[i] {
+					continue
+				}
+				enc, err := encodePolicy(policies[name])
+				if err != nil {
+					return nil, err
+				}
+				values = append(values, name, enc)
 			}
 		}
-	}
-	if len(values) == 0 && len(stale) == 0 {
-		return nil
-	}
-	_, err := s.client.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
-		if len(stale) > 0 {
-			pipe.HDel(ctx, policiesKey(s.prefix), stale...)
+		var stale []string
+		if prune {
+			existing, err := tx.HKeys(ctx, policiesKey(s.prefix)).Result()
+			if err != nil {
+				return nil, fmt.Errorf("list policies: %w", err)
+			}
+			for _, name := range existing {
+				if _, keep := policies[name]; !keep {
+					stale = append(stale, name)
+				}
+			}
 		}
-		if len(values) > 0 {
-			pipe.HSet(ctx, policiesKey(s.prefix), values...)
+		if changed = len(values) > 0 || len(stale) > 0; !changed {
+			return nil, nil
 		}
-		pipe.Incr(ctx, policiesVersionKey(s.prefix))
-		return nil
+		return func(pipe redis.Pipeliner) {
+			if len(stale) > 0 {
+				pipe.HDel(ctx, policiesKey(s.prefix), stale...)
+			}
+			if len(values) > 0 {
+				pipe.HSet(ctx, policiesKey(s.prefix), values...)
+			}
+		}, nil
 	})
 	if err != nil {
 		return fmt.Errorf("store policies: %w", err)
 	}
-	s.announce(ctx)
+	if changed {
+		s.announce(ctx)
+	}
 	return nil
+}
+
+// changeAtomically runs read under WATCH of the policy hash; the writes it
+// returns (nil: none) run in one transaction with the version's bump, and
+// the whole is tried again when another writer changed the hash meanwhile.
+func (s *PolicyStore) changeAtomically(ctx context.Context, read func(tx *redis.Tx) (func(redis.Pipeliner), error)) error {
+	for attempt := 0; ; attempt++ {
+		err := s.client.Watch(ctx, func(tx *redis.Tx) error {
+			write, err := read(tx)
+			if err != nil || write == nil {
+				return err
+			}
+			_, err = tx.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
+				write(pipe)
+				pipe.Incr(ctx, policiesVersionKey(s.prefix))
+				return nil
+			})
+			return err
+		}, policiesKey(s.prefix))
+		if !errors.Is(err, redis.TxFailedErr) || attempt == 20 {
+			return err
+		}
+	}
 }
 
 // announce tells every reader to drop its cache; a lost message is caught
@@ -241,18 +283,23 @@ func (s *PolicyStore) List(ctx context.Context) ([]NamedPolicy, error) {
 
 // Delete removes the policy of name and reports whether there was one. The
 // tenant's throttle state is left alone.
+// Deleting a policy that is not there changes nothing.
 func (s *PolicyStore) Delete(ctx context.Context, name string) (bool, error) {
-	var del *redis.IntCmd
-	_, err := s.client.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
-		del = pipe.HDel(ctx, policiesKey(s.prefix), name)
-		pipe.Incr(ctx, policiesVersionKey(s.prefix))
-		return nil
+	existed := false
+	err := s.changeAtomically(ctx, func(tx *redis.Tx) (func(redis.Pipeliner), error) {
+		n, err := tx.HExists(ctx, policiesKey(s.prefix), name).Result()
+		if existed = n; err != nil || !n {
+			return nil, err
+		}
+		return func(pipe redis.Pipeliner) { pipe.HDel(ctx, policiesKey(s.prefix), name) }, nil
 	})
 	if err != nil {
 		return false, fmt.Errorf("delete policy %q: %w", name, err)
 	}
-	s.announce(ctx)
-	return del.Val() > 0, nil
+	if existed {
+		s.announce(ctx)
+	}
+	return existed, nil
 }
 
 // readVersion is the number of changes made to the store so far.

@@ -347,3 +347,51 @@ func mustEncode(t *testing.T, text string) string {
 	require.NoError(t, err)
 	return raw
 }
+
+// TestPolicyStoreChangesOnlyWhatChanges: deleting a policy that is not
+// there, or storing one exactly as it is, changes nothing: no version bump
+// (every reader would drop its cache) and no new "updated" time.
+func TestPolicyStoreChangesOnlyWhatChanges(t *testing.T) {
+	t.Parallel()
+	e := setup(t, false, nil)
+	ctx := context.Background()
+	s := e.store
+	version := func() int64 {
+		v, err := s.readVersion(ctx)
+		require.NoError(t, err)
+		return v
+	}
+	raw := func() map[string]string {
+		h, err := e.client.HGetAll(ctx, policiesKey(e.prefix)).Result()
+		require.NoError(t, err)
+		return h
+	}
+	require.NoError(t, s.Apply(ctx, map[string]*Policy{"acme": mustPolicy(t, "rate=5/s"), "old": mustPolicy(t, "concurrency=2")}, false))
+	v, before := version(), raw()
+
+	deleted, err := s.Delete(ctx, "missing")
+	require.NoError(t, err)
+	require.False(t, deleted)
+	require.Equal(t, v, version(), "deleting a missing policy changes no version")
+
+	time.Sleep(2 * time.Millisecond) // so that a rewrite would show a new "updated"
+	require.NoError(t, s.Apply(ctx, map[string]*Policy{"acme": mustPolicy(t, "rate=5/s")}, false))
+	require.NoError(t, s.Set(ctx, "old", mustPolicy(t, "concurrency=2")))
+	require.Equal(t, v, version())
+	require.Equal(t, before, raw(), "unchanged policies keep their updated time")
+
+	// a change among unchanged ones writes only the change
+	require.NoError(t, s.Apply(ctx, map[string]*Policy{"acme": mustPolicy(t, "rate=5/s"), "old": mustPolicy(t, "concurrency=3")}, false))
+	require.Equal(t, v+1, version())
+	after := raw()
+	require.Equal(t, before["acme"], after["acme"])
+	require.NotEqual(t, before["old"], after["old"])
+
+	// prune with nothing to prune and nothing changed: nothing happens
+	require.NoError(t, s.Apply(ctx, map[string]*Policy{"acme": mustPolicy(t, "rate=5/s"), "old": mustPolicy(t, "concurrency=3")}, true))
+	require.Equal(t, v+1, version())
+	deleted, err = s.Delete(ctx, "old")
+	require.NoError(t, err)
+	require.True(t, deleted)
+	require.Equal(t, v+2, version())
+}

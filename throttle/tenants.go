@@ -34,13 +34,33 @@ func (l *Limiter) Tenants(ctx context.Context) ([]string, error) {
 	return out, nil
 }
 
+// scanLines SCANs the keyspace (every master of a Cluster) for the
+// waiting room's lines: the tenants with one, by queue.
+func (l *Limiter) scanLines(ctx context.Context) (map[string][]string, error) {
+	out := map[string][]string{}
+	err := l.scan(ctx, lineKeyPattern(l.cfg.Prefix), func(key string) {
+		if t, q, ok := scopeAndQueue(l.cfg.Prefix, key); ok && q != "" {
+			out[q] = append(out[q], t)
+		}
+	})
+	return out, err
+}
+
 // scanScopes SCANs the keyspace (every master of a Cluster) for keys that
 // match pattern and returns the scopes they belong to.
 func (l *Limiter) scanScopes(ctx context.Context, pattern string) (map[string]struct{}, error) {
-	var (
-		mu   sync.Mutex
-		seen = map[string]struct{}{}
-	)
+	seen := map[string]struct{}{}
+	err := l.scan(ctx, pattern, func(key string) {
+		if t, ok := scopeFromKey(l.cfg.Prefix, key); ok {
+			seen[t] = struct{}{}
+		}
+	})
+	return seen, err
+}
+
+// scan calls found with every key that matches pattern, one at a time.
+func (l *Limiter) scan(ctx context.Context, pattern string, found func(key string)) error {
+	var mu sync.Mutex
 	scan := func(ctx context.Context, c redis.Cmdable) error {
 		var cursor uint64
 		for {
@@ -50,9 +70,7 @@ func (l *Limiter) scanScopes(ctx context.Context, pattern string) (map[string]st
 			}
 			mu.Lock()
 			for _, k := range keys {
-				if t, ok := scopeFromKey(l.cfg.Prefix, k); ok {
-					seen[t] = struct{}{}
-				}
+				found(k)
 			}
 			mu.Unlock()
 			if next == 0 {
@@ -61,11 +79,8 @@ func (l *Limiter) scanScopes(ctx context.Context, pattern string) (map[string]st
 			cursor = next
 		}
 	}
-	var err error
 	if cc, ok := l.client.(*redis.ClusterClient); ok {
-		err = cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return scan(ctx, c) })
-	} else {
-		err = scan(ctx, l.client)
+		return cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return scan(ctx, c) })
 	}
-	return seen, err
+	return scan(ctx, l.client)
 }

@@ -20,6 +20,12 @@ func TestTenantsKeyRoundTrip(t *testing.T) {
 			require.True(t, ok, k)
 			require.Equal(t, tenant, got)
 		}
+		for _, q := range []string{"default", "a:b", "x}:l:y"} {
+			got, queue, ok := scopeAndQueue("sluice", keysFor("sluice", tenant).line(q))
+			require.True(t, ok, q)
+			require.Equal(t, tenant, got)
+			require.Equal(t, q, queue)
+		}
 	}
 	for _, key := range []string{
 		"sluice:{p}:policies", "sluice:{p}:version", "other:{t:a}:s", "sluice:{t:}:s",
@@ -28,7 +34,8 @@ func TestTenantsKeyRoundTrip(t *testing.T) {
 		_, ok := scopeFromKey("sluice", key)
 		require.False(t, ok, key)
 	}
-	require.Equal(t, `p\*\?\[x\]\\:{[tg]*}:[swarcblg]`, scopeKeyPattern(`p*?[x]\`))
+	require.Equal(t, `p\*\?\[x\]\\:{[tg]*}:[swaqgl]*`, scopeKeyPattern(`p*?[x]\`))
+	require.Equal(t, `p\*:{t:*}:l:*`, lineKeyPattern(`p*`))
 }
 
 func TestTenants(t *testing.T) {

@@ -34,6 +34,9 @@ func (w Window) validate() error {
 	if w.Limit > MaxWindowLimit {
 		return fmt.Errorf("window %s: at most %d entries per window are kept; use a rate rule or a quota for larger limits", w, MaxWindowLimit)
 	}
+	if err := checkSpan("the duration "+formatDuration(w.Period), w.Period); err != nil {
+		return fmt.Errorf("window %s: %v; use a quota (quota=N reset=\"CRON\") for limits over long periods", w, err)
+	}
 	return nil
 }
 

@@ -73,6 +73,8 @@ func TestBadTenantRunsUnderGlobalOnly(t *testing.T) {
 		{id: "reserved-at", typ: "job", headers: map[string]string{taskspec.TenantHeader: "@x"}, bad: true},
 		{id: "reserved-star", typ: "job", headers: map[string]string{taskspec.TenantHeader: "*"}, bad: true},
 		{id: "invalid-utf8", typ: "raw", payload: "a\xffb", bad: true},
+		{id: "newline", typ: "job", headers: map[string]string{taskspec.TenantHeader: "acme\n"}, bad: true},
+		{id: "c1", typ: "job", headers: map[string]string{taskspec.TenantHeader: "a\u0085b"}, bad: true},
 		{id: "good", typ: "job", headers: map[string]string{taskspec.TenantHeader: "acme"}, want: "acme"},
 	}
 	bad := 0
@@ -220,7 +222,7 @@ type scriptWatch struct {
 
 func newScriptWatch() *scriptWatch {
 	w := &scriptWatch{shas: map[string]bool{}}
-	for _, s := range []*redis.Script{lua.Admit, lua.Release, lua.Renew} {
+	for _, s := range []*redis.Script{lua.Admit, lua.Renew} {
 		w.shas[s.Hash()] = true // the scripts whose ARGV[2] is the number of ops
 	}
 	return w

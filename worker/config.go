@@ -140,6 +140,13 @@ type Config struct {
 	// ShutdownWait bounds how long Shutdown waits for handlers that outlive
 	// asynq's ShutdownTimeout to return. ShutdownWaitDefault when zero.
 	ShutdownWait time.Duration
+	// RetryUnknownTypes makes asynq retry, as it does by default, a job
+	// of a type no handler of the server is registered for: for fleets
+	// whose workers share a queue but handle different types. Otherwise
+	// such a job (a typo in its type, most likely) is archived at once with
+	// a NoHandlerError naming the type. Either way its type is logged once
+	// and counted (sluice_worker_unknown_types_total).
+	RetryUnknownTypes bool
 }
 
 func (c Config) withDefaults() Config {

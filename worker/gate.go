@@ -146,6 +146,24 @@ func (g *Gate) Stop() {
 	})
 }
 
+// giveBack releases the concurrency slot a job holds whichever admission
+// took it (the waiting room's promotion, for a job sent to asynq with its
+// slot), handing it to the next in line, for a job that does not reach
+// the gate (no handler takes its type). A tenant without a concurrency
+// rule costs no round trip.
+func (g *Gate) giveBack(ctx context.Context, task *asynq.Task) {
+	j := g.identify(ctx, task)
+	if j.tenant == "" {
+		return
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.cfg.CallTimeout)
+	defer cancel()
+	if err := g.room.Release(cctx, j.tenant, j.queue, j.id, 0, g.handover); err != nil {
+		g.m.err(errRelease)
+		g.warn(errRelease, "sluice: could not release the job's slot; it frees itself when its lease runs out", "task", j.taskID, "tenant", j.tenant, "err", err)
+	}
+}
+
 // stopped reports whether Stop was called.
 func (g *Gate) stopped() bool {
 	select {
@@ -533,7 +551,7 @@ func (g *Gate) release(ctx context.Context, j *job, claim uint64) {
 	if j.tenant == "" || g.stopped() {
 		err = g.lim.Release(cctx, j.tenant, j.id, claim)
 	} else {
-		err = g.room.Release(cctx, j.tenant, j.id, claim, g.handover)
+		err = g.room.Release(cctx, j.tenant, j.queue, j.id, claim, g.handover)
 	}
 	if errors.Is(err, throttle.ErrClaimLost) {
 		g.m.renewals.WithLabelValues(renewLost).Inc()

@@ -46,6 +46,8 @@ type metrics struct {
 	renewals  *prometheus.CounterVec
 	errors    *prometheus.CounterVec
 	outcomes  *prometheus.CounterVec
+	// unknownTypes counts the jobs of types no handler takes (Server only).
+	unknownTypes *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer, tenants bool) (*metrics, error) {
@@ -90,8 +92,12 @@ func newMetrics(reg prometheus.Registerer, tenants bool) (*metrics, error) {
 			Name: "sluice_worker_handler_outcomes_total",
 			Help: "Outcomes of the handlers the gate admitted (success, error, skip_retry, revoke, panic, cooldown).",
 		}, withTenant("outcome")),
+		unknownTypes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_worker_unknown_types_total",
+			Help: "Jobs of a type no handler of the worker is registered for (archived at once unless RetryUnknownTypes), by type; past 100 types, as (other).",
+		}, []string{"type"}),
 	}
-	for _, c := range []prometheus.Collector{m.decisions, m.deferrals, m.drops, m.wait, m.inFlight, m.renewals, m.errors, m.outcomes} {
+	for _, c := range []prometheus.Collector{m.decisions, m.deferrals, m.drops, m.wait, m.inFlight, m.renewals, m.errors, m.outcomes, m.unknownTypes} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

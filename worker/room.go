@@ -69,13 +69,16 @@ func (g *Gate) startPump(queues []string) {
 		g.pumpWG.Add(2)
 		go func() {
 			defer g.pumpWG.Done()
-			g.sampleLines(ctx, g.room)
+			g.sampleLines(ctx, queues)
 		}()
 		go func() {
 			defer g.pumpWG.Done()
 			_ = g.room.Pump(ctx, &throttle.PumpConfig{
+				Queues:   queues,
 				Handover: g.handover,
-				Free:     func(ctx context.Context) (int, error) { return g.gauge.Free(ctx, queues) },
+				Free: func(ctx context.Context, queue string) (int, error) {
+					return g.gauge.Free(ctx, []string{queue})
+				},
 				OnTurn: func(_ string, t throttle.Turn, handed, gone int) {
 					g.rm.promoted.Add(float64(handed))
 					g.rm.skipped.WithLabelValues("gone").Add(float64(gone))
@@ -91,8 +94,9 @@ func (g *Gate) startPump(queues []string) {
 	})
 }
 
-// sampleLines keeps the waiting metrics, every sampleEvery.
-func (g *Gate) sampleLines(ctx context.Context, room *throttle.Room) {
+// sampleLines keeps the waiting metrics of the lines of queues, every
+// sampleEvery.
+func (g *Gate) sampleLines(ctx context.Context, queues []string) {
 	t := time.NewTicker(sampleEvery)
 	defer t.Stop()
 	for {
@@ -101,29 +105,31 @@ func (g *Gate) sampleLines(ctx context.Context, room *throttle.Room) {
 			return
 		case <-t.C:
 		}
-		lines, err := room.Lines(ctx)
+		lines, err := g.room.Lines(ctx, queues...)
 		if err != nil {
 			continue
 		}
 		now := time.Now()
-		var total int64
-		var oldest time.Duration
-		if g.rm.tenants {
-			g.rm.waiting.Reset()
-			g.rm.oldest.Reset()
-		}
+		waiting := map[string]int64{}
+		oldest := map[string]time.Duration{}
 		for _, l := range lines {
-			total += l.Waiting
-			age := max(now.Sub(l.Oldest), 0)
-			oldest = max(oldest, age)
+			key := ""
 			if g.rm.tenants {
-				g.rm.waiting.WithLabelValues(l.Tenant).Set(float64(l.Waiting))
-				g.rm.oldest.WithLabelValues(l.Tenant).Set(age.Seconds())
+				key = l.Tenant
 			}
+			waiting[key] += l.Waiting
+			oldest[key] = max(oldest[key], now.Sub(l.Oldest))
 		}
+		g.rm.waiting.Reset()
+		g.rm.oldest.Reset()
 		if !g.rm.tenants {
-			g.rm.waiting.WithLabelValues().Set(float64(total))
-			g.rm.oldest.WithLabelValues().Set(oldest.Seconds())
+			g.rm.waiting.WithLabelValues().Set(float64(waiting[""]))
+			g.rm.oldest.WithLabelValues().Set(oldest[""].Seconds())
+			continue
+		}
+		for t, n := range waiting {
+			g.rm.waiting.WithLabelValues(t).Set(float64(n))
+			g.rm.oldest.WithLabelValues(t).Set(oldest[t].Seconds())
 		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os/signal"
+	"slices"
 	"sync"
 	"syscall"
 
@@ -24,6 +25,8 @@ type Server struct {
 	gate       *Gate
 	mux        *asynq.ServeMux
 	srv        *asynq.Server
+	failures   *failures
+	patterns   []string // the handlers' patterns, for messages
 
 	mu      sync.Mutex
 	started bool
@@ -63,6 +66,7 @@ func New(client redis.UniversalClient, cfg *Config) (*Server, error) {
 		return nil, err
 	}
 	s.gate = gate
+	s.failures = newFailures(s.mux, s.handled, c.RetryUnknownTypes, c.Gate.Logger, gate.m, gate.giveBack)
 	gate.setHooks(&c.Asynq)
 	s.srv = asynq.NewServerFromRedisClient(ar, c.Asynq)
 	return s, nil
@@ -70,11 +74,23 @@ func New(client redis.UniversalClient, cfg *Config) (*Server, error) {
 
 // Handle registers the handler for tasks whose type matches pattern (see
 // asynq.ServeMux).
-func (s *Server) Handle(pattern string, h asynq.Handler) { s.mux.Handle(pattern, h) }
+func (s *Server) Handle(pattern string, h asynq.Handler) {
+	s.mux.Handle(pattern, h)
+	s.mu.Lock()
+	s.patterns = append(s.patterns, pattern)
+	s.mu.Unlock()
+}
 
 // HandleFunc registers a handler function for pattern.
 func (s *Server) HandleFunc(pattern string, fn func(context.Context, *asynq.Task) error) {
-	s.mux.HandleFunc(pattern, fn)
+	s.Handle(pattern, asynq.HandlerFunc(fn))
+}
+
+// handled lists the patterns of the registered handlers.
+func (s *Server) handled() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.patterns)
 }
 
 // Use adds middleware that runs after the gate, around the handlers.
@@ -93,7 +109,7 @@ func (s *Server) Start() error {
 	if s.closed {
 		return asynq.ErrServerClosed
 	}
-	if err := s.srv.Start(s.gate.wrap(s.mux)); err != nil {
+	if err := s.srv.Start(s.failures.unknownTypes(s.gate.wrap(s.failures.handlerErrors(s.mux)))); err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
 	s.started = true

@@ -50,6 +50,7 @@ func TestCLI(t *testing.T) {
 		"One":         testOne,
 		"Count":       testCount,
 		"File":        testFile,
+		"FileRerun":   testFileRerun,
 		"Stdin":       testStdin,
 		"Cron":        testCron,
 	} {
@@ -123,6 +124,8 @@ func testBadUsage(t *testing.T, c *cli) {
 		{[]string{"--tenant", "acme"}, nil, "missing --type: the job's type, e.g. http or sleep"},
 		{[]string{"--tenant", "*", "--type", "sleep"}, nil, `--tenant: invalid tenant: tenant "*" is a reserved name`},
 		{[]string{"--tenant", "", "--file", "x"}, nil, "--tenant: invalid tenant: the tenant is empty"},
+		{[]string{"--tenant", "a\tb", "--type", "sleep"}, nil, `--tenant: invalid tenant: tenant "a\tb" has a control character (U+0009) at byte 1`},
+		{[]string{"--tenant", "acme\n", "--file", "x"}, nil, `--tenant: invalid tenant: tenant "acme\n" has a control character (U+000A) at byte 4`},
 		{append(job, "--payload", `{"ms":`), nil, `--payload "{\"ms\":": not valid JSON (unexpected end of JSON input at byte 6); quote it for the shell, e.g. --payload '{"ms":100}'`},
 		{append(job, "--payload", `ms=100`), nil, `--payload "ms=100": not valid JSON (invalid character 'm' looking for beginning of value at byte 1)`},
 		{append(job, `{"ms":1}`), nil, `unexpected argument "{\"ms\":1}"; enqueue takes only flags (quote a payload: --payload '{"ms":100}')`},
@@ -140,6 +143,9 @@ func testBadUsage(t *testing.T, c *cli) {
 		{[]string{"--file", "x", "--payload", "{}"}, nil, "--payload cannot be used with --file: each line gives its own job"},
 		{[]string{"--file", "x", "--count", "3"}, nil, "--count cannot be used with --file"},
 		{[]string{"--file", "x", "--cron", "@hourly"}, nil, "--cron cannot be used with --file"},
+		{append(job, "--partial"), nil, "--partial goes with --file: it says how the lines of a file are enqueued"},
+		{append(job, "--random-ids"), nil, "--random-ids goes with --file"},
+		{append(job, "--cron", "@hourly", "--dry-run"), nil, "--dry-run cannot be used with --cron"},
 		{append(job, "--prefix", "a{b}"), nil, `--prefix "a{b}": must be non-empty and without { or }`},
 		{append(job, "--redis", "redis://u:secret@h:1/x"), nil, `--redis: Redis URL "redis://u:xxxxx@h:1/x": database "x": must be a number`},
 		{job, map[string]string{"SLUICE_REDIS_URL": "http://x"}, `SLUICE_REDIS_URL: Redis URL "http://x": unknown scheme "http"`},
@@ -281,11 +287,7 @@ func testFile(t *testing.T, c *cli) {
 
 	file := filepath.Join(t.TempDir(), "jobs.jsonl")
 	require.NoError(t, os.WriteFile(file, []byte(strings.ReplaceAll(fileLines, "%Q", c.queue)), 0o600))
-	// --type is the default of the lines without one; --quiet keeps
-	// progress lines out of the comparison.
-	r := c.run(t, nil, "--file", file, "--type", "email", "--quiet")
-	require.Equal(t, 1, r.code)
-	require.Equal(t, `enqueue: line 3: not valid JSON: unexpected end of JSON input at byte 50
+	badLines := `enqueue: line 3: not valid JSON: unexpected end of JSON input at byte 50
 enqueue: line 4: no tenant: add "tenant" to the line or give --tenant
 enqueue: line 6: unknown field "queueu"; known: tenant, type, payload, queue, cost, id, process_in, max_retry
 enqueue: line 7: "cost" is a JSON string; want a whole number
@@ -293,10 +295,29 @@ enqueue: line 8: cost 0: must be at least 1 (the default)
 enqueue: line 9: process_in "ten minutes": want a duration such as "90s" or "5m"
 enqueue: line 10: invalid tenant: tenant "*" is a reserved name (* is the default policy, names starting with @ are sluice's); choose another
 enqueue: line 11: not a JSON object; want {"tenant": …, "type": …, "payload": …}
-enqueue: line 12: id "j1": line 1 already gave this task id in queue "`+c.queue+`"; task ids must be unique
+enqueue: line 12: id "j1": line 1 already gave this task id in queue "` + c.queue + `"; task ids must be unique
 enqueue: line 15: more than one JSON value on the line; put one job on each line
-enqueue: line 16: queue "": the queue name must not be blank; leave "queue" out for "`+c.queue+`"
-enqueue: line 14: tenant "small": backlog full (1 waiting, cap 1): retry later or raise backlog= in its policy
+enqueue: line 16: queue "": the queue name must not be blank; leave "queue" out for "` + c.queue + `"
+`
+	// The whole file is checked first: with a bad line nothing is
+	// enqueued, and every bad line is named.
+	r := c.run(t, nil, "--file", file, "--type", "email")
+	require.Equal(t, 1, r.code)
+	require.Empty(t, r.stdout)
+	require.Equal(t, badLines+"enqueue: 11 of 16 lines of "+file+" are bad (reported above): nothing was enqueued; fix them and run again (--partial enqueues the good lines and reports the bad ones)\n", r.stderr)
+	require.Empty(t, c.tasks(t))
+
+	// --dry-run says the same without Redis.
+	r = c.runEnv(t, nil, map[string]string{"SLUICE_REDIS_URL": "redis://127.0.0.1:1"}, "--queue", c.queue, "--file", file, "--type", "email", "--dry-run")
+	require.Equal(t, 1, r.code)
+	require.Equal(t, badLines, r.stderr)
+	require.True(t, strings.HasSuffix(r.stdout, "dry run: 11 of 16 lines of "+file+" are bad (reported above); the other 5 are good; nothing was enqueued\n"), r.stdout)
+
+	// --partial enqueues every good line. --type is the default of the
+	// lines without one; --quiet keeps progress lines out of the comparison.
+	r = c.run(t, nil, "--file", file, "--type", "email", "--quiet", "--partial")
+	require.Equal(t, 1, r.code)
+	require.Equal(t, badLines+`enqueue: line 14: tenant "small": backlog full (1 waiting, cap 1): retry later or raise backlog= in its policy
 `, r.stderr)
 	require.Regexp(t, `^enqueued 4 of 16 jobs from `+regexp.QuoteMeta(file)+` in \d+\.\d\ds \(\d+/s\); 12 failed \(reported above\)\n$`, r.stdout)
 
@@ -315,14 +336,76 @@ enqueue: line 14: tenant "small": backlog full (1 waiting, cap 1): retry later o
 	require.Empty(t, tasks["j17"].Payload, "a null payload is no payload")
 	require.Equal(t, "other", tasks["j17"].Headers[taskspec.TenantHeader])
 
-	// A file of good lines only: exit 0.
-	good := filepath.Join(t.TempDir(), "good.jsonl")
-	require.NoError(t, os.WriteFile(good, []byte(`{"tenant":"acme","type":"sleep"}`+"\n"+`{"tenant":"acme","type":"sleep"}`), 0o600))
-	r = c.run(t, nil, "--file", good)
+	// Again: the jobs in the queue are not enqueued twice.
+	r = c.run(t, nil, "--file", file, "--type", "email", "--quiet", "--partial")
+	require.Equal(t, 1, r.code)
+	require.Regexp(t, `^enqueued 0 of 16 jobs from \S+ in \S+; 12 failed \(reported above\); 4 were in the queue already \(the same task id: enqueued before\), not enqueued again\n$`, r.stdout)
+	require.Len(t, c.tasks(t), 4)
+}
+
+// testFileRerun: the story of the report. A file with a bad line enqueues
+// nothing; fixed, every line is enqueued; run again, nothing is enqueued
+// twice. Lines without an id get one derived from what they enqueue.
+func testFileRerun(t *testing.T, c *cli) {
+	dir := t.TempDir()
+	write := func(lines ...string) string {
+		f := filepath.Join(dir, "jobs.jsonl")
+		require.NoError(t, os.WriteFile(f, []byte(strings.Join(lines, "\n")+"\n"), 0o600))
+		return f
+	}
+	job := `{"tenant":"acme","type":"sleep","payload":{"ms":5}}`
+	file := write("\xef\xbb\xbf"+job, job, `{"tenant":"acme","type":"slep"`, `{"tenant":"globex","type":"sleep"}`)
+	r := c.run(t, nil, "--file", file)
+	require.Equal(t, 1, r.code)
+	require.Equal(t, "enqueue: line 3: not valid JSON: unexpected end of JSON input at byte 30\nenqueue: 1 of 4 lines of "+file+" are bad (reported above): nothing was enqueued; fix them and run again (--partial enqueues the good lines and reports the bad ones)\n", r.stderr)
+	require.Empty(t, c.tasks(t))
+
+	// --partial enqueues the three good lines (a leading byte order mark
+	// is fine; two identical lines are two jobs) ...
+	r = c.run(t, nil, "--file", file, "--partial")
+	require.Equal(t, 1, r.code)
+	require.Regexp(t, `^enqueued 3 of 4 jobs from `, r.stdout)
+	first := c.tasks(t)
+	require.Len(t, first, 3)
+	// ... the file is fixed and run again: only the fixed line is new.
+	file = write(job, job, `{"tenant":"acme","type":"sleep","payload":{"ms":7}}`, `{"tenant":"globex","type":"sleep"}`)
+	r = c.run(t, nil, "--file", file)
 	require.Equal(t, 0, r.code, r.stderr)
 	require.Empty(t, r.stderr)
-	require.Regexp(t, `^enqueued 2 of 2 jobs from `, r.stdout)
-	require.Len(t, c.tasks(t), 6)
+	require.Regexp(t, `^enqueued 1 of 4 jobs from \S+ in \S+; 3 were in the queue already \(the same task id: enqueued before\), not enqueued again\n$`, r.stdout)
+	tasks := c.tasks(t)
+	require.Len(t, tasks, 4)
+	for id := range first {
+		require.Contains(t, tasks, id)
+		require.Regexp(t, `^line-[0-9a-f]{32}$`, id)
+	}
+	// A line added at the top moves the others but keeps their ids.
+	file = write(`{"tenant":"initech","type":"sleep"}`, job, job, `{"tenant":"acme","type":"sleep","payload":{"ms":7}}`, `{"tenant":"globex","type":"sleep"}`)
+	r = c.run(t, nil, "--file", file)
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Regexp(t, `^enqueued 1 of 5 jobs from \S+ in \S+; 4 were in the queue already`, r.stdout)
+	require.Len(t, c.tasks(t), 5)
+
+	// --dry-run shows each job and its id, and enqueues nothing.
+	r = c.run(t, nil, "--file", file, "--dry-run")
+	require.Equal(t, 0, r.code, r.stderr)
+	lines := strings.Split(strings.TrimSuffix(r.stdout, "\n"), "\n")
+	require.Len(t, lines, 6, r.stdout)
+	require.Regexp(t, `^line 2: task line-[0-9a-f]{32} \(type sleep, tenant acme, queue `+regexp.QuoteMeta(c.queue)+`\)$`, lines[1])
+	require.Equal(t, "dry run: the 5 jobs of "+file+" would be enqueued; nothing was enqueued", lines[5])
+	require.Len(t, c.tasks(t), 5)
+
+	// --random-ids: every run enqueues every line again.
+	r = c.run(t, nil, "--file", file, "--random-ids")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Regexp(t, `^enqueued 5 of 5 jobs from `, r.stdout)
+	require.Len(t, c.tasks(t), 10)
+
+	// A byte order mark anywhere but the start is named.
+	file = write(job, "\xef\xbb\xbf"+job)
+	r = c.run(t, nil, "--file", file, "--dry-run")
+	require.Equal(t, 1, r.code)
+	require.Contains(t, r.stderr, "enqueue: line 2: not valid JSON: the line starts with a byte order mark (U+FEFF); only the file's first line may have one\n")
 }
 
 func testStdin(t *testing.T, c *cli) {

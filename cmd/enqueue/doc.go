@@ -5,7 +5,7 @@
 // Usage:
 //
 //	enqueue --tenant T --type TYPE [--payload JSON] [JOB FLAGS] [--count N]
-//	enqueue --file F|- [JOB FLAGS]
+//	enqueue --file F|- [--partial] [--dry-run] [--random-ids] [JOB FLAGS]
 //	enqueue --cron SPEC --tenant T --type TYPE [--payload JSON] [JOB FLAGS]
 //
 //	job flags: --queue Q --cost C --in DUR --id ID --max-retry N
@@ -33,7 +33,7 @@
 // SIGTERM stops after the batch in progress and says exactly what was
 // enqueued; with --cron it is the normal way to stop.
 //
-// Exit status: 0 when every job was enqueued (and after --cron is
-// stopped, unless a run failed), 1 when any job was not, Redis is
-// unreachable or the run was interrupted, 2 on bad usage.
+// Exit status: 0 when every job was enqueued or was in the queue already
+// (and after --cron is stopped, unless a run failed), 1 when any job was
+// not, Redis is unreachable or the run was interrupted, 2 on bad usage.
 package main

@@ -61,6 +61,11 @@ type options struct {
 	cronSpec string
 	schedule cron.Schedule
 	quiet    bool
+
+	// partial enqueues the good lines of a file with bad ones; dryRun only
+	// checks and shows; randomIDs gives lines without an id a random one
+	// instead of one derived from the line.
+	partial, dryRun, randomIDs bool
 }
 
 // run is the whole program: it parses args, enqueues and returns the exit
@@ -86,7 +91,15 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		in = f
 	}
 
-	client := o.url.NewClient()
+	if o.dryRun {
+		e := &enqueuer{o: o, stdout: stdout, stderr: stderr}
+		if o.file != "" {
+			return e.file(ctx, in, name)
+		}
+		return e.dryRunFlags()
+	}
+
+	client := o.url.NewInteractiveClient()
 	defer client.Close()
 	if err := o.url.Ping(ctx, client, 0); err != nil {
 		if ctx.Err() != nil {
@@ -146,6 +159,9 @@ func parseFlags(args []string, env func(string) string) (*options, error) {
 	fs.IntVar(&o.maxRetry, "max-retry", 0, "")
 	fs.StringVar(&o.file, "file", "", "")
 	fs.StringVar(&o.cronSpec, "cron", "", "")
+	fs.BoolVar(&o.partial, "partial", false, "")
+	fs.BoolVar(&o.dryRun, "dry-run", false, "")
+	fs.BoolVar(&o.randomIDs, "random-ids", false, "")
 	fs.BoolVar(&o.quiet, "quiet", false, "")
 	fs.BoolVar(&o.quiet, "q", false, "")
 	fs.BoolVar(&showHelp, "help", false, "")
@@ -189,6 +205,11 @@ func parseFlags(args []string, env func(string) string) (*options, error) {
 			}
 		}
 	} else {
+		for _, f := range []string{"partial", "random-ids"} {
+			if set[f] {
+				return nil, usagef("--%s goes with --file: it says how the lines of a file are enqueued", f)
+			}
+		}
 		if o.tenant == "" {
 			return nil, usagef("missing --tenant: the tenant whose limits the job counts against (or --file for JSON lines)")
 		}
@@ -232,6 +253,9 @@ func parseFlags(args []string, env func(string) string) (*options, error) {
 		if o.count > 1 || o.cronSpec != "" {
 			return nil, usagef("--id names one job: it cannot be used with --count %d or --cron (a second job with the id would be refused)", o.count)
 		}
+	}
+	if o.dryRun && o.cronSpec != "" {
+		return nil, usagef("--dry-run cannot be used with --cron: check the job once with --dry-run alone")
 	}
 	if set["cron"] {
 		o.schedule, err = cronParser.Parse(o.cronSpec)
@@ -313,6 +337,20 @@ func describe(info *asynq.TaskInfo, tenant string, in time.Duration) string {
 		s += ", due " + info.NextProcessAt.UTC().Format(time.RFC3339)
 	}
 	return s + ")"
+}
+
+// dryRunFlags says what the flags would enqueue, without Redis.
+func (e *enqueuer) dryRunFlags() int {
+	o := e.o
+	what := fmt.Sprintf("%d %s of type %s for tenant %s in queue %s", o.count, plural(o.count, "job", "jobs"), o.typ, o.tenant, o.queue)
+	if o.in > 0 {
+		what += ", due in " + o.in.String()
+	}
+	if o.id != "" {
+		what += ", task id " + o.id
+	}
+	fmt.Fprintf(e.stdout, "dry run: would enqueue %s; nothing was enqueued\n", what)
+	return exitOK
 }
 
 // one enqueues the single job of the flags.

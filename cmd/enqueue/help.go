@@ -12,7 +12,7 @@ limits it counts against; sluice workers run them when the limits allow.
 
 Usage:
   enqueue --tenant T --type TYPE [--payload JSON] [JOB FLAGS] [--count N]
-  enqueue --file F|- [JOB FLAGS]
+  enqueue --file F|- [--partial] [--dry-run] [JOB FLAGS]
   enqueue --cron SPEC --tenant T --type TYPE [--payload JSON] [JOB FLAGS]
 
 Job flags (with --file, defaults for the lines that leave them out):
@@ -25,7 +25,7 @@ Job flags (with --file, defaults for the lines that leave them out):
                      quota rules (default 1)
   --in DUR           run the job no sooner than DUR from now, e.g. 30s or 5m
   --id ID            the task id; a second job with the same id in the queue is
-                     refused (one job only)
+                     refused (one job only; random when not given)
   --max-retry N      retries after handler errors (asynq's default is 25);
                      throttling never uses one
 
@@ -35,8 +35,20 @@ Modes:
                        {"tenant": "acme", "type": "http", "payload": {...},
                         "queue": "default", "cost": 1, "id": "order-17",
                         "process_in": "30s", "max_retry": 3}
-                     every good line is enqueued; each bad one is reported with
-                     its line number
+                     the whole file is checked first: when a line is bad,
+                     every bad line is reported with its number and nothing
+                     is enqueued. A line without "id" gets one derived from
+                     what it enqueues (and how many identical lines come
+                     before it), so running a file again does not enqueue
+                     its jobs twice while they are in the queue: they are
+                     counted as "in the queue already"
+  --partial          with --file: enqueue every good line and report the bad
+                     ones (a file read as it comes, from a pipe, for one)
+  --random-ids       with --file: lines without "id" get a random one, so
+                     every run enqueues every line again
+  --dry-run          check the job or the file and show what would be
+                     enqueued (each line's task id); nothing is, and Redis
+                     is not needed
   --cron SPEC        enqueue the job (or --count of them) each time SPEC fires,
                      until SIGINT or SIGTERM: "*/5 * * * *" (5 fields), six
                      fields with seconds first, "@every 30s", "@hourly";
@@ -57,9 +69,9 @@ Output: one job prints its task id on stdout; --count and --file print a
 summary there, report each job that was not enqueued on stderr (with its line
 number), and show progress on stderr: a bar with the rate and the time left on
 a terminal, a line every 2s otherwise. A tenant whose backlog is full
-(backlog= in its policy) refuses jobs; each is reported. SIGINT or SIGTERM
-stops after the batch in progress and says exactly how many jobs were
-enqueued.
+(backlog= in its policy) refuses jobs; each is reported, and the jobs
+enqueued stay (run the file again for the rest). SIGINT or SIGTERM stops
+after the batch in progress and says exactly how many jobs were enqueued.
 
 Examples:
   enqueue --tenant acme --type sleep --payload '{"ms":200}' --count 100
@@ -68,8 +80,9 @@ Examples:
   enqueue --file jobs.jsonl --queue imports
   enqueue --cron '@every 10s' --tenant acme --type sleep --payload '{"ms":50}'
 
-Exit status: 0 when every job was enqueued, 1 when any was not (or Redis is
-unreachable, or enqueue was interrupted), 2 on bad usage.
+Exit status: 0 when every job was enqueued (or was in the queue already), 1
+when any was not (a bad line, a full backlog, Redis unreachable, an
+interrupt), 2 on bad usage.
 `
 }
 

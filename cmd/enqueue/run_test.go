@@ -28,42 +28,71 @@ func setupRun(t *testing.T) (*cli, func(string) string) {
 	}
 }
 
-// Ctrl-C while lines are still coming: enqueue stops and names exactly
-// what it enqueued.
-func TestInterruptFile(t *testing.T) {
-	c, env := setupRun(t)
+// piped is enqueue --file - running in process on a pipe the test writes
+// ten lines to (the fourth one broken when broken is set), until the test
+// cancels it.
+type piped struct {
+	cancel         context.CancelFunc
+	code           chan int
+	stdout, stderr clitest.SyncBuffer
+}
+
+func runPiped(t *testing.T, c *cli, env func(string) string, broken bool, flags ...string) *piped {
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
+	t.Cleanup(cancel)
 	pr, pw := io.Pipe()
-	defer pw.Close()
-	var stdout, stderr clitest.SyncBuffer
-	code := make(chan int, 1)
-	go func() {
-		code <- run(ctx, []string{"--prefix", c.prefix, "--queue", c.queue, "--file", "-", "--tenant", "acme", "--type", "sleep"}, pr, &stdout, &stderr, env)
-	}()
+	t.Cleanup(func() { _ = pw.Close() })
+	p := &piped{cancel: cancel, code: make(chan int, 1)}
+	args := append([]string{"--prefix", c.prefix, "--queue", c.queue, "--file", "-", "--tenant", "acme", "--type", "sleep"}, flags...)
+	go func() { p.code <- run(ctx, args, pr, &p.stdout, &p.stderr, env) }()
 	for i := 1; i <= 10; i++ {
 		line := `{"payload":{"n":` + fmt.Sprint(i) + `}}`
-		if i == 4 {
+		if broken && i == 4 {
 			line = `{"payload":`
 		}
 		_, err := io.WriteString(pw, line+"\n")
 		require.NoError(t, err)
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for len(c.tasks(t)) < 9 {
-		require.True(t, time.Now().Before(deadline), "9 jobs enqueued within 20s: %s", stderr.String())
-		time.Sleep(10 * time.Millisecond)
-	}
-	cancel()
+	return p
+}
+
+// interrupt cancels the run and returns its exit code.
+func (p *piped) interrupt(t *testing.T) int {
+	p.cancel()
 	select {
-	case got := <-code:
-		require.Equal(t, exitFailure, got)
+	case got := <-p.code:
+		return got
 	case <-time.After(20 * time.Second):
 		t.Fatal("enqueue did not stop within 20s of the interrupt")
+		return 0
 	}
-	require.Equal(t, "interrupted after line 10 of standard input: enqueued 9 jobs, 1 failed; the lines after 10 were not enqueued\n", stdout.String())
-	require.Equal(t, "enqueue: line 4: not valid JSON: unexpected end of JSON input at byte 11\n", stderr.String())
+}
+
+// Ctrl-C while lines are still coming (--partial): enqueue stops and names
+// exactly what it enqueued.
+func TestInterruptFile(t *testing.T) {
+	c, env := setupRun(t)
+	p := runPiped(t, c, env, true, "--partial")
+	deadline := time.Now().Add(20 * time.Second)
+	for len(c.tasks(t)) < 9 {
+		require.True(t, time.Now().Before(deadline), "9 jobs enqueued within 20s: %s", p.stderr.String())
+		time.Sleep(10 * time.Millisecond)
+	}
+	require.Equal(t, exitFailure, p.interrupt(t))
+	require.Equal(t, "interrupted after line 10 of standard input: enqueued 9 jobs, 1 failed; the lines after 10 were not enqueued; run the same file again to enqueue the rest (the jobs already enqueued are skipped)\n", p.stdout.String())
+	require.Equal(t, "enqueue: line 4: not valid JSON: unexpected end of JSON input at byte 11\n", p.stderr.String())
 	require.Len(t, c.tasks(t), 9)
+}
+
+// Ctrl-C before standard input ends: the file is not whole yet, so nothing
+// is enqueued.
+func TestInterruptWhileReadingFile(t *testing.T) {
+	c, env := setupRun(t)
+	p := runPiped(t, c, env, false)
+	require.Equal(t, exitFailure, p.interrupt(t))
+	require.Empty(t, p.stdout.String())
+	require.Equal(t, "enqueue: interrupted while reading standard input: nothing was enqueued\n", p.stderr.String())
+	require.Empty(t, c.tasks(t))
 }
 
 // Without a terminal, progress comes as plain lines on stderr.

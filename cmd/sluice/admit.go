@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/human"
 	"github.com/sluicehq/sluice/throttle"
 )
 
@@ -92,7 +93,10 @@ func admit(a *app, c *command, o *opts, args []string) error {
 		if d.ResetAfter < 0 {
 			j.ResetAfterMS = -1
 		}
-		return writeJSON(a.stdout, j)
+		if err := writeJSON(a.stdout, j); err != nil {
+			return err
+		}
+		return deniedUnless(d.Allowed)
 	}
 
 	tw := newTable(a.stdout)
@@ -136,9 +140,21 @@ func admit(a *app, c *command, o *opts, args []string) error {
 		}
 	}
 	if d.Reserved {
-		row("reserved", "job %s holds the slot at %s (in %s)", id, d.Slot.UTC().Format(time.RFC3339Nano), short(d.Slot.Sub(d.Now)))
+		row("reserved", "job %s holds the slot at %s (in %s)", human.Text(id), d.Slot.UTC().Format(time.RFC3339Nano), short(d.Slot.Sub(d.Now)))
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	return deniedUnless(d.Allowed)
+}
+
+// deniedUnless is admit's exit: 0 when the job would be admitted, 3 when
+// not.
+func deniedUnless(allowed bool) error {
+	if allowed {
+		return nil
+	}
+	return errDenied
 }
 
 type deniedJSON struct {

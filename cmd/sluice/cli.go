@@ -21,7 +21,13 @@ const (
 	exitOK      = 0
 	exitFailure = 1
 	exitUsage   = 2
+	// exitDenied is admit --dry-run's answer "the job would not be
+	// admitted now": neither a success nor a failure of the command.
+	exitDenied = 3
 )
+
+// errDenied makes run exit with exitDenied; the command has printed why.
+var errDenied = errors.New("would not be admitted")
 
 // version is set at build time with -ldflags "-X main.version=v1.2.3";
 // otherwise the module version from the build info is used.
@@ -77,6 +83,9 @@ type opts struct {
 	once     bool
 	interval durationFlag
 	limit    int
+	invalid  bool
+	state    string
+	queue    string
 
 	listen     string
 	public     bool
@@ -98,6 +107,8 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	switch {
 	case err == nil:
 		return exitOK
+	case errors.Is(err, errDenied):
+		return exitDenied
 	case errors.As(err, &help):
 		a.printHelp(stdout, help.cmd)
 		return exitOK
@@ -212,6 +223,15 @@ func (a *app) dispatch(args []string) error {
 	}
 	if g := group(name); g != nil {
 		gc := groupCommand(name)
+		if len(rest) > 0 {
+			if c := lookup(name + " " + rest[0]); c != nil {
+				return a.runCommand(c, rest[1:])
+			}
+		}
+		if c := lookup(name); c != nil {
+			// a command that also has subcommands (jobs, jobs run)
+			return a.runCommand(c, rest)
+		}
 		if len(rest) == 0 || strings.HasPrefix(rest[0], "-") {
 			if len(rest) > 0 && (rest[0] == "-h" || rest[0] == "--help" || rest[0] == "-help") {
 				return helpRequested{cmd: gc}
@@ -299,7 +319,7 @@ func (a *app) connect(cmd *command) (*conn, error) {
 	if strings.ContainsAny(prefix, "{}") {
 		return nil, usagef(cmd, "--prefix %q: must not contain { or }; use the prefix your workers use (default %q)", prefix, throttle.PrefixDefault)
 	}
-	client := u.NewClient()
+	client := u.NewInteractiveClient()
 	if err := u.Ping(a.ctx, client, 0); err != nil {
 		_ = client.Close()
 		return nil, err
@@ -320,13 +340,7 @@ func (a *app) connect(cmd *command) (*conn, error) {
 
 // checkPolicyName accepts a tenant, "*" or "@global" as a policy's name.
 func checkPolicyName(cmd *command, name string) error {
-	if name == throttle.DefaultPolicy || name == throttle.GlobalPolicy {
-		return nil
-	}
-	if strings.HasPrefix(name, "@") {
-		return usagef(cmd, "policy name %q: the only names starting with @ are @global; * is the default policy", name)
-	}
-	if err := throttle.ValidateTenant(name); err != nil {
+	if err := throttle.ValidatePolicyName(name); err != nil {
 		return usagef(cmd, "%v", err)
 	}
 	return nil

@@ -2,6 +2,9 @@ package main
 
 import (
 	"context"
+	"errors"
+	"io"
+	"log/slog"
 	"net/http"
 	"os"
 	"os/exec"
@@ -12,12 +15,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicehq/sluice/internal/clitest"
 	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/throttle"
+	"github.com/sluicehq/sluice/worker"
 )
 
 func TestMain(m *testing.M) {
@@ -61,6 +67,9 @@ func TestCLI(t *testing.T) {
 		"Dashboard":            testDashboard,
 		"PolicyListEmptyState": testPolicyListEmpty,
 		"Cluster":              testCluster,
+		"InvalidNames":         testInvalidNames,
+		"RangeEdge":            testRangeEdge,
+		"Jobs":                 testJobs,
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -123,7 +132,7 @@ func testHelp(t *testing.T, c *cli) {
 	group := c.runWith(t, nil, nil, "help", "policy")
 	require.Equal(t, 0, group.code)
 	require.Contains(t, group.stdout, "  sluice policy set TENANT 'RULES'\n")
-	require.Contains(t, group.stdout, "  sluice policy delete TENANT\n")
+	require.Contains(t, group.stdout, "  sluice policy delete TENANT|--invalid\n")
 	require.Equal(t, group, c.runWith(t, nil, nil, "policy", "--help"))
 
 	// No command at all: the usage, on stderr, exit 2.
@@ -150,14 +159,20 @@ func testPolicyCommands(t *testing.T, c *cli) {
 	c.mustRun(t, "policy", "set", "@global", "rate=1000/s window=50000/min")
 	c.mustRun(t, "policy", "set", "we{ird} tenant", "concurrency=1 lease=10s")
 	require.Equal(t, "set policy open: (no rules: nothing is limited)\n", c.mustRun(t, "policy", "set", "open", ""))
+	// A rate given twice is one rule, kept once, and the user is told.
+	r := c.run(t, "policy", "set", "twice", "rate=1/s rate=1/s")
+	require.Equal(t, result{code: 0, stdout: "set policy twice: rate=1/s\n", stderr: "sluice: note: a rate given twice is one rule; it is kept once\n"}, r)
+	require.Equal(t, "rate=1/s\n", c.mustRun(t, "policy", "get", "twice"))
+	c.mustRun(t, "policy", "delete", "twice")
 
 	require.Equal(t, "rate=100/s burst=20 quota=1000/day concurrency=5\n", c.mustRun(t, "policy", "get", "acme"))
 	require.Equal(t, "rate=1000/s window=50000/min\n", c.mustRun(t, "policy", "get", "@global"))
+	require.Equal(t, "{\n  \"name\": \"acme\",\n  \"policy\": \"rate=100/s burst=20 quota=1000/day concurrency=5\"\n}\n", c.mustRun(t, "policy", "get", "--json", "acme"))
 
 	clitest.Golden(t, "policy_list", c.mustRun(t, "policy", "list"))
 	clitest.Golden(t, "policy_list_json", c.mustRun(t, "policy", "list", "--json"))
 
-	r := c.run(t, "policy", "get", "bob")
+	r = c.run(t, "policy", "get", "bob")
 	require.Equal(t, result{code: 1, stderr: "sluice: no policy for \"bob\"; it follows the default policy *: rate=10/s\n"}, r)
 
 	require.Equal(t, "deleted policy acme (its throttle state is kept)\n", c.mustRun(t, "policy", "delete", "acme"))
@@ -210,7 +225,7 @@ func testBadUsage(t *testing.T, c *cli) {
 		wantMsg string
 		usage   string // the usage line printed after the message
 	}{
-		{args: []string{"polcy", "list"}, wantMsg: `unknown command "polcy"; commands: policy, stats, top, dashboard, admit, version, help`, usage: "sluice [--redis URL] [--prefix PREFIX] COMMAND [ARGS]"},
+		{args: []string{"polcy", "list"}, wantMsg: `unknown command "polcy"; commands: policy, stats, top, dashboard, admit, jobs, version, help`, usage: "sluice [--redis URL] [--prefix PREFIX] COMMAND [ARGS]"},
 		{args: []string{"--bogus", "policy", "list"}, wantMsg: "unknown flag --bogus", usage: "sluice [--redis URL] [--prefix PREFIX] COMMAND [ARGS]"},
 		{args: []string{"policy"}, wantMsg: "policy needs a subcommand: set, get, list, delete, apply", usage: "sluice policy set|get|list|delete|apply ..."},
 		{args: []string{"policy", "sett", "acme", "rate=1/s"}, wantMsg: `unknown subcommand "sett" of policy; use one of: set, get, list, delete, apply`, usage: "sluice policy set|get|list|delete|apply ..."},
@@ -218,13 +233,23 @@ func testBadUsage(t *testing.T, c *cli) {
 		{args: []string{"policy", "list", "extra"}, wantMsg: `policy list: unexpected argument "extra"`, usage: "sluice policy list [--json]"},
 		{args: []string{"policy", "set", "acme", "rate=abc"}, wantMsg: "policy set acme: rate=abc: ", usage: "sluice policy set TENANT 'RULES'"},
 		{args: []string{"policy", "set", "acme", "rate=10/s bogus=1"}, wantMsg: "policy set acme: bogus=1: unknown option; known: rate burst window quota", usage: "sluice policy set TENANT 'RULES'"},
+		{args: []string{"policy", "set", "acme", "=5"}, wantMsg: `policy set acme: "=5": no option name before =; options are written key=value`, usage: "sluice policy set TENANT 'RULES'"},
+		{args: []string{"policy", "set", "acme", "rate=1/s burst=10000000000000"}, wantMsg: "policy set acme: rate[0] 1/s burst 10000000000000: a full bucket spans 10000000000000 × 1s = 317098 years; the engine computes exactly only up to 2^52 µs (about 142 years): give burst 4503599627 or less", usage: "sluice policy set TENANT 'RULES'"},
+		{args: []string{"policy", "set", "acme", "rate=1/h burst=3000000000"}, wantMsg: "policy set acme: rate[0] 1/h burst 3000000000: a full bucket spans 3000000000 × 1h = 342466 years; ", usage: "sluice policy set TENANT 'RULES'"},
+		{args: []string{"policy", "set", "acme", "rate=1/day burst=200000000"}, wantMsg: "policy set acme: rate[0] 1/day burst 200000000: ", usage: "sluice policy set TENANT 'RULES'"},
 		{args: []string{"policy", "set", "acme", "burst=5"}, wantMsg: "policy set acme: burst=5: burst belongs to a rate", usage: "sluice policy set TENANT 'RULES'"},
 		{args: []string{"policy", "set"}, wantMsg: "policy set: missing TENANT", usage: "sluice policy set TENANT 'RULES'"},
 		{args: []string{"policy", "set", "acme"}, wantMsg: "policy set: missing RULES (quote them: sluice policy set acme 'rate=100/s burst=20'; '' for no limits)", usage: "sluice policy set TENANT 'RULES'"},
-		{args: []string{"policy", "set", "@foo", "rate=1/s"}, wantMsg: `policy name "@foo": the only names starting with @ are @global`, usage: "sluice policy set TENANT 'RULES'"},
-		{args: []string{"policy", "get"}, wantMsg: "policy get: missing TENANT", usage: "sluice policy get TENANT"},
-		{args: []string{"policy", "get", "a", "b"}, wantMsg: `policy get: unexpected argument "b"`, usage: "sluice policy get TENANT"},
-		{args: []string{"policy", "delete", strings.Repeat("x", 300)}, wantMsg: "invalid tenant: tenant", usage: "sluice policy delete TENANT"},
+		{args: []string{"policy", "set", "@foo", "rate=1/s"}, wantMsg: `invalid tenant: policy name "@foo": the only names starting with @ are @global`, usage: "sluice policy set TENANT 'RULES'"},
+		{args: []string{"policy", "get"}, wantMsg: "policy get: missing TENANT", usage: "sluice policy get TENANT [--json]"},
+		{args: []string{"policy", "get", "a", "b"}, wantMsg: `policy get: unexpected argument "b"`, usage: "sluice policy get TENANT [--json]"},
+		{args: []string{"policy", "delete", strings.Repeat("x", 300)}, wantMsg: "invalid tenant: tenant", usage: "sluice policy delete TENANT|--invalid"},
+		{args: []string{"policy", "delete", "acme", "--invalid"}, wantMsg: "policy delete: give TENANT or --invalid, not both", usage: "sluice policy delete TENANT|--invalid"},
+		{args: []string{"policy", "set", "a\nb", "rate=1/s"}, wantMsg: `invalid tenant: tenant "a\nb" has a control character (U+000A) at byte 1`, usage: "sluice policy set TENANT 'RULES'"},
+		{args: []string{"policy", "set", "tab\there", "rate=1/s"}, wantMsg: `invalid tenant: tenant "tab\there" has a control character (U+0009)`, usage: "sluice policy set TENANT 'RULES'"},
+		{args: []string{"policy", "get", "\x1b[31mred"}, wantMsg: `invalid tenant: tenant "\x1b[31mred" has a control character (U+001B) at byte 0`, usage: "sluice policy get TENANT [--json]"},
+		{args: []string{"stats", "a\u0085"}, wantMsg: `invalid tenant: tenant "a\u0085" has a control character (U+0085)`, usage: "sluice stats [TENANT] [--json]"},
+		{args: []string{"admit", "a\x7f", "--dry-run"}, wantMsg: `invalid tenant: tenant "a\x7f" has a control character (U+007F)`, usage: "sluice admit TENANT --dry-run [--cost N] [--id JOB] [--json]"},
 		{args: []string{"policy", "apply"}, wantMsg: "policy apply: missing -f FILE.yaml (- reads standard input)", usage: "sluice policy apply -f FILE.yaml [--prune] [--dry-run]"},
 		{args: []string{"policy", "apply", "-f"}, wantMsg: "policy apply: flag --f needs a value", usage: "sluice policy apply -f FILE.yaml [--prune] [--dry-run]"},
 		{args: []string{"stats", "a", "b"}, wantMsg: `stats: unexpected argument "b"`, usage: "sluice stats [TENANT] [--json]"},
@@ -233,8 +258,8 @@ func testBadUsage(t *testing.T, c *cli) {
 		{args: []string{"admit", "--dry-run"}, wantMsg: "admit: missing TENANT", usage: "sluice admit TENANT --dry-run [--cost N] [--id JOB] [--json]"},
 		{args: []string{"admit", "acme", "--dry-run", "--cost", "0"}, wantMsg: "--cost 0: must be at least 1", usage: "sluice admit TENANT --dry-run [--cost N] [--id JOB] [--json]"},
 		{args: []string{"admit", "acme", "--dry-run", "--cost", "abc"}, wantMsg: `admit: invalid value "abc" for flag --cost`, usage: "sluice admit TENANT --dry-run [--cost N] [--id JOB] [--json]"},
-		{args: []string{"top", "--interval", "0"}, wantMsg: `top: invalid value "0" for flag --interval: want a positive duration such as 1s or 500ms`, usage: "sluice top [--once] [--interval 1s] [--limit N]"},
-		{args: []string{"top", "--limit", "-1"}, wantMsg: "--limit -1: must be 0 (as many as fit) or more", usage: "sluice top [--once] [--interval 1s] [--limit N]"},
+		{args: []string{"top", "--interval", "0"}, wantMsg: `top: invalid value "0" for flag --interval: want a positive duration such as 1s or 500ms`, usage: "sluice top [--once] [--interval 1s] [--limit N] [--json]"},
+		{args: []string{"top", "--limit", "-1"}, wantMsg: "--limit -1: must be 0 (as many as fit) or more", usage: "sluice top [--once] [--interval 1s] [--limit N] [--json]"},
 		{args: []string{"dashboard", "--listen", "0.0.0.0:8080"}, wantMsg: `--listen "0.0.0.0:8080": not a loopback address; the dashboard has no login, so it serves 127.0.0.1 or localhost only unless --public is given`, usage: "sluice dashboard [--listen 127.0.0.1:8080] [--metrics URL]... [--allow-write]"},
 		{args: []string{"dashboard", "--listen", ":8080"}, wantMsg: `--listen ":8080": not a loopback address`, usage: "sluice dashboard [--listen 127.0.0.1:8080] [--metrics URL]... [--allow-write]"},
 		{args: []string{"dashboard", "--listen", "8080"}, wantMsg: `--listen "8080": want HOST:PORT such as 127.0.0.1:8080 (port 0 picks a free one)`, usage: "sluice dashboard [--listen 127.0.0.1:8080] [--metrics URL]... [--allow-write]"},
@@ -318,6 +343,8 @@ func testApplyAllOrNothing(t *testing.T, c *cli) {
 		{"bad-rate.yaml", "acme: rate=20/s\nnew: rate=5/s\nbroken:\n  rate: 10/fortnight\n", `policy file line 4, "broken": `},
 		{"bad-field.yaml", "acme: rate=20/s\nbroken:\n  rate: 10/s\n  burts: 5\n", `policy file line 3, "broken": line 4: unknown field "burts"`},
 		{"bad-name.yaml", "acme: rate=20/s\n\"@nope\": rate=1/s\n", `policy file line 2: invalid tenant: policy name "@nope"`},
+		{"ctl-name.yaml", "acme: rate=20/s\n\"a\\tb\": rate=1/s\n", `policy file line 2: invalid tenant: tenant "a\tb" has a control character (U+0009) at byte 1`},
+		{"nul-name.yaml", "\"a\\0b\": rate=1/s\n", `policy file line 1: invalid tenant: tenant "a\x00b" has a control character (U+0000) at byte 1`},
 		{"dup.yaml", "acme: rate=20/s\nacme: rate=30/s\n", `policy file line 2: "acme" is given twice`},
 		{"not-yaml.yaml", "acme: [rate\n", "policy file: not valid YAML"},
 		{"list.yaml", "- acme\n", "policy file line 1: want a mapping of policy name to policy"},
@@ -439,6 +466,7 @@ func testStatsTable(t *testing.T, c *cli) {
 	cooling := c.mustRun(t, "stats", "cooling")
 	require.Regexp(t, `\npolicy\s+none \(no policy of its own and no default \*\): not limited\n`, cooling)
 	require.Regexp(t, `cooldown\s+\S+ left \(until `, cooling)
+	require.Contains(t, cooling, "waiting   0 jobs in its line\n")
 }
 
 func testAdmitDryRun(t *testing.T, c *cli) {
@@ -466,15 +494,21 @@ func testAdmitDryRun(t *testing.T, c *cli) {
 	require.True(t, d.Allowed)
 	before := stateKeys()
 
-	out = c.mustRun(t, "admit", "slow", "--dry-run")
+	// Denied: exit 3, so a script can tell "no" from an error (1).
+	r := c.run(t, "admit", "slow", "--dry-run")
+	require.Equal(t, 3, r.code, r.stderr)
+	require.Empty(t, r.stderr)
+	out = r.stdout
 	require.True(t, strings.HasPrefix(out, "a job of slow would NOT be admitted now\n  denied by    rate[0] of policy slow (1/h)\n  retry after  "), out)
 	require.Contains(t, out, "  in flight    1 of 2\n")
-	js := c.mustRun(t, "admit", "--json", "slow", "--dry-run")
+	r = c.run(t, "admit", "--json", "slow", "--dry-run")
+	require.Equal(t, 3, r.code, r.stderr)
+	js := r.stdout
 	require.Contains(t, js, `"allowed": false`)
 	require.Contains(t, js, "\"denied_by\": {\n    \"policy\": \"slow\",\n    \"rule\": \"rate[0]\",\n    \"text\": \"rate[0] of policy slow (1/h)\"\n  }")
 	require.Equal(t, before, stateKeys())
 
-	r := c.run(t, "admit", "slow", "--dry-run", "--cost", "5")
+	r = c.run(t, "admit", "slow", "--dry-run", "--cost", "5")
 	require.Equal(t, result{code: 1, stderr: "sluice: a job of \"slow\" costing 5 could never be admitted: the 1 that slow rate[0] (1/h) allows at once is less; raise that limit or split the job\n"}, r)
 }
 
@@ -485,10 +519,16 @@ func testTopOnce(t *testing.T, c *cli) {
 	require.Len(t, lines, 5, out)
 	require.Regexp(t, `^TENANT\s+STARTS/S\s+LIMIT\s+IN FLIGHT\s+RESERVED\s+COOLDOWN\s+WAITING\s+POLICY$`, lines[0])
 	// Nothing starts during the measurement; the busiest by in-flight jobs come first.
-	require.Regexp(t, `^acme\s+0\.0\s+1/h\s+2/3\s+0\s+-\s+3\s+acme$`, lines[1])
+	require.Regexp(t, `^acme\s+0\.0\s+1/h\s+2/3\s+0\s+-\s+3/100\s+acme$`, lines[1])
 	out = c.mustRun(t, "top", "--once", "--interval", "100ms", "--limit", "1")
 	require.Equal(t, 3, strings.Count(out, "\n"), out)
 	require.True(t, strings.HasSuffix(out, "... and 3 more tenants\n"), out)
+
+	out = c.mustRun(t, "top", "--once", "--json", "--interval", "100ms", "--limit", "2")
+	require.Equal(t, 1, strings.Count(out, "\n"), "one JSON line: %s", out)
+	require.Regexp(t, `^\{"time":"[^"]+","interval_ms":100,"stale":false,"tenants":\[`+
+		`\{"tenant":"acme","starts_per_s":0,"limit":"1/h","in_flight":2,"concurrency":3,"reserved":0,"cooldown_ms":0,"waiting":3,"backlog_cap":100,"policy":"acme"\},`+
+		`\{"tenant":"cooling","starts_per_s":0,"limit":"","in_flight":0,"concurrency":-1,"reserved":0,"cooldown_ms":\d+(\.\d+)?,"waiting":0,"backlog_cap":0,"policy":""\}\]\}\n$`, out)
 }
 
 // testCluster runs the commands through the Cluster form of --redis against
@@ -523,4 +563,140 @@ func testCluster(t *testing.T, c *cli) {
 	require.NoError(t, err)
 	resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode)
+}
+
+// testInvalidNames: policies whose names sluice refuses today (stored by an
+// older version) are shown escaped, kept out of stats and top, and removed
+// with policy delete --invalid, since a NUL cannot be typed at all.
+func testInvalidNames(t *testing.T, c *cli) {
+	ctx := context.Background()
+	c.mustRun(t, "policy", "set", "acme", "rate=10/s")
+	for _, name := range []string{"a\x00b", "two\nlines", "tab\tbed"} {
+		require.NoError(t, c.client.HSet(ctx, c.prefix+":{p}:policies", name, `{"policy":"rate=1/s","updated":"2026-01-01T00:00:00Z"}`).Err())
+	}
+	r := c.run(t, "policy", "list")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, `NAME          POLICY
+"a\x00b"      rate=1/s  (INVALID NAME)
+acme          rate=10/s
+"tab\tbed"    rate=1/s  (INVALID NAME)
+"two\nlines"  rate=1/s  (INVALID NAME)
+`, r.stdout)
+	require.Equal(t, "3 policies have a name that is not a valid tenant (shown quoted, with escapes); no job can use them; remove them with: sluice policy delete --invalid\n", r.stderr)
+	require.Contains(t, c.mustRun(t, "policy", "list", "--json"), `"name": "two\nlines",
+    "policy": "rate=1/s",
+    "name_error": "invalid tenant: tenant \"two\\nlines\" has a control character (U+000A) at byte 3;`)
+
+	out := c.mustRun(t, "stats")
+	require.Equal(t, 2, strings.Count(out, "\n"), "the header and acme only:\n%s", out)
+	require.Contains(t, out, "\nacme ")
+	out = c.mustRun(t, "top", "--once", "--interval", "10ms")
+	require.Equal(t, 2, strings.Count(out, "\n"), out)
+
+	out = c.mustRun(t, "policy", "delete", "--invalid")
+	require.Equal(t, 3, strings.Count(out, "\n"), out)
+	require.Contains(t, out, `deleted policy "a\x00b" (invalid tenant: tenant "a\x00b" has a control character (U+0000) at byte 1;`)
+	require.Equal(t, map[string]string{"acme": ""}, keysOnly(c.policies(t)))
+	require.Equal(t, "no policy has an invalid name; nothing deleted\n", c.mustRun(t, "policy", "delete", "--invalid"))
+}
+
+// testRangeEdge: the largest burst the engine computes exactly is accepted
+// and a brand-new tenant's job would start at once.
+func testRangeEdge(t *testing.T, c *cli) {
+	c.mustRun(t, "policy", "set", "edge", "rate=1/s burst=4503599627")
+	out := c.mustRun(t, "admit", "edge", "--dry-run")
+	require.True(t, strings.HasPrefix(out, "a job of edge would be admitted now\n"), out)
+	require.Contains(t, out, "remaining   4503599627 more jobs of cost 1 right now\n")
+}
+
+// testJobs: sluice jobs lists the jobs of every queue by state, with their
+// tenant, retries and last error (a handler's error, an unknown type),
+// filters them by tenant and state, and runs or deletes one by id. It has
+// a Redis of its own: asynq's queues are not prefixed.
+func testJobs(t *testing.T, c *cli) {
+	srv := redistest.NewServer(t, nil)
+	c = &cli{bin: c.bin, url: srv.URL(), prefix: c.prefix, client: srv.Client(t)}
+	ctx := context.Background()
+	qc, err := queue.New(c.client, &queue.Config{Prefix: c.prefix})
+	require.NoError(t, err)
+	defer qc.Close()
+	enqueue := func(tenant, typ, id string, opts ...asynq.Option) {
+		t.Helper()
+		_, err := qc.Enqueue(ctx, tenant, asynq.NewTask(typ, []byte(`{"n":1}`)), append(opts, asynq.TaskID(id))...)
+		require.NoError(t, err)
+	}
+	release := make(chan struct{})
+	w, err := worker.New(c.client, &worker.Config{
+		Prefix: c.prefix,
+		Asynq: asynq.Config{
+			Queues: map[string]int{"work": 1}, LogLevel: asynq.FatalLevel,
+			RetryDelayFunc: func(int, error, *asynq.Task) time.Duration { return time.Hour },
+		},
+		Gate: worker.GateConfig{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))},
+	})
+	require.NoError(t, err)
+	w.HandleFunc("block", func(context.Context, *asynq.Task) error { <-release; return nil })
+	w.HandleFunc("fail", func(context.Context, *asynq.Task) error { return errors.New("downstream said 500:\ninternal error") })
+	w.HandleFunc("sleep", func(context.Context, *asynq.Task) error { return nil })
+	require.NoError(t, w.Start())
+	defer w.Shutdown()
+	defer close(release)
+
+	enqueue("acme", "block", "j-active", asynq.Queue("work"))
+	enqueue("acme", "fail", "j-retry", asynq.Queue("work"), asynq.MaxRetry(3))
+	enqueue("globex", "slep", "j-archived", asynq.Queue("work"))
+	enqueue("acme", "sleep", "j-scheduled", asynq.Queue("work"), asynq.ProcessIn(time.Hour))
+	enqueue("acme", "sleep", "dup", asynq.Queue("work"), asynq.ProcessIn(2*time.Hour))
+	enqueue("globex", "sleep", "dup", asynq.Queue("idle"))
+	enqueue("acme", "sleep", "j-pending", asynq.Queue("idle"))
+	in := asynq.NewInspectorFromRedisClient(c.client)
+	waitFor(t, "a job in each state", func() bool {
+		info, err := in.GetQueueInfo("work")
+		return err == nil && info.Active == 1 && info.Retry == 1 && info.Archived == 1
+	})
+
+	out := c.mustRun(t, "jobs")
+	rows := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+	require.Len(t, rows, 8, out)
+	require.Regexp(t, `^ID\s+TENANT\s+TYPE\s+QUEUE\s+STATE\s+RETRIED\s+NEXT RUN\s+LAST ERROR$`, rows[0])
+	require.Regexp(t, `^j-active\s+acme\s+block\s+work\s+active\s+0/25\s+running\s+-$`, rows[1])
+	// no worker serves queue idle: its jobs wait in their tenants' lines
+	require.Regexp(t, `^(dup\s+globex|j-pending\s+acme)\s+sleep\s+idle\s+waiting\s+0/25\s+its turn\s+-$`, rows[2])
+	require.Regexp(t, `^j-scheduled\s+acme\s+sleep\s+work\s+scheduled\s+0/25\s+in (59m\d\ds|1h0m0s)\s+-$`, rows[4])
+	require.Regexp(t, `^dup\s+acme\s+sleep\s+work\s+scheduled\s+0/25\s+in (1h59m\d\ds|2h0m0s)\s+-$`, rows[5])
+	require.Regexp(t, `^j-retry\s+acme\s+fail\s+work\s+retry\s+1/3\s+in \S+\s+downstream said 500: internal error$`, rows[6])
+	require.Regexp(t, `^j-archived\s+globex\s+slep\s+work\s+archived\s+0/25\s+-\s+no handler for task type "slep" on this worker \(it handles block, fail, sleep\):…$`, rows[7])
+
+	out = c.mustRun(t, "jobs", "globex", "--state", "archived,waiting")
+	require.Regexp(t, `\ndup\s+globex\s+sleep\s+idle\s+waiting .*\nj-archived\s+globex\s+slep\s+work\s+archived `, out)
+	require.Equal(t, 3, strings.Count(out, "\n"), out)
+	r := c.run(t, "jobs", "--queue", "work", "--limit", "2")
+	require.Equal(t, 0, r.code)
+	require.Equal(t, 3, strings.Count(r.stdout, "\n"), r.stdout)
+	require.Equal(t, "only the first 2 are listed: --limit N lists more (0: all); --state or a TENANT narrows them\n", r.stderr)
+	r = c.run(t, "jobs", "initech")
+	require.Equal(t, result{code: 0, stderr: "no active, pending, waiting, scheduled, retry, archived jobs of tenant initech in queues idle, work\n"}, r)
+	out = c.mustRun(t, "jobs", "--state", "waiting", "--queue", "idle")
+	require.Equal(t, 3, strings.Count(out, "\n"), out)
+	r = c.run(t, "jobs", "--state", "waiting", "--queue", "work")
+	require.Equal(t, result{code: 0, stderr: "no waiting jobs in queue work\n"}, r)
+
+	js := c.mustRun(t, "jobs", "--state", "retry,archived", "--json")
+	js = regexp.MustCompile(`"(now|last_failed_at|next_process_at)": "[^"]+"`).ReplaceAllString(js, `"$1": "<time>"`)
+	clitest.Golden(t, "jobs_json", js)
+
+	// run and delete, by id; an id in two queues needs --queue
+	r = c.run(t, "jobs", "run", "dup")
+	require.Equal(t, 2, r.code)
+	require.True(t, strings.HasPrefix(r.stderr, "sluice: task dup is in queues idle, work: give the one you mean with --queue\n"), r.stderr)
+	require.Equal(t, "task dup (type sleep, tenant acme, queue work) was scheduled; now pending: a worker takes it next (it still passes its tenant's limits)\n", c.mustRun(t, "jobs", "run", "dup", "--queue", "work"))
+	require.Equal(t, "task j-pending (type sleep, tenant acme, queue idle) was waiting in its tenant's line; now pending: a worker takes it next (it still passes its tenant's limits)\n", c.mustRun(t, "jobs", "run", "j-pending"))
+	require.Equal(t, "task j-pending (type sleep, tenant acme, queue idle) is pending already: a worker takes it next; nothing changed\n", c.mustRun(t, "jobs", "run", "j-pending"))
+	r = c.run(t, "jobs", "delete", "j-active")
+	require.Equal(t, result{code: 1, stderr: "sluice: task j-active (type block, tenant acme, queue work) is running now and cannot be deleted; nothing changed (run sluice jobs again when it ends)\n"}, r)
+	require.Equal(t, "deleted task j-archived (type slep, tenant globex, queue work) (it was archived)\n", c.mustRun(t, "jobs", "delete", "j-archived"))
+	r = c.run(t, "jobs", "delete", "j-archived")
+	require.Equal(t, result{code: 1, stderr: "sluice: no task j-archived in queues idle, work (a job that finished is gone); sluice jobs lists the jobs\n"}, r)
+	r = c.run(t, "jobs", "run", "j-retry", "--queue", "nope")
+	require.Equal(t, result{code: 1, stderr: "sluice: no queue \"nope\"; the queues are: idle, work\n"}, r)
 }

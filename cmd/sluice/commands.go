@@ -23,10 +23,13 @@ func init() {
 			run: policySet,
 		},
 		{
-			name: "policy get", usage: "policy get TENANT",
+			name: "policy get", usage: "policy get TENANT [--json]",
 			summary: "print TENANT's policy",
-			help:    "Prints the policy stored for TENANT in its text form, or fails (exit 1)\nsaying which policy the tenant follows instead.",
-			run:     policyGet,
+			help: "Prints the policy stored for TENANT in its text form (with --json as\n" +
+				"{\"name\": …, \"policy\": …}), or fails (exit 1) saying which policy the tenant\n" +
+				"follows instead.",
+			flags: func(fs *flag.FlagSet, o *opts) { fs.BoolVar(&o.json, "json", false, "") },
+			run:   policyGet,
 		},
 		{
 			name: "policy list", usage: "policy list [--json]",
@@ -36,10 +39,15 @@ func init() {
 			run:     policyList,
 		},
 		{
-			name: "policy delete", usage: "policy delete TENANT",
+			name: "policy delete", usage: "policy delete TENANT|--invalid",
 			summary: "remove TENANT's policy (its throttle state is kept)",
-			help:    "Removes the policy of TENANT; the tenant then follows the default policy *.\nDeleting a policy that does not exist succeeds and says so.",
-			run:     policyDelete,
+			help: "Removes the policy of TENANT; the tenant then follows the default policy *.\n" +
+				"Deleting a policy that does not exist succeeds, says so and changes nothing.\n" +
+				"--invalid removes every policy whose name is not a valid tenant (a control\n" +
+				"character, say: left by an older version or a writer that bypassed sluice;\n" +
+				"policy list marks them).",
+			flags: func(fs *flag.FlagSet, o *opts) { fs.BoolVar(&o.invalid, "invalid", false, "") },
+			run:   policyDelete,
 		},
 		{
 			name: "policy apply", usage: "policy apply -f FILE.yaml [--prune] [--dry-run]",
@@ -74,17 +82,24 @@ func init() {
 			run:   stats,
 		},
 		{
-			name: "top", usage: "top [--once] [--interval 1s] [--limit N]",
+			name: "top", usage: "top [--once] [--interval 1s] [--limit N] [--json]",
 			summary: "live view of the busiest tenants (q or Ctrl-C quits)",
 			help: "Shows, refreshed every --interval, the busiest tenants: starts per second\n" +
 				"against the rate limit, jobs in flight against the concurrency cap, reserved\n" +
-				"slots, cooldown and jobs waiting. When standard output is not a terminal, or with\n" +
-				"--once, it measures over one interval, prints one table and exits.",
+				"slots, cooldown and the jobs waiting in each tenant's line. While Redis does\n" +
+				"not answer, a STALE line says for how long, above the last figures read.\n" +
+				"When standard output is not a terminal, or with --once, it measures over one\n" +
+				"interval, prints one table and exits. --json prints a JSON line each interval\n" +
+				"until interrupted (with --once, one): {\"time\", \"interval_ms\", \"stale\",\n" +
+				"\"error\", \"tenants\": [{\"tenant\", \"starts_per_s\", \"limit\", \"in_flight\",\n" +
+				"\"concurrency\", \"reserved\", \"cooldown_ms\", \"waiting\", \"backlog_cap\",\n" +
+				"\"policy\"}]}.",
 			flags: func(fs *flag.FlagSet, o *opts) {
 				o.interval = durationFlag(time.Second)
 				fs.BoolVar(&o.once, "once", false, "")
 				fs.Var(&o.interval, "interval", "")
 				fs.IntVar(&o.limit, "limit", 0, "")
+				fs.BoolVar(&o.json, "json", false, "")
 			},
 			run: top,
 		},
@@ -120,7 +135,9 @@ func init() {
 			help: "Asks the throttle, without changing anything, whether a job of TENANT costing\n" +
 				"N (default 1) would start now; if not, which rule of which policy denies it and\n" +
 				"when it would fit. --id asks for a given job, which may hold a reserved slot.\n" +
-				"--dry-run is required: the command line never admits a job for real.",
+				"--dry-run is required: the command line never admits a job for real.\n" +
+				"Exit status: 0 the job would be admitted now, 3 it would not (the output says\n" +
+				"why and when it would fit), 1 the question could not be answered, 2 bad usage.",
 			flags: func(fs *flag.FlagSet, o *opts) {
 				fs.BoolVar(&o.dryRun, "dry-run", false, "")
 				fs.Int64Var(&o.cost, "cost", 1, "")
@@ -128,6 +145,46 @@ func init() {
 				fs.BoolVar(&o.json, "json", false, "")
 			},
 			run: admit,
+		},
+		{
+			name: "jobs", usage: "jobs [TENANT] [--state S] [--queue Q] [--limit N] [--json]",
+			summary: "jobs by state with their last error (of TENANT, or every tenant)",
+			help: "Lists the jobs in asynq's queues (every queue, or --queue Q), with their\n" +
+				"tenant, type, retries, when they run next and their last error: the jobs that\n" +
+				"fail are here. --state picks active, pending, waiting (in a tenant's line),\n" +
+				"scheduled, retry or archived, or several separated by commas (default: all).\n" +
+				"At most --limit jobs are listed (default 50; 0 lists all). --json prints\n" +
+				"{\"now\": …, \"jobs\": [{\"id\", \"queue\", \"state\", \"tenant\", \"type\", \"retried\",\n" +
+				"\"max_retry\", \"last_error\", \"last_failed_at\", \"next_process_at\", \"payload\"}],\n" +
+				"\"more\": …}. A tenant named run or delete is written after --.\n\n" +
+				"  sluice jobs run ID [--queue Q]      run a scheduled, retrying or archived job now\n" +
+				"  sluice jobs delete ID [--queue Q]   delete a job that is not running",
+			flags: func(fs *flag.FlagSet, o *opts) {
+				fs.StringVar(&o.state, "state", "", "")
+				fs.StringVar(&o.queue, "queue", "", "")
+				fs.IntVar(&o.limit, "limit", jobsLimitDefault, "")
+				fs.BoolVar(&o.json, "json", false, "")
+			},
+			run: jobs,
+		},
+		{
+			name: "jobs run", usage: "jobs run ID [--queue Q]",
+			summary: "run a scheduled, retrying or archived job now",
+			help: "Moves job ID (a task id, as sluice jobs lists it) to the pending list, from\n" +
+				"the scheduled, retry or archived set: a worker takes it next, and it still\n" +
+				"passes its tenant's limits. --queue is needed only when the id is in several\n" +
+				"queues.",
+			flags: func(fs *flag.FlagSet, o *opts) { fs.StringVar(&o.queue, "queue", "", "") },
+			run:   jobsRun,
+		},
+		{
+			name: "jobs delete", usage: "jobs delete ID [--queue Q]",
+			summary: "delete a job that is not running",
+			help: "Deletes job ID (a task id, as sluice jobs lists it) from its queue, whatever\n" +
+				"its state but running, and takes it out of its tenant's backlog. --queue is\n" +
+				"needed only when the id is in several queues.",
+			flags: func(fs *flag.FlagSet, o *opts) { fs.StringVar(&o.queue, "queue", "", "") },
+			run:   jobsDelete,
 		},
 		{
 			name: "version", usage: "version",
@@ -212,7 +269,7 @@ Example: sluice policy set acme 'rate=100/s burst=20 concurrency=5'
 func (a *app) printHelp(w io.Writer, c *command) {
 	forms := "  " + strings.ReplaceAll(redisurl.Forms, "\n", "\n  ")
 	if c != nil {
-		if g := group(c.name); g != nil {
+		if g := group(c.name); g != nil && lookup(c.name) == nil {
 			fmt.Fprintf(w, "usage:\n")
 			for _, sub := range g {
 				fmt.Fprintf(w, "  sluice %s\n      %s\n", sub.usage, sub.summary)
@@ -245,7 +302,7 @@ func (a *app) printHelp(w io.Writer, c *command) {
 	}
 	fmt.Fprintf(w, "\n"+flagsHelp, forms)
 	fmt.Fprintf(w, "\n%s", rulesHelp)
-	fmt.Fprintf(w, "\nExit status: 0 success, 1 failure (e.g. Redis unreachable, a bad policy file),\n2 bad usage (unknown command or flag, missing or malformed argument).\n")
+	fmt.Fprintf(w, "\nExit status: 0 success, 1 failure (e.g. Redis unreachable, a bad policy file),\n2 bad usage (unknown command or flag, missing or malformed argument), 3 admit\n--dry-run: the job would not be admitted now.\n")
 }
 
 // durationFlag is a positive duration flag.

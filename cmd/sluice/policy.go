@@ -10,6 +10,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/sluicehq/sluice/internal/human"
 	"github.com/sluicehq/sluice/throttle"
 )
 
@@ -29,9 +30,13 @@ func policySet(a *app, c *command, _ *opts, args []string) error {
 		return err
 	}
 	// The rules may come as one quoted argument or as several.
-	p, err := throttle.ParsePolicy(strings.Join(args[1:], " "))
+	text := strings.Join(args[1:], " ")
+	p, err := throttle.ParsePolicy(text)
 	if err != nil {
 		return usagef(c, "policy set %s: %v", name, err)
+	}
+	if strings.Count(" "+text, " rate=") > len(p.Rates) {
+		fmt.Fprintln(a.stderr, "sluice: note: a rate given twice is one rule; it is kept once")
 	}
 	cn, err := a.connect(c)
 	if err != nil {
@@ -59,7 +64,7 @@ func describeRules(p *throttle.Policy) string {
 	return "(no rules: nothing is limited)"
 }
 
-func policyGet(a *app, c *command, _ *opts, args []string) error {
+func policyGet(a *app, c *command, o *opts, args []string) error {
 	if err := wantArgs(c, args, 1, 1, "TENANT"); err != nil {
 		return err
 	}
@@ -89,6 +94,9 @@ func policyGet(a *app, c *command, _ *opts, args []string) error {
 	if err != nil {
 		return err
 	}
+	if o.json {
+		return writeJSON(a.stdout, listEntry{Name: name, Policy: p.String()})
+	}
 	fmt.Fprintln(a.stdout, p.String())
 	return nil
 }
@@ -98,25 +106,33 @@ type listEntry struct {
 	Name   string `json:"name"`
 	Policy string `json:"policy"`
 	Error  string `json:"error,omitempty"`
+	// NameError says why Name is not a valid policy name (a policy stored
+	// by an older version or by a writer that bypassed sluice).
+	NameError string `json:"name_error,omitempty"`
+}
+
+// nameError says why a stored policy's name is not one sluice accepts;
+// "" when it is.
+func nameError(name string) string {
+	if err := throttle.ValidatePolicyName(name); err != nil {
+		return err.Error()
+	}
+	return ""
 }
 
 func policyList(a *app, c *command, o *opts, args []string) error {
 	if err := wantArgs(c, args, 0, 0, ""); err != nil {
 		return err
 	}
-	cn, err := a.connect(c)
+	cn, list, err := a.listPolicies(c)
 	if err != nil {
 		return err
 	}
 	defer cn.Close()
-	list, err := cn.store.List(a.ctx)
-	if err != nil {
-		return err
-	}
 	if o.json {
 		out := make([]listEntry, 0, len(list))
 		for _, np := range list {
-			e := listEntry{Name: np.Name}
+			e := listEntry{Name: np.Name, NameError: nameError(np.Name)}
 			if np.Err != nil {
 				e.Error = np.Err.Error()
 			} else {
@@ -128,14 +144,19 @@ func policyList(a *app, c *command, o *opts, args []string) error {
 	}
 	tw := newTable(a.stdout)
 	fmt.Fprintln(tw, "NAME\tPOLICY")
+	invalid := 0
 	for _, np := range list {
 		text := ""
 		if np.Err != nil {
-			text = "UNREADABLE: " + np.Err.Error()
+			text = "UNREADABLE: " + human.Line(np.Err.Error(), 0)
 		} else {
 			text = describeRules(np.Policy)
 		}
-		fmt.Fprintf(tw, "%s\t%s\n", np.Name, text)
+		if nameError(np.Name) != "" {
+			invalid++
+			text += "  (INVALID NAME)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\n", human.Text(np.Name), text)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -143,10 +164,28 @@ func policyList(a *app, c *command, o *opts, args []string) error {
 	if len(list) == 0 {
 		fmt.Fprintln(a.stderr, "no policies yet; set one with: sluice policy set TENANT 'RULES'")
 	}
+	if invalid > 0 {
+		fmt.Fprintf(a.stderr, "%d %s a name that is not a valid tenant (shown quoted, with escapes); no job can use %s; remove %s with: sluice policy delete --invalid\n",
+			invalid, plural(invalid, "policy has", "policies have"), plural(invalid, "it", "them"), plural(invalid, "it", "them"))
+	}
 	return nil
 }
 
-func policyDelete(a *app, c *command, _ *opts, args []string) error {
+// plural picks one or many by n.
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
+}
+
+func policyDelete(a *app, c *command, o *opts, args []string) error {
+	if o.invalid {
+		if len(args) > 0 {
+			return usagef(c, "policy delete: give TENANT or --invalid, not both")
+		}
+		return policyDeleteInvalid(a, c)
+	}
 	if err := wantArgs(c, args, 1, 1, "TENANT"); err != nil {
 		return err
 	}
@@ -167,6 +206,33 @@ func policyDelete(a *app, c *command, _ *opts, args []string) error {
 		fmt.Fprintf(a.stdout, "deleted policy %s (its throttle state is kept)\n", name)
 	} else {
 		fmt.Fprintf(a.stdout, "no policy %s; nothing deleted\n", name)
+	}
+	return nil
+}
+
+// policyDeleteInvalid deletes every stored policy whose name sluice would
+// refuse today (a control character, say): such a name cannot be typed, or
+// not safely, on a command line.
+func policyDeleteInvalid(a *app, c *command) error {
+	cn, list, err := a.listPolicies(c)
+	if err != nil {
+		return err
+	}
+	defer cn.Close()
+	n := 0
+	for _, np := range list {
+		why := nameError(np.Name)
+		if why == "" {
+			continue
+		}
+		if _, err := cn.store.Delete(a.ctx, np.Name); err != nil {
+			return err
+		}
+		n++
+		fmt.Fprintf(a.stdout, "deleted policy %s (%s)\n", human.Text(np.Name), why)
+	}
+	if n == 0 {
+		fmt.Fprintln(a.stdout, "no policy has an invalid name; nothing deleted")
 	}
 	return nil
 }
@@ -197,15 +263,11 @@ func policyApply(a *app, c *command, o *opts, args []string) error {
 	if len(policies) == 0 && o.prune {
 		return fmt.Errorf("%s lists no policies: with --prune that would delete every policy; nothing was changed (delete them one by one with sluice policy delete)", o.file)
 	}
-	cn, err := a.connect(c)
+	cn, existing, err := a.listPolicies(c)
 	if err != nil {
 		return err
 	}
 	defer cn.Close()
-	existing, err := cn.store.List(a.ctx)
-	if err != nil {
-		return err
-	}
 	before := map[string]throttle.NamedPolicy{}
 	for _, np := range existing {
 		before[np.Name] = np
@@ -243,7 +305,7 @@ func policyApply(a *app, c *command, o *opts, args []string) error {
 		}
 		if o.prune {
 			deleted++
-			fmt.Fprintf(tw, "deleted\t%s\t\n", np.Name)
+			fmt.Fprintf(tw, "deleted\t%s\t\n", human.Text(np.Name))
 		} else {
 			kept++
 		}
@@ -268,6 +330,21 @@ func policyApply(a *app, c *command, o *opts, args []string) error {
 		fmt.Fprintf(a.stdout, "applied %s: %s\n", o.file, summary)
 	}
 	return nil
+}
+
+// listPolicies connects and reads every stored policy; the caller closes
+// the connection.
+func (a *app) listPolicies(c *command) (*conn, []throttle.NamedPolicy, error) {
+	cn, err := a.connect(c)
+	if err != nil {
+		return nil, nil, err
+	}
+	list, err := cn.store.List(a.ctx)
+	if err != nil {
+		cn.Close()
+		return nil, nil, err
+	}
+	return cn, list, nil
 }
 
 // unwrapPath drops the "open FILE:" part the caller already says.

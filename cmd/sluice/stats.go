@@ -59,7 +59,9 @@ func stats(a *app, c *command, o *opts, args []string) error {
 }
 
 // tenantNames lists every tenant with a policy or live state, and @global
-// when it has either; not "*", which is a policy but no tenant.
+// when it has either; not "*", which is a policy but no tenant, and not a
+// name that is no valid tenant (a policy left by an older version: policy
+// list shows it).
 func (cn *conn) tenantNames(ctx context.Context) ([]string, error) {
 	live, err := cn.limiter.Tenants(ctx)
 	if err != nil {
@@ -86,7 +88,9 @@ func (cn *conn) withPolicyNames(ctx context.Context, live []string) ([]string, e
 	}
 	names := make([]string, 0, len(set))
 	for n := range set {
-		names = append(names, n)
+		if n == throttle.GlobalPolicy || throttle.ValidateTenant(n) == nil {
+			names = append(names, n)
+		}
 	}
 	sort.Strings(names)
 	return names, nil
@@ -235,7 +239,7 @@ func policyName(s *throttle.Stats) string {
 	if s.Policy == "" {
 		return "-"
 	}
-	return s.Policy
+	return human.Text(s.Policy)
 }
 
 func rateCell(s *throttle.Stats) string {
@@ -306,7 +310,7 @@ func writeStatsTable(w io.Writer, all []*throttle.Stats) error {
 	tw := newTable(w)
 	fmt.Fprintln(tw, "TENANT\tPOLICY\tSTARTED\tRATE (FREE/BURST)\tWINDOW\tQUOTA\tIN FLIGHT\tRESERVED\tCOOLDOWN\tWAITING")
 	for _, s := range all {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.Tenant, policyName(s), s.Started,
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", human.Text(s.Tenant), policyName(s), s.Started,
 			rateCell(s), windowCell(s), quotaCell(s), inFlightCell(s), reservedCell(s), cooldownCell(s), waitingCell(s))
 	}
 	return tw.Flush()
@@ -315,14 +319,14 @@ func writeStatsTable(w io.Writer, all []*throttle.Stats) error {
 func writeDetail(w io.Writer, s *throttle.Stats) error {
 	tw := newTable(w)
 	row := func(k, format string, args ...any) { fmt.Fprintf(tw, "%s\t%s\n", k, fmt.Sprintf(format, args...)) }
-	row("tenant", "%s", s.Tenant)
+	row("tenant", "%s", human.Text(s.Tenant))
 	switch {
 	case s.Policy == "":
 		row("policy", "none (no policy of its own and no default *): not limited")
 	case s.Policy == throttle.DefaultPolicy:
 		row("policy", "* (the default): %s", describeRules(s.Rules))
 	default:
-		row("policy", "%s: %s", s.Policy, describeRules(s.Rules))
+		row("policy", "%s: %s", human.Text(s.Policy), describeRules(s.Rules))
 	}
 	row("started", "%d jobs (counted while the tenant's state is alive)", s.Started)
 	for _, r := range s.RuleStats() {
@@ -330,7 +334,7 @@ func writeDetail(w io.Writer, s *throttle.Stats) error {
 	}
 	if cs := s.Concurrency; cs != nil {
 		for _, h := range cs.Holders {
-			row("", "%s (lease ends in %s)", h.ID, short(h.LeaseEnd.Sub(s.Now)))
+			row("", "%s (lease ends in %s)", human.Text(h.ID), short(h.LeaseEnd.Sub(s.Now)))
 		}
 	}
 	if s.Reservations > 0 {

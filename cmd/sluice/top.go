@@ -2,16 +2,20 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"sort"
 	"strings"
+	"sync"
 	"text/tabwriter"
 	"time"
 
 	"golang.org/x/term"
 
+	"github.com/sluicehq/sluice/internal/human"
 	"github.com/sluicehq/sluice/throttle"
 )
 
@@ -29,8 +33,11 @@ func top(a *app, c *command, o *opts, args []string) error {
 	defer cn.Close()
 	interval := time.Duration(o.interval)
 	outFd, outTTY := terminal(a.stdout)
-	if o.once || !outTTY {
-		return topOnce(a.ctx, cn, a.stdout, interval, o.limit)
+	switch {
+	case o.json && !o.once:
+		return topJSON(a.ctx, cn, a.stdout, interval, o.limit)
+	case o.once || o.json || !outTTY:
+		return topOnce(a.ctx, cn, a.stdout, interval, o.limit, o.json)
 	}
 
 	keys := make(chan byte, 8)
@@ -101,16 +108,19 @@ func (cn *conn) sample(ctx context.Context) (topSample, error) {
 
 // topRow is one tenant in the view.
 type topRow struct {
-	tenant    string
-	perSec    float64
-	limit     string // tightest rate, "-" without one
-	inFlight  int64
-	cap       int64 // -1 without a concurrency rule
-	reserved  int64
-	cooldown  time.Duration
-	waiting   int64
-	policy    string
-	hasPolicy bool
+	tenant   string
+	perSec   float64
+	limit    string // tightest rate, "-" without one
+	inFlight int64
+	cap      int64 // -1 without a concurrency rule
+	reserved int64
+	cooldown time.Duration
+	waiting  int64
+	// waitingText is the jobs waiting in the tenant's line for the table,
+	// of its backlog cap when it has one
+	waitingText string
+	policy      string
+	hasPolicy   bool
 }
 
 // topRows compares two samples: starts per second come from the growth of
@@ -118,7 +128,7 @@ type topRow struct {
 func topRows(prev, cur topSample) []topRow {
 	rows := make([]topRow, 0, len(cur))
 	for name, s := range cur {
-		r := topRow{tenant: name, limit: "-", cap: -1, reserved: s.Reservations, waiting: s.Waiting, policy: policyName(s)}
+		r := topRow{tenant: name, limit: "-", cap: -1, reserved: s.Reservations, waiting: s.Waiting, waitingText: waitingCell(s), policy: policyName(s)}
 		started := s.Started
 		elapsed := time.Duration(0)
 		if p, ok := prev[name]; ok {
@@ -194,7 +204,7 @@ func writeTop(w io.Writer, rows []topRow, limit int, eol string) error {
 		if r.cooldown > 0 {
 			cool = short(r.cooldown)
 		}
-		fmt.Fprintf(tw, "%s\t%.1f\t%s\t%s\t%d\t%s\t%d\t%s\n", r.tenant, r.perSec, r.limit, inFlight, r.reserved, cool, r.waiting, r.policy)
+		fmt.Fprintf(tw, "%s\t%.1f\t%s\t%s\t%d\t%s\t%s\t%s\n", human.Text(r.tenant), r.perSec, r.limit, inFlight, r.reserved, cool, r.waitingText, r.policy)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -208,9 +218,29 @@ func writeTop(w io.Writer, rows []topRow, limit int, eol string) error {
 	return nil
 }
 
-// topOnce measures over one interval and prints one table.
-func topOnce(ctx context.Context, cn *conn, w io.Writer, interval time.Duration, limit int) error {
-	prev, err := cn.sample(ctx)
+// sampleTimeout bounds one refresh: a Redis that has not answered by then
+// counts as stalled.
+func sampleTimeout(interval time.Duration) time.Duration {
+	return min(max(2*interval, time.Second), 10*time.Second)
+}
+
+// sampleOnce reads every tenant within sampleTimeout; an error says how
+// long Redis was waited for.
+func (cn *conn) sampleOnce(ctx context.Context, interval time.Duration) (topSample, error) {
+	start := time.Now()
+	sctx, cancel := context.WithTimeout(ctx, sampleTimeout(interval))
+	defer cancel()
+	s, err := cn.sample(sctx)
+	if err != nil && ctx.Err() == nil && sctx.Err() != nil {
+		return nil, fmt.Errorf("no answer from Redis within %s", short(time.Since(start)))
+	}
+	return s, err
+}
+
+// topOnce measures over one interval and prints one table, or with
+// asJSON one JSON line.
+func topOnce(ctx context.Context, cn *conn, w io.Writer, interval time.Duration, limit int, asJSON bool) error {
+	prev, err := cn.sampleOnce(ctx, interval)
 	if err != nil {
 		return err
 	}
@@ -221,11 +251,14 @@ func topOnce(ctx context.Context, cn *conn, w io.Writer, interval time.Duration,
 		return ctx.Err()
 	case <-timer.C:
 	}
-	cur, err := cn.sample(ctx)
+	cur, err := cn.sampleOnce(ctx, interval)
 	if err != nil {
 		return err
 	}
 	rows := topRows(prev, cur)
+	if asJSON {
+		return writeTopJSON(w, topDocOf(cur, rows, interval, limit, nil))
+	}
 	if len(rows) == 0 {
 		fmt.Fprintln(w, "no tenant has a policy or throttle state yet")
 		return nil
@@ -233,23 +266,161 @@ func topOnce(ctx context.Context, cn *conn, w io.Writer, interval time.Duration,
 	return writeTop(w, rows, limit, "\n")
 }
 
+// topDoc is one refresh of top --json, on one line.
+type topDoc struct {
+	// Time is Redis's time of the figures; the local time when stale.
+	Time       time.Time `json:"time"`
+	IntervalMS float64   `json:"interval_ms"`
+	// Stale is set when this refresh failed: Error says why, and Tenants
+	// are the last figures read.
+	Stale   bool            `json:"stale"`
+	Error   string          `json:"error,omitempty"`
+	Tenants []topTenantJSON `json:"tenants"`
+}
+
+type topTenantJSON struct {
+	Tenant       string  `json:"tenant"`
+	StartsPerSec float64 `json:"starts_per_s"`
+	// Limit is the tightest rate ("" without one), Concurrency the cap
+	// (-1 without one); Waiting the jobs in the tenant's line, BacklogCap
+	// the line's cap (0: none).
+	Limit       string  `json:"limit"`
+	InFlight    int64   `json:"in_flight"`
+	Concurrency int64   `json:"concurrency"`
+	Reserved    int64   `json:"reserved"`
+	CooldownMS  float64 `json:"cooldown_ms"`
+	Waiting     int64   `json:"waiting"`
+	BacklogCap  int64   `json:"backlog_cap"`
+	Policy      string  `json:"policy"`
+}
+
+func topDocOf(cur topSample, rows []topRow, interval time.Duration, limit int, err error) topDoc {
+	d := topDoc{Time: time.Now().UTC(), IntervalMS: ms(interval), Tenants: []topTenantJSON{}}
+	for _, s := range cur {
+		d.Time = s.Now.UTC()
+		break
+	}
+	if err != nil {
+		d.Time, d.Stale, d.Error = time.Now().UTC(), true, err.Error()
+	}
+	for i, r := range rows {
+		if limit > 0 && i >= limit {
+			break
+		}
+		t := topTenantJSON{Tenant: r.tenant, StartsPerSec: math.Round(r.perSec*10) / 10, Limit: r.limit, InFlight: r.inFlight, Concurrency: r.cap,
+			Reserved: r.reserved, CooldownMS: ms(r.cooldown), Waiting: r.waiting}
+		if t.Limit == "-" {
+			t.Limit = ""
+		}
+		if s := cur[r.tenant]; s != nil {
+			t.Policy = s.Policy
+			if s.Rules != nil {
+				t.BacklogCap = s.Rules.Backlog
+			}
+		}
+		d.Tenants = append(d.Tenants, t)
+	}
+	return d
+}
+
+func writeTopJSON(w io.Writer, d topDoc) error {
+	return json.NewEncoder(w).Encode(d)
+}
+
+// topJSON prints a JSON line every interval until ctx ends.
+func topJSON(ctx context.Context, cn *conn, w io.Writer, interval time.Duration, limit int) error {
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	prev, err := cn.sampleOnce(ctx, interval)
+	if err != nil {
+		return err
+	}
+	var rows []topRow
+	cur := prev
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+		s, err := cn.sampleOnce(ctx, interval)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err == nil {
+			prev, cur = cur, s
+			rows = topRows(prev, cur)
+		}
+		if werr := writeTopJSON(w, topDocOf(cur, rows, interval, limit, err)); werr != nil {
+			return werr
+		}
+	}
+}
+
+// sampled is one refresh of the live view.
+type sampled struct {
+	s   topSample
+	err error
+}
+
 // topLoop redraws the view every interval until q, Ctrl-C or Ctrl-D is
-// typed, keys closes, or ctx ends.
+// typed, keys closes, or ctx ends. Refreshes run in the background, one at
+// a time, so that while Redis does not answer the view says so (STALE,
+// with how long) above the last figures it read.
 func topLoop(ctx context.Context, cn *conn, w io.Writer, keys <-chan byte, interval time.Duration, limit int, height func() int) error {
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
-	prev, prevErr := cn.sample(ctx)
-	draw := func(cur topSample, err error) {
+	results := make(chan sampled, 1)
+	var (
+		wg             sync.WaitGroup
+		busy           bool
+		prev, cur      topSample
+		lastGood       time.Time // when the last good answer came
+		lastErr        error
+		started        = time.Now()
+		figuresFrom    time.Time
+		sctx, cancelSS = context.WithCancel(ctx)
+	)
+	defer func() {
+		cancelSS()
+		wg.Wait()
+	}()
+	refresh := func() {
+		if busy {
+			return
+		}
+		busy = true
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s, err := cn.sampleOnce(sctx, interval)
+			results <- sampled{s, err}
+		}()
+	}
+	draw := func() {
 		var b strings.Builder
 		b.WriteString("\x1b[H")
 		header := fmt.Sprintf("sluice top  %s  prefix %s  every %s  (q quits)", cn.url.String(), cn.prefix, interval)
 		b.WriteString(header + "\x1b[K\r\n")
+		since := lastGood
+		if since.IsZero() {
+			since = started
+		}
+		figures := "no figures yet"
+		if prev != nil && cur != nil {
+			figures = "the figures below are from " + figuresFrom.Format("15:04:05")
+		}
 		switch {
-		case err != nil:
-			b.WriteString("error: " + err.Error() + "\x1b[K\r\n")
-		case cur == nil:
+		case lastErr != nil && !strings.HasPrefix(lastErr.Error(), "no answer from Redis"):
+			b.WriteString(fmt.Sprintf("STALE: the last refresh failed: %s; %s\x1b[K\r\n", human.Line(lastErr.Error(), 0), figures))
+		case lastErr != nil || (busy && time.Since(since) > 2*interval):
+			b.WriteString(fmt.Sprintf("STALE: no answer from Redis for %s; %s\x1b[K\r\n", short(time.Since(since)), figures))
+		case prev == nil || cur == nil:
 			b.WriteString("measuring...\x1b[K\r\n")
 		default:
+			b.WriteString(figuresFrom.Format("15:04:05") + fmt.Sprintf("  %d tenants", len(cur)) + "\x1b[K\r\n")
+		}
+		if prev != nil && cur != nil {
 			rows := topRows(prev, cur)
 			n := limit
 			if n == 0 {
@@ -257,13 +428,13 @@ func topLoop(ctx context.Context, cn *conn, w io.Writer, keys <-chan byte, inter
 			}
 			var t strings.Builder
 			_ = writeTop(&t, rows, n, "\x1b[K\r\n")
-			b.WriteString(time.Now().Format("15:04:05") + fmt.Sprintf("  %d tenants", len(rows)) + "\x1b[K\r\n")
 			b.WriteString(t.String())
 		}
 		b.WriteString("\x1b[J")
 		_, _ = io.WriteString(w, b.String())
 	}
-	draw(nil, prevErr)
+	refresh()
+	draw()
 	for {
 		select {
 		case <-ctx.Done():
@@ -272,19 +443,21 @@ func topLoop(ctx context.Context, cn *conn, w io.Writer, keys <-chan byte, inter
 			if !ok || k == 'q' || k == 'Q' || k == 3 || k == 4 {
 				return nil
 			}
-		case <-tick.C:
-			cur, err := cn.sample(ctx)
+		case r := <-results:
+			busy = false
 			if ctx.Err() != nil {
 				return nil
 			}
-			if prev == nil || err != nil {
-				draw(nil, err)
+			if r.err != nil {
+				lastErr = r.err
 			} else {
-				draw(cur, nil)
+				prev, cur, lastErr = cur, r.s, nil
+				lastGood, figuresFrom = time.Now(), time.Now()
 			}
-			if err == nil {
-				prev = cur
-			}
+			draw()
+		case <-tick.C:
+			refresh()
+			draw()
 		}
 	}
 }

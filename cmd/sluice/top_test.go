@@ -3,7 +3,9 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"flag"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -33,18 +35,19 @@ func TestTopRows(t *testing.T) {
 		"busy":  {Tenant: "busy", Policy: "busy", Now: t1, Started: 300, Rates: []throttle.RateStats{rate("5000/h"), rate("100/s burst 20")}},
 		"reset": {Tenant: "reset", Policy: "*", Now: t1, Started: 10},
 		"idle": {Tenant: "idle", Policy: "idle", Now: t1, Started: 7, Reservations: 4, Waiting: 9, CooldownUntil: t1.Add(1500 * time.Millisecond),
+			Rules:       &throttle.Policy{Backlog: 100},
 			Concurrency: &throttle.ConcurrencyStats{Concurrency: throttle.Concurrency{Limit: 5}, InFlight: 2}},
 		"new": {Tenant: "new", Now: t1, Started: 4},
 	}
 	rows := topRows(prev, cur)
 	require.Equal(t, []topRow{
 		// 200 starts in 2s; the tightest rate is 5000/h (1.4/s), not 100/s.
-		{tenant: "busy", perSec: 100, limit: "5000/h", cap: -1, policy: "busy"},
+		{tenant: "busy", perSec: 100, limit: "5000/h", cap: -1, waitingText: "0", policy: "busy"},
 		// Started went back to 0 (the tenant was idle): count from 0.
-		{tenant: "reset", perSec: 5, limit: "-", cap: -1, policy: "*"},
+		{tenant: "reset", perSec: 5, limit: "-", cap: -1, waitingText: "0", policy: "*"},
 		// First seen in this sample: every start counted happened within the interval.
-		{tenant: "new", perSec: 2, limit: "-", cap: -1, policy: "-"},
-		{tenant: "idle", perSec: 0, limit: "-", inFlight: 2, cap: 5, reserved: 4, cooldown: 1500 * time.Millisecond, waiting: 9, policy: "idle"},
+		{tenant: "new", perSec: 2, limit: "-", cap: -1, waitingText: "0", policy: "-"},
+		{tenant: "idle", perSec: 0, limit: "-", inFlight: 2, cap: 5, reserved: 4, cooldown: 1500 * time.Millisecond, waiting: 9, waitingText: "9/100", policy: "idle"},
 	}, rows)
 
 	var b bytes.Buffer
@@ -181,15 +184,100 @@ func TestParseArgs(t *testing.T) {
 	require.ErrorIs(t, func() error { _, err := parseArgs(newFlagSet("t"), []string{"--help"}); return err }(), flag.ErrHelp)
 }
 
-func TestShort(t *testing.T) {
+// TestTopShowsStaleFigures: when Redis stops answering, the live view says
+// so within two intervals, with how long it has had no answer, and keeps
+// the last figures under the marker; when Redis answers again the marker
+// goes. The durations it prints are the real ones.
+func TestTopShowsStaleFigures(t *testing.T) {
 	t.Parallel()
-	for d, want := range map[time.Duration]string{
-		-time.Second:                          "0s",
-		0:                                     "0s",
-		1234 * time.Microsecond:               "1ms",
-		1234 * time.Millisecond:               "1.2s",
-		3*time.Minute + 1500*time.Millisecond: "3m2s",
-	} {
-		require.Equal(t, want, short(d))
+	srv := redistest.NewServer(t, nil)
+	a := &app{ctx: context.Background(), env: func(string) string { return "" }, redisFlag: srv.URL(), prefix: redistest.Prefix(t)}
+	cn, err := a.connect(nil)
+	require.NoError(t, err)
+	defer cn.Close()
+	_, err = cn.limiter.Cooldown(context.Background(), "paused", time.Hour)
+	require.NoError(t, err)
+
+	out := &clitest.SyncBuffer{}
+	keys := make(chan byte)
+	done := make(chan error, 1)
+	go func() {
+		done <- topLoop(context.Background(), cn, out, keys, 50*time.Millisecond, 0, func() int { return 10 })
+	}()
+	frame := func() string { // the last frame drawn
+		s := out.String()
+		return s[strings.LastIndex(s, "\x1b[H")+1:]
+	}
+	waitFor(t, "a frame with the tenant", func() bool { return strings.Contains(frame(), "\r\npaused ") })
+	require.NotContains(t, frame(), "STALE")
+
+	require.NoError(t, srv.Freeze())
+	frozen := time.Now()
+	staleRE := regexp.MustCompile(`STALE: no answer from Redis for (\S+); the figures below are from \d\d:\d\d:\d\d`)
+	waitFor(t, "the stale marker", func() bool { return staleRE.MatchString(frame()) })
+	require.Contains(t, frame(), "\r\npaused ", "the last figures stay")
+	waitFor(t, "two seconds of stalling", func() bool { return time.Since(frozen) > 2*time.Second && staleRE.MatchString(frame()) })
+	f := frame()
+	shown, err := time.ParseDuration(staleRE.FindStringSubmatch(f)[1])
+	require.NoError(t, err, f)
+	require.InDelta(t, time.Since(frozen).Seconds(), shown.Seconds(), 0.7, "the time shown is the time elapsed: %s", f)
+
+	require.NoError(t, srv.Thaw())
+	waitFor(t, "fresh figures", func() bool { f := frame(); return !strings.Contains(f, "STALE") && strings.Contains(f, "\r\npaused ") })
+	close(keys)
+	require.NoError(t, <-done)
+}
+
+// TestUnreachableSaysHowLong: a Redis that accepts connections but does
+// not answer is reported after the time the message states.
+func TestUnreachableSaysHowLong(t *testing.T) {
+	t.Parallel()
+	srv := redistest.NewServer(t, nil)
+	require.NoError(t, srv.Freeze())
+	defer func() { require.NoError(t, srv.Thaw()) }()
+	var stdout, stderr bytes.Buffer
+	env := func(k string) string {
+		if k == "SLUICE_REDIS_URL" {
+			return srv.URL()
+		}
+		return ""
+	}
+	start := time.Now()
+	code := run(context.Background(), []string{"policy", "list"}, nil, &stdout, &stderr, env)
+	took := time.Since(start)
+	require.Equal(t, 1, code)
+	m := regexp.MustCompile(`no answer within (\S+);`).FindStringSubmatch(stderr.String())
+	require.NotNil(t, m, stderr.String())
+	said, err := time.ParseDuration(m[1])
+	require.NoError(t, err)
+	require.InDelta(t, took.Seconds(), said.Seconds(), 0.5, "took %s, said %s", took, said)
+	require.Less(t, took, 3*time.Second, "it gives up after about 2s")
+}
+
+// TestTopJSONStreams: top --json prints a JSON line each interval until
+// interrupted.
+func TestTopJSONStreams(t *testing.T) {
+	t.Parallel()
+	a := &app{ctx: context.Background(), env: func(string) string { return "" }, redisFlag: redistest.URL(t), prefix: redistest.Prefix(t)}
+	cn, err := a.connect(nil)
+	require.NoError(t, err)
+	defer cn.Close()
+	_, err = cn.limiter.Cooldown(context.Background(), "paused", time.Hour)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	out := &clitest.SyncBuffer{}
+	done := make(chan error, 1)
+	go func() { done <- topJSON(ctx, cn, out, 20*time.Millisecond, 0) }()
+	waitFor(t, "three lines", func() bool { return strings.Count(out.String(), "\n") >= 3 })
+	cancel()
+	require.NoError(t, <-done)
+	for _, line := range strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n") {
+		var d topDoc
+		require.NoError(t, json.Unmarshal([]byte(line), &d), line)
+		require.False(t, d.Stale)
+		require.Equal(t, 20.0, d.IntervalMS)
+		require.Len(t, d.Tenants, 1)
+		require.Equal(t, "paused", d.Tenants[0].Tenant)
+		require.Greater(t, d.Tenants[0].CooldownMS, 0.0)
 	}
 }

@@ -54,6 +54,7 @@ func TestCLI(t *testing.T) {
 		"Memory":        testMemory,
 		"JSONLogLevels": testJSONLogLevels,
 		"HTTPJobs":      testHTTPJobs,
+		"FailingJobs":   testFailingJobs,
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -110,6 +111,7 @@ func testBadUsage(t *testing.T, b *bins) {
 		{[]string{"--redis", "foo"}, nil, `--redis: Redis URL "foo": no scheme; write it as a URL, e.g. redis://foo; accepted forms: `},
 		{[]string{"--redis", "memory://127.0.0.1:6379/1"}, nil, `--redis: Redis URL "memory://127.0.0.1:6379/1": memory:// takes only an address`},
 		{nil, map[string]string{"SLUICE_REDIS_URL": "http://x"}, `SLUICE_REDIS_URL: Redis URL "http://x": unknown scheme "http"`},
+		{nil, map[string]string{"SLUICE_WORKER_ADMIN": "9464"}, `SLUICE_WORKER_ADMIN "9464": want HOST:PORT such as 127.0.0.1:9464 (port 0 picks a free one), or "off"`},
 	} {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
 			r := runBin(t, b.worker, tt.env, tt.args...)
@@ -480,4 +482,41 @@ func testHTTPJobs(t *testing.T, b *bins) {
 	info, err := asynq.NewInspectorFromRedisClient(redistest.Client(t)).GetQueueInfo(q)
 	require.NoError(t, err)
 	require.Zero(t, info.Archived, "a 429 at MaxRetry(0) is not archived")
+}
+
+// testFailingJobs: a typo in a job's type and a handler's error are in
+// sight: the worker logs the unknown type once, archives its jobs at once
+// with the reason, logs a handler's error with the job's id, type and
+// tenant, and sluice jobs shows both with their last error.
+func testFailingJobs(t *testing.T, b *bins) {
+	url, prefix, q := redistest.URL(t), redistest.Prefix(t), qname(t)
+	api := httptest.NewServer(http.NotFoundHandler())
+	defer api.Close()
+	w := startWorker(t, b, "--redis", url, "--prefix", prefix, "--queues", q, "--admin", "127.0.0.1:0")
+	admin := w.admin()
+	env := map[string]string{"SLUICE_REDIS_URL": url}
+	var ids []string
+	for _, args := range [][]string{
+		{"--type", "slep", "--payload", `{"ms":300}`},
+		{"--type", "slep", "--payload", `{"ms":300}`},
+		{"--type", "http", "--payload", `{"url":"` + api.URL + `/missing"}`},
+	} {
+		r := runBin(t, b.enqueue, env, append([]string{"--prefix", prefix, "--queue", q, "--tenant", "acme"}, args...)...)
+		require.Equal(t, 0, r.code, r.stderr)
+		ids = append(ids, strings.Fields(r.stdout)[2])
+	}
+	waitFor(t, "the three jobs archived", 30*time.Second, func() bool {
+		info, err := asynq.NewInspectorFromRedisClient(redistest.Client(t)).GetQueueInfo(q)
+		return err == nil && info.Archived == 3
+	})
+	require.EqualValues(t, 2, metric(t, admin, `sluice_worker_unknown_types_total{type="slep"}`))
+	logs := w.stderr.String()
+	require.Equal(t, 1, strings.Count(logs, `msg="sluice: no handler for this task type; its jobs are archived at once (sluice jobs --state archived lists them); logged once per type" type=slep handles="http, sleep"`), logs)
+	require.Contains(t, logs, `level=ERROR msg="sluice: job failed for good; asynq archives it" task=`+ids[2]+` type=http tenant=acme queue=`+q+` retried=0 max_retry=25 err="http task: GET `+api.URL+`/missing: status 404: 404 page not found (retrying would get the same answer)`)
+
+	r := runBin(t, b.sluice, env, "--prefix", prefix, "jobs", "acme", "--queue", q, "--state", "archived")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Regexp(t, `\n`+ids[0]+`\s+acme\s+slep\s+`+q+`\s+archived\s+0/25\s+-\s+no handler for task type "slep" on this worker \(it handles http, sleep\): archiv…\n`, r.stdout)
+	require.Regexp(t, `\n`+ids[2]+`\s+acme\s+http\s+`+q+`\s+archived\s+0/25\s+-\s+http task: GET http://127\.0\.0\.1:\d+/missing: status 404: 404 page not found \(…\n`, r.stdout)
+	require.Equal(t, 0, w.stop(syscall.SIGTERM, 20*time.Second))
 }

@@ -11,7 +11,8 @@
 //	                        memory://HOST:PORT starts an embedded Redis there
 //	--queues LIST           queues and priorities (default "default=1")
 //	--concurrency N         jobs handled at once (default 100)
-//	--admin ADDR            /metrics, /healthz, /readyz (default 127.0.0.1:9464; "off")
+//	--admin ADDR            /metrics, /healthz, /readyz (default $SLUICE_WORKER_ADMIN,
+//	                        else 127.0.0.1:9464; "off")
 //	--prefix PREFIX         key prefix of sluice's limits (default "sluice")
 //	--shutdown-timeout D    how long running jobs may finish after SIGTERM (default 8s)
 //	--log-format text|json  logs on stderr (default text)

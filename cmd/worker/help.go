@@ -24,8 +24,8 @@ Flags:
   --concurrency N          jobs handled at once, those waiting in the worker for
                            their slot included (default 100)
   --admin ADDR             address of the admin endpoints (default
-                           127.0.0.1:9464; port 0 picks a free one; "off"
-                           turns them off)
+                           $SLUICE_WORKER_ADMIN, else 127.0.0.1:9464; port 0
+                           picks a free one; "off" turns them off)
   --prefix PREFIX          the key prefix of sluice's limits (default "sluice")
   --shutdown-timeout D     how long running jobs may take to finish after
                            SIGTERM before they go back to the queue (default 8s)

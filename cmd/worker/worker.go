@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -40,6 +41,8 @@ const (
 	shutdownTimeoutDefault = 8 * time.Second
 	// adminOff is the --admin value that turns the admin endpoints off.
 	adminOff = "off"
+	// adminEnv is the environment variable for --admin's default.
+	adminEnv = "SLUICE_WORKER_ADMIN"
 )
 
 // version is set at build time with -ldflags "-X main.version=v1.2.3";
@@ -106,7 +109,7 @@ func parseFlags(args []string, env func(string) string) (*options, error) {
 	fs.StringVar(&o.redis, "redis", "", "")
 	fs.StringVar(&queues, "queues", queuesDefault, "")
 	fs.IntVar(&o.concurrency, "concurrency", worker.ConcurrencyDefault, "")
-	fs.StringVar(&o.admin, "admin", adminDefault, "")
+	fs.StringVar(&o.admin, "admin", cmp.Or(env(adminEnv), adminDefault), "")
 	fs.StringVar(&o.prefix, "prefix", throttle.PrefixDefault, "")
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", shutdownTimeoutDefault, "")
 	fs.BoolVar(&o.tenantLabels, "tenant-labels", false, "")
@@ -121,6 +124,8 @@ func parseFlags(args []string, env func(string) string) (*options, error) {
 		}
 		return nil, usagef("%s", flagError(err))
 	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	switch {
 	case showHelp || hlp:
 		return nil, flag.ErrHelp
@@ -153,7 +158,11 @@ func parseFlags(args []string, env func(string) string) (*options, error) {
 	}
 	if o.admin != adminOff {
 		if _, _, err := net.SplitHostPort(o.admin); err != nil {
-			return nil, usagef("--admin %q: want HOST:PORT such as %s (port 0 picks a free one), or %q", o.admin, adminDefault, adminOff)
+			source := "--admin"
+			if !set["admin"] {
+				source = adminEnv
+			}
+			return nil, usagef("%s %q: want HOST:PORT such as %s (port 0 picks a free one), or %q", source, o.admin, adminDefault, adminOff)
 		}
 	}
 	switch o.logFormat {

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/human"
 )
 
 // PingTimeoutDefault is how long Ping waits for an answer when given no timeout.
@@ -52,6 +54,7 @@ func (u *URL) Ping(ctx context.Context, client redis.UniversalClient, timeout ti
 	if timeout <= 0 {
 		timeout = PingTimeoutDefault
 	}
+	start := time.Now()
 	pctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	var err error
@@ -72,7 +75,7 @@ func (u *URL) Ping(ctx context.Context, client redis.UniversalClient, timeout ti
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
-	return u.explain(err, timeout)
+	return u.explain(err, time.Since(start))
 }
 
 // probe opens a TCP connection to each address until one accepts: a
@@ -115,8 +118,9 @@ func (u *URL) pingSentinels(ctx context.Context) error {
 	return first
 }
 
-// explain turns a client error into an UnreachableError.
-func (u *URL) explain(err error, timeout time.Duration) *UnreachableError {
+// explain turns a client error into an UnreachableError; waited is how
+// long the server was waited for.
+func (u *URL) explain(err error, waited time.Duration) *UnreachableError {
 	e := &UnreachableError{Where: u.Where(), Err: err, Reason: oneLine(err.Error()), Hint: "check the URL; " + setURL}
 	running := "is redis-server running? " + setURL
 	switch u.Kind {
@@ -140,7 +144,7 @@ func (u *URL) explain(err error, timeout time.Duration) *UnreachableError {
 	case errors.As(err, &dnsErr):
 		e.Reason, e.Hint = fmt.Sprintf("host %q not found", dnsErr.Name), "check the host name; "+setURL
 	case errors.Is(err, context.DeadlineExceeded) || isTimeout(err):
-		e.Reason = fmt.Sprintf("no answer within %s", timeout)
+		e.Reason = fmt.Sprintf("no answer within %s", human.Duration(waited.Round(10*time.Millisecond)))
 		e.Hint = "is the address right and the server up (a firewall may drop the packets)? " + setURL
 		if u.TLS {
 			e.Hint = "is the address right, the server up and speaking TLS (use redis:// for a server without TLS)? " + setURL

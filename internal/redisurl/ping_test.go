@@ -113,8 +113,28 @@ func TestPingNoAnswer(t *testing.T) {
 		}
 	}()
 	t.Cleanup(func() { _ = l.Close(); <-done })
-	err = ping(t, "redis://"+l.Addr().String(), 300*time.Millisecond)
+	u, err := Parse("redis://" + l.Addr().String())
+	require.NoError(t, err)
+	// An interactive client gives up at the deadline.
+	c := u.NewInteractiveClient()
+	defer c.Close()
+	start := time.Now()
+	err = u.Ping(context.Background(), c, 300*time.Millisecond)
+	require.Less(t, time.Since(start), 2*time.Second)
 	requireUnreachable(t, err, "cannot reach Redis at "+l.Addr().String()+": no answer within 300ms; is the address right and the server up (a firewall may drop the packets)? set --redis or SLUICE_REDIS_URL")
+
+	// go-redis's own client waits out its read timeout: the message says
+	// how long it really waited, not the deadline it was given.
+	c2 := u.NewClient()
+	defer c2.Close()
+	start = time.Now()
+	err = u.Ping(context.Background(), c2, 300*time.Millisecond)
+	took := time.Since(start)
+	var ue *UnreachableError
+	require.ErrorAs(t, err, &ue)
+	said, perr := time.ParseDuration(strings.TrimPrefix(ue.Reason, "no answer within "))
+	require.NoError(t, perr, ue.Reason)
+	require.InDelta(t, took.Seconds(), said.Seconds(), 0.2, "waited %s, said %q", took, ue.Reason)
 }
 
 func TestPingUnknownHost(t *testing.T) {

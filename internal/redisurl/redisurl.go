@@ -509,6 +509,15 @@ func (u *URL) NewClient() redis.UniversalClient {
 	return redis.NewUniversalClient(u.UniversalOptions())
 }
 
+// NewInteractiveClient is NewClient for a command a person waits on: a call
+// ends at its context's deadline, where go-redis would otherwise wait out
+// its own read timeout, and retry.
+func (u *URL) NewInteractiveClient() redis.UniversalClient {
+	o := u.UniversalOptions()
+	o.ContextTimeoutEnabled = true
+	return redis.NewUniversalClient(o)
+}
+
 // AsynqOpt returns the asynq connection option for the same server(s) as
 // NewClient: asynq.RedisClientOpt, asynq.RedisFailoverClientOpt or
 // asynq.RedisClusterClientOpt.
