@@ -130,46 +130,62 @@ local floor, max, min = math.floor, math.max, math.min
 local KEYS, ARGV = KEYS, ARGV
 local num = tonumber
 
--- rule kinds, which are also the decision's rule codes; then the codes of
--- the decisions no rule kind makes
-local RATE, WINDOW, QUOTA, CONC = 1, 2, 3, 4
-local COOL, RESV = 64, 65
+-- @include clock
 
-local now
-local clock = num(ARGV[1])
-if clock >= 0 then
-  now = clock
-else
-  local t = call('TIME')
-  now = num(t[1]) * 1000000 + num(t[2])
-end
-local nops = num(ARGV[2])
-local horizon, grace = num(ARGV[3]), num(ARGV[4])
-local tolerance, conc_retry = num(ARGV[5]), num(ARGV[6])
+-- @include release_slot (the release of one scope's slot, from release.lua)
+
+-- the engine: its state and its functions live in one table, so that the
+-- functions capture few upvalues (Lua makes every closure anew on every
+-- call, walking the open upvalues for each one it captures); every field
+-- is named here, so that the table is built at its full size once rather
+-- than grown field by field
+local E = {
+  now = false, n = false, fmt = false, a = false, cost = false, rkey = false,
+  twostep = false, hkey = false, room = false, lead = false, claim = false,
+  ckey = false, promote = false, grace = false, dry = false,
+  win_index = false, id = false, horizon = false, extend_to = false,
+  apply = false, AF = false, window_entries = false, used = false,
+  reserve = false, read_state = false, hold = false, decide = false,
+  count_holders = false, blank = false, SEP = false, PF = false, IF = false,
+  twostep_functions = false, plan = false, not_before = false, nops = false,
+  meters_state = false, inc = false, full = false, conc_wait = false,
+  clock = false, add_entries = false, POL = false, tolerance = false,
+  room_functions = false, new_scope = false, conc_retry = false
+}
+
+-- The rule kinds, which are also the decisions' rule codes, are written as
+-- their numbers: 1 rate, 2 window, 3 quota, 4 concurrency; and the codes of
+-- the decisions no rule kind makes: 64 cooldown, 65 reserved.
+
+E.clock = clock
+E.now = now_us()
+E.nops = num(ARGV[2])
+E.horizon, E.grace = num(ARGV[3]), num(ARGV[4])
+E.tolerance, E.conc_retry = num(ARGV[5]), num(ARGV[6])
 
 -- the arguments are read in order from a
-local a = 7
-local function n()
-  local v = num(ARGV[a])
-  a = a + 1
+E.a = 7
+function E.n()
+  local v = num(ARGV[E.a])
+  E.a = E.a + 1
   return v
 end
 
-local function fmt(v)
+function E.fmt(v)
   return format('%d', v)
 end
 
 -- make key live at least until time t, never shortening its life: GT
 -- extends a key that has a TTL, NX gives one to a key that has none
-local function extend_to(key, t)
-  if t <= now then return end
-  local ms = fmt(floor((t - now) / 1000) + 2)
+function E.extend_to(key, t)
+  if t <= E.now then return end
+  local ms = E.fmt(floor((t - E.now) / 1000) + 2)
   if call('PEXPIRE', key, ms, 'GT') == 0 then
     call('PEXPIRE', key, ms, 'NX')
   end
 end
 
-local function win_index(bounds, t)
+function E.win_index(bounds, t)
   for j = 1, #bounds - 1 do
     if bounds[j] <= t and t < bounds[j + 1] then
       return j
@@ -182,53 +198,69 @@ end
 -- fields, per kind: nr rates (unit[i], off[i]: the increment for cost 1 and
 -- the burst offset of rate i), wlim/wdur, qlim/bounds/cur, clim/lease (0
 -- when the policy has no such rule), and the hash fields they read.
-local PF, AF, IF = { 'p1', 'p2', 'p3', 'p4' }, { 'a1', 'a2', 'a3', 'a4' }, { 'i1', 'i2', 'i3', 'i4' }
-local POL = {}
-for p = 1, n() do
-  local pol = { nr = 0, unit = {}, off = {}, per = {}, lim = {}, wlim = 0, wdur = 0, qlim = 0, clim = 0, lease = 0, fields = {} }
-  local f = pol.fields
-  for _ = 1, n() do
-    local kind = n()
-    if kind == RATE then
-      local i = pol.nr + 1
-      pol.nr, pol.per[i], pol.lim[i], pol.off[i] = i, n(), n(), n()
-      pol.unit[i] = floor(pol.per[i] / pol.lim[i])
-      if pol.unit[i] * pol.lim[i] < pol.per[i] then pol.unit[i] = pol.unit[i] + 1 end
-      f[#f + 1] = PF[i] or ('p' .. i)
-      f[#f + 1] = AF[i] or ('a' .. i)
-      f[#f + 1] = IF[i] or ('i' .. i)
-    elseif kind == WINDOW then
-      pol.wlim, pol.wdur = n(), n()
-      f[#f + 1] = 'n'
-    elseif kind == QUOTA then
-      pol.qlim = n()
-      local b = {}
-      for j = 1, n() do b[j] = n() end
-      pol.bounds, pol.cur = b, win_index(b, now)
-      if not pol.cur then
-        return redis.error_reply('ERR sluice: clock')
+E.PF, E.AF, E.IF = { 'p1', 'p2', 'p3', 'p4' }, { 'a1', 'a2', 'a3', 'a4' }, { 'i1', 'i2', 'i3', 'i4' }
+E.POL = {}
+do
+  -- read with a cursor of its own: the policies are most of the arguments
+  local a = E.a
+  local npol = num(ARGV[a])
+  a = a + 1
+  for p = 1, npol do
+    local pol = { nr = 0, unit = {}, off = {}, per = {}, lim = {}, wlim = 0, wdur = 0, qlim = 0, clim = 0,
+      lease = 0, fields = {}, bounds = false, cur = false, reservable = false, rules = 0 }
+    local f = pol.fields
+    local nrules = num(ARGV[a])
+    a = a + 1
+    for _ = 1, nrules do
+      local kind = num(ARGV[a])
+      if kind == 1 then
+        local i = pol.nr + 1
+        local per, lim = num(ARGV[a + 1]), num(ARGV[a + 2])
+        pol.nr, pol.per[i], pol.lim[i], pol.off[i] = i, per, lim, num(ARGV[a + 3])
+        local unit = floor(per / lim)
+        if unit * lim < per then unit = unit + 1 end
+        pol.unit[i] = unit
+        a = a + 4
+        f[#f + 1] = E.PF[i] or ('p' .. i)
+        f[#f + 1] = E.AF[i] or ('a' .. i)
+        f[#f + 1] = E.IF[i] or ('i' .. i)
+      elseif kind == 2 then
+        pol.wlim, pol.wdur = num(ARGV[a + 1]), num(ARGV[a + 2])
+        a = a + 3
+        f[#f + 1] = 'n'
+      elseif kind == 3 then
+        pol.qlim = num(ARGV[a + 1])
+        local b = {}
+        local nb = num(ARGV[a + 2])
+        a = a + 3
+        for j = 1, nb do b[j] = num(ARGV[a + j - 1]) end
+        a = a + nb
+        pol.bounds, pol.cur = b, E.win_index(b, E.now)
+        if not pol.cur then
+          return redis.error_reply('ERR sluice: clock')
+        end
+        f[#f + 1] = 'qa'; f[#f + 1] = 'qc'; f[#f + 1] = 'qb'; f[#f + 1] = 'qd'
+      elseif kind == 4 then
+        pol.clim, pol.lease = num(ARGV[a + 1]), num(ARGV[a + 2])
+        a = a + 3
+        f[#f + 1] = 'hc'; f[#f + 1] = 'hm'; f[#f + 1] = 'y'
       end
-      f[#f + 1] = 'qa'; f[#f + 1] = 'qc'; f[#f + 1] = 'qb'; f[#f + 1] = 'qd'
-    elseif kind == CONC then
-      pol.clim, pol.lease = n(), n()
-      f[#f + 1] = 'hc'; f[#f + 1] = 'hm'; f[#f + 1] = 'y'
     end
+    pol.reservable = pol.nr > 0 or pol.wlim > 0 or pol.qlim > 0
+    pol.rules = pol.nr + pol.wlim + pol.qlim + pol.clim
+    E.POL[p] = pol
   end
-  pol.reservable = pol.nr > 0 or pol.wlim > 0 or pol.qlim > 0
-  pol.rules = pol.nr + pol.wlim + pol.qlim + pol.clim
-  POL[p] = pol
+  E.a = a
 end
 
 -- the op being decided: its job, cost and flags; promote asks whether the
 -- job may be promoted from its line (its slot due within lead)
-local id, cost, reserve, hold, dry, plan, not_before, claim
-local promote, lead = false, 0
-local rkey, hkey, ckey
+E.promote, E.lead = false, 0
 
-local SEP = string.char(31)
+E.SEP = string.char(31)
 
 -- quota: the count of the window starting at start
-local function used(sc, start)
+function E.used(sc, start)
   if sc.qa == start then return sc.qc end
   if sc.qb == start then return sc.qd end
   return 0
@@ -238,7 +270,7 @@ end
 -- listed only when one may have run out (or, with need_soonest, to know
 -- which ends first); a listing also finds the stale ones (other than the
 -- job's own) to remove
-local function count_holders(sc, need_soonest)
+function E.count_holders(sc, need_soonest)
   if sc.live and (sc.soonest or not need_soonest or not sc.st) then
     return
   end
@@ -246,7 +278,7 @@ local function count_holders(sc, need_soonest)
     sc.live, sc.mine = 0, false
     return
   end
-  if not sc.live and sc.hm > now and not need_soonest then
+  if not sc.live and sc.hm > E.now and not need_soonest then
     sc.live, sc.mine = sc.hc, sc.hend ~= false
     return
   end
@@ -258,10 +290,10 @@ local function count_holders(sc, need_soonest)
     local kv = res[2]
     for i = 1, #kv, 2 do
       local e = num(kv[i + 1])
-      if e > now then
+      if e > E.now then
         live = live + 1
         if not soonest or e < soonest then soonest = e end
-      elseif kv[i] ~= hkey then
+      elseif kv[i] ~= E.hkey then
         stale[#stale + 1] = kv[i]
         stale[#stale + 1] = 'c:' .. kv[i]:sub(3)
       end
@@ -269,16 +301,16 @@ local function count_holders(sc, need_soonest)
   until cursor == '0'
   if not sc.live then
     sc.live, sc.stale = live, stale
-    sc.mine = sc.hend ~= false and sc.hend > now
+    sc.mine = sc.hend ~= false and sc.hend > E.now
   end
   sc.soonest = soonest
 end
 
 -- is the job denied a concurrency slot in this scope?
-local function full(sc)
-  count_holders(sc, false)
+function E.full(sc)
+  E.count_holders(sc, false)
   if not sc.mine and sc.live >= sc.pol.clim then
-    count_holders(sc, true)
+    E.count_holders(sc, true)
     return true
   end
   return false
@@ -286,16 +318,16 @@ end
 
 -- window: the newest live planned entry, and the planned and started
 -- entries whose leaving makes room for the job (-1: none), read once
-local function window_entries(sc, started)
-  local lo = fmt(now - sc.pol.wdur + 1)
-  local room = fmt(sc.pol.wlim - cost)
+function E.window_entries(sc, started)
+  local lo = E.fmt(E.now - sc.pol.wdur + 1)
+  local slack = E.fmt(sc.pol.wlim - E.cost)
   if not sc.wtop then
     local top = call('ZREVRANGEBYSCORE', sc.wp, '+inf', lo, 'WITHSCORES', 'LIMIT', '0', '1')
-    local e = call('ZREVRANGEBYSCORE', sc.wp, '+inf', lo, 'WITHSCORES', 'LIMIT', room, '1')
+    local e = call('ZREVRANGEBYSCORE', sc.wp, '+inf', lo, 'WITHSCORES', 'LIMIT', slack, '1')
     sc.wtop, sc.we = num(top[2]) or -1, num(e[2]) or -1
   end
   if started and not sc.wea then
-    local e = call('ZREVRANGEBYSCORE', sc.wa, '+inf', lo, 'WITHSCORES', 'LIMIT', room, '1')
+    local e = call('ZREVRANGEBYSCORE', sc.wa, '+inf', lo, 'WITHSCORES', 'LIMIT', slack, '1')
     sc.wea = num(e[2]) or -1
   end
 end
@@ -307,7 +339,7 @@ end
 -- the increment of rate i's meters for a job of cost c: ceil(period * c /
 -- limit), exactly (the policy's validation keeps burst × interval, and so
 -- every admissible cost's increment, below 2^53)
-local function inc(pol, i, c)
+function E.inc(pol, i, c)
   if c == 1 then return pol.unit[i] end
   local per, lim = pol.per[i], pol.lim[i]
   local r = per % lim
@@ -317,20 +349,31 @@ local function inc(pol, i, c)
   return x + y
 end
 
-local function new_scope(ref)
-  local pol = POL[ref < 0 and -ref or ref]
-  local sc = { pol = pol, st = false, cd = 0, R = false, hadR = false, Rraw = false,
-    live = false, mine = false, soonest = false, stale = false, hend = false, hdel = false }
+-- a scope's table, made with every field a decision sets (a table that
+-- grows field by field is rehashed each time it doubles), the array part
+-- sized for the meters of four rates
+function E.blank(pol)
+  return { false, false, false, false, false, false, false, false, false, false, false, false,
+    pol = pol, st = false, cd = 0, R = false, hadR = false, Rraw = false,
+    live = false, mine = false, soonest = false, stale = false, hend = false, hdel = false,
+    htok = false, k = 0, wp = false, wa = false, starts = 0, x = 0, rn = 0, rc = 0,
+    hc = 0, hm = 0, y = 0, n = false, astored = false, inew = false, planned = false,
+    started = false, took = false, kept = false, rtop = false, dropR = false }
+end
+
+function E.new_scope(ref)
+  local pol = E.POL[ref < 0 and -ref or ref]
+  local sc = E.blank(pol)
   local m = sc
-  for i = 1, pol.nr do m[3 * i - 2] = inc(pol, i, cost) end
+  for i = 1, pol.nr do m[3 * i - 2] = E.inc(pol, i, E.cost) end
   if ref < 0 then
-    sc.cd, sc.R = n(), n()
+    sc.cd, sc.R = E.n(), E.n()
     if sc.R < 0 then sc.R = false end
-    for i = 1, pol.nr do m[3 * i - 1], m[3 * i] = n(), n() end
-    if pol.wlim > 0 then sc.wtop, sc.we, sc.wea = n(), n(), n() end
-    if pol.qlim > 0 then sc.qa, sc.qc, sc.qb, sc.qd = n(), n(), n(), n() end
+    for i = 1, pol.nr do m[3 * i - 1], m[3 * i] = E.n(), E.n() end
+    if pol.wlim > 0 then sc.wtop, sc.we, sc.wea = E.n(), E.n(), E.n() end
+    if pol.qlim > 0 then sc.qa, sc.qc, sc.qb, sc.qd = E.n(), E.n(), E.n(), E.n() end
     if pol.clim > 0 then
-      sc.live, sc.mine, sc.soonest = n(), n() == 1, n()
+      sc.live, sc.mine, sc.soonest = E.n(), E.n() == 1, E.n()
       if sc.soonest < 0 then sc.soonest = false end
     end
   end
@@ -339,18 +382,18 @@ end
 
 -- a local scope's state, from its keys (its claim token only for the steps
 -- of a two-scope admission: their undo records give it back)
-local function read_state(sc, k, claims)
+function E.read_state(sc, k, claims)
   local pol = sc.pol
   sc.k, sc.st, sc.wp, sc.wa = k, KEYS[k + 1], KEYS[k + 2], KEYS[k + 3]
   local v, j
   if pol.clim > 0 and claims then
-    v = call('HMGET', sc.st, 'cd', 's', 'x', 'rn', 'rc', rkey, hkey, ckey, unpack(pol.fields))
+    v = call('HMGET', sc.st, 'cd', 's', 'x', 'rn', 'rc', E.rkey, E.hkey, E.ckey, unpack(pol.fields))
     sc.hend, sc.htok, j = num(v[7]) or false, num(v[8]) or false, 9
   elseif pol.clim > 0 then
-    v = call('HMGET', sc.st, 'cd', 's', 'x', 'rn', 'rc', rkey, hkey, unpack(pol.fields))
+    v = call('HMGET', sc.st, 'cd', 's', 'x', 'rn', 'rc', E.rkey, E.hkey, unpack(pol.fields))
     sc.hend, j = num(v[7]) or false, 8
   else
-    v = call('HMGET', sc.st, 'cd', 's', 'x', 'rn', 'rc', rkey, unpack(pol.fields))
+    v = call('HMGET', sc.st, 'cd', 's', 'x', 'rn', 'rc', E.rkey, unpack(pol.fields))
     j = 7
   end
   sc.cd, sc.starts, sc.x = num(v[1]) or 0, num(v[2]) or 0, num(v[3]) or 0
@@ -373,16 +416,16 @@ local function read_state(sc, k, claims)
     -- read would re-time from its own now and never drain
     local I, unit = num(v[j + 2]), pol.unit[i]
     if I ~= unit then
-      if I and I > 0 and (P > now or A > now) then
-        if P > now then P = now + floor((P - now) * (unit / I)) end
-        if A > now then A = now + floor((A - now) * (unit / I)) end
-        if not dry then
-          call('HSET', sc.st, PF[i] or ('p' .. i), fmt(P), AF[i] or ('a' .. i), fmt(A), IF[i] or ('i' .. i), fmt(unit))
+      if I and I > 0 and (P > E.now or A > E.now) then
+        if P > E.now then P = E.now + floor((P - E.now) * (unit / I)) end
+        if A > E.now then A = E.now + floor((A - E.now) * (unit / I)) end
+        if not E.dry then
+          call('HSET', sc.st, E.PF[i] or ('p' .. i), E.fmt(P), E.AF[i] or ('a' .. i), E.fmt(A), E.IF[i] or ('i' .. i), E.fmt(unit))
           sc.astored = sc.astored or {}
           sc.astored[i] = true
         end
       end
-      if dry or not (I and I > 0 and (P > now or A > now)) then
+      if E.dry or not (I and I > 0 and (P > E.now or A > E.now)) then
         sc.inew = sc.inew or {}
         sc.inew[i] = true
       end
@@ -406,11 +449,11 @@ local function read_state(sc, k, claims)
   local r = num(v[6])
   sc.hadR, sc.Rraw = r ~= nil, r or false
   if r then
-    if r + grace <= now then
+    if r + E.grace <= E.now then
       r = false -- expired: the job is treated as new
-    elseif sc.cd > now and r < sc.cd then
+    elseif sc.cd > E.now and r < sc.cd then
       r = false -- a cooldown began before the slot: take a new one after it
-    elseif pol.qlim > 0 and r <= now and win_index(pol.bounds, r) ~= pol.cur then
+    elseif pol.qlim > 0 and r <= E.now and E.win_index(pol.bounds, r) ~= pol.cur then
       r = false -- the slot's quota window is over
     end
   end
@@ -421,15 +464,15 @@ end
 -- now), at most cap when cap is given (a slot freed by a release is not
 -- announced to a job that waits in a worker), and the rule that makes it
 -- wait.
-local function conc_wait(scopes, cap)
+function E.conc_wait(scopes, cap)
   local cwait, rule = false, 0
   for s = 1, #scopes do
     local sc = scopes[s]
-    if sc.pol.clim > 0 and full(sc) then
-      local w = sc.soonest - now
+    if sc.pol.clim > 0 and E.full(sc) then
+      local w = sc.soonest - E.now
       if cap then w = min(w, cap) end
       if not cwait or w > cwait then
-        cwait, rule = w, CONC * 65536 + s
+        cwait, rule = w, 4 * 65536 + s
       end
     end
   end
@@ -439,36 +482,36 @@ end
 -- The decision over every scope of the op, without writing anything:
 -- allowed, retry-after, slot, what to write ('reserve', 'start' or false)
 -- and the rule.
-local function decide(scopes)
+function E.decide(scopes)
   -- S: the earliest time every scope allows the job; rule, ridx and rscope
   -- name what pushed it furthest
-  local S = max(now, not_before)
+  local S = max(E.now, E.not_before)
   local rule, ridx, rscope = 0, 0, 0
   for s = 1, #scopes do
     local sc = scopes[s]
     local pol = sc.pol
-    if sc.cd > now and sc.cd > S then
-      S, rule, ridx, rscope = sc.cd, COOL, 0, s
+    if sc.cd > E.now and sc.cd > S then
+      S, rule, ridx, rscope = sc.cd, 64, 0, s
     end
     if sc.R then
       if sc.R > S then
-        S, rule, ridx, rscope = sc.R, RESV, 0, s
+        S, rule, ridx, rscope = sc.R, 65, 0, s
       end
     else
       local m = sc
       for i = 1, pol.nr do
         local t = m[3 * i - 1] + m[3 * i - 2] - pol.off[i]
         if t > S then
-          S, rule, ridx, rscope = t, RATE, i, s
+          S, rule, ridx, rscope = t, 1, i, s
         end
       end
       if pol.wlim > 0 then
-        if sc.st then window_entries(sc, false) end
+        if sc.st then E.window_entries(sc, false) end
         -- first in, first out: never before the last planned entry
         local t = sc.wtop
         if sc.we >= 0 then t = max(t, sc.we + pol.wdur) end
         if t > S then
-          S, rule, ridx, rscope = t, WINDOW, 0, s
+          S, rule, ridx, rscope = t, 2, 0, s
         end
       end
     end
@@ -484,20 +527,20 @@ local function decide(scopes)
       local pol = sc.pol
       if pol.qlim > 0 and not sc.R then
         local b = pol.bounds
-        local w = win_index(b, S)
+        local w = E.win_index(b, S)
         while true do
           if w == nil or w > pol.cur + 1 then
             beyond = true
             break
           end
-          if used(sc, b[w]) + cost <= pol.qlim then break end
+          if E.used(sc, b[w]) + E.cost <= pol.qlim then break end
           w = w + 1
           if w > #b then
             beyond = true
             break
           end
           if b[w] > S then
-            S, rule, ridx, rscope = b[w], QUOTA, 0, s
+            S, rule, ridx, rscope = b[w], 3, 0, s
             changed = true
           end
         end
@@ -506,39 +549,39 @@ local function decide(scopes)
   end
 
   local allowed, retry, slot, write = false, 0, 0, false
-  if promote then
+  if E.promote then
     -- may the job leave its line? Its slot must be due within the lead and
     -- a concurrency slot free; it takes both, and the gate starts it on
     -- them. retry is when to look again.
     if beyond then
       -- past the quota windows this call knows: look again in a while
-      return false, horizon, 0, false, rule * 65536 + ridx * 256 + rscope
+      return false, E.horizon, 0, false, rule * 65536 + ridx * 256 + rscope
     end
-    if S > now + lead then
-      return false, S - lead - now, 0, false, rule * 65536 + ridx * 256 + rscope
+    if S > E.now + E.lead then
+      return false, S - E.lead - E.now, 0, false, rule * 65536 + ridx * 256 + rscope
     end
-    local cwait, crule = conc_wait(scopes, false)
+    local cwait, crule = E.conc_wait(scopes, false)
     if cwait then
       return false, cwait, 0, false, crule
     end
     return true, 0, S, 'promote', 0
   end
-  if S > now then
-    retry = S - now
-    if reserve and not beyond and retry <= horizon then
+  if S > E.now then
+    retry = S - E.now
+    if E.reserve and not beyond and retry <= E.horizon then
       slot, write = S, 'reserve'
-    elseif retry > horizon then
-      retry = horizon
+    elseif retry > E.horizon then
+      retry = E.horizon
     end
-  elseif plan then
+  elseif E.plan then
     -- the slot is due now; take it without starting (shaping at enqueue)
-    allowed, slot, write = true, now, 'reserve'
+    allowed, slot, write = true, E.now, 'reserve'
     rule, ridx, rscope = 0, 0, 0
   else
     -- due now: concurrency, then the started meters
     local cwait, crule = false, 0
-    if hold then
-      cwait, crule = conc_wait(scopes, conc_retry)
+    if E.hold then
+      cwait, crule = E.conc_wait(scopes, E.conc_retry)
     end
     if cwait then
       retry = cwait
@@ -551,24 +594,24 @@ local function decide(scopes)
         local pol = sc.pol
         local m = sc
         for i = 1, pol.nr do
-          local tol = min(tolerance, floor(pol.unit[i] / 4))
-          local over = max(m[3 * i], now) + m[3 * i - 2] - now - pol.off[i] - tol
+          local tol = min(E.tolerance, floor(pol.unit[i] / 4))
+          local over = max(m[3 * i], E.now) + m[3 * i - 2] - E.now - pol.off[i] - tol
           if over > w then
-            w, rule, ridx, rscope = over, RATE, i, s
+            w, rule, ridx, rscope = over, 1, i, s
           end
         end
         if pol.wlim > 0 then
-          if sc.st then window_entries(sc, true) end
-          if sc.wea >= 0 and sc.wea + pol.wdur - now > w then
-            w, rule, ridx, rscope = sc.wea + pol.wdur - now, WINDOW, 0, s
+          if sc.st then E.window_entries(sc, true) end
+          if sc.wea >= 0 and sc.wea + pol.wdur - E.now > w then
+            w, rule, ridx, rscope = sc.wea + pol.wdur - E.now, 2, 0, s
           end
         end
       end
       if w > 0 then
         -- a few moments early for the started meter: keep the place in line
         retry = w
-        if reserve and not dry then
-          slot, write = now, 'reserve'
+        if E.reserve and not E.dry then
+          slot, write = E.now, 'reserve'
         end
       else
         allowed, write = true, 'start'
@@ -581,15 +624,15 @@ end
 -- add the cost's window entries at time t; members come from the scope's
 -- sequence (started at the current time, so they never meet members of an
 -- expired log); returns the first and last member
-local function add_entries(sc, key, t)
-  local seq = sc.n or now
+function E.add_entries(sc, key, t)
+  local seq = sc.n or E.now
   local first = seq + 1
   local z = {}
-  for c = 1, cost do
+  for c = 1, E.cost do
     seq = seq + 1
-    z[#z + 1] = fmt(t)
-    z[#z + 1] = fmt(seq)
-    if #z >= 2000 or c == cost then
+    z[#z + 1] = E.fmt(t)
+    z[#z + 1] = E.fmt(seq)
+    if #z >= 2000 or c == E.cost then
       call('ZADD', key, unpack(z))
       z = {}
     end
@@ -600,27 +643,27 @@ end
 
 -- the meters and counts of a local scope into h (fields to HSET), and the
 -- time its state needs to live without running jobs
-local function meters_state(sc, h)
-  local pol, m, need = sc.pol, sc, now
+function E.meters_state(sc, h)
+  local pol, m, need = sc.pol, sc, E.now
   for i = 1, pol.nr do
     local P, A = m[3 * i - 1], m[3 * i]
-    h[#h + 1] = PF[i] or ('p' .. i); h[#h + 1] = fmt(P)
+    h[#h + 1] = E.PF[i] or ('p' .. i); h[#h + 1] = E.fmt(P)
     if A ~= P then
-      h[#h + 1] = AF[i] or ('a' .. i); h[#h + 1] = fmt(A)
+      h[#h + 1] = E.AF[i] or ('a' .. i); h[#h + 1] = E.fmt(A)
     elseif sc.astored and sc.astored[i] then
       sc.hdel = sc.hdel or {}
-      sc.hdel[#sc.hdel + 1] = AF[i] or ('a' .. i)
+      sc.hdel[#sc.hdel + 1] = E.AF[i] or ('a' .. i)
     end
     if sc.inew and sc.inew[i] then
-      h[#h + 1] = IF[i] or ('i' .. i); h[#h + 1] = fmt(pol.unit[i])
+      h[#h + 1] = E.IF[i] or ('i' .. i); h[#h + 1] = E.fmt(pol.unit[i])
     end
     need = max(need, P, A)
   end
   if pol.qlim > 0 then
-    h[#h + 1] = 'qa'; h[#h + 1] = fmt(sc.qa)
-    h[#h + 1] = 'qc'; h[#h + 1] = fmt(sc.qc)
-    h[#h + 1] = 'qb'; h[#h + 1] = fmt(sc.qb)
-    h[#h + 1] = 'qd'; h[#h + 1] = fmt(sc.qd)
+    h[#h + 1] = 'qa'; h[#h + 1] = E.fmt(sc.qa)
+    h[#h + 1] = 'qc'; h[#h + 1] = E.fmt(sc.qc)
+    h[#h + 1] = 'qb'; h[#h + 1] = E.fmt(sc.qb)
+    h[#h + 1] = 'qd'; h[#h + 1] = E.fmt(sc.qd)
     local b = pol.bounds
     for j = 1, #b - 1 do
       if (b[j] == sc.qa and sc.qc > 0) or (b[j] == sc.qb and sc.qd > 0) then
@@ -638,30 +681,30 @@ end
 -- Expiry only ever grows and only reclaims memory, but for y, the expiry
 -- the state needs once no job runs (release.lua shortens the hash's life to
 -- it when the last slot goes).
-local function apply(scopes, write, t, noexpire)
+function E.apply(scopes, write, t, noexpire)
   for s = 1, #scopes do
     local sc = scopes[s]
     if sc.st then
       local pol, m = sc.pol, sc
       local h = {}
-      local need = now
+      local need = E.now
       if not sc.R then
         for i = 1, pol.nr do
           m[3 * i - 1] = max(m[3 * i - 1], t) + m[3 * i - 2]
         end
         if pol.wlim > 0 then
-          sc.wpf, sc.wpl = add_entries(sc, sc.wp, t)
+          sc.wpf, sc.wpl = E.add_entries(sc, sc.wp, t)
           need = t + pol.wdur
-          if not noexpire then extend_to(sc.wp, t + pol.wdur) end
+          if not noexpire then E.extend_to(sc.wp, t + pol.wdur) end
         end
         if pol.qlim > 0 then
-          local start = pol.bounds[win_index(pol.bounds, t)]
+          local start = pol.bounds[E.win_index(pol.bounds, t)]
           sc.qstart = start
-          if sc.qa == start then sc.qc = sc.qc + cost
-          elseif sc.qb == start then sc.qd = sc.qd + cost
+          if sc.qa == start then sc.qc = sc.qc + E.cost
+          elseif sc.qb == start then sc.qd = sc.qd + E.cost
           -- take the slot holding the older (ended) window, or an empty one
-          elseif sc.qa == 0 or (sc.qb ~= 0 and sc.qa < sc.qb) then sc.qa, sc.qc = start, cost
-          else sc.qb, sc.qd = start, cost end
+          elseif sc.qa == 0 or (sc.qb ~= 0 and sc.qa < sc.qb) then sc.qa, sc.qc = start, E.cost
+          else sc.qb, sc.qd = start, E.cost end
         end
         sc.planned = true
       end
@@ -669,29 +712,29 @@ local function apply(scopes, write, t, noexpire)
         if pol.reservable then
           if not sc.hadR then sc.rn = sc.rn + 1 end
           sc.rtop = t
-          h[1] = rkey; h[2] = fmt(t)
-          need = max(need, t + grace)
+          h[1] = E.rkey; h[2] = E.fmt(t)
+          need = max(need, t + E.grace)
         end
       else
         if pol.reservable or pol.clim > 0 then
           -- counted for sluice top; kept a few seconds past recovery
           sc.starts = sc.starts + 1
-          h[#h + 1] = 's'; h[#h + 1] = fmt(sc.starts)
-          need = max(need, now + 5000000)
+          h[#h + 1] = 's'; h[#h + 1] = E.fmt(sc.starts)
+          need = max(need, E.now + 5000000)
         end
         for i = 1, pol.nr do
-          m[3 * i] = max(m[3 * i], now) + m[3 * i - 2]
+          m[3 * i] = max(m[3 * i], E.now) + m[3 * i - 2]
         end
         if pol.wlim > 0 then
-          sc.waf, sc.wal = add_entries(sc, sc.wa, now)
-          call('ZREMRANGEBYSCORE', sc.wa, '-inf', fmt(now - pol.wdur))
-          need = max(need, now + pol.wdur)
-          if not noexpire then extend_to(sc.wa, now + pol.wdur) end
+          sc.waf, sc.wal = E.add_entries(sc, sc.wa, E.now)
+          call('ZREMRANGEBYSCORE', sc.wa, '-inf', E.fmt(E.now - pol.wdur))
+          need = max(need, E.now + pol.wdur)
+          if not noexpire then E.extend_to(sc.wa, E.now + pol.wdur) end
         end
         if sc.hadR then
           sc.dropR = true
           sc.hdel = sc.hdel or {}
-          sc.hdel[#sc.hdel + 1] = rkey
+          sc.hdel[#sc.hdel + 1] = E.rkey
           sc.rn = max(sc.rn - 1, 0)
         end
         sc.started = true
@@ -699,12 +742,12 @@ local function apply(scopes, write, t, noexpire)
       if sc.rn > 0 or sc.dropR then
         if sc.starts % 64 == 0 and sc.rn > 0 and write == 'start' then
           -- forget, a few at a time, reservations of jobs that never came back
-          local res = call('HSCAN', sc.st, fmt(sc.rc), 'MATCH', 'r:*', 'COUNT', '64')
+          local res = call('HSCAN', sc.st, E.fmt(sc.rc), 'MATCH', 'r:*', 'COUNT', '64')
           sc.rc = num(res[1])
           local stale = {}
           local kv = res[2]
           for i = 1, #kv, 2 do
-            if num(kv[i + 1]) + grace <= now and kv[i] ~= rkey then
+            if num(kv[i + 1]) + E.grace <= E.now and kv[i] ~= E.rkey then
               stale[#stale + 1] = kv[i]
             end
           end
@@ -712,20 +755,20 @@ local function apply(scopes, write, t, noexpire)
             sc.rn = max(sc.rn - call('HDEL', sc.st, unpack(stale)), 0)
           end
         end
-        h[#h + 1] = 'rn'; h[#h + 1] = fmt(sc.rn)
-        h[#h + 1] = 'rc'; h[#h + 1] = fmt(sc.rc)
+        h[#h + 1] = 'rn'; h[#h + 1] = E.fmt(sc.rn)
+        h[#h + 1] = 'rc'; h[#h + 1] = E.fmt(sc.rc)
       end
-      need = max(need, meters_state(sc, h))
+      need = max(need, E.meters_state(sc, h))
       if pol.wlim > 0 then
-        h[#h + 1] = 'n'; h[#h + 1] = fmt(sc.n or now)
-        call('ZREMRANGEBYSCORE', sc.wp, '-inf', fmt(now - pol.wdur))
+        h[#h + 1] = 'n'; h[#h + 1] = E.fmt(sc.n or E.now)
+        call('ZREMRANGEBYSCORE', sc.wp, '-inf', E.fmt(E.now - pol.wdur))
       end
       local held = 0
       if pol.clim > 0 then
-        if (write == 'start' or write == 'promote') and hold then
+        if (write == 'start' or write == 'promote') and E.hold then
           -- take the job's slot: after a listing the stale slots go and hc
           -- counts the live; hm stays a lower bound of the earliest lease end
-          local e = now + pol.lease
+          local e = E.now + pol.lease
           local hc = sc.stale and sc.live or sc.hc
           if sc.mine then sc.kept = true else hc = hc + 1; sc.took = true end
           local hm
@@ -736,15 +779,15 @@ local function apply(scopes, write, t, noexpire)
           else
             hm = min(sc.hm, e)
           end
-          h[#h + 1] = hkey; h[#h + 1] = fmt(e)
-          h[#h + 1] = ckey; h[#h + 1] = claim
+          h[#h + 1] = E.hkey; h[#h + 1] = E.fmt(e)
+          h[#h + 1] = E.ckey; h[#h + 1] = E.claim
           -- a slot kept changes neither the count (unless a listing
           -- recounted it) nor, most often, the bound
           if sc.took or sc.stale then
-            h[#h + 1] = 'hc'; h[#h + 1] = fmt(hc)
+            h[#h + 1] = 'hc'; h[#h + 1] = E.fmt(hc)
           end
           if hm ~= sc.hm or sc.stale then
-            h[#h + 1] = 'hm'; h[#h + 1] = fmt(hm)
+            h[#h + 1] = 'hm'; h[#h + 1] = E.fmt(hm)
           end
           if sc.stale and #sc.stale > 0 then
             sc.hdel = sc.hdel or {}
@@ -756,7 +799,7 @@ local function apply(scopes, write, t, noexpire)
           -- like x below, moved a second further than needed: a busy scope
           -- writes it about once a second
           sc.y = need + 2000000
-          h[#h + 1] = 'y'; h[#h + 1] = fmt(sc.y)
+          h[#h + 1] = 'y'; h[#h + 1] = E.fmt(sc.y)
         end
       end
       if sc.hdel and #sc.hdel > 0 then
@@ -766,9 +809,9 @@ local function apply(scopes, write, t, noexpire)
       -- busy scope calls PEXPIRE about once a second, not every time
       local until_ = max(need, held)
       if until_ > sc.x and not noexpire then
-        h[#h + 1] = 'x'; h[#h + 1] = fmt(until_ + 1000000)
+        h[#h + 1] = 'x'; h[#h + 1] = E.fmt(until_ + 1000000)
         call('HSET', sc.st, unpack(h))
-        extend_to(sc.st, until_ + 1000000)
+        E.extend_to(sc.st, until_ + 1000000)
       elseif #h > 0 then
         call('HSET', sc.st, unpack(h))
       end
@@ -779,45 +822,44 @@ end
 -- The steps of a two-scope admission: a local scope's snapshot (what a
 -- remote scope is made of), its undo record, and the undo. Made only when
 -- an op asks for them.
-local twostep
-local function twostep_functions()
-  if twostep then return twostep end
-  twostep = {}
-  twostep.snapshot = function(sc)
+function E.twostep_functions()
+  if E.twostep then return E.twostep end
+  E.twostep = {}
+  E.twostep.snapshot = function(sc)
     local pol, m = sc.pol, sc
     local out = { sc.cd, sc.R or -1 }
     for i = 1, pol.nr do
       out[#out + 1] = m[3 * i - 1]; out[#out + 1] = m[3 * i]
     end
     if pol.wlim > 0 then
-      window_entries(sc, true)
+      E.window_entries(sc, true)
       out[#out + 1] = sc.wtop; out[#out + 1] = sc.we; out[#out + 1] = sc.wea
     end
     if pol.qlim > 0 then
       out[#out + 1] = sc.qa; out[#out + 1] = sc.qc; out[#out + 1] = sc.qb; out[#out + 1] = sc.qd
     end
     if pol.clim > 0 then
-      local f = full(sc)
+      local f = E.full(sc)
       out[#out + 1] = sc.live; out[#out + 1] = sc.mine and 1 or 0
       out[#out + 1] = (f and sc.soonest) or -1
     end
-    twostep.remember(sc)
+    E.twostep.remember(sc)
     return out
   end
   -- what an undo record compares against
-  twostep.remember = function(sc)
+  E.twostep.remember = function(sc)
     local b = { R = sc.hadR and sc.Rraw or -1 }
     for i = 1, 3 * sc.pol.nr do b[i] = sc[i] end
     sc.before = b
   end
-  twostep.record = function(sc)
+  E.twostep.record = function(sc)
     local pol, m, b = sc.pol, sc, sc.before
     local what = 0
     if sc.planned then what = what + 1 end
     if sc.started then what = what + 2 end
     if sc.took then what = what + 4 end
     if sc.kept then what = what + 8 end
-    local rec = { what, num(claim), b.R, sc.rtop or (sc.dropR and -1) or b.R }
+    local rec = { what, num(E.claim), b.R, sc.rtop or (sc.dropR and -1) or b.R }
     for i = 1, pol.nr do
       rec[#rec + 1] = b[3 * i - 1]; rec[#rec + 1] = m[3 * i - 1]
       rec[#rec + 1] = b[3 * i]; rec[#rec + 1] = m[3 * i]
@@ -837,14 +879,14 @@ local function twostep_functions()
   -- on top of ours gives back the increment on the planned meter (it only
   -- plans: the started one decides) and keeps it on the started meter, at
   -- most one interval ahead, counted in u.
-  twostep.undo = function(sc, noexpire)
+  E.twostep.undo = function(sc, noexpire)
     local pol, m = sc.pol, sc
-    local what, token, Rb, Ra = n(), n(), n(), n()
+    local what, token, Rb, Ra = E.n(), E.n(), E.n(), E.n()
     local planned, started = what % 2 == 1, floor(what / 2) % 2 == 1
     local h = {}
     local leftover = false
     for i = 1, pol.nr do
-      local Pb, Pa, Ab, Aa = n(), n(), n(), n()
+      local Pb, Pa, Ab, Aa = E.n(), E.n(), E.n(), E.n()
       local P, A = m[3 * i - 1], m[3 * i]
       if planned then
         if P == Pa then P = Pb else P = max(P - m[3 * i - 2], Pb) end
@@ -856,89 +898,87 @@ local function twostep_functions()
     end
     if pol.wlim > 0 then
       for _, key in ipairs({ sc.wp, sc.wa }) do
-        local from, to = n(), n()
+        local from, to = E.n(), E.n()
         local z = {}
-        for seq = from, to do z[#z + 1] = fmt(seq) end
+        for seq = from, to do z[#z + 1] = E.fmt(seq) end
         if #z > 0 then call('ZREM', key, unpack(z)) end
       end
     end
     if pol.qlim > 0 then
-      local start = n()
+      local start = E.n()
       if planned and start > 0 then
-        if sc.qa == start then sc.qc = max(sc.qc - cost, 0) end
-        if sc.qb == start then sc.qd = max(sc.qd - cost, 0) end
+        if sc.qa == start then sc.qc = max(sc.qc - E.cost, 0) end
+        if sc.qb == start then sc.qd = max(sc.qd - E.cost, 0) end
       end
     end
     if pol.clim > 0 then
       -- a slot this op took is given back, a slot it kept gets back its
       -- lease and claim, as long as the op's claim still holds it
-      local hend, htok = n(), n()
+      local hend, htok = E.n(), E.n()
       if sc.htok == token then
         if floor(what / 4) % 2 == 1 then
           sc.hdel = sc.hdel or {}
-          sc.hdel[#sc.hdel + 1] = hkey
-          sc.hdel[#sc.hdel + 1] = ckey
-          h[#h + 1] = 'hc'; h[#h + 1] = fmt(max(sc.hc - 1, 0))
+          sc.hdel[#sc.hdel + 1] = E.hkey
+          sc.hdel[#sc.hdel + 1] = E.ckey
+          h[#h + 1] = 'hc'; h[#h + 1] = E.fmt(max(sc.hc - 1, 0))
         elseif floor(what / 8) % 2 == 1 then
-          h[#h + 1] = hkey; h[#h + 1] = fmt(hend)
-          h[#h + 1] = ckey; h[#h + 1] = fmt(htok)
+          h[#h + 1] = E.hkey; h[#h + 1] = E.fmt(hend)
+          h[#h + 1] = E.ckey; h[#h + 1] = E.fmt(htok)
         end
       end
     end
-    meters_state(sc, h)
+    E.meters_state(sc, h)
     if started and sc.starts > 0 then
-      h[#h + 1] = 's'; h[#h + 1] = fmt(sc.starts - 1)
+      h[#h + 1] = 's'; h[#h + 1] = E.fmt(sc.starts - 1)
     end
     local r = sc.hadR and sc.Rraw or -1
     if r == Ra and Ra ~= Rb then
       if Rb >= 0 then
-        h[#h + 1] = rkey; h[#h + 1] = fmt(Rb)
+        h[#h + 1] = E.rkey; h[#h + 1] = E.fmt(Rb)
         if Ra < 0 then sc.rn = sc.rn + 1 end
       else
         sc.hdel = sc.hdel or {}
-        sc.hdel[#sc.hdel + 1] = rkey
+        sc.hdel[#sc.hdel + 1] = E.rkey
         sc.rn = max(sc.rn - 1, 0)
       end
-      h[#h + 1] = 'rn'; h[#h + 1] = fmt(sc.rn)
+      h[#h + 1] = 'rn'; h[#h + 1] = E.fmt(sc.rn)
       -- a reservation put back keeps the hash alive through its grace
       if Rb >= 0 and not noexpire then
-        extend_to(sc.st, Rb + grace)
+        E.extend_to(sc.st, Rb + E.grace)
         if pol.clim > 0 then
-          h[#h + 1] = 'y'; h[#h + 1] = fmt(max(sc.y, Rb + grace + 1000000))
+          h[#h + 1] = 'y'; h[#h + 1] = E.fmt(max(sc.y, Rb + E.grace + 1000000))
         end
       end
     end
     if leftover then
-      h[#h + 1] = 'u'; h[#h + 1] = fmt((num(call('HGET', sc.st, 'u')) or 0) + 1)
+      h[#h + 1] = 'u'; h[#h + 1] = E.fmt((num(call('HGET', sc.st, 'u')) or 0) + 1)
     end
     if sc.hdel and #sc.hdel > 0 then call('HDEL', sc.st, unpack(sc.hdel)) end
     if #h > 0 and call('EXISTS', sc.st) == 1 then call('HSET', sc.st, unpack(h)) end
   end
-  return twostep
+  return E.twostep
 end
 
 
 -- The waiting room's ops (arrive, promote, release), made only when an op
 -- asks for them. bases are the op's local scopes, the tenant's first: each
 -- {pol, k}.
-local room
-local function room_functions(ts)
-  if room then return room end
-  room = {}
+function E.room_functions(ts)
+  if E.room then return E.room end
+  E.room = {}
   -- a local scope read afresh for a job of cost c
   local function scope_at(base, c)
     local pol = base.pol
-    local sc = { pol = pol, st = false, cd = 0, R = false, hadR = false, Rraw = false,
-      live = false, mine = false, soonest = false, stale = false, hend = false, hdel = false }
-    for i = 1, pol.nr do sc[3 * i - 2] = inc(pol, i, c) end
-    read_state(sc, base.k, true)
+    local sc = E.blank(pol)
+    for i = 1, pol.nr do sc[3 * i - 2] = E.inc(pol, i, c) end
+    E.read_state(sc, base.k, true)
     return sc
   end
   -- a line entry: LINED_MS, COST (empty: 1), QUEUE (empty: default), ID
   local function parse(m)
-    local a1 = m:find(SEP, 1, true)
-    local a2 = m:find(SEP, a1 + 1, true)
-    local a3 = m:find(SEP, a2 + 1, true)
+    local a1 = m:find(E.SEP, 1, true)
+    local a2 = m:find(E.SEP, a1 + 1, true)
+    local a3 = m:find(E.SEP, a2 + 1, true)
     return num(m:sub(1, a1 - 1)), num(m:sub(a1 + 1, a2 - 1)) or 1, m:sub(a3 + 1)
   end
 
@@ -947,7 +987,7 @@ local function room_functions(ts)
   local function running(scopes)
     for s = 1, #scopes do
       local sc = scopes[s]
-      if sc.pol.clim > 0 and sc.hend and sc.hend > now then return true end
+      if sc.pol.clim > 0 and sc.hend and sc.hend > E.now then return true end
     end
     return false
   end
@@ -960,15 +1000,15 @@ local function room_functions(ts)
   -- counted. Returns the promoted jobs, the handovers to retry, when the
   -- tenant is next due (-1: never), how many wait, when the head was lined
   -- (ms; -1: none) and how many entries were skipped.
-  room.promote = function(bases, line, handing, qset, queue, budget, quantum, repair, noexpire, base_claim)
+  E.room.promote = function(bases, line, handing, qset, queue, budget, quantum, repair, noexpire, base_claim)
     local st = KEYS[bases[1].k + 1]
     local out, retries = {}, {}
     -- handovers not confirmed in time are handed over again (and held a
     -- while, so that one pump does it)
-    local stale = call('ZRANGEBYSCORE', handing, '-inf', fmt(now - repair), 'LIMIT', '0', '100')
+    local stale = call('ZRANGEBYSCORE', handing, '-inf', E.fmt(E.now - repair), 'LIMIT', '0', '100')
     for i = 1, #stale do
       retries[i] = stale[i]
-      call('ZADD', handing, 'XX', fmt(now), stale[i])
+      call('ZADD', handing, 'XX', E.fmt(E.now), stale[i])
     end
     -- a tenant whose scopes have no rules is charged nothing: its jobs
     -- leave the line in turn, unless it cools down
@@ -983,9 +1023,9 @@ local function room_functions(ts)
     local due, head = -1, -1
     local np, skipped = 0, 0
     local cd = plain and num(v[2]) or 0
-    if cd > now + lead then
+    if cd > E.now + E.lead then
       budget = 0
-      due = cd - lead
+      due = cd - E.lead
     end
     while true do
       local m = call('LINDEX', line, '0')
@@ -999,45 +1039,45 @@ local function room_functions(ts)
       if np >= budget or c > dq then
         -- the deficit carries over only what a costly head is owed
         if np >= budget then dq = min(dq, quantum) end
-        if due < 0 then due = now end
+        if due < 0 then due = E.now end
         break
       end
       if plain then
         call('LPOP', line)
-        call('ZADD', handing, fmt(now), m)
+        call('ZADD', handing, E.fmt(E.now), m)
         dq = dq - c
         np = np + 1
-        out[np] = { m, now, 0, {} }
+        out[np] = { m, E.now, 0, {} }
       else
-        id, cost, claim = jid, c, fmt(base_claim + np)
-        rkey, hkey, ckey = 'r:' .. jid, 'h:' .. jid, 'c:' .. jid
-        reserve, hold, dry, plan, not_before, promote = true, true, false, false, 0, true
+        E.id, E.cost, E.claim = jid, c, E.fmt(base_claim + np)
+        E.rkey, E.hkey, E.ckey = 'r:' .. jid, 'h:' .. jid, 'c:' .. jid
+        E.reserve, E.hold, E.dry, E.plan, E.not_before, E.promote = true, true, false, false, 0, true
         local scopes = {}
         for s = 1, #bases do scopes[s] = scope_at(bases[s], c) end
         if running(scopes) then
           call('LPOP', line)
           skipped = skipped + 1
         else
-          local ok, wait, slot = decide(scopes)
+          local ok, wait, slot = E.decide(scopes)
           if not ok then
             -- held back by its own limits: it is owed nothing
-            due, dq = now + wait, 0
+            due, dq = E.now + wait, 0
             break
           end
           for s = 1, #scopes do ts.remember(scopes[s]) end
-          apply(scopes, 'promote', slot, noexpire)
+          E.apply(scopes, 'promote', slot, noexpire)
           local recs = {}
           for s = 1, #scopes do recs[s] = ts.record(scopes[s]) end
           call('LPOP', line)
-          call('ZADD', handing, fmt(now), m)
+          call('ZADD', handing, E.fmt(E.now), m)
           dq = dq - c
           np = np + 1
-          out[np] = { m, slot, num(claim), recs }
+          out[np] = { m, slot, num(E.claim), recs }
         end
       end
       head = -1
     end
-    promote = false
+    E.promote = false
     -- a handover not confirmed yet keeps the tenant due for its retry
     local first = call('ZRANGE', handing, '0', '0', 'WITHSCORES')
     if first[2] then
@@ -1045,7 +1085,7 @@ local function room_functions(ts)
       if due < 0 or r < due then due = r end
     end
     if dq > 0 then
-      call('HSET', st, dfield, fmt(dq))
+      call('HSET', st, dfield, E.fmt(dq))
     elseif dq0 > 0 then
       call('HDEL', st, dfield)
     end
@@ -1058,7 +1098,7 @@ local function room_functions(ts)
   -- and its concurrency slot now. Returns the verdict (1 straight, 0 it
   -- waits, -1 the line is at its cap), the slot, how many wait and, for a
   -- job sent straight, its undo records.
-  room.arrive = function(scopes, line, may_go, cap)
+  E.room.arrive = function(scopes, line, may_go, cap)
     local waiting = call('LLEN', line)
     if cap > 0 and waiting >= cap then
       return -1, 0, waiting, {}
@@ -1066,9 +1106,9 @@ local function room_functions(ts)
     if waiting > 0 or not may_go then
       return 0, 0, waiting, {}
     end
-    promote = true
-    local ok, _, slot = decide(scopes)
-    promote = false
+    E.promote = true
+    local ok, _, slot = E.decide(scopes)
+    E.promote = false
     if not ok then
       return 0, 0, waiting, {}
     end
@@ -1081,10 +1121,10 @@ local function room_functions(ts)
       if scopes[s].pol.rules > 0 then plain = false end
     end
     if plain then
-      return 1, now, 0, {}
+      return 1, E.now, 0, {}
     end
     for s = 1, #scopes do ts.remember(scopes[s]) end
-    apply(scopes, 'promote', slot, false)
+    E.apply(scopes, 'promote', slot, false)
     local recs = {}
     for s = 1, #scopes do recs[s] = ts.record(scopes[s]) end
     return 1, slot, 0, recs
@@ -1093,76 +1133,51 @@ local function room_functions(ts)
   -- Give back the job's concurrency slots under its claim (0: whichever
   -- admission holds them); the hash of a scope whose last slot goes lives
   -- only as long as the rest of its state needs (y).
-  room.release = function(bases, noexpire)
+  E.room.release = function(bases, noexpire)
     local released, lost = 0, 0
-    local cl = num(claim)
+    local cl = num(E.claim)
     for s = 1, #bases do
       if bases[s].pol.clim > 0 then
-        local st = KEYS[bases[s].k + 1]
-        local v = call('HMGET', st, hkey, ckey, 'hc', 'y')
-        local e, c = num(v[1]), num(v[2])
-        if e and (cl == 0 or c == cl) then
-          local hc = (num(v[3]) or 1) - 1
-          if hc <= 0 then
-            -- x, the expiry admit.lua last gave the hash, goes too, so that
-            -- the next admission gives it one again
-            call('HDEL', st, hkey, ckey, 'hc', 'x')
-            local need = num(v[4])
-            if need and not noexpire then
-              if clock < 0 then
-                call('PEXPIREAT', st, fmt(floor(need / 1000) + 2))
-              else
-                -- a given clock (tests) may be far from the server's
-                call('PEXPIRE', st, fmt(max(floor((need - now) / 1000), 0) + 2))
-              end
-            end
-          else
-            call('HDEL', st, hkey, ckey)
-            call('HSET', st, 'hc', fmt(hc))
-          end
-          released = released + 1
-        elseif cl ~= 0 then
-          -- another claim holds the job's slot, or the slot is gone
-          lost = lost + 1
-        end
+        local r = release_slot(KEYS[bases[s].k + 1], E.hkey, E.ckey, cl, noexpire, function() return E.now end)
+        if r > 0 then released = released + 1 elseif r < 0 then lost = lost + 1 end
       end
     end
     return released, lost
   end
-  return room
+  return E.room
 end
 
 local out = {}
 local k = 0
-for o = 1, nops do
-  id, claim = ARGV[a], ARGV[a + 4]
-  cost, not_before = num(ARGV[a + 1]), num(ARGV[a + 3])
-  local flags = num(ARGV[a + 2])
-  local nscopes = num(ARGV[a + 5])
-  a = a + 6
-  reserve, hold = flags % 2 == 1, floor(flags / 2) % 2 == 1
-  dry, plan = floor(flags / 4) % 2 == 1, floor(flags / 8) % 2 == 1
+for o = 1, E.nops do
+  E.id, E.claim = ARGV[E.a], ARGV[E.a + 4]
+  E.cost, E.not_before = num(ARGV[E.a + 1]), num(ARGV[E.a + 3])
+  local flags = num(ARGV[E.a + 2])
+  local nscopes = num(ARGV[E.a + 5])
+  E.a = E.a + 6
+  E.reserve, E.hold = flags % 2 == 1, floor(flags / 2) % 2 == 1
+  E.dry, E.plan = floor(flags / 4) % 2 == 1, floor(flags / 8) % 2 == 1
   local noexpire, probe = floor(flags / 16) % 2 == 1, floor(flags / 32) % 2 == 1
   local steps, undo_first = floor(flags / 64) % 2 == 1, floor(flags / 128) % 2 == 1
   local expect, undo_only = floor(flags / 256) % 2 == 1, floor(flags / 512) % 2 == 1
   local is_arrive, is_promote, is_release = floor(flags / 1024) % 2 == 1, floor(flags / 2048) % 2 == 1, floor(flags / 4096) % 2 == 1
-  rkey, hkey, ckey = 'r:' .. id, 'h:' .. id, 'c:' .. id
+  E.rkey, E.hkey, E.ckey = 'r:' .. E.id, 'h:' .. E.id, 'c:' .. E.id
   local ts, rm
-  if steps or undo_first or undo_only then ts = twostep_functions() end
+  if steps or undo_first or undo_only then ts = E.twostep_functions() end
   local roomop = is_arrive or is_promote or is_release
   if roomop then
-    ts = twostep_functions()
-    rm = room_functions(ts)
+    ts = E.twostep_functions()
+    rm = E.room_functions(ts)
   end
 
   local scopes, bases = {}, {}
   for s = 1, nscopes do
-    local ref = n()
-    local sc = new_scope(ref)
+    local ref = E.n()
+    local sc = E.new_scope(ref)
     if ref > 0 then
       bases[#bases + 1] = { pol = sc.pol, k = k }
       if not (is_promote or is_release) then
-        read_state(sc, k, ts ~= nil)
+        E.read_state(sc, k, ts ~= nil)
       end
       k = k + 3
     end
@@ -1172,18 +1187,18 @@ for o = 1, nops do
   if is_arrive then
     local line = KEYS[k + 1]
     k = k + 1
-    local may_go, cap = n() == 1, n()
-    lead = n()
+    local may_go, cap = E.n() == 1, E.n()
+    E.lead = E.n()
     local verdict, slot, waiting, recs = rm.arrive(scopes, line, may_go, cap)
     out[o] = { verdict, slot, waiting, recs }
   elseif roomop then
-    local budget, quantum, repair = n(), n(), n()
-    lead = n()
+    local budget, quantum, repair = E.n(), E.n(), E.n()
+    E.lead = E.n()
     local line, handing, qset, queue
     if budget > 0 then
       line, handing, qset = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3]
-      queue = ARGV[a]
-      a = a + 1
+      queue = ARGV[E.a]
+      E.a = E.a + 1
       k = k + 3
     end
     local released, lost = 0, 0
@@ -1192,7 +1207,7 @@ for o = 1, nops do
     end
     if budget > 0 then
       local promoted, retries, due, waiting, head, skipped =
-        rm.promote(bases, line, handing, qset, queue, budget, quantum, repair, noexpire, num(claim) + 1)
+        rm.promote(bases, line, handing, qset, queue, budget, quantum, repair, noexpire, num(E.claim) + 1)
       out[o] = { promoted, retries, due, waiting, head, skipped, released, lost }
     else
       out[o] = { {}, {}, -1, -1, -1, 0, released, lost }
@@ -1206,10 +1221,9 @@ for o = 1, nops do
         ts.undo(sc, noexpire)
         if undo_first then
           -- decide on the state as the undo left it
-          local fresh = { pol = sc.pol, st = false, cd = 0, R = false, hadR = false, Rraw = false,
-            live = false, mine = false, soonest = false, stale = false, hend = false, hdel = false }
+          local fresh = E.blank(sc.pol)
           for i = 1, sc.pol.nr do fresh[3 * i - 2] = sc[3 * i - 2] end
-          read_state(fresh, sc.k, true)
+          E.read_state(fresh, sc.k, true)
           scopes[s] = fresh
         end
       end
@@ -1219,10 +1233,10 @@ for o = 1, nops do
   if undo_only then
     out[o] = { 0, 0, 0, -1, -1, -1, 0 }
   else
-    local allowed, retry, slot, write, rule = decide(scopes)
+    local allowed, retry, slot, write, rule = E.decide(scopes)
     local conflict = false
     if expect then
-      local want_allowed, want_slot = n() == 1, n()
+      local want_allowed, want_slot = E.n() == 1, E.n()
       conflict = allowed ~= want_allowed or slot ~= want_slot
     end
     local snaps
@@ -1233,12 +1247,12 @@ for o = 1, nops do
         if sc.st then snaps[#snaps + 1] = ts.snapshot(sc) end
       end
     end
-    local wrote = write and not dry and not conflict and not (probe and write ~= 'start')
+    local wrote = write and not E.dry and not conflict and not (probe and write ~= 'start')
     if wrote then
       if write == 'reserve' then
-        apply(scopes, write, slot, noexpire)
+        E.apply(scopes, write, slot, noexpire)
       else
-        apply(scopes, write, now, noexpire)
+        E.apply(scopes, write, E.now, noexpire)
       end
     end
 
@@ -1249,30 +1263,30 @@ for o = 1, nops do
       if sc.st then
         local pol, m = sc.pol, sc
         for i = 1, pol.nr do
-          local tat = max(m[3 * i - 1], now)
-          local left = max(floor((now + pol.off[i] - tat) / pol.unit[i]), 0)
+          local tat = max(m[3 * i - 1], E.now)
+          local left = max(floor((E.now + pol.off[i] - tat) / pol.unit[i]), 0)
           if remaining < 0 or left < remaining then remaining = left end
-          reset = max(reset, tat - now)
+          reset = max(reset, tat - E.now)
         end
         if pol.wlim > 0 then
-          local lo = fmt(now - pol.wdur + 1)
+          local lo = E.fmt(E.now - pol.wdur + 1)
           local left = max(pol.wlim - call('ZCOUNT', sc.wp, lo, '+inf'), 0)
           if remaining < 0 or left < remaining then remaining = left end
           local top = call('ZREVRANGEBYSCORE', sc.wp, '+inf', lo, 'WITHSCORES', 'LIMIT', '0', '1')
-          reset = max(reset, top[2] and num(top[2]) + pol.wdur - now or 0)
+          reset = max(reset, top[2] and num(top[2]) + pol.wdur - E.now or 0)
         end
         if pol.qlim > 0 then
           local b = pol.bounds
-          local left = max(pol.qlim - used(sc, b[pol.cur]), 0)
+          local left = max(pol.qlim - E.used(sc, b[pol.cur]), 0)
           if remaining < 0 or left < remaining then remaining = left end
           local last = 0
           for w = pol.cur, min(pol.cur + 1, #b - 1) do
-            if used(sc, b[w]) > 0 then last = b[w + 1] end
+            if E.used(sc, b[w]) > 0 then last = b[w + 1] end
           end
-          reset = max(reset, last - now, 0)
+          reset = max(reset, last - E.now, 0)
         end
         if pol.clim > 0 then
-          count_holders(sc, false)
+          E.count_holders(sc, false)
           local left = max(pol.clim - sc.live, 0)
           if remaining < 0 or left < remaining then remaining = left end
           if inflight < 0 then inflight = sc.live end
@@ -1297,5 +1311,5 @@ for o = 1, nops do
   end
 end
 
-out[nops + 1] = now
+out[E.nops + 1] = E.now
 return out

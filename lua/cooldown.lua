@@ -6,14 +6,8 @@
 -- ARGV[2] -> cooldown length in µs
 -- Returns: {cooldown end (µs), now (µs)}
 
-local now
-local clock = tonumber(ARGV[1])
-if clock >= 0 then
-  now = clock
-else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
+-- @include clock
+local now = now_us()
 
 local until_ = now + tonumber(ARGV[2])
 local v = redis.call('HMGET', KEYS[1], 'cd', 'x', 'y')

@@ -6,6 +6,7 @@ package lua
 
 import (
 	_ "embed"
+	"strings"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -13,6 +14,8 @@ import (
 var (
 	//go:embed admit.lua
 	admitSrc string
+	//go:embed release.lua
+	releaseSrc string
 	//go:embed renew.lua
 	renewSrc string
 	//go:embed cooldown.lua
@@ -25,18 +28,23 @@ var (
 	lineSrc string
 	//go:embed handover.lua
 	handoverSrc string
+	//go:embed clock.lua
+	clockSrc string
 )
 
 var (
 	// Admit decides whether jobs may start, all rules of all scopes at once;
 	// on Cluster it also runs the steps of a two-scope admission.
-	Admit = redis.NewScript(admitSrc)
+	Admit = redis.NewScript(include(include(admitSrc, clockSrc, "clock"), releaseSrc, "release_slot"))
+	// Release gives back concurrency slots, or says that jobs wait for
+	// them (admit.lua's release op then hands them on).
+	Release = redis.NewScript(include(releaseSrc, clockSrc, "clock"))
 	// Renew extends the leases of concurrency slots.
-	Renew = redis.NewScript(renewSrc)
+	Renew = redis.NewScript(include(renewSrc, clockSrc, "clock"))
 	// Cooldown pauses a scope until a time.
-	Cooldown = redis.NewScript(cooldownSrc)
+	Cooldown = redis.NewScript(include(cooldownSrc, clockSrc, "clock"))
 	// Stats reads a consistent snapshot of one scope.
-	Stats = redis.NewScript(statsSrc)
+	Stats = redis.NewScript(include(statsSrc, clockSrc, "clock"))
 	// Room keeps the waiting room's due index.
 	Room = redis.NewScript(roomSrc)
 	// Line puts jobs in their tenant's line in the waiting room.
@@ -46,4 +54,20 @@ var (
 )
 
 // All lists every script, for loading them into a server ahead of pipelines.
-var All = []*redis.Script{Admit, Renew, Cooldown, Stats, Room, Line, Handover}
+var All = []*redis.Script{Admit, Release, Renew, Cooldown, Stats, Room, Line, Handover}
+
+// include puts the part of from between "-- @begin NAME" and "-- @end NAME"
+// into src at the line "-- @include NAME": a piece scripts share is written
+// once (clock.lua's clock in every script that decides by the time,
+// release.lua's release of a slot in admit.lua too).
+func include(src, from, name string) string {
+	begin, end := "-- @begin "+name, "-- @end "+name
+	i, j := strings.Index(from, begin), strings.Index(from, end)
+	at := strings.Index(src, "-- @include "+name)
+	if i < 0 || j < i || at < 0 {
+		panic("lua: cannot include " + name)
+	}
+	piece := from[i:j]
+	eol := strings.IndexByte(src[at:], '\n')
+	return src[:at] + piece + src[at+eol+1:]
+}

@@ -12,14 +12,8 @@
 --   slot is not taken again, and another claim's slot is left alone.
 
 local call, tonumber, format = redis.call, tonumber, string.format
-local now
-local clock = tonumber(ARGV[1])
-if clock >= 0 then
-  now = clock
-else
-  local t = call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
+-- @include clock
+local now = now_us()
 
 local nops = tonumber(ARGV[2])
 local a, k = 3, 0

@@ -16,14 +16,8 @@
 --   counter and the slots and holders are partial.
 
 local call, tonumber = redis.call, tonumber
-local now
-local clock = tonumber(ARGV[1])
-if clock >= 0 then
-  now = clock
-else
-  local t = call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
+-- @include clock
+local now = now_us()
 
 local wdur = tonumber(ARGV[2])
 local grace = tonumber(ARGV[3])

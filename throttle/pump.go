@@ -306,6 +306,11 @@ func (r *Room) handedMany(ctx context.Context, done map[string][]Promoted) error
 // job's): that job is promoted and given to the queue engine with h at
 // once. It returns ErrClaimLost as Limiter.Release does.
 func (r *Room) Release(ctx context.Context, tenant, queue, id string, claim uint64, h Handover) error {
+	// the small release first: with nobody waiting it is all there is
+	waiting, err := r.l.release(ctx, tenant, queue, id, claim)
+	if !waiting || err != nil {
+		return err
+	}
 	t, err := r.release(ctx, tenant, queue, id, claim, 1)
 	if err != nil {
 		return err

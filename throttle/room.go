@@ -317,83 +317,41 @@ func (r *Room) promote(ctx context.Context, tenant, queue string, budget int, qu
 
 // release gives back the concurrency slots job id holds under claim and in
 // the same run promotes at most budget jobs from the head of the tenant's
-// line of queue into them. tenant "" releases @global's slot alone.
+// line of queue into them.
 func (r *Room) release(ctx context.Context, tenant, queue, id string, claim uint64, budget int) (Turn, error) {
 	return r.turn(ctx, tenant, queue, id, claim, budget, int64(budget), flagRelease)
 }
 
 func (r *Room) turn(ctx context.Context, tenant, queue, id string, claim uint64, budget int, quantum int64, kind int) (Turn, error) {
-	if tenant != "" || kind != flagRelease {
-		if err := ValidateTenant(tenant); err != nil {
-			return Turn{}, err
-		}
-	}
-	if tenant == "" {
-		budget = 0
+	if err := ValidateTenant(tenant); err != nil {
+		return Turn{}, err
 	}
 	res, err := r.l.resolved(ctx, tenant)
 	if err != nil {
 		return Turn{}, fmt.Errorf("turn of tenant %q: %w", tenant, err)
 	}
+	// A release here hands the slot on (Room.Release gave back what no line
+	// waits for with release.lua): on a Cluster it is the tenant's slot
+	// alone, @global's having gone back on its own.
 	scopes := r.scopes(tenant, res)
 	if kind == flagPromote {
 		claim = newClaim()
 	}
-	var t Turn
-	groups := [][]scope{scopes}
-	if kind == flagRelease && r.l.cluster && tenant != "" && res.Global.HasRules() {
-		// @global's slot, in its own slot of the Cluster, is given back
-		// on its own
-		groups = append(groups, r.l.scopesOf("", Resolved{Global: res.Global, globalFacts: res.globalFacts}))
+	op := &admitOp{id: id, cost: 1, flags: flagHold | kind | r.l.noTTLFlag(), claim: claim}
+	for _, s := range scopes {
+		op.scopes = append(op.scopes, opScope{scope: s})
 	}
-	if kind == flagRelease {
-		// a release that holds no slot in a group and promotes nothing
-		// there costs no round trip
-		kept := groups[:0]
-		for i, g := range groups {
-			if (i == 0 && budget > 0) || r.holds(g) {
-				kept = append(kept, g)
-			} else if i == 0 {
-				budget = 0
-				kept = append(kept, nil)
-			}
-		}
-		groups = kept
+	op.roomArgs = []any{budget, quantum, micros(RepairDefault), micros(r.l.cfg.PromoteLead)}
+	if budget > 0 {
+		k := keysFor(r.l.cfg.Prefix, tenant)
+		op.roomKeys = []string{k.line(queueOf(queue)), k.handing, k.queues}
+		op.roomArgs = append(op.roomArgs, queueOf(queue))
 	}
-	for i, g := range groups {
-		if g == nil {
-			continue
-		}
-		b := budget
-		if i > 0 {
-			b = 0
-		}
-		op := &admitOp{id: id, cost: 1, flags: flagHold | kind | r.l.noTTLFlag(), claim: claim}
-		for _, s := range g {
-			op.scopes = append(op.scopes, opScope{scope: s})
-		}
-		op.roomArgs = []any{b, quantum, micros(RepairDefault), micros(r.l.cfg.PromoteLead)}
-		if b > 0 {
-			k := keysFor(r.l.cfg.Prefix, tenant)
-			op.roomKeys = []string{k.line(queueOf(queue)), k.handing, k.queues}
-			op.roomArgs = append(op.roomArgs, queueOf(queue))
-		}
-		raw, err := r.l.runRaw(ctx, op, -1)
-		if err != nil {
-			return t, fmt.Errorf("turn of tenant %q: %w", tenant, err)
-		}
-		gt, err := decodeTurn(tenant, raw, g)
-		if err != nil {
-			return t, err
-		}
-		if i == 0 {
-			t = gt
-		} else {
-			t.Released += gt.Released
-			t.Lost += gt.Lost
-		}
+	raw, err := r.l.runRaw(ctx, op, -1)
+	if err != nil {
+		return Turn{}, fmt.Errorf("turn of tenant %q: %w", tenant, err)
 	}
-	return t, nil
+	return decodeTurn(tenant, raw, scopes)
 }
 
 // handed confirms that the queue engine has the promoted jobs: they leave

@@ -1,6 +1,7 @@
 package throttle
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -11,12 +12,14 @@ import (
 
 // Concurrency slots: releasing and renewing them under their claims.
 //
-// A release runs admit.lua's release op (one engine: a release may hand
-// its slot on to the head of a line, see Room.Release). lua/renew.lua
-// takes a header (the clock, the number of ops), then per op the job's
-// id, its claim and its scopes; it answers one reply per op, so concurrent
-// calls share a run.
-var renewMerge = headerMerger{header: 2}
+// lua/release.lua and lua/renew.lua take a header (the clock, the number of
+// ops; release.lua also whether to leave expiries alone), then per op the
+// job's id, its claim and its scopes; each answers one reply per op, so
+// concurrent calls share a run.
+var (
+	releaseMerge = headerMerger{header: 3}
+	renewMerge   = headerMerger{header: 2}
+)
 
 // ErrClaimLost is returned by Release and Renew when a job's concurrency
 // slot is no longer held under the claim given: its lease ran out before a
@@ -31,18 +34,91 @@ var ErrClaimLost = errors.New("concurrency claim lost")
 // Once a scope's last slot is gone its state expires as soon as the rest
 // of it allows, not a lease later.
 func (l *Limiter) Release(ctx context.Context, tenant, id string, claim uint64) error {
-	return l.release(ctx, tenant, id, claim)
+	_, err := l.release(ctx, tenant, "", id, claim)
+	return err
 }
 
-func (l *Limiter) release(ctx context.Context, tenant, id string, claim uint64) error {
-	t, err := l.Room().release(ctx, tenant, "", id, claim, 0)
+// release runs release.lua for the slots job id holds; with a queue, the
+// tenant's line of it is given: waiting reports that jobs wait there, and
+// then the tenant's slots were not given back (its caller hands them on).
+func (l *Limiter) release(ctx context.Context, tenant, queue, id string, claim uint64) (waiting bool, err error) {
+	if tenant != "" {
+		if err := ValidateTenant(tenant); err != nil {
+			return false, err
+		}
+	}
+	r, err := l.policies.resolve(ctx, tenant)
 	if err != nil {
-		return fmt.Errorf("release tenant %q job %q: %w", tenant, id, err)
+		return false, fmt.Errorf("release tenant %q job %q: %w", tenant, id, err)
 	}
-	if t.Lost > 0 && claim != 0 {
-		return fmt.Errorf("release tenant %q job %q: %w", tenant, id, ErrClaimLost)
+	// Only scopes whose policy has a concurrency rule hold slots. A slot
+	// taken under a policy that has since lost its rule is not stranded: it
+	// is no longer renewed, so it frees itself when its lease runs out.
+	var tenantKeys, globalKeys []string
+	if tenant != "" && r.tenant != nil && r.tenant.Concurrency != nil {
+		tenantKeys = []string{keysFor(l.cfg.Prefix, tenant).state}
 	}
-	return nil
+	if r.global != nil && r.global.Concurrency != nil {
+		globalKeys = []string{keysFor(l.cfg.Prefix, GlobalPolicy).state}
+	}
+	line := ""
+	if queue != "" && tenant != "" {
+		line = keysFor(l.cfg.Prefix, tenant).line(queueOf(queue))
+	}
+	var groups [][]string
+	if l.cluster {
+		if tenantKeys != nil {
+			groups = append(groups, tenantKeys)
+		}
+		if globalKeys != nil {
+			groups = append(groups, globalKeys)
+		}
+	} else if keys := append(tenantKeys, globalKeys...); len(keys) > 0 {
+		groups = append(groups, keys)
+	}
+	lost := false
+	var firstErr error
+	for i, keys := range groups {
+		noTTL := 0
+		if l.noExpire {
+			noTTL = 1
+		}
+		args := []any{l.clockArg(), 1, noTTL, id, claim, len(keys), 0}
+		if line != "" && i == 0 && tenantKeys != nil {
+			// the tenant's group comes first and shares its slot with the line
+			keys = append(keys[:len(keys):len(keys)], line)
+			args[6] = 1
+		}
+		// every group is tried: a scope that cannot be reached keeps its
+		// slot until the lease runs out, the others are given back now
+		res, err := l.batch.runMerged(ctx, lua.Release, keys, args, releaseMerge)
+		if err != nil {
+			firstErr = cmp.Or(firstErr, fmt.Errorf("release tenant %q job %q: %w", tenant, id, err))
+			continue
+		}
+		arr, ok := res.([]any)
+		if !ok || len(arr) != 1 {
+			return false, fmt.Errorf("release.lua: unexpected reply %v", res)
+		}
+		v, err := int64s(arr[0], 3)
+		if err != nil {
+			return false, fmt.Errorf("release.lua: %w", err)
+		}
+		if v[2] > 0 {
+			waiting = true
+			continue
+		}
+		if v[1] > 0 {
+			lost = true
+		}
+	}
+	if firstErr != nil {
+		return waiting, firstErr
+	}
+	if lost && claim != 0 {
+		return waiting, fmt.Errorf("release tenant %q job %q: %w", tenant, id, ErrClaimLost)
+	}
+	return waiting, nil
 }
 
 // releaseLate gives back, in the background, the slot an admission whose
@@ -61,7 +137,7 @@ func (l *Limiter) releaseLate(tenant, id string, claim uint64) {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), lateRelease)
 		defer cancel()
-		_ = l.release(ctx, tenant, id, claim)
+		_ = l.Release(ctx, tenant, id, claim)
 	}()
 }
 

@@ -1,0 +1,94 @@
+-- release.lua: gives back the concurrency slots jobs hold, under their
+-- claims.
+--
+-- A slot is given back only under the claim that holds it: a job's slot
+-- taken over by a later admission of the same job (a redelivery) is left
+-- to that admission. Once a scope's last slot is gone its hash expires as
+-- soon as the rest of its state allows (field y, kept by admit.lua and
+-- cooldown.lua), not a lease later.
+--
+-- A release that may hand its slot on (a line key given) gives back
+-- nothing while jobs wait in that line: its caller then releases with
+-- admit.lua's release op, which hands the slot to the line's head in the
+-- same run. So the common release, with nobody waiting, stays small.
+--
+-- KEYS: per op, the state hash of each of its scopes, then, when the op
+--   says so, the tenant's line the slot may go to
+-- ARGV:
+--   [1] clock: current time in µs, or -1 for Redis TIME
+--   [2] number of ops
+--   [3] 1 to leave expiries alone (tests), else 0
+--   per op: job id, claim token (0: whichever claim holds the slot), number
+--     of scopes, 1 when a line key follows, else 0
+-- Returns: per op {released, lost, waiting}: how many of its scopes gave
+--   back a slot held under the claim, and how many held none under it
+--   (another claim holds the job's slot, or the slot is gone: given back
+--   already, or removed by an admission once its lease had run out; with
+--   claim 0 a scope without the job's slot counts in neither); waiting is
+--   how many jobs wait in the line given (then nothing was given back)
+
+local call, tonumber, format = redis.call, tonumber, string.format
+local num, floor, max = tonumber, math.floor, math.max
+-- @include clock
+
+-- @begin release_slot (lua.go also puts this function into admit.lua)
+-- Give back the slot job id holds in the scope whose state hash is st,
+-- under claim (0: whichever claim holds it). Returns 1 when it gave one
+-- back, -1 when the claim holds none (another claim does, or it is gone),
+-- 0 otherwise. The last slot lets the hash expire when its other state
+-- allows (y); the time is asked only then, and only with a given clock.
+local function release_slot(st, hkey, ckey, claim, noexpire)
+  local v = call('HMGET', st, hkey, ckey, 'hc', 'y')
+  local e, c = num(v[1]), num(v[2])
+  if e and (claim == 0 or c == claim) then
+    local hc = (num(v[3]) or 1) - 1
+    if hc <= 0 then
+      -- x, the expiry admit.lua last gave the hash, goes too, so that the
+      -- next admission gives it one again
+      call('HDEL', st, hkey, ckey, 'hc', 'x')
+      local need = num(v[4])
+      if need and not noexpire then
+        if clock < 0 then
+          call('PEXPIREAT', st, format('%d', floor(need / 1000) + 2))
+        else
+          -- a given clock (tests) may be far from the server's: relative
+          call('PEXPIRE', st, format('%d', max(floor((need - now_us()) / 1000), 0) + 2))
+        end
+      end
+    else
+      call('HDEL', st, hkey, ckey)
+      call('HSET', st, 'hc', format('%d', hc))
+    end
+    return 1
+  end
+  if claim ~= 0 then return -1 end
+  return 0
+end
+-- @end release_slot
+
+local nops = tonumber(ARGV[2])
+local noexpire = ARGV[3] == '1'
+local a, k = 4, 0
+local out = {}
+for op = 1, nops do
+  local id, claim = ARGV[a], tonumber(ARGV[a + 1])
+  local n = tonumber(ARGV[a + 2])
+  local line = ARGV[a + 3] == '1'
+  a = a + 4
+  local waiting = 0
+  if line then
+    waiting = call('LLEN', KEYS[k + n + 1])
+  end
+  local released, lost = 0, 0
+  if waiting == 0 then
+    local hkey, ckey = 'h:' .. id, 'c:' .. id
+    for s = 1, n do
+      local r = release_slot(KEYS[k + s], hkey, ckey, claim, noexpire)
+      if r > 0 then released = released + 1 elseif r < 0 then lost = lost + 1 end
+    end
+  end
+  k = k + n
+  if line then k = k + 1 end
+  out[op] = { released, lost, waiting }
+end
+return out
