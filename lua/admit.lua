@@ -679,7 +679,8 @@ local function apply(scopes, write, t, noexpire)
     local sc = scopes[s]
     if sc.st then
       local pol, m = sc.pol, sc
-      local h = {}
+      -- the fields to write, built at the size most writes need
+      local h = { nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil }
       local need = now
       if not sc.R then
         for i = 1, pol.nr do
@@ -1135,10 +1136,9 @@ local function room_functions(ts)
   -- only as long as the rest of its state needs (y).
   E.room.release = function(bases, noexpire)
     local released, lost = 0, 0
-    local cl = num(E.claim)
     for s = 1, #bases do
       if bases[s].pol.clim > 0 then
-        local r = release_slot(KEYS[bases[s].k + 1], E.hkey, E.ckey, cl, noexpire)
+        local r = release_slot(KEYS[bases[s].k + 1], E.hkey, E.ckey, E.claim, noexpire)
         if r > 0 then released = released + 1 elseif r < 0 then lost = lost + 1 end
       end
     end
