@@ -304,8 +304,22 @@ func (r *Room) handedMany(ctx context.Context, done map[string][]Promoted) error
 // claim (as Limiter.Release does) and, in the same script run, hands the
 // freed slot to the next job in the tenant's line of queue (the finished
 // job's): that job is promoted and given to the queue engine with h at
-// once. It returns ErrClaimLost as Limiter.Release does.
+// once. With h nil (a worker shutting down) nothing is handed on: the
+// slots are given back and the tenant is made due now, so that the
+// fleet's pumps serve its line. It returns ErrClaimLost as
+// Limiter.Release does.
 func (r *Room) Release(ctx context.Context, tenant, queue, id string, claim uint64, h Handover) error {
+	if h == nil {
+		err := r.l.Release(ctx, tenant, id, claim)
+		if tenant != "" && (err == nil || errors.Is(err, ErrClaimLost)) {
+			// a pump that found every slot held left the tenant due only
+			// at a lease's end
+			if merr := r.mark(ctx, queueOf(queue), tenant); merr != nil {
+				return merr
+			}
+		}
+		return err
+	}
 	// the small release first: with nobody waiting it is all there is
 	waiting, err := r.l.release(ctx, tenant, queue, id, claim)
 	if !waiting || err != nil {

@@ -209,6 +209,54 @@ func TestRoomPromotesAtEachSlot(t *testing.T) {
 	require.Equal(t, []string{"p2"}, g.ids())
 }
 
+// pumpTurn is one pump's turn in the default queue, as Pump takes it, when
+// tenant alone is due: it is taken from the index, its line promoted, the
+// promoted jobs handed over and its next due time settled.
+func pumpTurn(t *testing.T, e *env, tenant string) Turn {
+	t.Helper()
+	ctx, room := context.Background(), e.lim.Room()
+	tenants, held, err := room.take(ctx, DefaultQueue, 10, HoldDefault)
+	require.NoError(t, err)
+	require.Equal(t, []string{tenant}, tenants)
+	turn, err := room.promote(ctx, tenant, DefaultQueue, 10, 10)
+	require.NoError(t, err)
+	room.handOver(ctx, turn.Promoted, (&engine{}).handover)
+	require.NoError(t, room.settle(ctx, DefaultQueue, held, map[string]time.Time{tenant: turn.Due}))
+	return turn
+}
+
+// TestRoomReleaseWithoutHandingOn: a release that hands nothing on (a
+// worker shutting down) gives the slot back and makes the tenant due now,
+// not at the lease's end a pump left it at.
+func TestRoomReleaseWithoutHandingOn(t *testing.T) {
+	t.Parallel()
+	e := setup(t, false, nil)
+	ctx := context.Background()
+	e.policy(t, "pool", "concurrency=1")
+	room := e.lim.Room()
+	require.Equal(t, []string{"p1"}, line(t, e, "pool", "p1", "p2"))
+	d, err := e.lim.Admit(ctx, "pool", "p1")
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+	turn := pumpTurn(t, e, "pool")
+	require.Empty(t, turn.Promoted)
+	require.Equal(t, e.clock.Now().Add(LeaseDefault).UnixMicro(), turn.Due.UnixMicro())
+
+	require.NoError(t, room.Release(ctx, "pool", DefaultQueue, "p1", d.Claim, nil))
+	st, err := e.lim.Stats(ctx, "pool")
+	require.NoError(t, err)
+	require.Zero(t, st.Concurrency.InFlight, "the slot is given back")
+	require.Equal(t, int64(1), st.Waiting, "and not handed on")
+	due, now, ok, err := room.next(ctx, DefaultQueue)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, now.UnixMicro(), due.UnixMicro(), "due now")
+	turn = pumpTurn(t, e, "pool")
+	require.Len(t, turn.Promoted, 1)
+	require.Equal(t, "p2", turn.Promoted[0].ID)
+	require.ErrorIs(t, room.Release(ctx, "pool", DefaultQueue, "p1", d.Claim, nil), ErrClaimLost)
+}
+
 // TestRoomReleaseKeepsTheLineDue: a release that frees a slot but cannot
 // hand it on yet (the line's head is not due by its rate: the release
 // before it handed its slot on) leaves the tenant due at the head's slot,
@@ -221,18 +269,7 @@ func TestRoomReleaseKeepsTheLineDue(t *testing.T) {
 	e.policy(t, "both", "rate=10/s concurrency=2")
 	room := e.lim.Room()
 	start := e.clock.Now()
-	// a pump's turn for the tenant, as Pump takes it
-	pumpTurn := func() Turn {
-		t.Helper()
-		tenants, held, err := room.take(ctx, DefaultQueue, 10, HoldDefault)
-		require.NoError(t, err)
-		require.Equal(t, []string{"both"}, tenants)
-		turn, err := room.promote(ctx, "both", DefaultQueue, 10, 10)
-		require.NoError(t, err)
-		room.handOver(ctx, turn.Promoted, (&engine{}).handover)
-		require.NoError(t, room.settle(ctx, DefaultQueue, held, map[string]time.Time{"both": turn.Due}))
-		return turn
-	}
+	pumpTurn := func() Turn { return pumpTurn(t, e, "both") }
 	claim := func(id string) uint64 {
 		t.Helper()
 		d, err := e.lim.Do(ctx, Request{Tenant: "both", ID: id, Reserve: true})

@@ -548,8 +548,10 @@ func (g *Gate) release(ctx context.Context, j *job, claim uint64) {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.cfg.CallTimeout)
 	defer cancel()
 	var err error
-	if j.tenant == "" || g.stopped() {
+	if j.tenant == "" {
 		err = g.lim.Release(cctx, j.tenant, j.id, claim)
+	} else if g.stopped() {
+		err = g.room.Release(cctx, j.tenant, j.queue, j.id, claim, nil)
 	} else {
 		err = g.room.Release(cctx, j.tenant, j.queue, j.id, claim, g.handOn)
 	}
