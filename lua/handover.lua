@@ -1,9 +1,9 @@
 -- handover.lua: hands jobs the waiting room promoted to asynq: each task,
 -- parked in asynq's schedule (or deferred in its retry set), moves to the
 -- queue's pending list, as asynq's own forwarder would move it when due.
--- It writes asynq's keys (v0.26 layout, pinned by worker's tests), because
--- asynq's Inspector.RunTask would also bring back archived tasks, and takes
--- one task per call.
+-- It writes asynq's keys (v0.26 layout, pinned by internal/asynqroom's
+-- TestHandoverPinsAsynqLayout), because asynq's Inspector.RunTask would
+-- also bring back archived tasks, and takes one task per call.
 --
 -- KEYS[1] -> asynq:{QUEUE}:pending
 -- KEYS[2..] -> asynq:{QUEUE}:t:<id>, the task hash of each job

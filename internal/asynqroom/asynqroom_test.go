@@ -1,0 +1,152 @@
+package asynqroom
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/throttle"
+)
+
+func TestMain(m *testing.M) { redistest.Main(m) }
+
+// TestHandoverPinsAsynqLayout holds the waiting room's hand-over to the
+// layout of asynq's keys it writes (PendingKey, TaskKey, the schedule and
+// retry sets, a task's state and group fields): tasks asynq's own client
+// and server put in each state are handed over, and asynq's Inspector and
+// a real asynq server see the result. An asynq upgrade that moves any of
+// it fails here.
+func TestHandoverPinsAsynqLayout(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Client(t)
+	queue := "pin-" + redistest.Prefix(t)
+	ac := asynq.NewClientFromRedisClient(client)
+	defer ac.Close()
+	insp := asynq.NewInspectorFromRedisClient(client)
+	defer insp.Close()
+
+	enqueue := func(id string, opts ...asynq.Option) {
+		t.Helper()
+		_, err := ac.Enqueue(asynq.NewTask("job", nil), append(opts, asynq.Queue(queue), asynq.TaskID(id), asynq.MaxRetry(3))...)
+		require.NoError(t, err)
+	}
+	state := func(id string) string {
+		t.Helper()
+		s, err := client.HGet(ctx, TaskKey(queue, id), "state").Result()
+		require.NoError(t, err, "task %s's hash", id)
+		return s
+	}
+
+	// a real asynq server: "retry" fails once (into the retry set, an hour
+	// away), everything else succeeds
+	var mu sync.Mutex
+	ran := map[string]int{}
+	mux := asynq.NewServeMux()
+	mux.HandleFunc("job", func(ctx context.Context, task *asynq.Task) error {
+		id, _ := asynq.GetTaskID(ctx)
+		mu.Lock()
+		defer mu.Unlock()
+		ran[id]++
+		if id == "retry" && ran[id] == 1 {
+			return errors.New("the first try fails")
+		}
+		return nil
+	})
+	srv := asynq.NewServerFromRedisClient(client, asynq.Config{
+		Queues:                   map[string]int{queue: 1},
+		Concurrency:              4,
+		TaskCheckInterval:        10 * time.Millisecond,
+		DelayedTaskCheckInterval: time.Hour,
+		RetryDelayFunc:           func(int, error, *asynq.Task) time.Duration { return time.Hour },
+		LogLevel:                 asynq.FatalLevel,
+	})
+	require.NoError(t, srv.Start(mux))
+	defer srv.Shutdown()
+	runs := func(id string) int {
+		mu.Lock()
+		defer mu.Unlock()
+		return ran[id]
+	}
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for !cond() {
+			require.False(t, time.Now().After(deadline), "timed out waiting for %s", what)
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+
+	enqueue("retry")
+	waitFor("the retry task to fail once", func() bool {
+		info, err := insp.GetTaskInfo(queue, "retry")
+		return err == nil && info.State == asynq.TaskStateRetry
+	})
+	require.Equal(t, "retry", state("retry"))
+	score, err := client.ZScore(ctx, queuePrefix(queue)+"retry", "retry").Result()
+	require.NoError(t, err, "a retrying task is in asynq:{QUEUE}:retry")
+	require.Greater(t, score, float64(time.Now().Add(30*time.Minute).Unix()))
+
+	enqueue("parked", asynq.ProcessIn(time.Hour))
+	require.Equal(t, "scheduled", state("parked"))
+	_, err = client.ZScore(ctx, queuePrefix(queue)+"scheduled", "parked").Result()
+	require.NoError(t, err, "a parked task is in asynq:{QUEUE}:scheduled")
+
+	enqueue("archived", asynq.ProcessIn(time.Hour))
+	require.NoError(t, insp.ArchiveTask(queue, "archived"))
+	require.Equal(t, "archived", state("archived"))
+
+	enqueue("grouped", asynq.Group("g"))
+	require.Equal(t, "aggregating", state("grouped"))
+	group, err := client.HGet(ctx, TaskKey(queue, "grouped"), "group").Result()
+	require.NoError(t, err)
+	require.Equal(t, "g", group)
+
+	promoted := func(ids ...string) []throttle.Promoted {
+		out := make([]throttle.Promoted, len(ids))
+		for i, id := range ids {
+			out[i] = throttle.Promoted{Tenant: "acme", Queue: queue, ID: id}
+		}
+		return out
+	}
+	res := Handover(client)(ctx, promoted("parked", "retry", "archived", "grouped", "missing"))
+	require.Equal(t, []throttle.HandoverResult{throttle.Handed, throttle.Handed, throttle.Gone, throttle.Gone, throttle.Gone}, res)
+
+	// asynq runs what was handed over, once each, and leaves the rest
+	waitFor("the handed-over tasks to run", func() bool { return runs("parked") == 1 && runs("retry") == 2 })
+	for _, id := range []string{"parked", "retry"} {
+		waitFor(id+" to leave asynq", func() bool {
+			_, err := insp.GetTaskInfo(queue, id)
+			return errors.Is(err, asynq.ErrTaskNotFound)
+		})
+	}
+	info, err := insp.GetTaskInfo(queue, "archived")
+	require.NoError(t, err)
+	require.Equal(t, asynq.TaskStateArchived, info.State)
+	info, err = insp.GetTaskInfo(queue, "grouped")
+	require.NoError(t, err)
+	require.Equal(t, asynq.TaskStateAggregating, info.State)
+
+	// a task pending already counts as handed over, and PendingKey is the
+	// list asynq's Inspector counts
+	srv.Stop()
+	enqueue("pending")
+	require.Equal(t, "pending", state("pending"))
+	n, err := client.LLen(ctx, PendingKey(queue)).Result()
+	require.NoError(t, err)
+	qi, err := insp.GetQueueInfo(queue)
+	require.NoError(t, err)
+	require.Equal(t, int64(qi.Pending), n)
+	require.Equal(t, int64(1), n)
+	res = Handover(client)(ctx, promoted("pending"))
+	require.Equal(t, []throttle.HandoverResult{throttle.Handed}, res)
+	n, err = client.LLen(ctx, PendingKey(queue)).Result()
+	require.NoError(t, err)
+	require.Equal(t, int64(1), n, "not pushed twice")
+	require.Equal(t, 1, runs("parked"))
+}
