@@ -5,8 +5,11 @@
 //     rate-limiting pattern);
 //  2. asynq with a go-redis/redis_rate middleware and RetryDelayFunc
 //     (distributed, no reservations, no concurrency cap);
-//  3. sluice (worker.Server; the tenants' policies in sluice's policy
-//     store; shape=true on every policy with a rate rule).
+//  3. sluice: the producer's queue.Client brings every job to the waiting
+//     room (a job its tenant cannot start now waits in its tenant's line
+//     in Redis); the workers are worker.Server with its defaults (the gate,
+//     and the waiting room's pump, which Start starts); the tenants'
+//     policies in sluice's policy store.
 //
 // For each set-up it starts a private redis-server (its own port, no
 // persistence), N worker processes (this program again, as a worker of

@@ -183,8 +183,8 @@ func TestWorkload(t *testing.T) {
 		sum := 0
 		for _, tn := range w.tenants {
 			require.Positive(t, tn.jobs, "%s: %s has jobs", name, tn.name)
-			_, err := tn.policy(true)
-			require.NoError(t, err, "%s: %s policy %q", name, tn.name, tn.policyText(true))
+			_, err := tn.policy()
+			require.NoError(t, err, "%s: %s policy %q", name, tn.name, tn.policyText())
 			sum += tn.jobs
 		}
 		require.Equal(t, cfg.jobs, sum, name)
@@ -206,8 +206,8 @@ func TestWorkload(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, w.jobs, again.jobs, "%s: deterministic", name)
 	}
-	require.Equal(t, "rate=5/s burst=2 concurrency=3 shape=true", tenant{rate: 5, burst: 2, conc: 3}.policyText(true))
-	require.Equal(t, "concurrency=3", tenant{conc: 3}.policyText(true))
+	require.Equal(t, "rate=5/s burst=2 concurrency=3", tenant{rate: 5, burst: 2, conc: 3}.policyText())
+	require.Equal(t, "concurrency=3", tenant{conc: 3}.policyText())
 	_, err := newWorkload(config{name: "bad"})
 	require.Error(t, err)
 }

@@ -105,7 +105,7 @@ func runSetup(ctx context.Context, o options, w *workload, setup string) (*runDa
 		defer store.Close()
 		pols := map[string]*throttle.Policy{}
 		for _, t := range w.tenants {
-			p, err := t.policy(true)
+			p, err := t.policy()
 			if err != nil {
 				return nil, fmt.Errorf("policy of %s: %w", t.name, err)
 			}

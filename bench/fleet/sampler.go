@@ -12,7 +12,7 @@ type sample struct {
 	At        time.Duration // since the run's start
 	Pending   int64         // tasks waiting in the pending list
 	Active    int64
-	Scheduled int64   // scheduled for later (shaped or deferred by sluice)
+	Scheduled int64   // scheduled for later (parked in sluice's waiting room, or deferred)
 	Retry     int64   // waiting to be retried (asynq's retry set)
 	RedisCPU  float64 // used_cpu_user + used_cpu_sys, seconds since Redis started
 }

@@ -155,13 +155,12 @@ func workerMain(setup, addr string, conc, procs int, limitsFile string) error {
 	var deliveries, calls atomic.Int64
 	// BaseContext is called once for every task asynq dequeues, whatever
 	// the handler then does with it: it counts deliveries the same way in
-	// every set-up.
+	// every set-up. The intervals are left to worker.Server's defaults in
+	// set-up 3 and given the same values in the others.
 	cfg := asynq.Config{
-		Concurrency:              conc,
-		Queues:                   map[string]int{"default": 1},
-		TaskCheckInterval:        worker.TaskCheckIntervalDefault,
-		DelayedTaskCheckInterval: worker.DelayedTaskCheckIntervalDefault,
-		LogLevel:                 asynq.FatalLevel,
+		Concurrency: conc,
+		Queues:      map[string]int{"default": 1},
+		LogLevel:    asynq.FatalLevel,
 		BaseContext: func() context.Context {
 			deliveries.Add(1)
 			return context.Background()
@@ -188,6 +187,8 @@ func workerMain(setup, addr string, conc, procs int, limitsFile string) error {
 		if err != nil {
 			return err
 		}
+		cfg.TaskCheckInterval = worker.TaskCheckIntervalDefault
+		cfg.DelayedTaskCheckInterval = worker.DelayedTaskCheckIntervalDefault
 		cfg.IsFailure = func(err error) bool { return !isRateLimitError(err) }
 		cfg.RetryDelayFunc = retryDelay
 		var mw asynq.MiddlewareFunc

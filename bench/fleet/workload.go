@@ -63,9 +63,8 @@ type tenant struct {
 // small reports whether the tenant counts as small in the wait figures.
 func (t tenant) small() bool { return t.class != classBig && t.class != classMedium }
 
-// policyText is the tenant's limits as a sluice policy; shape adds
-// shape=true to a policy with a rate rule.
-func (t tenant) policyText(shape bool) string {
+// policyText is the tenant's limits as a sluice policy.
+func (t tenant) policyText() string {
 	s := ""
 	if t.rate > 0 {
 		s = fmt.Sprintf("rate=%d/s burst=%d", t.rate, t.burst)
@@ -76,14 +75,11 @@ func (t tenant) policyText(shape bool) string {
 		}
 		s += fmt.Sprintf("concurrency=%d", t.conc)
 	}
-	if shape && t.rate > 0 {
-		s += " shape=true"
-	}
 	return s
 }
 
-func (t tenant) policy(shape bool) (*throttle.Policy, error) {
-	return throttle.ParsePolicy(t.policyText(shape))
+func (t tenant) policy() (*throttle.Policy, error) {
+	return throttle.ParsePolicy(t.policyText())
 }
 
 // capacity is the most jobs per second the tenant's limits let through.
