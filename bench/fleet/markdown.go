@@ -185,6 +185,11 @@ func (b *benchmark) markdown(out io.Writer) {
 	p("- *deliveries per job*: tasks dequeued by asynq (counted in `asynq.Config.BaseContext`, which")
 	p("  asynq calls once per dequeued task in every set-up), including throttled dequeues and")
 	p("  retries after 429s, divided by jobs enqueued.")
+	p("- *throttle denials per job*: for set-ups 1 and 2, the middleware's denials (each sends the")
+	p("  job back to asynq), by the limit that denied; for sluice, the gate's denied decisions")
+	p("  (`sluice_worker_decisions_total{verdict=\"denied\"}`), with those that only said a job came")
+	p("  early for its own reserved slot (`rule=\"reserved\"`: it waits for the slot it holds) counted")
+	p("  apart; each divided by jobs enqueued.")
 	p("- *small-tenant queue wait*: for jobs of small tenants enqueued during the burst window")
 	p("  (t=%.0f–%.0fs) that their own limits would have started at once (the job conforms to its", from.Seconds(), to.Seconds())
 	p("  tenant's GCRA and a concurrency slot is free, computed from the enqueue times and the")
@@ -198,7 +203,9 @@ func (b *benchmark) markdown(out io.Writer) {
 	p("  *peak memory*: `used_memory_peak` (INFO memory). *Redis busiest 10 s*: the most of one core")
 	p("  Redis used over any 10 s, and *longest pending list*: the most tasks due and waiting for a")
 	p("  worker, both from a sample every second. *Worker CPU*: user + system time of the worker")
-	p("  processes.")
+	p("  processes. *Cores busy during the burst window*: from `/proc` (the machine's busy time, the")
+	p("  worker processes', Redis's and this program's), sampled every second, as cores in use on")
+	p("  average from the burst's start to the end of its window.")
 	p("")
 
 	if s := b.resultOf(setupSluice); s != nil {
@@ -330,7 +337,7 @@ func (b *benchmark) sluiceCommentary(out io.Writer, r *result) {
 	if r.perJob > 1.1 {
 		extra := r.deliveries - int64(r.enqueued)
 		p("- **Deliveries per job %.2f** (%s deliveries beyond one per job). The gate's own counters,", r.perJob, thousands(extra))
-		p("  summed over the workers: deferrals by reason %s; denied admissions by rule %s;", counterSummary(g, "sluice_worker_deferrals_total", "reason", ""), counterSummary(g, "sluice_worker_decisions_total", "rule", "verdict=denied"))
+		p("  summed over the workers: deferrals by reason %s; denied admissions by rule %s;", counterSummary(g, "sluice_worker_deferrals_total", "reason", ""), counterSummary(g, decisionsFamily, "rule", "verdict=denied"))
 		p("  handler outcomes %s. A deferred job is dequeued again when it comes back, so", counterSummary(g, "sluice_worker_handler_outcomes_total", "outcome", ""))
 		p("  every deferral is one extra delivery.")
 	}
@@ -381,10 +388,10 @@ func (b *benchmark) capacityNote(out io.Writer, r *result) {
 		} else {
 			p("  the gate's admission and release).")
 		}
-		if d := counterTotal(b.runOf(r.setup).gate, "sluice_worker_decisions_total"); d > 0 && r.completed > 0 {
+		if d := counterTotal(b.runOf(r.setup).gate, decisionsFamily); d > 0 && r.completed > 0 {
 			p("  The gate made %.1f admission decisions per completed job (%s denied, by rule: %s): a job", d/float64(r.completed),
-				thousands(int64(counterTotal(b.runOf(r.setup).gate, "sluice_worker_decisions_total", "verdict=denied"))),
-				counterSummary(b.runOf(r.setup).gate, "sluice_worker_decisions_total", "rule", "verdict=denied"))
+				thousands(int64(counterTotal(b.runOf(r.setup).gate, decisionsFamily, "verdict=denied"))),
+				counterSummary(b.runOf(r.setup).gate, decisionsFamily, "rule", "verdict=denied"))
 			p("  waiting in-process for its slot asks again after each sleep, and every answer is a script")
 			p("  run in Redis; several asks per job multiply the cost above one admission and one release.")
 		}

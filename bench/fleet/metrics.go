@@ -86,11 +86,14 @@ func peakConcurrency(arr []arrival) int {
 }
 
 // perJob is deliveries divided by jobs (0 for no jobs).
-func perJob(deliveries int64, jobs int) float64 {
+func perJob(deliveries int64, jobs int) float64 { return perJobF(float64(deliveries), jobs) }
+
+// perJobF is n divided by jobs (0 for no jobs).
+func perJobF(n float64, jobs int) float64 {
 	if jobs == 0 {
 		return 0
 	}
-	return float64(deliveries) / float64(jobs)
+	return n / float64(jobs)
 }
 
 // lostAndDuplicated compares the enqueued jobs with the downstream's 2xx

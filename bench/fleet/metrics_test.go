@@ -236,8 +236,19 @@ func TestCompute(t *testing.T) {
 	for k := 0; k < 1500; k++ {
 		rd.arrivals[0] = append(rd.arrivals[0], arrival{at: time.Second + ms(20), job: int32(w.bigFrom), conc: 1, status: rejectedRate})
 	}
+	rd.gate = map[string]float64{
+		"sluice_worker_decisions_total{rule=,verdict=allowed}":           500,
+		"sluice_worker_decisions_total{rule=rate[0],verdict=denied}":     20,
+		"sluice_worker_decisions_total{rule=reserved,verdict=denied}":    30,
+		"sluice_worker_decisions_total{rule=concurrency,verdict=denied}": 5,
+	}
+	rd.denied = map[string]int64{whyRate: 4, whyConc: 6}
 	r := compute(w, rd)
 	require.Equal(t, len(w.jobs), r.enqueued)
+	require.InDelta(t, 25, r.gateDenied, 1e-9, "denied, reserved decisions apart")
+	require.InDelta(t, 30, r.gateReserved, 1e-9)
+	require.Equal(t, int64(4), r.deniedRate)
+	require.Equal(t, int64(6), r.deniedConc)
 	require.Equal(t, len(w.jobs)-1, r.completed)
 	require.Equal(t, 1, r.lost)
 	require.Equal(t, 1, r.duplicates)

@@ -41,6 +41,10 @@ type result struct {
 
 	deliveries int64
 	perJob     float64
+	// Throttle denials: set-ups 1 and 2's middleware by limit; sluice's
+	// gate, its reserved decisions (a job early for its own slot) apart.
+	deniedRate, deniedConc   int64
+	gateDenied, gateReserved float64
 
 	waits            []time.Duration // sorted: small tenants' conforming jobs enqueued during the burst
 	waitsByClass     map[string][]time.Duration
@@ -54,6 +58,7 @@ type result struct {
 	redisCPU    float64
 	redisPeak   float64
 	workerCPU   time.Duration
+	burstCPU    cpuUse // the cores' use during the burst window
 	timedOut    bool
 	loadBefore  string
 	loadAfter   string
@@ -87,6 +92,10 @@ func compute(w *workload, rd *runData) *result {
 	r.lost = max(0, missing-r.unfinished)
 	r.perJob = perJob(rd.deliveries, r.enqueued)
 	r.peakPending, r.redisBusy = peakPending(rd.samples), redisBusy(rd.samples, 10*time.Second)
+	r.deniedRate, r.deniedConc = rd.denied[whyRate], rd.denied[whyConc]
+	denied := counterTotal(rd.gate, decisionsFamily, "verdict=denied")
+	r.gateReserved = counterTotal(rd.gate, decisionsFamily, "verdict=denied", "rule=reserved")
+	r.gateDenied = denied - r.gateReserved
 	if rd.lastOK > 0 {
 		r.makespan = rd.lastOK
 		r.jobsPerSec = float64(r.completed) / rd.lastOK.Seconds()
@@ -151,6 +160,7 @@ func compute(w *workload, rd *runData) *result {
 	// Queue wait of small tenants during the big burst: jobs enqueued in
 	// the burst window that their own limits would have started at once.
 	from, to := w.burstWindow()
+	r.burstCPU = useBetween(rd.samples, from, to, rd.cores)
 	per := make([][]int, len(w.tenants))
 	for i, j := range w.jobs {
 		if enqueued[i] {
@@ -275,6 +285,14 @@ var rows = []row{
 	{"deliveries per job", func(r *result) string {
 		return fmt.Sprintf("%.2f (%s dequeues)", r.perJob, thousands(r.deliveries))
 	}},
+	{"throttle denials per job", func(r *result) string {
+		if r.setup == setupSluice {
+			return fmt.Sprintf("%.3f (gate: %s denied; %s more early for their reserved slot)", perJobF(r.gateDenied, r.enqueued),
+				thousands(int64(r.gateDenied)), thousands(int64(r.gateReserved)))
+		}
+		return fmt.Sprintf("%.2f (rate %s, concurrency %s)", perJobF(float64(r.deniedRate+r.deniedConc), r.enqueued),
+			thousands(r.deniedRate), thousands(r.deniedConc))
+	}},
 	{"small-tenant queue wait during burst, p50 / p99", func(r *result) string {
 		return fmt.Sprintf("%s / %s (n=%s, %d over 2 s)", secs(r.waitP50), secs(r.waitP99), thousands(int64(len(r.waits))), r.waitOver2s)
 	}},
@@ -287,6 +305,7 @@ var rows = []row{
 	{"Redis busiest 10 s (share of one core)", func(r *result) string { return pct(r.redisBusy) }},
 	{"longest pending list", func(r *result) string { return thousands(r.peakPending) }},
 	{"worker CPU (all processes)", func(r *result) string { return fmt.Sprintf("%.1f s", r.workerCPU.Seconds()) }},
+	{"cores busy during the burst window", func(r *result) string { return r.burstCPU.String() }},
 	{"CPU per completed job (Redis + workers)", func(r *result) string { return fmt.Sprintf("%.2f ms", r.cpuPerJob()*1000) }},
 }
 

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -46,7 +47,9 @@ type runData struct {
 	deliveries int64
 	calls      int64
 	gate       map[string]float64 // sluice's gate counters, summed over the workers
-	samples    []sample           // the queue and Redis, every second
+	denied     map[string]int64   // set-ups 1 and 2's throttle denials by limit, summed
+	samples    []sample           // the queue, Redis and the CPU, every second
+	cores      int                // the machine's cores
 	workerCPU  time.Duration
 	redisCPU   float64 // seconds, user+sys, during the run
 	redisPeak  float64 // bytes, used_memory_peak
@@ -80,7 +83,8 @@ func runSetup(ctx context.Context, o options, w *workload, setup string) (*runDa
 	logf := func(format string, args ...any) {
 		fmt.Fprintf(o.log, "[%s] %s\n", setup, fmt.Sprintf(format, args...))
 	}
-	rd := &runData{setup: setup, loadBefore: loadAvg(), leftover: map[string]int{}, gate: map[string]float64{}}
+	rd := &runData{setup: setup, loadBefore: loadAvg(), leftover: map[string]int{}, gate: map[string]float64{},
+		denied: map[string]int64{}, cores: runtime.NumCPU()}
 	srv, err := startRedis(ctx)
 	if err != nil {
 		return nil, err
@@ -156,6 +160,9 @@ func runSetup(ctx context.Context, o options, w *workload, setup string) (*runDa
 				for k, v := range st.Gate {
 					rd.gate[k] += v
 				}
+				for k, v := range st.Denied {
+					rd.denied[k] += v
+				}
 				if err != nil {
 					rd.problems = append(rd.problems, err.Error())
 				}
@@ -188,7 +195,11 @@ func runSetup(ctx context.Context, o options, w *workload, setup string) (*runDa
 	sctx, stopSampling := context.WithCancel(ctx)
 	defer stopSampling()
 	sampled := make(chan []sample, 1)
-	go func() { sampled <- sampleQueue(sctx, rdb, start) }()
+	pids := make([]int, len(procs))
+	for i, p := range procs {
+		pids[i] = p.cmd.Process.Pid
+	}
+	go func() { sampled <- sampleQueue(sctx, rdb, start, pids) }()
 	prod := &producer{w: w, e: enq, url: ds.url, start: start, enq: rd.enq}
 	produced := make(chan struct{})
 	go func() { prod.run(ctx); close(produced) }()

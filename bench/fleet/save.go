@@ -39,6 +39,7 @@ type savedRun struct {
 	LastOK, Elapsed       time.Duration
 	Deliveries, Calls     int64
 	Gate                  map[string]float64
+	Denied                map[string]int64
 	WorkerCPU             time.Duration
 	RedisCPU, RedisPeak   float64
 	Leftover              map[string]int
@@ -55,7 +56,7 @@ func (b *benchmark) save(file string) error {
 		Machine: savedMachine{Cores: m.cores, CPU: m.cpu, Memory: m.memory, Kernel: m.kernel, Go: m.goVer, Redis: m.redis}}
 	for _, rd := range b.runs {
 		r := savedRun{Setup: rd.setup, Enq: rd.enq, EnqErrs: rd.enqErrs, FirstErr: rd.firstErr, Served: rd.served,
-			LastOK: rd.lastOK, Elapsed: rd.elapsed, Deliveries: rd.deliveries, Calls: rd.calls, Gate: rd.gate,
+			LastOK: rd.lastOK, Elapsed: rd.elapsed, Deliveries: rd.deliveries, Calls: rd.calls, Gate: rd.gate, Denied: rd.denied,
 			WorkerCPU: rd.workerCPU, RedisCPU: rd.redisCPU, RedisPeak: rd.redisPeak, Leftover: rd.leftover,
 			TimedOut: rd.timedOut, LoadBefore: rd.loadBefore, LoadAfter: rd.loadAfter, Problems: rd.problems, Samples: rd.samples}
 		for _, arr := range rd.arrivals {
@@ -107,7 +108,7 @@ func load(file string) (*benchmark, error) {
 			return nil, fmt.Errorf("%s: set-up %s does not match the %s workload", file, r.Setup, cfg.name)
 		}
 		rd := &runData{setup: r.Setup, enq: r.Enq, enqErrs: r.EnqErrs, firstErr: r.FirstErr, served: r.Served,
-			lastOK: r.LastOK, elapsed: r.Elapsed, deliveries: r.Deliveries, calls: r.Calls, gate: r.Gate,
+			lastOK: r.LastOK, elapsed: r.Elapsed, deliveries: r.Deliveries, calls: r.Calls, gate: r.Gate, denied: r.Denied, cores: m.Cores,
 			workerCPU: r.WorkerCPU, redisCPU: r.RedisCPU, redisPeak: r.RedisPeak, leftover: r.Leftover,
 			timedOut: r.TimedOut, loadBefore: r.LoadBefore, loadAfter: r.LoadAfter, problems: r.Problems, samples: r.Samples}
 		for ti := range r.At {

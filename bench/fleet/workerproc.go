@@ -63,13 +63,47 @@ type limits struct {
 type workerStats struct {
 	Deliveries int64 `json:"deliveries"` // tasks dequeued (handler invocations of any kind)
 	Calls      int64 `json:"calls"`      // requests the http handler made
-	// Gate holds sluice's gate counters (set-up 3): decisions by verdict
-	// and rule, deferrals by reason, handler outcomes.
+	// Denied counts the throttle's denials in set-ups 1 and 2, by the
+	// limit that denied ("rate", "concurrency"): each sends the job back
+	// to asynq for another delivery.
+	Denied map[string]int64 `json:"denied,omitempty"`
+	// Gate holds sluice's gate and waiting-room counters (set-up 3):
+	// decisions by verdict and rule, deferrals by reason, handler
+	// outcomes, jobs promoted from the lines.
 	Gate map[string]float64 `json:"gate,omitempty"`
 }
 
-// gateCounters are the gate's metrics a sluice worker reports at exit.
-var gateCounters = []string{"sluice_worker_decisions_total", "sluice_worker_deferrals_total", "sluice_worker_handler_outcomes_total"}
+// decisionsFamily is the gate's counter of admission decisions.
+const decisionsFamily = "sluice_worker_decisions_total"
+
+// gateCounters are the gate's and the waiting room's metrics a sluice
+// worker reports at exit.
+var gateCounters = []string{decisionsFamily, "sluice_worker_deferrals_total", "sluice_worker_handler_outcomes_total",
+	"sluice_room_promoted_total", "sluice_room_skipped_total"}
+
+// denials counts a middleware's denials by the limit that denied.
+type denials struct {
+	rate, conc atomic.Int64
+}
+
+func (d *denials) deny(why string) error {
+	if why == whyConc {
+		d.conc.Add(1)
+	} else {
+		d.rate.Add(1)
+	}
+	return &rateLimitError{RetryIn: wikiRetryIn(), Why: why}
+}
+
+func (d *denials) counts() map[string]int64 {
+	return map[string]int64{whyRate: d.rate.Load(), whyConc: d.conc.Load()}
+}
+
+// The limits a middleware denies by.
+const (
+	whyRate = "rate"
+	whyConc = "concurrency"
+)
 
 // gatherCounters reads the named counters as "name{label=value,...}".
 func gatherCounters(g prometheus.Gatherer, names []string) map[string]float64 {
@@ -181,6 +215,7 @@ func workerMain(setup, addr string, conc, procs int, limitsFile string) error {
 	var start func() error
 	var stop func()
 	var gatherer func() prometheus.Gatherer
+	var denied denials
 	switch setup {
 	case setupXRate, setupRedisRate:
 		lim, err := readLimits(limitsFile)
@@ -193,9 +228,9 @@ func workerMain(setup, addr string, conc, procs int, limitsFile string) error {
 		cfg.RetryDelayFunc = retryDelay
 		var mw asynq.MiddlewareFunc
 		if setup == setupXRate {
-			mw = xrateMiddleware(lim, procs)
+			mw = xrateMiddleware(lim, procs, &denied)
 		} else {
-			mw = redisRateMiddleware(rdb, lim)
+			mw = redisRateMiddleware(rdb, lim, &denied)
 		}
 		mux := asynq.NewServeMux()
 		mux.Use(mw)
@@ -228,6 +263,9 @@ func workerMain(setup, addr string, conc, procs int, limitsFile string) error {
 	<-sig
 	stop()
 	st := workerStats{Deliveries: deliveries.Load(), Calls: calls.Load()}
+	if setup != setupSluice {
+		st.Denied = denied.counts()
+	}
 	if gatherer != nil {
 		st.Gate = gatherCounters(gatherer(), gateCounters)
 	}
@@ -262,7 +300,7 @@ func asRateLimit(err error) error {
 // 1/procs of the tenant's rate (at least a burst of 1), and a per-process
 // semaphore for a concurrency cap (cap/procs slots, at least 1). A denied
 // task is retried after a random 0–9 s, as in the asynq wiki.
-func xrateMiddleware(lim map[string]limits, procs int) asynq.MiddlewareFunc {
+func xrateMiddleware(lim map[string]limits, procs int, denied *denials) asynq.MiddlewareFunc {
 	type local struct {
 		rl  *rate.Limiter
 		sem chan struct{}
@@ -289,11 +327,11 @@ func xrateMiddleware(lim map[string]limits, procs int) asynq.MiddlewareFunc {
 				case lc.sem <- struct{}{}:
 					defer func() { <-lc.sem }()
 				default:
-					return &rateLimitError{RetryIn: wikiRetryIn(), Why: "concurrency"}
+					return denied.deny(whyConc)
 				}
 			}
 			if lc.rl != nil && !lc.rl.Allow() {
-				return &rateLimitError{RetryIn: wikiRetryIn(), Why: "rate"}
+				return denied.deny(whyRate)
 			}
 			return asRateLimit(next.ProcessTask(ctx, t))
 		})
@@ -304,7 +342,7 @@ func xrateMiddleware(lim map[string]limits, procs int) asynq.MiddlewareFunc {
 // by the fleet (GCRA in Redis, keyed by tenant); a denied task is retried
 // after the RetryAfter redis_rate gives (no reservation: every denied task
 // aims at the next free token). No concurrency cap.
-func redisRateMiddleware(rdb *redis.Client, lim map[string]limits) asynq.MiddlewareFunc {
+func redisRateMiddleware(rdb *redis.Client, lim map[string]limits, denied *denials) asynq.MiddlewareFunc {
 	rl := redis_rate.NewLimiter(rdb)
 	return func(next asynq.Handler) asynq.Handler {
 		return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
@@ -316,7 +354,8 @@ func redisRateMiddleware(rdb *redis.Client, lim map[string]limits) asynq.Middlew
 					return fmt.Errorf("redis_rate: %w", err)
 				}
 				if res.Allowed == 0 {
-					return &rateLimitError{RetryIn: max(res.RetryAfter, 0), Why: "rate"}
+					denied.rate.Add(1)
+					return &rateLimitError{RetryIn: max(res.RetryAfter, 0), Why: whyRate}
 				}
 			}
 			return asRateLimit(next.ProcessTask(ctx, t))
