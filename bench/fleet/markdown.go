@@ -208,6 +208,8 @@ func (b *benchmark) markdown(out io.Writer) {
 	p("  average from the burst's start to the end of its window.")
 	p("")
 
+	b.redisSection(out)
+
 	if s := b.resultOf(setupSluice); s != nil {
 		p("## sluice against the targets of issue 5")
 		p("")
@@ -486,4 +488,70 @@ func classWaits(r *result) string {
 		parts = append(parts, fmt.Sprintf("%s p99 %s (n=%s)", c, secs(percentile(ws, 99)), thousands(int64(len(ws)))))
 	}
 	return strings.Join(parts, ", ")
+}
+
+// redisSection writes where each set-up's Redis spent its CPU: per job
+// over the run, and by command and script in the profiled window.
+func (b *benchmark) redisSection(out io.Writer) {
+	p := func(format string, args ...any) { fmt.Fprintf(out, format+"\n", args...) }
+	p("## Where Redis's CPU goes")
+	p("")
+	p("Over the whole run, Redis's CPU (`used_cpu_user + used_cpu_sys`, INFO cpu) per completed job, and")
+	p("the scripts' share from INFO commandstats (`evalsha` and `eval`, which include the commands a")
+	p("script runs). Then one window of each run in which Redis logged every command it ran (its slow")
+	p("log with no threshold, read and emptied every %s): each script by name (sluice's by their", profileEvery)
+	p("file, asynq's and redis_rate's by the keys they touch), each other command by its name, per job")
+	p("completed in the window. Logging every command costs Redis some CPU too; it is in the run's")
+	p("figures.")
+	p("")
+	for i, rd := range b.runs {
+		r := b.results[i]
+		p("### %s", setupTitle(rd.setup))
+		p("")
+		scripts := usecOf(rd.cmdStats, []string{"evalsha", "eval"})
+		calls := rd.cmdStats["evalsha"].Calls + rd.cmdStats["eval"].Calls
+		p("Whole run: **%s of Redis CPU per completed job**; %.1f script calls per job, %s of script", micros(r.redisPerJob), perJobF(calls, r.completed), micros(perJobF(scripts, r.completed)/1e6))
+		p("execution per job.")
+		jobs := 0
+		if rd.profile != nil {
+			jobs = completedBetween(rd.arrivals, rd.profile.From, rd.profile.To)
+		}
+		rows := profileRows(rd.profile, jobs)
+		if len(rows) == 0 {
+			p("")
+			p("No profile: the run ended before its window (t=%.0fs), or no job completed in it.", b.o.cfg.profileAt.Seconds())
+			p("")
+			continue
+		}
+		pr := rd.profile
+		win := (pr.To - pr.From).Seconds()
+		cmdUsec := 0.0
+		for _, row := range rows {
+			cmdUsec += row.usec
+		}
+		use := useBetween(rd.samples, pr.From, pr.To, rd.cores)
+		p("Window t=%.0f–%.0fs: %s jobs completed; commands and scripts took %s per job.", pr.From.Seconds(), pr.To.Seconds(), thousands(int64(jobs)), micros(cmdUsec/1e6))
+		if use.redis > 0 {
+			p("Redis used %.2f of a core in the window, so its commands were %s of its CPU; the rest is", use.redis, pct(cmdUsec*float64(jobs)/1e6/(use.redis*win)))
+			p("reading requests, writing replies and its own upkeep.")
+		}
+		if pr.Lost > 0 {
+			p("The log overflowed between reads: %s entries were lost, so the figures are low.", thousands(int64(pr.Lost)))
+		}
+		p("")
+		p("| command or script | calls per job | µs per call | µs per job | share |")
+		p("|---|---|---|---|---|")
+		for k, row := range rows {
+			if k == 10 {
+				rest := 0.0
+				for _, x := range rows[k:] {
+					rest += x.usec
+				}
+				p("| %d others | | | %.1f | %s |", len(rows)-k, rest, pct(rest/cmdUsec))
+				break
+			}
+			p("| %s | %.2f | %.1f | %.1f | %s |", row.label, row.callsPerJob, row.usecPerCall, row.usec, pct(row.share))
+		}
+		p("")
+	}
 }

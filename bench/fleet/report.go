@@ -56,6 +56,7 @@ type result struct {
 	jobsPerSec  float64
 	makespan    time.Duration
 	redisCPU    float64
+	redisPerJob float64 // Redis CPU seconds per completed job
 	redisPeak   float64
 	workerCPU   time.Duration
 	burstCPU    cpuUse // the cores' use during the burst window
@@ -91,6 +92,7 @@ func compute(w *workload, rd *runData) *result {
 	r.archived = rd.leftover["archived"]
 	r.lost = max(0, missing-r.unfinished)
 	r.perJob = perJob(rd.deliveries, r.enqueued)
+	r.redisPerJob = perJobF(rd.redisCPU, r.completed)
 	r.peakPending, r.redisBusy = peakPending(rd.samples), redisBusy(rd.samples, 10*time.Second)
 	r.deniedRate, r.deniedConc = rd.denied[whyRate], rd.denied[whyConc]
 	denied := counterTotal(rd.gate, decisionsFamily, "verdict=denied")
@@ -212,6 +214,9 @@ type row struct {
 
 func pct(f float64) string { return fmt.Sprintf("%.1f%%", f*100) }
 
+// micros writes seconds as whole microseconds.
+func micros(s float64) string { return fmt.Sprintf("%.0f µs", s*1e6) }
+
 func secs(d time.Duration) string {
 	switch {
 	case d < time.Second:
@@ -302,6 +307,7 @@ var rows = []row{
 	{"Redis CPU / peak memory", func(r *result) string {
 		return fmt.Sprintf("%.1f s / %.1f MB", r.redisCPU, r.redisPeak/1e6)
 	}},
+	{"Redis CPU per completed job", func(r *result) string { return micros(r.redisPerJob) }},
 	{"Redis busiest 10 s (share of one core)", func(r *result) string { return pct(r.redisBusy) }},
 	{"longest pending list", func(r *result) string { return thousands(r.peakPending) }},
 	{"worker CPU (all processes)", func(r *result) string { return fmt.Sprintf("%.1f s", r.workerCPU.Seconds()) }},

@@ -51,8 +51,10 @@ type runData struct {
 	samples    []sample           // the queue, Redis and the CPU, every second
 	cores      int                // the machine's cores
 	workerCPU  time.Duration
-	redisCPU   float64 // seconds, user+sys, during the run
-	redisPeak  float64 // bytes, used_memory_peak
+	redisCPU   float64            // seconds, user+sys, during the run
+	redisPeak  float64            // bytes, used_memory_peak
+	cmdStats   map[string]cmdStat // INFO commandstats over the run, the benchmark's own commands left out
+	profile    *redisProfile      // every command of one window, scripts by name
 	leftover   map[string]int
 	timedOut   bool
 	elapsed    time.Duration
@@ -179,6 +181,10 @@ func runSetup(ctx context.Context, o options, w *workload, setup string) (*runDa
 		}
 		procs = append(procs, p)
 	}
+	stats0, err := commandStats(ctx, rdb)
+	if err != nil {
+		return nil, fmt.Errorf("INFO commandstats: %w", err)
+	}
 	cpu0 := redisCPU(ctx, rdb)
 	// The clock of the run starts now, the downstream's too.
 	start := time.Now()
@@ -200,6 +206,17 @@ func runSetup(ctx context.Context, o options, w *workload, setup string) (*runDa
 		pids[i] = p.cmd.Process.Pid
 	}
 	go func() { sampled <- sampleQueue(sctx, rdb, start, pids) }()
+	profiled := make(chan *redisProfile, 1)
+	go func() {
+		// its own connection: the slow log is read in a transaction
+		pc := redis.NewClient(&redis.Options{Addr: srv.addr, PoolSize: 2})
+		defer pc.Close()
+		p, err := profileRedis(sctx, pc, start, o.cfg.profileAt, o.cfg.profileFor)
+		if err != nil && sctx.Err() == nil {
+			logf("profile of Redis: %v", err)
+		}
+		profiled <- p
+	}()
 	prod := &producer{w: w, e: enq, url: ds.url, start: start, enq: rd.enq}
 	produced := make(chan struct{})
 	go func() { prod.run(ctx); close(produced) }()
@@ -246,8 +263,15 @@ func runSetup(ctx context.Context, o options, w *workload, setup string) (*runDa
 		rd.firstErr = *e
 	}
 	rd.redisCPU = redisCPU(ctx, rdb) - cpu0
+	if stats1, err := commandStats(ctx, rdb); err == nil {
+		rd.cmdStats = statsSince(stats1, stats0)
+		for _, own := range ownCommands {
+			delete(rd.cmdStats, own)
+		}
+	}
 	stopSampling()
 	rd.samples = <-sampled
+	rd.profile = <-profiled
 	stopAll()
 	rd.arrivals = ds.snapshot()
 	rd.served = make([]uint32, len(ds.served))

@@ -47,6 +47,8 @@ type savedRun struct {
 	LoadBefore, LoadAfter string
 	Problems              []string
 	Samples               []sample
+	CmdStats              map[string]cmdStat
+	Profile               *redisProfile
 }
 
 func (b *benchmark) save(file string) error {
@@ -58,7 +60,8 @@ func (b *benchmark) save(file string) error {
 		r := savedRun{Setup: rd.setup, Enq: rd.enq, EnqErrs: rd.enqErrs, FirstErr: rd.firstErr, Served: rd.served,
 			LastOK: rd.lastOK, Elapsed: rd.elapsed, Deliveries: rd.deliveries, Calls: rd.calls, Gate: rd.gate, Denied: rd.denied,
 			WorkerCPU: rd.workerCPU, RedisCPU: rd.redisCPU, RedisPeak: rd.redisPeak, Leftover: rd.leftover,
-			TimedOut: rd.timedOut, LoadBefore: rd.loadBefore, LoadAfter: rd.loadAfter, Problems: rd.problems, Samples: rd.samples}
+			TimedOut: rd.timedOut, LoadBefore: rd.loadBefore, LoadAfter: rd.loadAfter, Problems: rd.problems, Samples: rd.samples,
+			CmdStats: rd.cmdStats, Profile: rd.profile}
 		for _, arr := range rd.arrivals {
 			at, job, conc, st := make([]time.Duration, len(arr)), make([]int32, len(arr)), make([]int32, len(arr)), make([]uint8, len(arr))
 			for i, a := range arr {
@@ -110,7 +113,8 @@ func load(file string) (*benchmark, error) {
 		rd := &runData{setup: r.Setup, enq: r.Enq, enqErrs: r.EnqErrs, firstErr: r.FirstErr, served: r.Served,
 			lastOK: r.LastOK, elapsed: r.Elapsed, deliveries: r.Deliveries, calls: r.Calls, gate: r.Gate, denied: r.Denied, cores: m.Cores,
 			workerCPU: r.WorkerCPU, redisCPU: r.RedisCPU, redisPeak: r.RedisPeak, leftover: r.Leftover,
-			timedOut: r.TimedOut, loadBefore: r.LoadBefore, loadAfter: r.LoadAfter, problems: r.Problems, samples: r.Samples}
+			timedOut: r.TimedOut, loadBefore: r.LoadBefore, loadAfter: r.LoadAfter, problems: r.Problems, samples: r.Samples,
+			cmdStats: r.CmdStats, profile: r.Profile}
 		for ti := range r.At {
 			if len(r.Job[ti]) != len(r.At[ti]) || len(r.Conc[ti]) != len(r.At[ti]) || len(r.Status[ti]) != len(r.At[ti]) {
 				return nil, fmt.Errorf("%s: set-up %s: tenant %d's arrivals are inconsistent", file, r.Setup, ti)

@@ -23,18 +23,24 @@ type config struct {
 	conc    int           // asynq Concurrency of each worker
 	drain   time.Duration // how long after the ideal end a set-up may take
 	seed    uint64
+	// profileAt and profileFor: the window, since the run's start, in
+	// which every command Redis runs is logged (redisstats.go)
+	profileAt, profileFor time.Duration
 }
 
 var presets = map[string]config{
 	// full is the run of docs/benchmarks.md (issue 5's fleet benchmark).
 	"full": {name: "full", tenants: 1000, jobs: 200_000, big: 50_000, bigRate: 400, bigAt: 30 * time.Second,
-		medium: 20, span: 240 * time.Second, workers: 4, conc: 500, drain: 4 * time.Minute, seed: 5},
+		medium: 20, span: 240 * time.Second, workers: 4, conc: 500, drain: 4 * time.Minute, seed: 5,
+		profileAt: 60 * time.Second, profileFor: 10 * time.Second},
 	// small is the smoke run (make bench-fleet-small): about a minute a set-up.
 	"small": {name: "small", tenants: 100, jobs: 15_000, big: 5_000, bigRate: 200, bigAt: 5 * time.Second,
-		medium: 3, span: 40 * time.Second, workers: 3, conc: 200, drain: 90 * time.Second, seed: 5},
+		medium: 3, span: 40 * time.Second, workers: 3, conc: 200, drain: 90 * time.Second, seed: 5,
+		profileAt: 10 * time.Second, profileFor: 5 * time.Second},
 	// tiny is the end-to-end test's run: a few seconds a set-up.
 	"tiny": {name: "tiny", tenants: 12, jobs: 500, big: 200, bigRate: 100, bigAt: time.Second,
-		medium: 1, span: 3 * time.Second, workers: 2, conc: 100, drain: 5 * time.Second, seed: 5},
+		medium: 1, span: 3 * time.Second, workers: 2, conc: 100, drain: 5 * time.Second, seed: 5,
+		profileAt: time.Second, profileFor: time.Second},
 }
 
 // Tenant classes.
