@@ -91,12 +91,12 @@
 --
 -- The rule kinds (ARGV kind, then its arguments; its state; its part of a
 -- snapshot and of an undo record), each a branch of the phases below:
---   1 rate: period, limit, burst offset; p<i>/a<i> the planned and
---     started meter of the policy's i-th rate (a<i> not stored while equal
---     to p<i>), i<i> the interval (increment of cost 1) they were charged
---     at: read under another interval, the time they hold ahead of now is
---     scaled to it; snapshot p, a; undo p before, p after, a before, a
---     after
+--   1 rate: increment of cost 1, burst offset, period, limit; p<i>/a<i>
+--     the planned and started meter of the policy's i-th rate (a<i> not
+--     stored while equal to p<i>), i<i> the interval (increment of cost 1)
+--     they were charged at: read under another interval, the time they hold
+--     ahead of now is scaled to it; snapshot p, a; undo p before, p after,
+--     a before, a after
 --   2 window: limit, length; zsets [2] and [3], n the entries' sequence;
 --     snapshot the newest live planned entry, the planned and the started
 --     entry whose leaving makes room for the job (-1: none); undo the
@@ -132,98 +132,87 @@ local num = tonumber
 
 -- @include clock
 
--- @include release_slot (the release of one scope's slot, from release.lua)
+local function fmt(v)
+  return format('%d', v)
+end
 
--- the engine: its state and its functions live in one table, so that the
--- functions capture few upvalues (Lua makes every closure anew on every
--- call, walking the open upvalues for each one it captures); every field
--- is named here, so that the table is built at its full size once rather
--- than grown field by field
+-- a small number from the arguments: most are 0 or 1, which need no
+-- conversion
+local function int(s)
+  if s == '1' then return 1 elseif s == '0' then return 0 end
+  return num(s)
+end
+
+-- the call's time and settings; the settings a decision may not need are
+-- read when first needed (false until then)
+local now = now_us()
+local nops = int(ARGV[2])
+local horizon, grace, tolerance, conc_retry = false, false, false, false
+
+-- The engine: the op being decided and the functions live in one table, so
+-- that the functions capture few upvalues (Lua makes every closure anew on
+-- every call). What a call pays for is what it makes: each function, each
+-- table and each field of a table costs about what a conversion of a number
+-- does, so the functions of a rule kind are made only when a policy of the
+-- call has one, and the fields every op sets are named here (a table built
+-- at its size, not grown).
 local E = {
-  now = false, n = false, fmt = false, a = false, cost = false, rkey = false,
-  twostep = false, hkey = false, room = false, lead = false, claim = false,
-  ckey = false, promote = false, grace = false, dry = false,
-  win_index = false, id = false, horizon = false, extend_to = false,
-  apply = false, AF = false, window_entries = false, used = false,
-  reserve = false, read_state = false, hold = false, decide = false,
-  count_holders = false, blank = false, SEP = false, PF = false, IF = false,
-  twostep_functions = false, plan = false, not_before = false, nops = false,
-  meters_state = false, inc = false, full = false, conc_wait = false,
-  clock = false, add_entries = false, POL = false, tolerance = false,
-  room_functions = false, new_scope = false, conc_retry = false
+  a = 7, id = false, cost = 1, claim = false, rkey = false, hkey = false,
+  ckey = false, reserve = false, hold = false, dry = false, plan = false,
+  not_before = 0, promote = false, lead = 0, twostep = false, room = false
 }
 
 -- The rule kinds, which are also the decisions' rule codes, are written as
 -- their numbers: 1 rate, 2 window, 3 quota, 4 concurrency; and the codes of
 -- the decisions no rule kind makes: 64 cooldown, 65 reserved.
 
-E.clock = clock
-E.now = now_us()
-E.nops = num(ARGV[2])
-E.horizon, E.grace = num(ARGV[3]), num(ARGV[4])
-E.tolerance, E.conc_retry = num(ARGV[5]), num(ARGV[6])
-
 -- the arguments are read in order from a
-E.a = 7
-function E.n()
-  local v = num(ARGV[E.a])
+local function next_int()
+  local v = int(ARGV[E.a])
   E.a = E.a + 1
   return v
 end
 
-function E.fmt(v)
-  return format('%d', v)
-end
-
 -- make key live at least until time t, never shortening its life: GT
 -- extends a key that has a TTL, NX gives one to a key that has none
-function E.extend_to(key, t)
-  if t <= E.now then return end
-  local ms = E.fmt(floor((t - E.now) / 1000) + 2)
+local function extend_to(key, t)
+  if t <= now then return end
+  local ms = fmt(floor((t - now) / 1000) + 2)
   if call('PEXPIRE', key, ms, 'GT') == 0 then
     call('PEXPIRE', key, ms, 'NX')
   end
 end
 
-function E.win_index(bounds, t)
-  for j = 1, #bounds - 1 do
-    if bounds[j] <= t and t < bounds[j + 1] then
-      return j
-    end
-  end
-  return nil
-end
-
 -- The policies of this call, read once. A policy keeps its rules in flat
--- fields, per kind: nr rates (unit[i], off[i]: the increment for cost 1 and
--- the burst offset of rate i), wlim/wdur, qlim/bounds/cur, clim/lease (0
--- when the policy has no such rule), and the hash fields they read.
-E.PF, E.AF, E.IF = { 'p1', 'p2', 'p3', 'p4' }, { 'a1', 'a2', 'a3', 'a4' }, { 'i1', 'i2', 'i3', 'i4' }
-E.POL = {}
+-- fields, per kind: nr rates (unit[i], off[i]: the increment for cost 1
+-- and the burst offset of rate i; uarg[i]: where its arguments are, for
+-- its period and limit and the unit as text), wlim/wdur, qlim/bounds/cur,
+-- clim/lease (wlim, qlim and clim 0 when the policy has no such rule), and
+-- fields, the hash fields they read (rate i's first: p<i>, a<i>, i<i> at
+-- 3i-2, 3i-1, 3i). has[kind] says whether a policy of the call has a rule
+-- of the kind.
+local POL, has = {}, { false, false, false, false }
 do
   -- read with a cursor of its own: the policies are most of the arguments
   local a = E.a
-  local npol = num(ARGV[a])
+  local npol = int(ARGV[a])
   a = a + 1
   for p = 1, npol do
-    local pol = { nr = 0, unit = {}, off = {}, per = {}, lim = {}, wlim = 0, wdur = 0, qlim = 0, clim = 0,
-      lease = 0, fields = {}, bounds = false, cur = false, reservable = false, rules = 0 }
-    local f = pol.fields
-    local nrules = num(ARGV[a])
+    local pol = { nr = 0, unit = false, off = false, uarg = false, wlim = 0, qlim = 0, clim = 0,
+      fields = false, reservable = false }
+    local f = {}
+    local nrules = int(ARGV[a])
     a = a + 1
     for _ = 1, nrules do
-      local kind = num(ARGV[a])
+      local kind = int(ARGV[a])
+      has[kind] = true
       if kind == 1 then
+        -- unit, offset, period, limit
         local i = pol.nr + 1
-        local per, lim = num(ARGV[a + 1]), num(ARGV[a + 2])
-        pol.nr, pol.per[i], pol.lim[i], pol.off[i] = i, per, lim, num(ARGV[a + 3])
-        local unit = floor(per / lim)
-        if unit * lim < per then unit = unit + 1 end
-        pol.unit[i] = unit
-        a = a + 4
-        f[#f + 1] = E.PF[i] or ('p' .. i)
-        f[#f + 1] = E.AF[i] or ('a' .. i)
-        f[#f + 1] = E.IF[i] or ('i' .. i)
+        if i == 1 then pol.unit, pol.off, pol.uarg = {}, {}, {} end
+        pol.nr, pol.unit[i], pol.off[i], pol.uarg[i] = i, num(ARGV[a + 1]), int(ARGV[a + 2]), a + 1
+        a = a + 5
+        f[#f + 1] = 'p' .. i; f[#f + 1] = 'a' .. i; f[#f + 1] = 'i' .. i
       elseif kind == 2 then
         pol.wlim, pol.wdur = num(ARGV[a + 1]), num(ARGV[a + 2])
         a = a + 3
@@ -235,7 +224,10 @@ do
         a = a + 3
         for j = 1, nb do b[j] = num(ARGV[a + j - 1]) end
         a = a + nb
-        pol.bounds, pol.cur = b, E.win_index(b, E.now)
+        pol.bounds, pol.cur = b, false
+        for j = 1, nb - 1 do
+          if b[j] <= now and now < b[j + 1] then pol.cur = j end
+        end
         if not pol.cur then
           return redis.error_reply('ERR sluice: clock')
         end
@@ -246,135 +238,164 @@ do
         f[#f + 1] = 'hc'; f[#f + 1] = 'hm'; f[#f + 1] = 'y'
       end
     end
+    pol.fields = f
     pol.reservable = pol.nr > 0 or pol.wlim > 0 or pol.qlim > 0
-    pol.rules = pol.nr + pol.wlim + pol.qlim + pol.clim
-    E.POL[p] = pol
+    POL[p] = pol
   end
   E.a = a
 end
 
--- the op being decided: its job, cost and flags; promote asks whether the
--- job may be promoted from its line (its slot due within lead)
-E.promote, E.lead = false, 0
-
-E.SEP = string.char(31)
-
--- quota: the count of the window starting at start
-function E.used(sc, start)
-  if sc.qa == start then return sc.qc end
-  if sc.qb == start then return sc.qd end
-  return 0
-end
-
--- concurrency: count the live slots (sc.live, sc.mine); the slots are
--- listed only when one may have run out (or, with need_soonest, to know
--- which ends first); a listing also finds the stale ones (other than the
--- job's own) to remove
-function E.count_holders(sc, need_soonest)
-  if sc.live and (sc.soonest or not need_soonest or not sc.st) then
-    return
+-- The functions of the rule kinds the call's policies have (declared here,
+-- made only for the kinds the call has).
+local window_entries, add_entries, win_index, used, count_holders, full, conc_wait
+if has[2] then
+  -- window: the newest live planned entry, and the planned and started
+  -- entries whose leaving makes room for the job (-1: none), read once
+  window_entries = function(sc, started)
+    local lo = fmt(now - sc.pol.wdur + 1)
+    local slack = fmt(sc.pol.wlim - E.cost)
+    if not sc.wtop then
+      local top = call('ZREVRANGEBYSCORE', sc.wp, '+inf', lo, 'WITHSCORES', 'LIMIT', '0', '1')
+      local e = call('ZREVRANGEBYSCORE', sc.wp, '+inf', lo, 'WITHSCORES', 'LIMIT', slack, '1')
+      sc.wtop, sc.we = num(top[2]) or -1, num(e[2]) or -1
+    end
+    if started and not sc.wea then
+      local e = call('ZREVRANGEBYSCORE', sc.wa, '+inf', lo, 'WITHSCORES', 'LIMIT', slack, '1')
+      sc.wea = num(e[2]) or -1
+    end
   end
-  if not sc.live and sc.hc == 0 then
-    sc.live, sc.mine = 0, false
-    return
-  end
-  if not sc.live and sc.hm > E.now and not need_soonest then
-    sc.live, sc.mine = sc.hc, sc.hend ~= false
-    return
-  end
-  local live, soonest, stale = 0, false, {}
-  local cursor = '0'
-  repeat
-    local res = call('HSCAN', sc.st, cursor, 'MATCH', 'h:*', 'COUNT', '1000')
-    cursor = res[1]
-    local kv = res[2]
-    for i = 1, #kv, 2 do
-      local e = num(kv[i + 1])
-      if e > E.now then
-        live = live + 1
-        if not soonest or e < soonest then soonest = e end
-      elseif kv[i] ~= E.hkey then
-        stale[#stale + 1] = kv[i]
-        stale[#stale + 1] = 'c:' .. kv[i]:sub(3)
+
+  -- add the cost's window entries at time t; members come from the scope's
+  -- sequence (started at the current time, so they never meet members of an
+  -- expired log); returns the first and last member
+  add_entries = function(sc, key, t)
+    local seq = sc.n or now
+    local first = seq + 1
+    local z = {}
+    for c = 1, E.cost do
+      seq = seq + 1
+      z[#z + 1] = fmt(t)
+      z[#z + 1] = fmt(seq)
+      if #z >= 2000 or c == E.cost then
+        call('ZADD', key, unpack(z))
+        z = {}
       end
     end
-  until cursor == '0'
-  if not sc.live then
-    sc.live, sc.stale = live, stale
-    sc.mine = sc.hend ~= false and sc.hend > E.now
-  end
-  sc.soonest = soonest
-end
-
--- is the job denied a concurrency slot in this scope?
-function E.full(sc)
-  E.count_holders(sc, false)
-  if not sc.mine and sc.live >= sc.pol.clim then
-    E.count_holders(sc, true)
-    return true
-  end
-  return false
-end
-
--- window: the newest live planned entry, and the planned and started
--- entries whose leaving makes room for the job (-1: none), read once
-function E.window_entries(sc, started)
-  local lo = E.fmt(E.now - sc.pol.wdur + 1)
-  local slack = E.fmt(sc.pol.wlim - E.cost)
-  if not sc.wtop then
-    local top = call('ZREVRANGEBYSCORE', sc.wp, '+inf', lo, 'WITHSCORES', 'LIMIT', '0', '1')
-    local e = call('ZREVRANGEBYSCORE', sc.wp, '+inf', lo, 'WITHSCORES', 'LIMIT', slack, '1')
-    sc.wtop, sc.we = num(top[2]) or -1, num(e[2]) or -1
-  end
-  if started and not sc.wea then
-    local e = call('ZREVRANGEBYSCORE', sc.wa, '+inf', lo, 'WITHSCORES', 'LIMIT', slack, '1')
-    sc.wea = num(e[2]) or -1
+    sc.n = seq
+    return first, seq
   end
 end
 
--- a scope of the op: its policy and the increments of the job's cost (its
--- array part holds per rate i: [3i-2] the increment, [3i-1] the planned
--- meter, [3i] the started one), from the op's arguments; for a remote scope
--- its state comes from its snapshot too
--- the increment of rate i's meters for a job of cost c: ceil(period * c /
--- limit), exactly (the policy's validation keeps burst × interval, and so
--- every admissible cost's increment, below 2^53)
-function E.inc(pol, i, c)
-  if c == 1 then return pol.unit[i] end
-  local per, lim = pol.per[i], pol.lim[i]
-  local r = per % lim
-  local x = (per - r) / lim * c
-  local y = floor(r * c / lim)
-  if y * lim < r * c then y = y + 1 end
-  return x + y
+if has[3] then
+  -- quota: the window of the bounds that holds time t
+  win_index = function(bounds, t)
+    for j = 1, #bounds - 1 do
+      if bounds[j] <= t and t < bounds[j + 1] then
+        return j
+      end
+    end
+    return nil
+  end
+
+  -- quota: the count of the window starting at start
+  used = function(sc, start)
+    if sc.qa == start then return sc.qc end
+    if sc.qb == start then return sc.qd end
+    return 0
+  end
 end
 
--- a scope's table, made with every field a decision sets (a table that
--- grows field by field is rehashed each time it doubles), the array part
--- sized for the meters of four rates
-function E.blank(pol)
-  return { false, false, false, false, false, false, false, false, false, false, false, false,
-    pol = pol, st = false, cd = 0, R = false, hadR = false, Rraw = false,
-    live = false, mine = false, soonest = false, stale = false, hend = false, hdel = false,
-    htok = false, k = 0, wp = false, wa = false, starts = 0, x = 0, rn = 0, rc = 0,
-    hc = 0, hm = 0, y = 0, n = false, astored = false, inew = false, planned = false,
-    started = false, took = false, kept = false, rtop = false, dropR = false }
+if has[4] then
+  -- concurrency: count the live slots (sc.live, sc.mine); the slots are
+  -- listed only when one may have run out (or, with need_soonest, to know
+  -- which ends first); a listing also finds the stale ones (other than the
+  -- job's own) to remove
+  count_holders = function(sc, need_soonest)
+    if sc.live and (sc.soonest or not need_soonest or not sc.st) then
+      return
+    end
+    if not sc.live and sc.hc == 0 then
+      sc.live, sc.mine = 0, false
+      return
+    end
+    if not sc.live and sc.hm > now and not need_soonest then
+      sc.live, sc.mine = sc.hc, sc.hend ~= false
+      return
+    end
+    local live, soonest, stale = 0, false, {}
+    local cursor = '0'
+    repeat
+      local res = call('HSCAN', sc.st, cursor, 'MATCH', 'h:*', 'COUNT', '1000')
+      cursor = res[1]
+      local kv = res[2]
+      for i = 1, #kv, 2 do
+        local e = num(kv[i + 1])
+        if e > now then
+          live = live + 1
+          if not soonest or e < soonest then soonest = e end
+        elseif kv[i] ~= E.hkey then
+          stale[#stale + 1] = kv[i]
+          stale[#stale + 1] = 'c:' .. kv[i]:sub(3)
+        end
+      end
+    until cursor == '0'
+    if not sc.live then
+      sc.live, sc.stale = live, stale
+      sc.mine = sc.hend ~= false and sc.hend > now
+    end
+    sc.soonest = soonest
+  end
+
+  -- is the job denied a concurrency slot in this scope?
+  full = function(sc)
+    count_holders(sc, false)
+    if not sc.mine and sc.live >= sc.pol.clim then
+      count_holders(sc, true)
+      return true
+    end
+    return false
+  end
+
+  -- How long until every scope has a concurrency slot for the job (false:
+  -- now), at most cap when cap is given (a slot freed by a release is not
+  -- announced to a job that waits in a worker), and the rule that makes it
+  -- wait.
+  conc_wait = function(scopes, cap)
+    local cwait, rule = false, 0
+    for s = 1, #scopes do
+      local sc = scopes[s]
+      if sc.pol.clim > 0 and full(sc) then
+        local w = sc.soonest - now
+        if cap then w = min(w, cap) end
+        if not cwait or w > cwait then
+          cwait, rule = w, 4 * 65536 + s
+        end
+      end
+    end
+    return cwait, rule
+  end
 end
 
-function E.new_scope(ref)
-  local pol = E.POL[ref < 0 and -ref or ref]
-  local sc = E.blank(pol)
-  local m = sc
-  for i = 1, pol.nr do m[3 * i - 2] = E.inc(pol, i, E.cost) end
-  if ref < 0 then
-    sc.cd, sc.R = E.n(), E.n()
-    if sc.R < 0 then sc.R = false end
-    for i = 1, pol.nr do m[3 * i - 1], m[3 * i] = E.n(), E.n() end
-    if pol.wlim > 0 then sc.wtop, sc.we, sc.wea = E.n(), E.n(), E.n() end
-    if pol.qlim > 0 then sc.qa, sc.qc, sc.qb, sc.qd = E.n(), E.n(), E.n(), E.n() end
-    if pol.clim > 0 then
-      sc.live, sc.mine, sc.soonest = E.n(), E.n() == 1, E.n()
-      if sc.soonest < 0 then sc.soonest = false end
+-- A scope of the op for a job of cost c: its policy and, in its array part,
+-- per rate i: [3i-2] the increment of the job's cost, [3i-1] the planned
+-- meter, [3i] the started one. The increment is ceil(period * c / limit),
+-- exactly (the policy's validation keeps burst × interval, and so every
+-- admissible cost's increment, below 2^53). Made with the fields every
+-- scope sets, the array part sized for four rates; the fields of a rule
+-- kind are added when it has one.
+local function scope(pol, c)
+  local sc = { false, false, false, false, false, false, false, false, false, false, false, false,
+    pol = pol, st = false, k = 0, cd = 0, R = false, Rraw = false, starts = 0,
+    x = 0, rn = 0, rc = 0 }
+  for i = 1, pol.nr do
+    if c == 1 then
+      sc[3 * i - 2] = pol.unit[i]
+    else
+      local per, lim = num(ARGV[pol.uarg[i] + 2]), num(ARGV[pol.uarg[i] + 3])
+      local r = per % lim
+      local y = floor(r * c / lim)
+      if y * lim < r * c then y = y + 1 end
+      sc[3 * i - 2] = (per - r) / lim * c + y
     end
   end
   return sc
@@ -382,9 +403,10 @@ end
 
 -- a local scope's state, from its keys (its claim token only for the steps
 -- of a two-scope admission: their undo records give it back)
-function E.read_state(sc, k, claims)
+local function read_state(sc, k, claims)
   local pol = sc.pol
-  sc.k, sc.st, sc.wp, sc.wa = k, KEYS[k + 1], KEYS[k + 2], KEYS[k + 3]
+  sc.k, sc.st = k, KEYS[k + 1]
+  if pol.wlim > 0 then sc.wp, sc.wa = KEYS[k + 2], KEYS[k + 3] end
   local v, j
   if pol.clim > 0 and claims then
     v = call('HMGET', sc.st, 'cd', 's', 'x', 'rn', 'rc', E.rkey, E.hkey, E.ckey, unpack(pol.fields))
@@ -413,19 +435,22 @@ function E.read_state(sc, k, claims)
     -- re-times what they hold ahead of now to the new interval, so that a
     -- raised rate speeds up at once and a lowered one slows down at once;
     -- the re-timed meters are kept at once (a dry run excepted), or every
-    -- read would re-time from its own now and never drain
-    local I, unit = num(v[j + 2]), pol.unit[i]
-    if I ~= unit then
-      if I and I > 0 and (P > E.now or A > E.now) then
-        if P > E.now then P = E.now + floor((P - E.now) * (unit / I)) end
-        if A > E.now then A = E.now + floor((A - E.now) * (unit / I)) end
+    -- read would re-time from its own now and never drain (the interval is
+    -- compared as text: the same one needs no conversion)
+    local I, unit = v[j + 2], pol.unit[i]
+    if I ~= ARGV[pol.uarg[i]] then
+      I = num(I)
+      if I and I > 0 and (P > now or A > now) then
+        if P > now then P = now + floor((P - now) * (unit / I)) end
+        if A > now then A = now + floor((A - now) * (unit / I)) end
         if not E.dry then
-          call('HSET', sc.st, E.PF[i] or ('p' .. i), E.fmt(P), E.AF[i] or ('a' .. i), E.fmt(A), E.IF[i] or ('i' .. i), E.fmt(unit))
+          local f = pol.fields
+          call('HSET', sc.st, f[3 * i - 2], fmt(P), f[3 * i - 1], fmt(A), f[3 * i], ARGV[pol.uarg[i]])
           sc.astored = sc.astored or {}
           sc.astored[i] = true
         end
       end
-      if E.dry or not (I and I > 0 and (P > E.now or A > E.now)) then
+      if E.dry or not (I and I > 0 and (P > now or A > now)) then
         sc.inew = sc.inew or {}
         sc.inew[i] = true
       end
@@ -447,50 +472,32 @@ function E.read_state(sc, k, claims)
   end
   -- the job's own reservation, if it is still good
   local r = num(v[6])
-  sc.hadR, sc.Rraw = r ~= nil, r or false
+  sc.Rraw = r or false
   if r then
-    if r + E.grace <= E.now then
+    grace = grace or num(ARGV[4])
+    if r + grace <= now then
       r = false -- expired: the job is treated as new
-    elseif sc.cd > E.now and r < sc.cd then
+    elseif sc.cd > now and r < sc.cd then
       r = false -- a cooldown began before the slot: take a new one after it
-    elseif pol.qlim > 0 and r <= E.now and E.win_index(pol.bounds, r) ~= pol.cur then
+    elseif pol.qlim > 0 and r <= now and win_index(pol.bounds, r) ~= pol.cur then
       r = false -- the slot's quota window is over
     end
   end
   sc.R = r or false
 end
 
--- How long until every scope has a concurrency slot for the job (false:
--- now), at most cap when cap is given (a slot freed by a release is not
--- announced to a job that waits in a worker), and the rule that makes it
--- wait.
-function E.conc_wait(scopes, cap)
-  local cwait, rule = false, 0
-  for s = 1, #scopes do
-    local sc = scopes[s]
-    if sc.pol.clim > 0 and E.full(sc) then
-      local w = sc.soonest - E.now
-      if cap then w = min(w, cap) end
-      if not cwait or w > cwait then
-        cwait, rule = w, 4 * 65536 + s
-      end
-    end
-  end
-  return cwait, rule
-end
-
 -- The decision over every scope of the op, without writing anything:
 -- allowed, retry-after, slot, what to write ('reserve', 'start' or false)
 -- and the rule.
-function E.decide(scopes)
+local function decide(scopes)
   -- S: the earliest time every scope allows the job; rule, ridx and rscope
   -- name what pushed it furthest
-  local S = max(E.now, E.not_before)
+  local S = max(now, E.not_before)
   local rule, ridx, rscope = 0, 0, 0
   for s = 1, #scopes do
     local sc = scopes[s]
     local pol = sc.pol
-    if sc.cd > E.now and sc.cd > S then
+    if sc.cd > now and sc.cd > S then
       S, rule, ridx, rscope = sc.cd, 64, 0, s
     end
     if sc.R then
@@ -506,7 +513,7 @@ function E.decide(scopes)
         end
       end
       if pol.wlim > 0 then
-        if sc.st then E.window_entries(sc, false) end
+        if sc.st then window_entries(sc, false) end
         -- first in, first out: never before the last planned entry
         local t = sc.wtop
         if sc.we >= 0 then t = max(t, sc.we + pol.wdur) end
@@ -527,13 +534,13 @@ function E.decide(scopes)
       local pol = sc.pol
       if pol.qlim > 0 and not sc.R then
         local b = pol.bounds
-        local w = E.win_index(b, S)
+        local w = win_index(b, S)
         while true do
           if w == nil or w > pol.cur + 1 then
             beyond = true
             break
           end
-          if E.used(sc, b[w]) + E.cost <= pol.qlim then break end
+          if used(sc, b[w]) + E.cost <= pol.qlim then break end
           w = w + 1
           if w > #b then
             beyond = true
@@ -555,33 +562,37 @@ function E.decide(scopes)
     -- them. retry is when to look again.
     if beyond then
       -- past the quota windows this call knows: look again in a while
-      return false, E.horizon, 0, false, rule * 65536 + ridx * 256 + rscope
+      horizon = horizon or num(ARGV[3])
+      return false, horizon, 0, false, rule * 65536 + ridx * 256 + rscope
     end
-    if S > E.now + E.lead then
-      return false, S - E.lead - E.now, 0, false, rule * 65536 + ridx * 256 + rscope
+    if S > now + E.lead then
+      return false, S - E.lead - now, 0, false, rule * 65536 + ridx * 256 + rscope
     end
-    local cwait, crule = E.conc_wait(scopes, false)
+    local cwait, crule = false, 0
+    if has[4] then cwait, crule = conc_wait(scopes, false) end
     if cwait then
       return false, cwait, 0, false, crule
     end
     return true, 0, S, 'promote', 0
   end
-  if S > E.now then
-    retry = S - E.now
-    if E.reserve and not beyond and retry <= E.horizon then
+  if S > now then
+    retry = S - now
+    horizon = horizon or num(ARGV[3])
+    if E.reserve and not beyond and retry <= horizon then
       slot, write = S, 'reserve'
-    elseif retry > E.horizon then
-      retry = E.horizon
+    elseif retry > horizon then
+      retry = horizon
     end
   elseif E.plan then
     -- the slot is due now; take it without starting (shaping at enqueue)
-    allowed, slot, write = true, E.now, 'reserve'
+    allowed, slot, write = true, now, 'reserve'
     rule, ridx, rscope = 0, 0, 0
   else
     -- due now: concurrency, then the started meters
     local cwait, crule = false, 0
-    if E.hold then
-      cwait, crule = E.conc_wait(scopes, E.conc_retry)
+    if E.hold and has[4] then
+      conc_retry = conc_retry or num(ARGV[6])
+      cwait, crule = conc_wait(scopes, conc_retry)
     end
     if cwait then
       retry = cwait
@@ -594,16 +605,17 @@ function E.decide(scopes)
         local pol = sc.pol
         local m = sc
         for i = 1, pol.nr do
-          local tol = min(E.tolerance, floor(pol.unit[i] / 4))
-          local over = max(m[3 * i], E.now) + m[3 * i - 2] - E.now - pol.off[i] - tol
+          tolerance = tolerance or num(ARGV[5])
+          local tol = min(tolerance, floor(pol.unit[i] / 4))
+          local over = max(m[3 * i], now) + m[3 * i - 2] - now - pol.off[i] - tol
           if over > w then
             w, rule, ridx, rscope = over, 1, i, s
           end
         end
         if pol.wlim > 0 then
-          if sc.st then E.window_entries(sc, true) end
-          if sc.wea >= 0 and sc.wea + pol.wdur - E.now > w then
-            w, rule, ridx, rscope = sc.wea + pol.wdur - E.now, 2, 0, s
+          if sc.st then window_entries(sc, true) end
+          if sc.wea >= 0 and sc.wea + pol.wdur - now > w then
+            w, rule, ridx, rscope = sc.wea + pol.wdur - now, 2, 0, s
           end
         end
       end
@@ -611,7 +623,7 @@ function E.decide(scopes)
         -- a few moments early for the started meter: keep the place in line
         retry = w
         if E.reserve and not E.dry then
-          slot, write = E.now, 'reserve'
+          slot, write = now, 'reserve'
         end
       else
         allowed, write = true, 'start'
@@ -621,49 +633,30 @@ function E.decide(scopes)
   return allowed, retry, slot, write, rule * 65536 + ridx * 256 + rscope
 end
 
--- add the cost's window entries at time t; members come from the scope's
--- sequence (started at the current time, so they never meet members of an
--- expired log); returns the first and last member
-function E.add_entries(sc, key, t)
-  local seq = sc.n or E.now
-  local first = seq + 1
-  local z = {}
-  for c = 1, E.cost do
-    seq = seq + 1
-    z[#z + 1] = E.fmt(t)
-    z[#z + 1] = E.fmt(seq)
-    if #z >= 2000 or c == E.cost then
-      call('ZADD', key, unpack(z))
-      z = {}
-    end
-  end
-  sc.n = seq
-  return first, seq
-end
-
 -- the meters and counts of a local scope into h (fields to HSET), and the
 -- time its state needs to live without running jobs
-function E.meters_state(sc, h)
-  local pol, m, need = sc.pol, sc, E.now
+local function meters_state(sc, h)
+  local pol, m, need = sc.pol, sc, now
   for i = 1, pol.nr do
     local P, A = m[3 * i - 1], m[3 * i]
-    h[#h + 1] = E.PF[i] or ('p' .. i); h[#h + 1] = E.fmt(P)
+    local f = pol.fields
+    h[#h + 1] = f[3 * i - 2]; h[#h + 1] = fmt(P)
     if A ~= P then
-      h[#h + 1] = E.AF[i] or ('a' .. i); h[#h + 1] = E.fmt(A)
+      h[#h + 1] = f[3 * i - 1]; h[#h + 1] = fmt(A)
     elseif sc.astored and sc.astored[i] then
       sc.hdel = sc.hdel or {}
-      sc.hdel[#sc.hdel + 1] = E.AF[i] or ('a' .. i)
+      sc.hdel[#sc.hdel + 1] = f[3 * i - 1]
     end
     if sc.inew and sc.inew[i] then
-      h[#h + 1] = E.IF[i] or ('i' .. i); h[#h + 1] = E.fmt(pol.unit[i])
+      h[#h + 1] = f[3 * i]; h[#h + 1] = ARGV[pol.uarg[i]]
     end
     need = max(need, P, A)
   end
   if pol.qlim > 0 then
-    h[#h + 1] = 'qa'; h[#h + 1] = E.fmt(sc.qa)
-    h[#h + 1] = 'qc'; h[#h + 1] = E.fmt(sc.qc)
-    h[#h + 1] = 'qb'; h[#h + 1] = E.fmt(sc.qb)
-    h[#h + 1] = 'qd'; h[#h + 1] = E.fmt(sc.qd)
+    h[#h + 1] = 'qa'; h[#h + 1] = fmt(sc.qa)
+    h[#h + 1] = 'qc'; h[#h + 1] = fmt(sc.qc)
+    h[#h + 1] = 'qb'; h[#h + 1] = fmt(sc.qb)
+    h[#h + 1] = 'qd'; h[#h + 1] = fmt(sc.qd)
     local b = pol.bounds
     for j = 1, #b - 1 do
       if (b[j] == sc.qa and sc.qc > 0) or (b[j] == sc.qb and sc.qd > 0) then
@@ -681,24 +674,25 @@ end
 -- Expiry only ever grows and only reclaims memory, but for y, the expiry
 -- the state needs once no job runs (release.lua shortens the hash's life to
 -- it when the last slot goes).
-function E.apply(scopes, write, t, noexpire)
+local function apply(scopes, write, t, noexpire)
   for s = 1, #scopes do
     local sc = scopes[s]
     if sc.st then
       local pol, m = sc.pol, sc
-      local h = {}
-      local need = E.now
+      -- the fields to write, built at the size most writes need
+      local h = { nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil }
+      local need = now
       if not sc.R then
         for i = 1, pol.nr do
           m[3 * i - 1] = max(m[3 * i - 1], t) + m[3 * i - 2]
         end
         if pol.wlim > 0 then
-          sc.wpf, sc.wpl = E.add_entries(sc, sc.wp, t)
+          sc.wpf, sc.wpl = add_entries(sc, sc.wp, t)
           need = t + pol.wdur
-          if not noexpire then E.extend_to(sc.wp, t + pol.wdur) end
+          if not noexpire then extend_to(sc.wp, t + pol.wdur) end
         end
         if pol.qlim > 0 then
-          local start = pol.bounds[E.win_index(pol.bounds, t)]
+          local start = pol.bounds[win_index(pol.bounds, t)]
           sc.qstart = start
           if sc.qa == start then sc.qc = sc.qc + E.cost
           elseif sc.qb == start then sc.qd = sc.qd + E.cost
@@ -710,28 +704,29 @@ function E.apply(scopes, write, t, noexpire)
       end
       if write == 'reserve' or write == 'promote' then
         if pol.reservable then
-          if not sc.hadR then sc.rn = sc.rn + 1 end
+          if not sc.Rraw then sc.rn = sc.rn + 1 end
           sc.rtop = t
-          h[1] = E.rkey; h[2] = E.fmt(t)
-          need = max(need, t + E.grace)
+          h[1] = E.rkey; h[2] = fmt(t)
+          grace = grace or num(ARGV[4])
+          need = max(need, t + grace)
         end
       else
         if pol.reservable or pol.clim > 0 then
           -- counted for sluice top; kept a few seconds past recovery
           sc.starts = sc.starts + 1
-          h[#h + 1] = 's'; h[#h + 1] = E.fmt(sc.starts)
-          need = max(need, E.now + 5000000)
+          h[#h + 1] = 's'; h[#h + 1] = fmt(sc.starts)
+          need = max(need, now + 5000000)
         end
         for i = 1, pol.nr do
-          m[3 * i] = max(m[3 * i], E.now) + m[3 * i - 2]
+          m[3 * i] = max(m[3 * i], now) + m[3 * i - 2]
         end
         if pol.wlim > 0 then
-          sc.waf, sc.wal = E.add_entries(sc, sc.wa, E.now)
-          call('ZREMRANGEBYSCORE', sc.wa, '-inf', E.fmt(E.now - pol.wdur))
-          need = max(need, E.now + pol.wdur)
-          if not noexpire then E.extend_to(sc.wa, E.now + pol.wdur) end
+          sc.waf, sc.wal = add_entries(sc, sc.wa, now)
+          call('ZREMRANGEBYSCORE', sc.wa, '-inf', fmt(now - pol.wdur))
+          need = max(need, now + pol.wdur)
+          if not noexpire then extend_to(sc.wa, now + pol.wdur) end
         end
-        if sc.hadR then
+        if sc.Rraw then
           sc.dropR = true
           sc.hdel = sc.hdel or {}
           sc.hdel[#sc.hdel + 1] = E.rkey
@@ -742,12 +737,13 @@ function E.apply(scopes, write, t, noexpire)
       if sc.rn > 0 or sc.dropR then
         if sc.starts % 64 == 0 and sc.rn > 0 and write == 'start' then
           -- forget, a few at a time, reservations of jobs that never came back
-          local res = call('HSCAN', sc.st, E.fmt(sc.rc), 'MATCH', 'r:*', 'COUNT', '64')
+          local res = call('HSCAN', sc.st, fmt(sc.rc), 'MATCH', 'r:*', 'COUNT', '64')
           sc.rc = num(res[1])
           local stale = {}
           local kv = res[2]
           for i = 1, #kv, 2 do
-            if num(kv[i + 1]) + E.grace <= E.now and kv[i] ~= E.rkey then
+            grace = grace or num(ARGV[4])
+            if num(kv[i + 1]) + grace <= now and kv[i] ~= E.rkey then
               stale[#stale + 1] = kv[i]
             end
           end
@@ -755,20 +751,20 @@ function E.apply(scopes, write, t, noexpire)
             sc.rn = max(sc.rn - call('HDEL', sc.st, unpack(stale)), 0)
           end
         end
-        h[#h + 1] = 'rn'; h[#h + 1] = E.fmt(sc.rn)
-        h[#h + 1] = 'rc'; h[#h + 1] = E.fmt(sc.rc)
+        h[#h + 1] = 'rn'; h[#h + 1] = fmt(sc.rn)
+        h[#h + 1] = 'rc'; h[#h + 1] = fmt(sc.rc)
       end
-      need = max(need, E.meters_state(sc, h))
+      need = max(need, meters_state(sc, h))
       if pol.wlim > 0 then
-        h[#h + 1] = 'n'; h[#h + 1] = E.fmt(sc.n or E.now)
-        call('ZREMRANGEBYSCORE', sc.wp, '-inf', E.fmt(E.now - pol.wdur))
+        h[#h + 1] = 'n'; h[#h + 1] = fmt(sc.n or now)
+        call('ZREMRANGEBYSCORE', sc.wp, '-inf', fmt(now - pol.wdur))
       end
       local held = 0
       if pol.clim > 0 then
         if (write == 'start' or write == 'promote') and E.hold then
           -- take the job's slot: after a listing the stale slots go and hc
           -- counts the live; hm stays a lower bound of the earliest lease end
-          local e = E.now + pol.lease
+          local e = now + pol.lease
           local hc = sc.stale and sc.live or sc.hc
           if sc.mine then sc.kept = true else hc = hc + 1; sc.took = true end
           local hm
@@ -779,15 +775,15 @@ function E.apply(scopes, write, t, noexpire)
           else
             hm = min(sc.hm, e)
           end
-          h[#h + 1] = E.hkey; h[#h + 1] = E.fmt(e)
+          h[#h + 1] = E.hkey; h[#h + 1] = fmt(e)
           h[#h + 1] = E.ckey; h[#h + 1] = E.claim
           -- a slot kept changes neither the count (unless a listing
           -- recounted it) nor, most often, the bound
           if sc.took or sc.stale then
-            h[#h + 1] = 'hc'; h[#h + 1] = E.fmt(hc)
+            h[#h + 1] = 'hc'; h[#h + 1] = fmt(hc)
           end
           if hm ~= sc.hm or sc.stale then
-            h[#h + 1] = 'hm'; h[#h + 1] = E.fmt(hm)
+            h[#h + 1] = 'hm'; h[#h + 1] = fmt(hm)
           end
           if sc.stale and #sc.stale > 0 then
             sc.hdel = sc.hdel or {}
@@ -799,7 +795,7 @@ function E.apply(scopes, write, t, noexpire)
           -- like x below, moved a second further than needed: a busy scope
           -- writes it about once a second
           sc.y = need + 2000000
-          h[#h + 1] = 'y'; h[#h + 1] = E.fmt(sc.y)
+          h[#h + 1] = 'y'; h[#h + 1] = fmt(sc.y)
         end
       end
       if sc.hdel and #sc.hdel > 0 then
@@ -809,9 +805,9 @@ function E.apply(scopes, write, t, noexpire)
       -- busy scope calls PEXPIRE about once a second, not every time
       local until_ = max(need, held)
       if until_ > sc.x and not noexpire then
-        h[#h + 1] = 'x'; h[#h + 1] = E.fmt(until_ + 1000000)
+        h[#h + 1] = 'x'; h[#h + 1] = fmt(until_ + 1000000)
         call('HSET', sc.st, unpack(h))
-        E.extend_to(sc.st, until_ + 1000000)
+        extend_to(sc.st, until_ + 1000000)
       elseif #h > 0 then
         call('HSET', sc.st, unpack(h))
       end
@@ -822,7 +818,7 @@ end
 -- The steps of a two-scope admission: a local scope's snapshot (what a
 -- remote scope is made of), its undo record, and the undo. Made only when
 -- an op asks for them.
-function E.twostep_functions()
+local function twostep_functions()
   if E.twostep then return E.twostep end
   E.twostep = {}
   E.twostep.snapshot = function(sc)
@@ -832,14 +828,14 @@ function E.twostep_functions()
       out[#out + 1] = m[3 * i - 1]; out[#out + 1] = m[3 * i]
     end
     if pol.wlim > 0 then
-      E.window_entries(sc, true)
+      window_entries(sc, true)
       out[#out + 1] = sc.wtop; out[#out + 1] = sc.we; out[#out + 1] = sc.wea
     end
     if pol.qlim > 0 then
       out[#out + 1] = sc.qa; out[#out + 1] = sc.qc; out[#out + 1] = sc.qb; out[#out + 1] = sc.qd
     end
     if pol.clim > 0 then
-      local f = E.full(sc)
+      local f = full(sc)
       out[#out + 1] = sc.live; out[#out + 1] = sc.mine and 1 or 0
       out[#out + 1] = (f and sc.soonest) or -1
     end
@@ -848,7 +844,7 @@ function E.twostep_functions()
   end
   -- what an undo record compares against
   E.twostep.remember = function(sc)
-    local b = { R = sc.hadR and sc.Rraw or -1 }
+    local b = { R = sc.Rraw or -1 }
     for i = 1, 3 * sc.pol.nr do b[i] = sc[i] end
     sc.before = b
   end
@@ -881,12 +877,12 @@ function E.twostep_functions()
   -- most one interval ahead, counted in u.
   E.twostep.undo = function(sc, noexpire)
     local pol, m = sc.pol, sc
-    local what, token, Rb, Ra = E.n(), E.n(), E.n(), E.n()
+    local what, token, Rb, Ra = next_int(), next_int(), next_int(), next_int()
     local planned, started = what % 2 == 1, floor(what / 2) % 2 == 1
     local h = {}
     local leftover = false
     for i = 1, pol.nr do
-      local Pb, Pa, Ab, Aa = E.n(), E.n(), E.n(), E.n()
+      local Pb, Pa, Ab, Aa = next_int(), next_int(), next_int(), next_int()
       local P, A = m[3 * i - 1], m[3 * i]
       if planned then
         if P == Pa then P = Pb else P = max(P - m[3 * i - 2], Pb) end
@@ -898,14 +894,14 @@ function E.twostep_functions()
     end
     if pol.wlim > 0 then
       for _, key in ipairs({ sc.wp, sc.wa }) do
-        local from, to = E.n(), E.n()
+        local from, to = next_int(), next_int()
         local z = {}
-        for seq = from, to do z[#z + 1] = E.fmt(seq) end
+        for seq = from, to do z[#z + 1] = fmt(seq) end
         if #z > 0 then call('ZREM', key, unpack(z)) end
       end
     end
     if pol.qlim > 0 then
-      local start = E.n()
+      local start = next_int()
       if planned and start > 0 then
         if sc.qa == start then sc.qc = max(sc.qc - E.cost, 0) end
         if sc.qb == start then sc.qd = max(sc.qd - E.cost, 0) end
@@ -914,44 +910,45 @@ function E.twostep_functions()
     if pol.clim > 0 then
       -- a slot this op took is given back, a slot it kept gets back its
       -- lease and claim, as long as the op's claim still holds it
-      local hend, htok = E.n(), E.n()
+      local hend, htok = next_int(), next_int()
       if sc.htok == token then
         if floor(what / 4) % 2 == 1 then
           sc.hdel = sc.hdel or {}
           sc.hdel[#sc.hdel + 1] = E.hkey
           sc.hdel[#sc.hdel + 1] = E.ckey
-          h[#h + 1] = 'hc'; h[#h + 1] = E.fmt(max(sc.hc - 1, 0))
+          h[#h + 1] = 'hc'; h[#h + 1] = fmt(max(sc.hc - 1, 0))
         elseif floor(what / 8) % 2 == 1 then
-          h[#h + 1] = E.hkey; h[#h + 1] = E.fmt(hend)
-          h[#h + 1] = E.ckey; h[#h + 1] = E.fmt(htok)
+          h[#h + 1] = E.hkey; h[#h + 1] = fmt(hend)
+          h[#h + 1] = E.ckey; h[#h + 1] = fmt(htok)
         end
       end
     end
-    E.meters_state(sc, h)
+    meters_state(sc, h)
     if started and sc.starts > 0 then
-      h[#h + 1] = 's'; h[#h + 1] = E.fmt(sc.starts - 1)
+      h[#h + 1] = 's'; h[#h + 1] = fmt(sc.starts - 1)
     end
-    local r = sc.hadR and sc.Rraw or -1
+    local r = sc.Rraw or -1
     if r == Ra and Ra ~= Rb then
       if Rb >= 0 then
-        h[#h + 1] = E.rkey; h[#h + 1] = E.fmt(Rb)
+        h[#h + 1] = E.rkey; h[#h + 1] = fmt(Rb)
         if Ra < 0 then sc.rn = sc.rn + 1 end
       else
         sc.hdel = sc.hdel or {}
         sc.hdel[#sc.hdel + 1] = E.rkey
         sc.rn = max(sc.rn - 1, 0)
       end
-      h[#h + 1] = 'rn'; h[#h + 1] = E.fmt(sc.rn)
+      h[#h + 1] = 'rn'; h[#h + 1] = fmt(sc.rn)
       -- a reservation put back keeps the hash alive through its grace
+      grace = grace or num(ARGV[4])
       if Rb >= 0 and not noexpire then
-        E.extend_to(sc.st, Rb + E.grace)
+        extend_to(sc.st, Rb + grace)
         if pol.clim > 0 then
-          h[#h + 1] = 'y'; h[#h + 1] = E.fmt(max(sc.y, Rb + E.grace + 1000000))
+          h[#h + 1] = 'y'; h[#h + 1] = fmt(max(sc.y, Rb + grace + 1000000))
         end
       end
     end
     if leftover then
-      h[#h + 1] = 'u'; h[#h + 1] = E.fmt((num(call('HGET', sc.st, 'u')) or 0) + 1)
+      h[#h + 1] = 'u'; h[#h + 1] = fmt((num(call('HGET', sc.st, 'u')) or 0) + 1)
     end
     if sc.hdel and #sc.hdel > 0 then call('HDEL', sc.st, unpack(sc.hdel)) end
     if #h > 0 and call('EXISTS', sc.st) == 1 then call('HSET', sc.st, unpack(h)) end
@@ -963,22 +960,24 @@ end
 -- The waiting room's ops (arrive, promote, release), made only when an op
 -- asks for them. bases are the op's local scopes, the tenant's first: each
 -- {pol, k}.
-function E.room_functions(ts)
+local function room_functions(ts)
   if E.room then return E.room end
   E.room = {}
+  -- @include release_slot (the release of one scope's slot, from release.lua)
   -- a local scope read afresh for a job of cost c
   local function scope_at(base, c)
     local pol = base.pol
-    local sc = E.blank(pol)
-    for i = 1, pol.nr do sc[3 * i - 2] = E.inc(pol, i, c) end
-    E.read_state(sc, base.k, true)
+    local sc = scope(pol, c)
+    read_state(sc, base.k, true)
     return sc
   end
-  -- a line entry: LINED_MS, COST (empty: 1), QUEUE (empty: default), ID
+  -- a line entry: LINED_MS, COST (empty: 1), QUEUE (empty: default), ID,
+  -- separated by the byte 31
+  local SEP = string.char(31)
   local function parse(m)
-    local a1 = m:find(E.SEP, 1, true)
-    local a2 = m:find(E.SEP, a1 + 1, true)
-    local a3 = m:find(E.SEP, a2 + 1, true)
+    local a1 = m:find(SEP, 1, true)
+    local a2 = m:find(SEP, a1 + 1, true)
+    local a3 = m:find(SEP, a2 + 1, true)
     return num(m:sub(1, a1 - 1)), num(m:sub(a1 + 1, a2 - 1)) or 1, m:sub(a3 + 1)
   end
 
@@ -987,7 +986,7 @@ function E.room_functions(ts)
   local function running(scopes)
     for s = 1, #scopes do
       local sc = scopes[s]
-      if sc.pol.clim > 0 and sc.hend and sc.hend > E.now then return true end
+      if sc.pol.clim > 0 and sc.hend and sc.hend > now then return true end
     end
     return false
   end
@@ -1005,16 +1004,17 @@ function E.room_functions(ts)
     local out, retries = {}, {}
     -- handovers not confirmed in time are handed over again (and held a
     -- while, so that one pump does it)
-    local stale = call('ZRANGEBYSCORE', handing, '-inf', E.fmt(E.now - repair), 'LIMIT', '0', '100')
+    local stale = call('ZRANGEBYSCORE', handing, '-inf', fmt(now - repair), 'LIMIT', '0', '100')
     for i = 1, #stale do
       retries[i] = stale[i]
-      call('ZADD', handing, 'XX', E.fmt(E.now), stale[i])
+      call('ZADD', handing, 'XX', fmt(now), stale[i])
     end
     -- a tenant whose scopes have no rules is charged nothing: its jobs
     -- leave the line in turn, unless it cools down
     local plain = true
     for s = 1, #bases do
-      if bases[s].pol.rules > 0 then plain = false end
+      local pol = bases[s].pol
+      if pol.nr + pol.wlim + pol.qlim + pol.clim > 0 then plain = false end
     end
     local dfield = 'd:' .. queue
     local v = call('HMGET', st, dfield, 'cd')
@@ -1023,7 +1023,7 @@ function E.room_functions(ts)
     local due, head = -1, -1
     local np, skipped = 0, 0
     local cd = plain and num(v[2]) or 0
-    if cd > E.now + E.lead then
+    if cd > now + E.lead then
       budget = 0
       due = cd - E.lead
     end
@@ -1039,17 +1039,17 @@ function E.room_functions(ts)
       if np >= budget or c > dq then
         -- the deficit carries over only what a costly head is owed
         if np >= budget then dq = min(dq, quantum) end
-        if due < 0 then due = E.now end
+        if due < 0 then due = now end
         break
       end
       if plain then
         call('LPOP', line)
-        call('ZADD', handing, E.fmt(E.now), m)
+        call('ZADD', handing, fmt(now), m)
         dq = dq - c
         np = np + 1
-        out[np] = { m, E.now, 0, {} }
+        out[np] = { m, now, 0, {} }
       else
-        E.id, E.cost, E.claim = jid, c, E.fmt(base_claim + np)
+        E.id, E.cost, E.claim = jid, c, fmt(base_claim + np)
         E.rkey, E.hkey, E.ckey = 'r:' .. jid, 'h:' .. jid, 'c:' .. jid
         E.reserve, E.hold, E.dry, E.plan, E.not_before, E.promote = true, true, false, false, 0, true
         local scopes = {}
@@ -1058,18 +1058,18 @@ function E.room_functions(ts)
           call('LPOP', line)
           skipped = skipped + 1
         else
-          local ok, wait, slot = E.decide(scopes)
+          local ok, wait, slot = decide(scopes)
           if not ok then
             -- held back by its own limits: it is owed nothing
-            due, dq = E.now + wait, 0
+            due, dq = now + wait, 0
             break
           end
           for s = 1, #scopes do ts.remember(scopes[s]) end
-          E.apply(scopes, 'promote', slot, noexpire)
+          apply(scopes, 'promote', slot, noexpire)
           local recs = {}
           for s = 1, #scopes do recs[s] = ts.record(scopes[s]) end
           call('LPOP', line)
-          call('ZADD', handing, E.fmt(E.now), m)
+          call('ZADD', handing, fmt(now), m)
           dq = dq - c
           np = np + 1
           out[np] = { m, slot, num(E.claim), recs }
@@ -1085,7 +1085,7 @@ function E.room_functions(ts)
       if due < 0 or r < due then due = r end
     end
     if dq > 0 then
-      call('HSET', st, dfield, E.fmt(dq))
+      call('HSET', st, dfield, fmt(dq))
     elseif dq0 > 0 then
       call('HDEL', st, dfield)
     end
@@ -1107,7 +1107,7 @@ function E.room_functions(ts)
       return 0, 0, waiting, {}
     end
     E.promote = true
-    local ok, _, slot = E.decide(scopes)
+    local ok, _, slot = decide(scopes)
     E.promote = false
     if not ok then
       return 0, 0, waiting, {}
@@ -1118,13 +1118,14 @@ function E.room_functions(ts)
     end
     local plain = true
     for s = 1, #scopes do
-      if scopes[s].pol.rules > 0 then plain = false end
+      local pol = scopes[s].pol
+      if pol.nr + pol.wlim + pol.qlim + pol.clim > 0 then plain = false end
     end
     if plain then
-      return 1, E.now, 0, {}
+      return 1, now, 0, {}
     end
     for s = 1, #scopes do ts.remember(scopes[s]) end
-    E.apply(scopes, 'promote', slot, false)
+    apply(scopes, 'promote', slot, false)
     local recs = {}
     for s = 1, #scopes do recs[s] = ts.record(scopes[s]) end
     return 1, slot, 0, recs
@@ -1135,10 +1136,9 @@ function E.room_functions(ts)
   -- only as long as the rest of its state needs (y).
   E.room.release = function(bases, noexpire)
     local released, lost = 0, 0
-    local cl = num(E.claim)
     for s = 1, #bases do
       if bases[s].pol.clim > 0 then
-        local r = release_slot(KEYS[bases[s].k + 1], E.hkey, E.ckey, cl, noexpire, function() return E.now end)
+        local r = release_slot(KEYS[bases[s].k + 1], E.hkey, E.ckey, E.claim, noexpire)
         if r > 0 then released = released + 1 elseif r < 0 then lost = lost + 1 end
       end
     end
@@ -1149,37 +1149,58 @@ end
 
 local out = {}
 local k = 0
-for o = 1, E.nops do
+for o = 1, nops do
   E.id, E.claim = ARGV[E.a], ARGV[E.a + 4]
   E.cost, E.not_before = num(ARGV[E.a + 1]), num(ARGV[E.a + 3])
   local flags = num(ARGV[E.a + 2])
   local nscopes = num(ARGV[E.a + 5])
   E.a = E.a + 6
-  E.reserve, E.hold = flags % 2 == 1, floor(flags / 2) % 2 == 1
-  E.dry, E.plan = floor(flags / 4) % 2 == 1, floor(flags / 8) % 2 == 1
-  local noexpire, probe = floor(flags / 16) % 2 == 1, floor(flags / 32) % 2 == 1
-  local steps, undo_first = floor(flags / 64) % 2 == 1, floor(flags / 128) % 2 == 1
-  local expect, undo_only = floor(flags / 256) % 2 == 1, floor(flags / 512) % 2 == 1
-  local is_arrive, is_promote, is_release = floor(flags / 1024) % 2 == 1, floor(flags / 2048) % 2 == 1, floor(flags / 4096) % 2 == 1
-  E.rkey, E.hkey, E.ckey = 'r:' .. E.id, 'h:' .. E.id, 'c:' .. E.id
+  -- the flags, the rare ones (64 and up) only when one is set
+  local f = flags % 64
+  E.reserve, E.hold = f % 2 == 1, floor(f / 2) % 2 == 1
+  E.dry, E.plan = floor(f / 4) % 2 == 1, floor(f / 8) % 2 == 1
+  local noexpire, probe = floor(f / 16) % 2 == 1, f >= 32
+  local steps, undo_first, expect, undo_only = false, false, false, false
+  local is_arrive, is_promote, is_release, roomop = false, false, false, false
   local ts, rm
-  if steps or undo_first or undo_only then ts = E.twostep_functions() end
-  local roomop = is_arrive or is_promote or is_release
-  if roomop then
-    ts = E.twostep_functions()
-    rm = E.room_functions(ts)
+  if flags >= 64 then
+    f = floor(flags / 64)
+    steps, undo_first = f % 2 == 1, floor(f / 2) % 2 == 1
+    expect, undo_only = floor(f / 4) % 2 == 1, floor(f / 8) % 2 == 1
+    is_arrive, is_promote = floor(f / 16) % 2 == 1, floor(f / 32) % 2 == 1
+    is_release = floor(f / 64) % 2 == 1
+    roomop = is_arrive or is_promote or is_release
+    if steps or undo_first or undo_only or roomop then ts = twostep_functions() end
+    if roomop then rm = room_functions(ts) end
   end
+  E.rkey = 'r:' .. E.id
+  if has[4] then E.hkey, E.ckey = 'h:' .. E.id, 'c:' .. E.id end
 
-  local scopes, bases = {}, {}
+  -- the op's scopes; a remote scope's state comes from its snapshot
+  local scopes, bases = {}, false
   for s = 1, nscopes do
-    local ref = E.n()
-    local sc = E.new_scope(ref)
+    local ref = next_int()
+    local pol = POL[ref < 0 and -ref or ref]
+    local sc = scope(pol, E.cost)
     if ref > 0 then
-      bases[#bases + 1] = { pol = sc.pol, k = k }
+      if roomop then
+        bases = bases or {}
+        bases[#bases + 1] = { pol = pol, k = k }
+      end
       if not (is_promote or is_release) then
-        E.read_state(sc, k, ts ~= nil)
+        read_state(sc, k, ts ~= nil)
       end
       k = k + 3
+    else
+      sc.cd, sc.R = next_int(), next_int()
+      if sc.R < 0 then sc.R = false end
+      for i = 1, pol.nr do sc[3 * i - 1], sc[3 * i] = next_int(), next_int() end
+      if pol.wlim > 0 then sc.wtop, sc.we, sc.wea = next_int(), next_int(), next_int() end
+      if pol.qlim > 0 then sc.qa, sc.qc, sc.qb, sc.qd = next_int(), next_int(), next_int(), next_int() end
+      if pol.clim > 0 then
+        sc.live, sc.mine, sc.soonest = next_int(), next_int() == 1, next_int()
+        if sc.soonest < 0 then sc.soonest = false end
+      end
     end
     scopes[s] = sc
   end
@@ -1187,13 +1208,13 @@ for o = 1, E.nops do
   if is_arrive then
     local line = KEYS[k + 1]
     k = k + 1
-    local may_go, cap = E.n() == 1, E.n()
-    E.lead = E.n()
+    local may_go, cap = next_int() == 1, next_int()
+    E.lead = next_int()
     local verdict, slot, waiting, recs = rm.arrive(scopes, line, may_go, cap)
     out[o] = { verdict, slot, waiting, recs }
   elseif roomop then
-    local budget, quantum, repair = E.n(), E.n(), E.n()
-    E.lead = E.n()
+    local budget, quantum, repair = next_int(), next_int(), next_int()
+    E.lead = next_int()
     local line, handing, qset, queue
     if budget > 0 then
       line, handing, qset = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3]
@@ -1221,9 +1242,8 @@ for o = 1, E.nops do
         ts.undo(sc, noexpire)
         if undo_first then
           -- decide on the state as the undo left it
-          local fresh = E.blank(sc.pol)
-          for i = 1, sc.pol.nr do fresh[3 * i - 2] = sc[3 * i - 2] end
-          E.read_state(fresh, sc.k, true)
+          local fresh = scope(sc.pol, E.cost)
+          read_state(fresh, sc.k, true)
           scopes[s] = fresh
         end
       end
@@ -1233,10 +1253,10 @@ for o = 1, E.nops do
   if undo_only then
     out[o] = { 0, 0, 0, -1, -1, -1, 0 }
   else
-    local allowed, retry, slot, write, rule = E.decide(scopes)
+    local allowed, retry, slot, write, rule = decide(scopes)
     local conflict = false
     if expect then
-      local want_allowed, want_slot = E.n() == 1, E.n()
+      local want_allowed, want_slot = next_int() == 1, next_int()
       conflict = allowed ~= want_allowed or slot ~= want_slot
     end
     local snaps
@@ -1250,9 +1270,9 @@ for o = 1, E.nops do
     local wrote = write and not E.dry and not conflict and not (probe and write ~= 'start')
     if wrote then
       if write == 'reserve' then
-        E.apply(scopes, write, slot, noexpire)
+        apply(scopes, write, slot, noexpire)
       else
-        E.apply(scopes, write, E.now, noexpire)
+        apply(scopes, write, now, noexpire)
       end
     end
 
@@ -1263,30 +1283,30 @@ for o = 1, E.nops do
       if sc.st then
         local pol, m = sc.pol, sc
         for i = 1, pol.nr do
-          local tat = max(m[3 * i - 1], E.now)
-          local left = max(floor((E.now + pol.off[i] - tat) / pol.unit[i]), 0)
+          local tat = max(m[3 * i - 1], now)
+          local left = max(floor((now + pol.off[i] - tat) / pol.unit[i]), 0)
           if remaining < 0 or left < remaining then remaining = left end
-          reset = max(reset, tat - E.now)
+          reset = max(reset, tat - now)
         end
         if pol.wlim > 0 then
-          local lo = E.fmt(E.now - pol.wdur + 1)
+          local lo = fmt(now - pol.wdur + 1)
           local left = max(pol.wlim - call('ZCOUNT', sc.wp, lo, '+inf'), 0)
           if remaining < 0 or left < remaining then remaining = left end
           local top = call('ZREVRANGEBYSCORE', sc.wp, '+inf', lo, 'WITHSCORES', 'LIMIT', '0', '1')
-          reset = max(reset, top[2] and num(top[2]) + pol.wdur - E.now or 0)
+          reset = max(reset, top[2] and num(top[2]) + pol.wdur - now or 0)
         end
         if pol.qlim > 0 then
           local b = pol.bounds
-          local left = max(pol.qlim - E.used(sc, b[pol.cur]), 0)
+          local left = max(pol.qlim - used(sc, b[pol.cur]), 0)
           if remaining < 0 or left < remaining then remaining = left end
           local last = 0
           for w = pol.cur, min(pol.cur + 1, #b - 1) do
-            if E.used(sc, b[w]) > 0 then last = b[w + 1] end
+            if used(sc, b[w]) > 0 then last = b[w + 1] end
           end
-          reset = max(reset, last - E.now, 0)
+          reset = max(reset, last - now, 0)
         end
         if pol.clim > 0 then
-          E.count_holders(sc, false)
+          count_holders(sc, false)
           local left = max(pol.clim - sc.live, 0)
           if remaining < 0 or left < remaining then remaining = left end
           if inflight < 0 then inflight = sc.live end
@@ -1311,5 +1331,5 @@ for o = 1, E.nops do
   end
 end
 
-out[E.nops + 1] = E.now
+out[nops + 1] = now
 return out

@@ -27,42 +27,36 @@
 --   claim 0 a scope without the job's slot counts in neither); waiting is
 --   how many jobs wait in the line given (then nothing was given back)
 
-local call, tonumber, format = redis.call, tonumber, string.format
-local num, floor, max = tonumber, math.floor, math.max
+local call, tonumber = redis.call, tonumber
 -- @include clock
 
 -- @begin release_slot (lua.go also puts this function into admit.lua)
 -- Give back the slot job id holds in the scope whose state hash is st,
--- under claim (0: whichever claim holds it). Returns 1 when it gave one
--- back, -1 when the claim holds none (another claim does, or it is gone),
--- 0 otherwise. The last slot lets the hash expire when its other state
--- allows (y); the time is asked only then, and only with a given clock.
+-- under claim (its token as text; '0': whichever claim holds it). Returns
+-- 1 when it gave one back, -1 when the claim holds none (another claim
+-- does, or it is gone), 0 otherwise. A slot's lease end (hkey) and claim
+-- (ckey) are written and removed together, so the claim alone says whose
+-- the slot is; tokens are compared as text, as the scripts write them.
+-- The last slot lets the hash expire when its other state allows (y); the
+-- time is asked only then, and only with a given clock.
 local function release_slot(st, hkey, ckey, claim, noexpire)
-  local v = call('HMGET', st, hkey, ckey, 'hc', 'y')
-  local e, c = num(v[1]), num(v[2])
-  if e and (claim == 0 or c == claim) then
-    local hc = (num(v[3]) or 1) - 1
-    if hc <= 0 then
-      -- x, the expiry admit.lua last gave the hash, goes too, so that the
-      -- next admission gives it one again
-      call('HDEL', st, hkey, ckey, 'hc', 'x')
-      local need = num(v[4])
-      if need and not noexpire then
-        if clock < 0 then
-          call('PEXPIREAT', st, format('%d', floor(need / 1000) + 2))
-        else
-          -- a given clock (tests) may be far from the server's: relative
-          call('PEXPIRE', st, format('%d', max(floor((need - now_us()) / 1000), 0) + 2))
-        end
+  if claim ~= '0' and call('HGET', st, ckey) ~= claim then return -1 end
+  if call('HDEL', st, hkey, ckey) == 0 then return 0 end
+  if call('HINCRBY', st, 'hc', -1) <= 0 then
+    -- x, the expiry admit.lua last gave the hash, goes too, so that the
+    -- next admission gives it one again
+    local need = tonumber(call('HGET', st, 'y'))
+    call('HDEL', st, 'hc', 'x')
+    if need and not noexpire then
+      if clock < 0 then
+        call('PEXPIREAT', st, string.format('%d', math.floor(need / 1000) + 2))
+      else
+        -- a given clock (tests) may be far from the server's: relative
+        call('PEXPIRE', st, string.format('%d', math.max(math.floor((need - now_us()) / 1000), 0) + 2))
       end
-    else
-      call('HDEL', st, hkey, ckey)
-      call('HSET', st, 'hc', format('%d', hc))
     end
-    return 1
   end
-  if claim ~= 0 then return -1 end
-  return 0
+  return 1
 end
 -- @end release_slot
 
@@ -71,7 +65,7 @@ local noexpire = ARGV[3] == '1'
 local a, k = 4, 0
 local out = {}
 for op = 1, nops do
-  local id, claim = ARGV[a], tonumber(ARGV[a + 1])
+  local id, claim = ARGV[a], ARGV[a + 1]
   local n = tonumber(ARGV[a + 2])
   local line = ARGV[a + 3] == '1'
   a = a + 4

@@ -2,18 +2,25 @@
 // tenants, so that sluice's workers can throttle them per tenant.
 //
 // Client.Enqueue sets the tenant header (taskspec.TenantHeader) and the job's cost
-// (Cost, taskspec.CostHeader) and passes asynq's own options through. What else
-// happens depends on the tenant's policy, read from the policy store:
+// (Cost, taskspec.CostHeader) and passes asynq's own options through, and it
+// brings the job to the waiting room (throttle.Room), with the tenant's
+// policy read once from the policy store:
 //
-//   - backlog=K: the job is counted in the tenant's backlog (queued and
-//     deferred jobs) and Enqueue returns a *throttle.BacklogError, which
-//     matches throttle.ErrBacklogFull, once K jobs are waiting; the worker
-//     takes a job out when it finishes for good.
-//   - shape=true: the job's slot is taken at enqueue time
-//     (throttle.Limiter.Reserve) and the task is scheduled for it with
-//     asynq.ProcessAt (see taskspec.ScheduleFor), so that a burst of 200,000 jobs
-//     waits in asynq's schedule instead of in the pending list ahead of
-//     other tenants' jobs.
+//   - A job its tenant may start now, while the fleet has room for it (the
+//     asynq servers' concurrency for its queue less the pending list), takes
+//     its slot and goes straight to asynq's pending list.
+//   - Any other waits in its tenant's line of its queue in Redis, charged
+//     nothing, its task parked in asynq's schedule at a fallback time
+//     (Config.Fallback, at least an hour); the workers' pumps promote it to
+//     the pending list when it may start. A burst of 200,000 jobs so waits
+//     in its own line, not in the pending list ahead of other tenants' jobs,
+//     and a policy change reaches the jobs still waiting.
+//   - backlog=K caps the tenant's line: past K waiting jobs Enqueue returns
+//     a *throttle.BacklogError, which matches throttle.ErrBacklogFull, and
+//     nothing is enqueued.
+//   - A job scheduled for later (asynq.ProcessAt, asynq.ProcessIn), or of an
+//     overflow=drop policy, goes to asynq as asked; the workers' gate
+//     decides on it when it is due.
 //
 // Bad input (an empty or oversized tenant, a cost below 1, an option asynq
 // would refuse or ignore) is an *InvalidError (ErrInvalid), returned before
@@ -26,5 +33,7 @@
 //	info, err := client.Enqueue(ctx, "acme", asynq.NewTask("email", payload),
 //		asynq.Queue("mail"), queue.Cost(3))
 //
-// Workers (package worker) read the same headers.
+// Workers (package worker) read the same headers and run the pumps; start
+// them before, or with, the producers: a parked job that no worker
+// promotes starts only at its fallback time.
 package queue

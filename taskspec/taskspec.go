@@ -23,14 +23,17 @@ const (
 	CostHeader = "sluice-cost"
 	// IDHeader carries the job's identity when it differs from the asynq
 	// task id: a copy the worker enqueues for a job at its retry limit keeps
-	// the original's identity, and with it its reservation, its concurrency
-	// slot and its place in the backlog.
+	// the original's identity, and with it its reservation and its
+	// concurrency slot.
 	IDHeader = "sluice-id"
 	// GenHeader numbers those copies, so that each copy's task id can be
 	// derived from the job's identity without growing.
 	GenHeader = "sluice-gen"
-	// BacklogHeader is "1" on a job counted in its tenant's backlog, so that
-	// workers take it out when it finishes and skip the round trip otherwise.
+	// BacklogHeader was "1" on a job counted in its tenant's backlog by
+	// versions before the waiting room.
+	//
+	// Deprecated: nothing sets or reads it since the waiting room; a
+	// policy's backlog= caps the tenant's line instead.
 	BacklogHeader = "sluice-backlog"
 )
 
@@ -39,8 +42,8 @@ const (
 // at its first check (Config.DelayedTaskCheckInterval) in the whole second
 // of its score, so the job arrives between the lead and the lead plus one
 // second early, and the worker's gate holds it in-process until its slot.
-// The lead must exceed the workers' DelayedTaskCheckInterval; producers and
-// workers use the same.
+// The lead must exceed the workers' DelayedTaskCheckInterval. The workers'
+// gate uses it for the jobs it defers to their slots (worker.GateConfig.Lead).
 const LeadDefault = 300 * time.Millisecond
 
 // ScheduleFor returns the time to give asynq.ProcessAt so that a job whose

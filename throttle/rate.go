@@ -293,12 +293,13 @@ func (rateKind) maxCost(p *Policy, low func(int64, string)) {
 	}
 }
 
-// encode: the period and limit (admit.lua works out the increment of any
-// cost from them, exactly as rateArgs does) and the burst offset.
+// encode: the increment of cost 1 and the burst offset, then the period
+// and limit (admit.lua works out the increment of any other cost from
+// them, exactly as rateArgs does).
 func (rateKind) encode(p *Policy, _ time.Time, args []any) ([]any, int) {
 	for _, r := range p.Rates {
-		_, _, off := rateArgs(r, 1)
-		args = append(args, kindRate, micros(r.Period), r.Limit, off)
+		_, unit, off := rateArgs(r, 1)
+		args = append(args, kindRate, unit, off, micros(r.Period), r.Limit)
 	}
 	return args, len(p.Rates)
 }

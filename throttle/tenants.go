@@ -13,7 +13,8 @@ import (
 const tenantsScanCount = 1000
 
 // Tenants lists, sorted, every tenant that has throttle state in Redis
-// (meters, window entries, reservations, slots, cooldown or backlog), and
+// (meters, window entries, reservations, slots, cooldown or a line of
+// waiting jobs), and
 // GlobalPolicy when @global has state. Tenants with a policy but no state
 // are not listed: PolicyStore.List has those. An idle tenant drops out once
 // its keys have expired.

@@ -73,8 +73,9 @@ type GateConfig struct {
 	// again. InProcessWaitDefault when zero.
 	InProcessWait time.Duration
 	// Lead is how long before its slot a deferred job is due in asynq at
-	// the least; it must exceed asynq's DelayedTaskCheckInterval and match
-	// the producers' queue.Config.Lead. LeadDefault when zero.
+	// the least; it must exceed asynq's DelayedTaskCheckInterval. (The
+	// waiting room's own lead, for jobs leaving their lines, is the
+	// limiter's throttle.Config.PromoteLead.) LeadDefault when zero.
 	Lead time.Duration
 	// BackoffMin and BackoffMax bound the delay of jobs deferred because
 	// the gate could not reach Redis: twice the time since the errors

@@ -1,9 +1,10 @@
 // Package worker runs asynq jobs behind sluice's throttle: every job passes
 // a gate that admits it only when its tenant's policy and @global allow it,
-// fleet-wide.
+// fleet-wide, and every server runs a pump of the waiting room, which hands
+// jobs waiting in their tenants' lines to asynq when they may start.
 //
-// Server wraps asynq.Server with the gate, sluice's asynq settings and
-// metrics:
+// Server wraps asynq.Server with the gate, the pump, sluice's asynq
+// settings and metrics:
 //
 //	srv, err := worker.New(rdb, &worker.Config{Asynq: asynq.Config{Queues: map[string]int{"default": 1}}})
 //	if err != nil { ... }
@@ -13,7 +14,21 @@
 //
 // An application that already runs asynq adopts sluice with a Gate: its
 // Middleware goes first on the ServeMux, and Configure sets the asynq.Config
-// hooks it needs, wrapping the application's own (see the examples).
+// hooks it needs, wrapping the application's own (see the examples), and
+// starts the pump for the configured queues.
+//
+// The waiting room (throttle.Room): producers using queue.Client park the
+// jobs their tenants cannot start now in the tenants' lines in Redis,
+// charged nothing, instead of asynq's pending list. The pump (started by
+// Server.Start and Gate.Configure, ended by Gate.Stop and Server.Shutdown)
+// promotes a line's head when its slot is due or a concurrency slot is
+// free, serving the due tenants in turn while the fleet has room (the
+// asynq servers' concurrency less the pending list), and moves its task to
+// asynq's pending list. A job that ends hands its concurrency slot to the
+// head of its tenant's line in the same script run, and the worker gives
+// that job to asynq at once. Jobs enqueued with asynq's own client, or
+// scheduled for later, skip the room; the gate decides on every job either
+// way.
 //
 // What the gate does with a job:
 //   - The tenant comes from the task header taskspec.TenantHeader (set by
@@ -24,9 +39,10 @@
 //     identity, which holds its reservation and concurrency slot, is its
 //     task id (or taskspec.IDHeader on a copy, below).
 //   - Admitted: the handler runs; a concurrency lease is renewed every
-//     Lease/3 and released when the handler returns, fails or panics. A job
-//     done for good (success, archived, SkipRetry, RevokeTask, dropped)
-//     leaves its tenant's backlog.
+//     Lease/3 and released when the handler returns, fails or panics,
+//     handed on to the next job of the tenant's line when one waits (not
+//     while the worker shuts down). A job from the waiting room arrives
+//     holding its slot and concurrency slot, and is admitted on them.
 //   - Denied: the job keeps its own future slot (a reservation). When the
 //     slot is near (GateConfig.InProcessWait) the job waits for it
 //     in-process; otherwise, per the policy's overflow: defer (the default)
@@ -56,6 +72,9 @@
 // Metrics (Prometheus, GateConfig.Registerer): sluice_worker_decisions_total,
 // sluice_worker_deferrals_total, sluice_worker_drops_total,
 // sluice_worker_wait_seconds, sluice_worker_in_flight,
-// sluice_worker_lease_renewals_total, sluice_worker_errors_total and
-// sluice_worker_handler_outcomes_total.
+// sluice_worker_lease_renewals_total, sluice_worker_errors_total,
+// sluice_worker_handler_outcomes_total and sluice_worker_unknown_types_total
+// (counted by a Server); the waiting room's
+// sluice_room_promoted_total, sluice_room_skipped_total, sluice_room_waiting
+// and sluice_room_oldest_wait_seconds.
 package worker

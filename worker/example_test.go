@@ -122,8 +122,10 @@ func ExampleGate() {
 		panic(err)
 	}
 
-	// 10 jobs at once, 5/s allowed: the first wait in the worker for their
-	// slots, the last are deferred, MaxRetry(0) or not, and none is lost.
+	// 10 jobs at once, 5/s allowed: each goes to asynq at its slot, from
+	// acme's line in the waiting room (the pump Configure started hands it
+	// over) unless it could go straight; MaxRetry(0) or not, none is
+	// archived or lost.
 	producer, err := queue.New(rdb, &queue.Config{Limiter: limiter})
 	if err != nil {
 		panic(err)

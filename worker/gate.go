@@ -158,7 +158,7 @@ func (g *Gate) giveBack(ctx context.Context, task *asynq.Task) {
 	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.cfg.CallTimeout)
 	defer cancel()
-	if err := g.room.Release(cctx, j.tenant, j.queue, j.id, 0, g.handover); err != nil {
+	if err := g.room.Release(cctx, j.tenant, j.queue, j.id, 0, g.handOn); err != nil {
 		g.m.err(errRelease)
 		g.warn(errRelease, "sluice: could not release the job's slot; it frees itself when its lease runs out", "task", j.taskID, "tenant", j.tenant, "err", err)
 	}
@@ -551,7 +551,7 @@ func (g *Gate) release(ctx context.Context, j *job, claim uint64) {
 	if j.tenant == "" || g.stopped() {
 		err = g.lim.Release(cctx, j.tenant, j.id, claim)
 	} else {
-		err = g.room.Release(cctx, j.tenant, j.queue, j.id, claim, g.handover)
+		err = g.room.Release(cctx, j.tenant, j.queue, j.id, claim, g.handOn)
 	}
 	if errors.Is(err, throttle.ErrClaimLost) {
 		g.m.renewals.WithLabelValues(renewLost).Inc()

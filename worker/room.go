@@ -55,6 +55,21 @@ func newRoomMetrics(reg prometheus.Registerer, tenants bool) (*roomMetrics, erro
 	return m, nil
 }
 
+// handOn hands to asynq the job a release promoted into the slot it freed,
+// and counts it in the room's metrics as the pump's turns count theirs.
+func (g *Gate) handOn(ctx context.Context, jobs []throttle.Promoted) []throttle.HandoverResult {
+	res := g.handover(ctx, jobs)
+	for _, r := range res {
+		switch r {
+		case throttle.Handed:
+			g.rm.promoted.Inc()
+		case throttle.Gone:
+			g.rm.skipped.WithLabelValues("gone").Inc()
+		}
+	}
+	return res
+}
+
 // sampleEvery is how often the pump samples the lines for the metrics.
 const sampleEvery = 5 * time.Second
 

@@ -28,7 +28,7 @@ func copyTaskID(id string, gen int) string {
 // a task at its retry limit whatever IsFailure says. The gate enqueues an
 // identical copy for e.At (same type, payload, headers, queue, timeout,
 // deadline and retention, the retry budget left, and the job's identity in
-// IDHeader so it keeps its reservation, slot and backlog entry) and asks
+// IDHeader so it keeps its reservation and slot) and asks
 // asynq to delete the original (asynq.RevokeTask, through e.CopyID).
 func (g *Gate) copyJob(ctx context.Context, j *job, e *DeferError) error {
 	gen := j.gen + 1

@@ -181,8 +181,9 @@ func init() {
 			name: "jobs delete", usage: "jobs delete ID [--queue Q]",
 			summary: "delete a job that is not running",
 			help: "Deletes job ID (a task id, as sluice jobs lists it) from its queue, whatever\n" +
-				"its state but running, and takes it out of its tenant's backlog. --queue is\n" +
-				"needed only when the id is in several queues.",
+				"its state but running. A job waiting in its tenant's line leaves its entry\n" +
+				"there until it reaches the head, where it is dropped. --queue is needed only\n" +
+				"when the id is in several queues.",
 			flags: func(fs *flag.FlagSet, o *opts) { fs.StringVar(&o.queue, "queue", "", "") },
 			run:   jobsDelete,
 		},

@@ -1,6 +1,7 @@
 // Command sluice manages and watches the limits that sluice workers share
 // through Redis: it sets the policies of tenants, shows their throttle
-// state, and tells whether a job would be admitted now and why not.
+// state and the jobs waiting in their lines, tells whether a job would be
+// admitted now and why not, and lists, runs or deletes jobs.
 //
 // Usage:
 //
@@ -19,6 +20,11 @@
 //	                                   a web page of the tenants, live and over the last minutes, and of asynq's queues
 //	admit TENANT --dry-run [--cost N] [--id JOB] [--json]
 //	                                   would a job of TENANT be admitted now, and if not, why
+//	jobs [TENANT] [--state S] [--queue Q] [--limit N] [--json]
+//	                                   jobs by state (active, pending, waiting in a tenant's line,
+//	                                   scheduled, retry, archived) with their last error
+//	jobs run ID | jobs delete ID [--queue Q]
+//	                                   run a scheduled, retrying, archived or waiting job now; delete one
 //	version                            print sluice's version
 //	help [COMMAND]                     print the help, or a command's
 //
