@@ -150,7 +150,7 @@ func TestTinyRun(t *testing.T) {
 	md, err := os.ReadFile(filepath.Join(dir, "benchmarks.md"))
 	require.NoError(t, err)
 	require.Contains(t, string(md), "| downstream rejections (429) |")
-	require.Contains(t, string(md), "## sluice against the targets of issue 5")
+	require.Contains(t, string(md), "## sluice against its targets")
 	for _, f := range []string{"fleet-wait.png", "fleet-queues.png", "fleet-arrivals-xrate.png", "fleet-arrivals-redisrate.png", "fleet-arrivals-sluice.png"} {
 		png, err := os.ReadFile(filepath.Join(dir, "img", f))
 		require.NoError(t, err)

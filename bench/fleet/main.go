@@ -110,11 +110,16 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	o := options{cfg: cfg, setups: chosen, allowance: *allowance, log: stderr}
+	var prev previous
+	if *out != "" {
+		prev = readPrevious(filepath.Join(*out, "benchmarks.md"))
+	}
 	b, err := bench(ctx, o)
 	if err != nil {
 		fmt.Fprintln(stderr, "fleetbench:", err)
 		return 1
 	}
+	b.prev = prev
 	b.command = "cd bench && go run ./fleet " + strings.Join(commandArgs(args), " ")
 	if *save != "" {
 		if err := b.save(*save); err != nil {
@@ -168,6 +173,7 @@ type benchmark struct {
 	command string
 	plotted []int
 	plotEnd time.Duration
+	prev    previous // the report this run replaces
 }
 
 func bench(ctx context.Context, o options) (*benchmark, error) {

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sluicehq/sluice/throttle"
 	"github.com/sluicehq/sluice/worker"
 )
 
@@ -211,11 +212,14 @@ func (b *benchmark) markdown(out io.Writer) {
 	b.redisSection(out)
 
 	if s := b.resultOf(setupSluice); s != nil {
-		p("## sluice against the targets of issue 5")
+		p("## sluice against its targets")
+		p("")
+		p("Issue 11's targets for the waiting room, and the standing ones of issue 5. Every figure is")
+		p("this run's; *the previous run* is the report this one replaced, read before it was rewritten.")
 		p("")
 		p("| target | met | measured |")
 		p("|---|---|---|")
-		for _, t := range targets(s, b.resultOf(setupXRate)) {
+		for _, t := range targets(s, b.prev) {
 			met := "yes"
 			if !t.met {
 				met = "**no**"
@@ -311,98 +315,166 @@ func (b *benchmark) commentary(out io.Writer) {
 // sluiceCommentary explains sluice's result against each target.
 func (b *benchmark) sluiceCommentary(out io.Writer, r *result) {
 	p := func(format string, args ...any) { fmt.Fprintf(out, format+"\n", args...) }
-	p("Every job was admitted fleet-wide by its tenant's policy in Redis, with its own reserved")
-	p("slot, so the limits hold across the %d processes: %s requests refused by the downstream,", b.o.cfg.workers, thousands(int64(r.rejRate+r.rejConc)))
-	p("no tenant over its rate in any 10 s (worst %s; over 1 s: %s), %d tenants over a cap,", pct(r.rateErr), pct(r.rateErr1s), r.tenantsOverCap)
-	p("and the big tenant got %.1f/s of its %d/s. The waiting room kept the big burst out of the pending", r.bigAchieved, r.bigLimit)
-	p("list, so small tenants waited %s (p50) and %s (p99) during it.", secs(r.waitP50), secs(r.waitP99))
+	rd := b.runOf(setupSluice)
+	g := rd.gate
+	p("Every job came through the waiting room and was started on its tenant's policy in Redis, so the")
+	p("limits hold across the %d processes: %s requests refused by the downstream, no tenant over", b.o.cfg.workers, thousands(int64(r.rejRate+r.rejConc)))
+	p("its rate in any 10 s (worst %s; over 1 s: %s), %d tenants over a cap, and the big tenant got", pct(r.rateErr), pct(r.rateErr1s), r.tenantsOverCap)
+	p("%.1f/s of its %d/s. The pumps promoted %s jobs from the lines; the gate made %.2f denied", r.bigAchieved, r.bigLimit,
+		thousands(int64(counterTotal(g, "sluice_room_promoted_total"))), perJobF(r.gateDenied, r.enqueued))
+	p("decisions per job and %.2f reserved ones. Small tenants waited %s (p50) and %s (p99) during", perJobF(r.gateReserved, r.enqueued), secs(r.waitP50), secs(r.waitP99))
+	p("the burst.")
 	p("")
 	var missed []string
-	for _, t := range targets(r, b.resultOf(setupXRate)) {
+	ts := targets(r, b.prev)
+	for _, t := range ts {
 		if !t.met {
 			missed = append(missed, t.name)
 		}
 	}
 	if len(missed) == 0 {
-		p("sluice met every target of issue 5 in this run.")
+		p("sluice met every target of its fleet run here.")
 		return
 	}
-	p("Targets missed: %s. Why:", strings.Join(missed, "; "))
+	miss := func(id string) bool {
+		for _, t := range ts {
+			if t.id == id {
+				return !t.met
+			}
+		}
+		return false
+	}
+	p("Targets missed: %s. Why, from this run's measurements:", strings.Join(missed, "; "))
 	p("")
-	g := b.runOf(setupSluice).gate
-	if rej := r.rejRate + r.rejConc; rej > 0 {
-		p("- **Rejections (%s: %s over a rate, %s over a cap).** sluice admits on Redis's clock; the", thousands(int64(rej)), thousands(int64(r.rejRate)), thousands(int64(r.rejConc)))
+	if len(r.stalls) > 0 {
+		b.stallNote(out, r)
+	}
+	if miss(tgtRejections) {
+		rej := r.rejRate + r.rejConc
+		p("- **Rejections (%s: %s over a rate, %s over a cap).** sluice starts jobs on Redis's clock; the", thousands(int64(rej)), thousands(int64(r.rejRate)), thousands(int64(r.rejConc)))
 		p("  request reaches the downstream after the handler starts and crosses loopback HTTP, which on")
 		p("  a shared 2-core machine varies by more than the %s the downstream forgives. A refused", b.o.allowance)
 		p("  request pauses its tenant for the Retry-After (1 s) and the job is deferred, not lost.")
 	}
-	if r.perJob > 1.1 {
-		extra := r.deliveries - int64(r.enqueued)
-		p("- **Deliveries per job %.2f** (%s deliveries beyond one per job). The gate's own counters,", r.perJob, thousands(extra))
-		p("  summed over the workers: deferrals by reason %s; denied admissions by rule %s;", counterSummary(g, "sluice_worker_deferrals_total", "reason", ""), counterSummary(g, decisionsFamily, "rule", "verdict=denied"))
-		p("  handler outcomes %s. A deferred job is dequeued again when it comes back, so", counterSummary(g, "sluice_worker_handler_outcomes_total", "outcome", ""))
-		p("  every deferral is one extra delivery.")
-	}
-	if r.waitP99 > 2*time.Second {
+	if miss(tgtWait) {
 		p("- **Small-tenant p99 wait %s** (%d of %s jobs over 2 s). By class: %s.", secs(r.waitP99), r.waitOver2s, thousands(int64(len(r.waits))), classWaits(r))
+		if len(r.stalls) > 0 {
+			p("  Waits that spanned a stall (above) count here.")
+		}
 		b.capacityNote(out, r)
 	}
-	if r.rateErr > 0.01 {
-		p("- **Rate error %s (%s)**: requests sent over the limit in a 10 s window.", pct(r.rateErr), r.rateErrTenant)
+	if miss(tgtDeliveries) {
+		extra := r.deliveries - int64(r.enqueued)
+		p("- **Deliveries per job %.3f** (%s deliveries beyond one per job). The gate's counters, summed", r.perJob, thousands(extra))
+		p("  over the workers: deferrals by reason %s; handler outcomes %s.", counterSummary(g, "sluice_worker_deferrals_total", "reason", ""), counterSummary(g, "sluice_worker_handler_outcomes_total", "outcome", ""))
+		p("  A deferred job goes back to asynq and is dequeued again when it comes back: each deferral is")
+		p("  one more delivery.")
 	}
-	if r.bigLimit > 0 && (r.bigAchieved < 0.99*float64(r.bigLimit) || r.bigAchieved > 1.01*float64(r.bigLimit)) {
-		p("- **Big tenant %.1f/s of %d/s**: its slots are reserved at enqueue, but a job that reaches", r.bigAchieved, r.bigLimit)
-		p("  a worker after its slot starts late, and the started-jobs meter keeps the next ones from")
-		p("  catching up faster than the rate, so a late start is capacity lost.")
-		if r.waitP99 <= 2*time.Second {
-			b.capacityNote(out, r)
+	if miss(tgtDenied) {
+		p("- **Denied gate decisions %.3f per job** (%s). By rule: %s. A job leaves its line (or goes", perJobF(r.gateDenied, r.enqueued), thousands(int64(r.gateDenied)), counterSummaryExcept(g, decisionsFamily, "rule", "verdict=denied", "reserved"))
+		p("  straight to asynq) with its slot and concurrency slot taken, so the gate should admit it on")
+		p("  them at once; a denial means it reached a worker before the started-jobs meter let it start")
+		p("  (`rate[i]`), with the tenant's slots all held (`concurrency`), or while the tenant paused after")
+		p("  a 429 (`cooldown`). A denied job waits in the worker and asks again, or is deferred.")
+	}
+	if miss(tgtRedis) {
+		p("- **Redis CPU %s per completed job** (target %s). %s", micros(r.redisPerJob), micros(targetRedisPerJob), b.redisCostNote(rd))
+	}
+	if miss(tgtJobsPerSec) {
+		if b.prev.comparable(r.enqueued) {
+			p("- **Fleet jobs/s %.0f, below %s's %.0f.** The workload is paced by its limits (ideal: the", r.jobsPerSec, b.prev.since(), b.prev.JobsPerSec)
+			p("  last job at t=%.0fs), so this figure is set by when the last job finished: t=%.0fs here.", b.w.idealEnd().Seconds(), r.makespan.Seconds())
+			switch {
+			case len(r.stalls) > 0:
+				p("  The stalled lines (above) held the last jobs back.")
+			case r.burstCPU.saturated():
+				p("  The cores were saturated during the burst (%s).", r.burstCPU)
+			}
 		} else {
-			p("  Jobs reached the workers late for the reason above.")
+			p("- **Fleet jobs/s**: no previous report of this workload to compare with (%.0f jobs/s here).", r.jobsPerSec)
 		}
 	}
-	if r.tenantsOverCap > 0 {
+	if miss(tgtBig) {
+		p("- **Big tenant %.1f/s of %d/s**, and the cores were not saturated during its burst (%s).", r.bigAchieved, r.bigLimit, r.burstCPU)
+		p("  Its jobs are promoted from its line at their slots; a job that reaches a worker after its")
+		p("  slot starts late, and the started-jobs meter keeps the next ones from catching up faster than")
+		p("  the rate, so a late start is capacity lost.")
+	}
+	if miss(tgtRate) {
+		p("- **Rate error %s (%s)**: requests sent over the limit in a 10 s window.", pct(r.rateErr), r.rateErrTenant)
+	}
+	if miss(tgtCap) {
 		p("- **Concurrency over cap** (%d tenants, worst %s: %d against %d).", r.tenantsOverCap, r.concTenant, r.concPeak, r.concCap)
 	}
-	if r.lost > 0 || r.unfinished > 0 {
-		p("- **%d lost, %d unfinished** when the run stopped.", r.lost, r.unfinished)
+	if miss(tgtLost) {
+		p("- **%d lost, %d unfinished** when the run stopped at its deadline (ideal end + %s).", r.lost, r.unfinished, b.o.cfg.drain)
+		if len(r.stalls) > 0 && r.unfinished > 0 {
+			p("  The unfinished jobs were waiting in stalled lines (above).")
+		}
 	}
+}
+
+// stallNote describes the stalls of r: tenants whose waiting jobs stood
+// still while the fleet had room.
+func (b *benchmark) stallNote(out io.Writer, r *result) {
+	p := func(format string, args ...any) { fmt.Fprintf(out, format+"\n", args...) }
+	n := 0
+	var classes []string
+	for _, c := range []string{classBig, classMedium, classRate, classConc, classBoth} {
+		if k := r.stalledTenants[c]; k > 0 {
+			n += k
+			classes = append(classes, fmt.Sprintf("%s %d", c, k))
+		}
+	}
+	med, longest := percentile(r.stalls, 50), r.stalls[len(r.stalls)-1]
+	p("- **Stalled lines.** %s times a tenant's waiting jobs stood still for %s or more — nothing of", thousands(int64(len(r.stalls))), secs(stallMin))
+	p("  it reached the downstream — while the fleet had room (the pending list shorter than its %d", b.o.cfg.workers*b.o.cfg.conc)
+	p("  slots): median %s, longest %s; %d tenants (%s), %s jobs waited", secs(med), secs(longest), n, strings.Join(classes, ", "), thousands(int64(r.stalledJobs)))
+	p("  through one. No tenant's own limits make a job wait that long (every rate is 1/s or more).")
+	lease := throttle.LeaseDefault
+	if r.stalledBoth*10 >= n*8 && med >= lease-10*time.Second && med <= lease+10*time.Second {
+		p("  %d of those tenants have both a rate and a concurrency rule, and the stalls last about the", r.stalledBoth)
+		p("  concurrency lease (%s). That is the signature of a defect of the engine found while", lease)
+		p("  preparing this run (reported with a reproduction): when a finished job's release finds the")
+		p("  head of its tenant's line not yet due by its rate, it hands nothing on, and the tenant's due")
+		p("  time in the waiting room's index stays where a pump last put it — at the lease's end, set")
+		p("  while the concurrency slot was held — so no pump serves the line until then.")
+	} else {
+		p("  The benchmark does not tell why: %d of the tenants have both a rate and a concurrency rule.", r.stalledBoth)
+	}
+}
+
+// redisCostNote says where sluice's Redis CPU went, from the profile.
+func (b *benchmark) redisCostNote(rd *runData) string {
+	jobs := 0
+	if rd.profile != nil {
+		jobs = completedBetween(rd.arrivals, rd.profile.From, rd.profile.To)
+	}
+	rows := profileRows(rd.profile, jobs)
+	if len(rows) == 0 {
+		return "No profile window to say where it went."
+	}
+	var parts []string
+	for _, row := range rows[:min(4, len(rows))] {
+		parts = append(parts, fmt.Sprintf("%s %.0f µs (%.1f calls)", row.label, row.usec, row.callsPerJob))
+	}
+	return fmt.Sprintf("In the profiled window (t=%.0f–%.0fs) the largest costs per completed job were %s; see *Where Redis's CPU goes*.",
+		rd.profile.From.Seconds(), rd.profile.To.Seconds(), strings.Join(parts, ", "))
 }
 
 // capacityNote says whether the fleet kept up with the jobs coming due.
 func (b *benchmark) capacityNote(out io.Writer, r *result) {
 	p := func(format string, args ...any) { fmt.Fprintf(out, format+"\n", args...) }
-	perDelivery := func(x *result) float64 {
-		if x.deliveries == 0 {
-			return 0
-		}
-		return x.redisCPU / float64(x.deliveries) * 1e6
-	}
-	p("  The pending list grew to %s tasks and Redis used %s of a core in its busiest 10 s", thousands(r.peakPending), pct(r.redisBusy))
-	p("  (plot above; load average %s after the run).", r.loadAfter)
-	if r.redisBusy >= 0.9 {
-		p("  Redis was the bottleneck: during the burst the fleet could not admit jobs as fast as they")
-		p("  came due (the big tenant's %d/s, the medium tenants' and the small ones'), so every job,", r.bigLimit)
-		p("  small tenants' included, queued behind the backlog in the pending list. Each delivery cost")
-		p("  Redis %.0f µs of CPU with sluice (the waiting room's scripts at enqueue and in the pump,", perDelivery(r))
-		if base := b.resultOf(setupXRate); base != nil {
-			p("  the gate's admission and release), against %.0f µs with set-up 1 (asynq's", perDelivery(base))
-			p("  own dequeue and done scripts and nothing else).")
-		} else {
-			p("  the gate's admission and release).")
-		}
-		if d := counterTotal(b.runOf(r.setup).gate, decisionsFamily); d > 0 && r.completed > 0 {
-			p("  The gate made %.1f admission decisions per completed job (%s denied, by rule: %s): a job", d/float64(r.completed),
-				thousands(int64(counterTotal(b.runOf(r.setup).gate, decisionsFamily, "verdict=denied"))),
-				counterSummary(b.runOf(r.setup).gate, decisionsFamily, "rule", "verdict=denied"))
-			p("  waiting in-process for its slot asks again after each sleep, and every answer is a script")
-			p("  run in Redis; several asks per job multiply the cost above one admission and one release.")
-		}
-		p("  On this shared 2-core machine Redis, %d workers, the producer and the downstream compete", b.o.cfg.workers)
-		p("  for the same cores; a fleet whose Redis has a core of its own has more headroom, but the")
-		p("  per-job Redis cost is what limits a fleet's jobs/s per Redis (see BENCHMARKS.md).")
-	} else {
-		p("  Redis was not saturated; the workers and the machine (shared, see the load) were the limit:")
-		p("  jobs came due faster than the fleet dequeued and admitted them.")
+	p("  The pending list grew to %s tasks, Redis used %s of a core in its busiest 10 s, and during", thousands(r.peakPending), pct(r.redisBusy))
+	p("  the burst the %s (load average %s after the run).", r.burstCPU, r.loadAfter)
+	switch {
+	case r.redisBusy >= 0.9:
+		p("  Redis was the bottleneck: the fleet could not start jobs as fast as they came due.")
+	case r.burstCPU.saturated():
+		p("  The machine's cores were the limit: Redis, the workers, the producer and the downstream")
+		p("  share them, and jobs came due faster than the workers got CPU to start them.")
+	default:
+		p("  Neither Redis nor the cores were saturated.")
 	}
 }
 
@@ -419,6 +491,12 @@ func (b *benchmark) runOf(setup string) *runData {
 // first: "throttled 1,234, cooldown 5".
 // where, when not empty, keeps only the series with that "label=value".
 func counterSummary(g map[string]float64, family, label, where string) string {
+	return counterSummaryExcept(g, family, label, where, "")
+}
+
+// counterSummaryExcept is counterSummary leaving out the label's value
+// except.
+func counterSummaryExcept(g map[string]float64, family, label, where, except string) string {
 	sums := map[string]float64{}
 	for k, v := range g {
 		name, labels, ok := strings.Cut(strings.TrimSuffix(k, "}"), "{")
@@ -426,7 +504,7 @@ func counterSummary(g map[string]float64, family, label, where string) string {
 			continue
 		}
 		for _, l := range strings.Split(labels, ",") {
-			if lk, lv, ok := strings.Cut(l, "="); ok && lk == label {
+			if lk, lv, ok := strings.Cut(l, "="); ok && lk == label && (except == "" || lv != except) {
 				if lv == "" {
 					lv = "(none)"
 				}

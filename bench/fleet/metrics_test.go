@@ -305,7 +305,28 @@ func TestGateCounters(t *testing.T) {
 	}
 	require.Equal(t, "concurrency 2,000, rate[0] 7", counterSummary(g, "sluice_worker_decisions_total", "rule", "verdict=denied"))
 	require.Equal(t, "throttled 3", counterSummary(g, "sluice_worker_deferrals_total", "reason", ""))
+	require.Equal(t, "rate[0] 7", counterSummaryExcept(g, "sluice_worker_decisions_total", "rule", "verdict=denied", "concurrency"))
 	require.Equal(t, "(none recorded)", counterSummary(g, "sluice_worker_drops_total", "tenant", ""))
 	require.InDelta(t, 2017, counterTotal(g, "sluice_worker_decisions_total"), 1e-9)
 	require.InDelta(t, 2007, counterTotal(g, "sluice_worker_decisions_total", "verdict=denied"), 1e-9)
+}
+
+func TestStallsOf(t *testing.T) {
+	t.Parallel()
+	s := time.Second
+	// Jobs enqueued at 0, 0, 0 and 50 s; started at 0.1, 31 and 62 s, the
+	// last one never; requests at their starts and a refused one at 40 s.
+	enq := []time.Duration{0, 0, 0, 50 * s}
+	started := []time.Duration{100 * time.Millisecond, 31 * s, 62 * s, -1}
+	arr := []time.Duration{100 * time.Millisecond, 31 * s, 40 * s, 62 * s}
+	got := stallsOf(enq, started, arr, 90*s, 10*s)
+	require.Equal(t, [][2]time.Duration{
+		{100 * time.Millisecond, 31 * s}, // two wait, nothing arrives
+		{40 * s, 62 * s},                 // the third still waits after the refused request
+		{62 * s, 90 * s},                 // the last one never starts
+	}, got)
+	require.Empty(t, stallsOf(enq[:1], started[:1], arr[:1], 90*s, 10*s), "nothing waits")
+	require.Empty(t, stallsOf(nil, nil, nil, 90*s, 10*s))
+	// A job that waits 9 s is no stall.
+	require.Empty(t, stallsOf([]time.Duration{s}, []time.Duration{10 * s}, []time.Duration{10 * s}, 20*s, 10*s))
 }

@@ -95,3 +95,15 @@ func peakPending(samples []sample) int64 {
 	}
 	return most
 }
+
+// maxPending is the longest the pending list was in the samples from
+// from to to (0 when none was taken then).
+func maxPending(samples []sample, from, to time.Duration) int64 {
+	var most int64
+	for _, s := range samples {
+		if s.At >= from && s.At <= to {
+			most = max(most, s.Pending)
+		}
+	}
+	return most
+}

@@ -20,6 +20,7 @@ type savedBench struct {
 	Command   string
 	Machine   savedMachine
 	Runs      []savedRun
+	Prev      previous
 }
 
 type savedMachine struct {
@@ -54,7 +55,7 @@ type savedRun struct {
 func (b *benchmark) save(file string) error {
 	m := b.machine
 	s := savedBench{Config: b.o.cfg.name, Setups: b.o.setups, Allowance: b.o.allowance, Workers: b.o.cfg.workers,
-		Began: b.began, Took: b.took, Command: b.command,
+		Began: b.began, Took: b.took, Command: b.command, Prev: b.prev,
 		Machine: savedMachine{Cores: m.cores, CPU: m.cpu, Memory: m.memory, Kernel: m.kernel, Go: m.goVer, Redis: m.redis}}
 	for _, rd := range b.runs {
 		r := savedRun{Setup: rd.setup, Enq: rd.enq, EnqErrs: rd.enqErrs, FirstErr: rd.firstErr, Served: rd.served,
@@ -104,7 +105,7 @@ func load(file string) (*benchmark, error) {
 		return nil, err
 	}
 	m := s.Machine
-	b := &benchmark{o: options{cfg: cfg, setups: s.Setups, allowance: s.Allowance}, w: w, began: s.Began, took: s.Took, command: s.Command,
+	b := &benchmark{o: options{cfg: cfg, setups: s.Setups, allowance: s.Allowance}, w: w, began: s.Began, took: s.Took, command: s.Command, prev: s.Prev,
 		machine: machine{cores: m.Cores, cpu: m.CPU, memory: m.Memory, kernel: m.Kernel, goVer: m.Go, redis: m.Redis}}
 	for _, r := range s.Runs {
 		if len(r.Enq) != len(w.jobs) || len(r.Served) != len(w.jobs) || len(r.At) != len(w.tenants) {
