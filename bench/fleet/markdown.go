@@ -72,7 +72,7 @@ func (b *benchmark) resultOf(setup string) *result {
 
 // markdown writes docs/benchmarks.md.
 func (b *benchmark) markdown(out io.Writer) {
-	w, cfg := b.w, b.o.cfg
+	cfg := b.o.cfg
 	p := func(format string, args ...any) { fmt.Fprintf(out, format+"\n", args...) }
 	p("# Fleet benchmark")
 	p("")
@@ -103,13 +103,41 @@ func (b *benchmark) markdown(out io.Writer) {
 	for _, rd := range b.runs {
 		p("| load average (1/5/15 min) around %s | before %s, after %s |", setupTitle(rd.setup), rd.loadBefore, rd.loadAfter)
 	}
+	if b.sat != nil {
+		for _, rd := range b.sat.runs {
+			p("| … around %s, saturation | before %s, after %s |", setupTitle(rd.setup), rd.loadBefore, rd.loadAfter)
+		}
+	}
 	p("")
 	p("Everything shares those cores: Redis, the %d worker processes, the producer and the", cfg.workers)
 	p("downstream server (in the benchmark's own process). The machine is shared with other")
 	p("work, so absolute numbers move from run to run; the set-ups ran one after the other on")
 	p("the same workload, each with a fresh Redis and downstream.")
 	p("")
+	p("The run has these scenarios, each comparing the same set-ups:")
+	p("")
+	if len(b.runs) > 0 {
+		p("- [**Fleet**](#workload): 1 big tenant bursting under its rate limit among many small and medium")
+		p("  ones, every tenant limited, against a downstream that enforces the limits.")
+	}
+	if b.sat != nil {
+		p("- [**Saturation**](#saturation-a-tenant-with-no-limits-floods-the-fleet): a tenant with no")
+		p("  limits floods a fleet too small for it while small tenants trickle.")
+	}
+	p("")
+	b.targetsSection(out)
+	if len(b.runs) > 0 {
+		b.fleetMarkdown(out)
+	}
+	if b.sat != nil {
+		b.saturationMarkdown(out)
+	}
+}
 
+// fleetMarkdown writes the fleet scenario's part of the report.
+func (b *benchmark) fleetMarkdown(out io.Writer) {
+	w, cfg := b.w, b.o.cfg
+	p := func(format string, args ...any) { fmt.Fprintf(out, format+"\n", args...) }
 	p("## Workload")
 	p("")
 	counts := w.counts()
@@ -166,7 +194,7 @@ func (b *benchmark) markdown(out io.Writer) {
 
 	p("## Results")
 	p("")
-	markdownTable(out, b.results)
+	markdownTable(out, rows, b.results)
 	p("")
 	p("What the rows mean:")
 	p("")
@@ -211,24 +239,6 @@ func (b *benchmark) markdown(out io.Writer) {
 
 	b.redisSection(out)
 
-	if s := b.resultOf(setupSluice); s != nil {
-		p("## sluice against its targets")
-		p("")
-		p("Issue 11's targets for the waiting room, and the standing ones of issue 5. Every figure is")
-		p("this run's; *the previous run* is the report this one replaced, read before it was rewritten.")
-		p("")
-		p("| target | met | measured |")
-		p("|---|---|---|")
-		for _, t := range targets(s, b.prev) {
-			met := "yes"
-			if !t.met {
-				met = "**no**"
-			}
-			p("| %s | %s | %s |", t.name, met, t.actual)
-		}
-		p("")
-	}
-
 	p("## Plots")
 	p("")
 	p("Requests per second at the downstream, per set-up: the big tenant (top) and the three small")
@@ -251,6 +261,36 @@ func (b *benchmark) markdown(out io.Writer) {
 	p("## Commentary")
 	p("")
 	b.commentary(out)
+}
+
+// targetsSection writes the table of sluice's targets, every scenario's.
+func (b *benchmark) targetsSection(out io.Writer) {
+	p := func(format string, args ...any) { fmt.Fprintf(out, format+"\n", args...) }
+	var ts []target
+	if s := b.resultOf(setupSluice); s != nil {
+		ts = targets(s, b.prev)
+	}
+	ts = append(ts, b.scenarioTargets()...)
+	if len(ts) == 0 {
+		return
+	}
+	p("## sluice against its targets")
+	p("")
+	p("Issue 11's targets for the waiting room, and the standing ones of issue 5. Every figure is")
+	p("this run's; *the previous run* is the report this one replaced, read before it was rewritten.")
+	p("Each missed target is explained where its scenario is: the fleet's in [*Commentary*](#commentary),")
+	p("the others in their own sections.")
+	p("")
+	p("| target | met | measured |")
+	p("|---|---|---|")
+	for _, t := range ts {
+		met := "yes"
+		if !t.met {
+			met = "**no**"
+		}
+		p("| %s | %s | %s |", t.name, met, t.actual)
+	}
+	p("")
 }
 
 // commentary writes what each set-up got right and wrong, from the numbers.
@@ -347,7 +387,7 @@ func (b *benchmark) sluiceCommentary(out io.Writer, r *result) {
 	p("Targets missed: %s. Why, from this run's measurements:", strings.Join(missed, "; "))
 	p("")
 	if len(r.stalls) > 0 {
-		b.stallNote(out, r)
+		b.stallNote(out, r, b.o.cfg.workers*b.o.cfg.conc)
 	}
 	if miss(tgtRejections) {
 		rej := r.rejRate + r.rejConc
@@ -416,7 +456,7 @@ func (b *benchmark) sluiceCommentary(out io.Writer, r *result) {
 
 // stallNote describes the stalls of r: tenants whose waiting jobs stood
 // still while the fleet had room.
-func (b *benchmark) stallNote(out io.Writer, r *result) {
+func (b *benchmark) stallNote(out io.Writer, r *result, slots int) {
 	p := func(format string, args ...any) { fmt.Fprintf(out, format+"\n", args...) }
 	n := 0
 	var classes []string
@@ -428,7 +468,7 @@ func (b *benchmark) stallNote(out io.Writer, r *result) {
 	}
 	med, longest := percentile(r.stalls, 50), r.stalls[len(r.stalls)-1]
 	p("- **Stalled lines.** %s times a tenant's waiting jobs stood still for %s or more — nothing of", thousands(int64(len(r.stalls))), secs(stallMin))
-	p("  it reached the downstream — while the fleet had room (the pending list shorter than its %d", b.o.cfg.workers*b.o.cfg.conc)
+	p("  it reached the downstream — while the fleet had room (the pending list shorter than its %d", slots)
 	p("  slots): median %s, longest %s; %d tenants (%s), %s jobs waited", secs(med), secs(longest), n, strings.Join(classes, ", "), thousands(int64(r.stalledJobs)))
 	p("  through one. No tenant's own limits make a job wait that long (every rate is 1/s or more).")
 	lease := throttle.LeaseDefault

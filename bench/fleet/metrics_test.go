@@ -212,6 +212,43 @@ func TestWorkload(t *testing.T) {
 	require.Error(t, err)
 }
 
+func TestSaturationWorkload(t *testing.T) {
+	t.Parallel()
+	for name, sc := range satPresets {
+		w, err := newSaturationWorkload(name, sc, 5)
+		require.NoError(t, err, name)
+		require.Equal(t, kindSaturation, w.kind)
+		require.Len(t, w.tenants, sc.small+1, name)
+		require.Equal(t, "", w.tenants[0].policyText(), "%s: the flooding tenant has no limits", name)
+		require.Equal(t, len(w.jobs), w.cfg.jobs)
+		require.Equal(t, sc.workers, w.cfg.workers)
+		n := 0
+		for i, j := range w.jobs {
+			if j.tenant == 0 {
+				n++
+				require.Equal(t, sc.bigAt, j.at)
+			} else {
+				require.Less(t, j.at, sc.span)
+			}
+			if i > 0 {
+				require.LessOrEqual(t, w.jobs[i-1].at, j.at, "sorted")
+			}
+		}
+		require.Equal(t, sc.big, n, name)
+		require.Equal(t, int32(0), w.jobs[w.bigFrom].tenant)
+		// The small tenants' limits never bind at their trickle.
+		require.Greater(t, float64(w.tenants[1].rate), 2*sc.trickle, name)
+		// The fleet needs at least half the small tenants' span after the
+		// burst to work the burst off, at its slots' best.
+		require.GreaterOrEqual(t, float64(sc.big)/sc.capacity(), (sc.span-sc.bigAt).Seconds()/2, "%s: the fleet cannot keep up", name)
+		again, err := newSaturationWorkload(name, sc, 5)
+		require.NoError(t, err)
+		require.Equal(t, w.jobs, again.jobs, "%s: deterministic", name)
+	}
+	_, err := newSaturationWorkload("bad", satConfig{}, 5)
+	require.Error(t, err)
+}
+
 func TestCompute(t *testing.T) {
 	t.Parallel()
 	w, err := newWorkload(presets["tiny"])

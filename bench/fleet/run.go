@@ -29,9 +29,12 @@ type options struct {
 	cfg       config
 	setups    []string
 	allowance time.Duration // the downstream's jitter allowance on rates
-	// drain overrides cfg.drain for some set-ups (the test gives sluice
-	// room on a busy machine without waiting longer for the others).
+	// drain overrides the workload's drain for some set-ups, keyed
+	// "kind/setup" (the test gives sluice room on a busy machine without
+	// waiting longer for the others).
 	drain map[string]time.Duration
+	// scenarios to run: kindFleet, kindSaturation, kindEndToEnd
+	scenarios []string
 	log   io.Writer // progress lines
 }
 
@@ -82,8 +85,12 @@ func (w *workload) idealEnd() time.Duration {
 // runSetup runs the workload through one set-up, from a fresh Redis and
 // downstream to the last worker's exit.
 func runSetup(ctx context.Context, o options, w *workload, setup string) (*runData, error) {
+	label := setup
+	if w.kind != kindFleet {
+		label = w.kind + " " + setup
+	}
 	logf := func(format string, args ...any) {
-		fmt.Fprintf(o.log, "[%s] %s\n", setup, fmt.Sprintf(format, args...))
+		fmt.Fprintf(o.log, "[%s] %s\n", label, fmt.Sprintf(format, args...))
 	}
 	rd := &runData{setup: setup, loadBefore: loadAvg(), leftover: map[string]int{}, gate: map[string]float64{},
 		denied: map[string]int64{}, cores: runtime.NumCPU()}
@@ -100,7 +107,8 @@ func runSetup(ctx context.Context, o options, w *workload, setup string) (*runDa
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
-	args := []string{"-setup", setup, "-redis", srv.addr, "-concurrency", strconv.Itoa(o.cfg.conc), "-procs", strconv.Itoa(o.cfg.workers)}
+	cfg := w.cfg
+	args := []string{"-setup", setup, "-redis", srv.addr, "-concurrency", strconv.Itoa(cfg.conc), "-procs", strconv.Itoa(cfg.workers)}
 	var enq enqueuer
 	switch setup {
 	case setupSluice:
@@ -174,7 +182,7 @@ func runSetup(ctx context.Context, o options, w *workload, setup string) (*runDa
 		procs = nil
 	}
 	defer stopAll()
-	for i := 0; i < o.cfg.workers; i++ {
+	for i := 0; i < cfg.workers; i++ {
 		p, err := startWorker(ctx, args)
 		if err != nil {
 			return nil, err
@@ -211,7 +219,11 @@ func runSetup(ctx context.Context, o options, w *workload, setup string) (*runDa
 		// its own connection: the slow log is read in a transaction
 		pc := redis.NewClient(&redis.Options{Addr: srv.addr, PoolSize: 2})
 		defer pc.Close()
-		p, err := profileRedis(sctx, pc, start, o.cfg.profileAt, o.cfg.profileFor)
+		if cfg.profileFor <= 0 {
+			profiled <- nil
+			return
+		}
+		p, err := profileRedis(sctx, pc, start, cfg.profileAt, cfg.profileFor)
 		if err != nil && sctx.Err() == nil {
 			logf("profile of Redis: %v", err)
 		}
@@ -221,8 +233,8 @@ func runSetup(ctx context.Context, o options, w *workload, setup string) (*runDa
 	produced := make(chan struct{})
 	go func() { prod.run(ctx); close(produced) }()
 
-	drain := o.cfg.drain
-	if d, ok := o.drain[setup]; ok {
+	drain := cfg.drain
+	if d, ok := o.drain[w.kind+"/"+setup]; ok {
 		drain = d
 	}
 	deadline := start.Add(w.idealEnd() + drain)

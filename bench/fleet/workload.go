@@ -112,7 +112,9 @@ type job struct {
 // workload is the tenants and their jobs; jobs are sorted by time, and
 // a job's index is its identity everywhere (task id, X-Job header).
 type workload struct {
+	kind    string // kindFleet or kindSaturation
 	cfg     config
+	sat     satConfig // the saturation scenario's own settings
 	tenants []tenant
 	jobs    []job
 	bigFrom int // jobs[bigFrom:bigFrom+cfg.big] are the big burst
@@ -139,7 +141,7 @@ func newWorkload(cfg config) (*workload, error) {
 		return nil, fmt.Errorf("workload %q: needs at least %d tenants, a big burst, a rate, a span, and more jobs than big burst plus tenants", cfg.name, cfg.medium+2)
 	}
 	r := rand.New(rand.NewPCG(cfg.seed, 0x5eed))
-	w := &workload{cfg: cfg}
+	w := &workload{kind: kindFleet, cfg: cfg}
 	for i := 0; i < cfg.tenants; i++ {
 		t := tenant{id: i, name: fmt.Sprintf("t%04d", i)}
 		switch {
