@@ -135,6 +135,7 @@ func TestTinyRun(t *testing.T) {
 		return b
 	}
 	var b, sat *benchmark
+	var e2e []e2eRound
 	t.Run("scenarios", func(t *testing.T) {
 		t.Run(kindFleet, func(t *testing.T) {
 			t.Parallel()
@@ -157,6 +158,21 @@ func TestTinyRun(t *testing.T) {
 			require.NotNil(t, b.runOf(setupSluice).profile, "Redis profiled")
 			require.Positive(t, b.runOf(setupSluice).cmdStats["evalsha"].Calls)
 		})
+		t.Run(kindEndToEnd, func(t *testing.T) {
+			t.Parallel()
+			e := run(t, kindEndToEnd)
+			sums := summarizeE2E(e.e2e)
+			require.Len(t, sums, len(e2eHandlers))
+			for _, s := range sums {
+				require.Positive(t, s.plainJPS, s.handler)
+				require.Positive(t, s.sluiceJPS, s.handler)
+			}
+			for _, r := range e.e2e {
+				require.Empty(t, r.Problems)
+				require.Zero(t, r.EnqErrs)
+			}
+			e2e = e.e2e
+		})
 		t.Run(kindSaturation, func(t *testing.T) {
 			t.Parallel()
 			sat = run(t, kindSaturation)
@@ -174,7 +190,7 @@ func TestTinyRun(t *testing.T) {
 	if t.Failed() {
 		return
 	}
-	b.sat = sat.sat
+	b.sat, b.e2e = sat.sat, e2e
 
 	dir := t.TempDir()
 	b.command = "cd bench && go run ./fleet -config tiny"
@@ -185,6 +201,7 @@ func TestTinyRun(t *testing.T) {
 	require.Contains(t, string(md), "## sluice against its targets")
 	require.Contains(t, string(md), "## Saturation: a tenant with no limits floods the fleet")
 	require.Contains(t, string(md), "| sluice admit.lua |")
+	require.Contains(t, string(md), "## End to end: enqueue and run, limits not binding")
 	for _, f := range []string{"fleet-wait.png", "fleet-queues.png", "fleet-arrivals-xrate.png", "fleet-arrivals-redisrate.png",
 		"fleet-arrivals-sluice.png", "fleet-saturation-wait.png"} {
 		png, err := os.ReadFile(filepath.Join(dir, "img", f))

@@ -167,6 +167,9 @@ func (b *benchmark) finish(out string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stdout, "\nSaturation:")
 		printTable(stdout, satRows, b.sat.results)
 	}
+	for _, s := range summarizeE2E(b.e2e) {
+		fmt.Fprintf(stdout, "\nEnd to end, %s jobs: plain asynq %.0f jobs/s, sluice %.0f jobs/s (%.2f×)\n", s.handler, s.plainJPS, s.sluiceJPS, s.ratio)
+	}
 	if out == "" {
 		return 0
 	}
@@ -190,8 +193,9 @@ type benchmark struct {
 	command string
 	plotted []int
 	plotEnd time.Duration
-	prev    previous  // the report this run replaces
-	sat     *scenario // the saturation scenario, when run
+	prev    previous   // the report this run replaces
+	sat     *scenario  // the saturation scenario, when run
+	e2e     []e2eRound // the end-to-end scenario's rounds, when run
 }
 
 // scenario is one of the other scenarios' runs: its workload and each
@@ -241,6 +245,14 @@ func bench(ctx context.Context, o options) (*benchmark, error) {
 			}
 			b.sat.runs = append(b.sat.runs, rd)
 			b.sat.results = append(b.sat.results, compute(sw, rd))
+		}
+	}
+	if o.runs(kindEndToEnd) {
+		ec := e2ePresets[o.cfg.name]
+		fmt.Fprintf(o.log, "end to end %s: %d jobs over %d tenants per round, %d round(s) of plain asynq and sluice per handler\n",
+			o.cfg.name, ec.jobs, ec.tenants, ec.pairs)
+		if b.e2e, err = runE2E(ctx, o, ec); err != nil {
+			return nil, err
 		}
 	}
 	b.took = time.Since(b.began)

@@ -124,6 +124,10 @@ func (b *benchmark) markdown(out io.Writer) {
 		p("- [**Saturation**](#saturation-a-tenant-with-no-limits-floods-the-fleet): a tenant with no")
 		p("  limits floods a fleet too small for it while small tenants trickle.")
 	}
+	if len(b.e2e) > 0 {
+		p("- [**End to end**](#end-to-end-enqueue-and-run-limits-not-binding): jobs enqueued and run as")
+		p("  fast as they go, sluice's limits never binding, against plain asynq (no middleware).")
+	}
 	p("")
 	b.targetsSection(out)
 	if len(b.runs) > 0 {
@@ -131,6 +135,9 @@ func (b *benchmark) markdown(out io.Writer) {
 	}
 	if b.sat != nil {
 		b.saturationMarkdown(out)
+	}
+	if len(b.e2e) > 0 {
+		b.e2eMarkdown(out)
 	}
 }
 
@@ -345,9 +352,11 @@ func (b *benchmark) commentary(out io.Writer) {
 			p("The difference is set-up 1 falling behind its own limits, not sluice being faster.")
 		}
 		p("What the gate costs shows in CPU: %.2f ms of Redis and worker CPU per completed job for sluice,", s.cpuPerJob()*1000)
-		p("against %.2f ms for set-up 1, whose figure includes its %.2f deliveries per job. On a", base.cpuPerJob()*1000, base.perJob)
-		p("saturated fleet (no limits binding) the gate keeps about 0.6× of plain asynq's throughput on")
-		p("this kind of machine (see BENCHMARKS.md, *Worker gate vs plain asynq*).")
+		p("against %.2f ms for set-up 1, whose figure includes its %.2f deliveries per job.", base.cpuPerJob()*1000, base.perJob)
+		for _, e := range summarizeE2E(b.e2e) {
+			p("With no limit binding and jobs enqueued as fast as they go, sluice ran %s jobs at %.2f× plain", e.handler, e.ratio)
+			p("asynq's jobs/s (see *End to end*).")
+		}
 		p("")
 	}
 }

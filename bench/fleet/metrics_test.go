@@ -367,3 +367,26 @@ func TestStallsOf(t *testing.T) {
 	// A job that waits 9 s is no stall.
 	require.Empty(t, stallsOf([]time.Duration{s}, []time.Duration{10 * s}, []time.Duration{10 * s}, 20*s, 10*s))
 }
+
+func TestSummarizeE2E(t *testing.T) {
+	t.Parallel()
+	s := time.Second
+	rounds := []e2eRound{
+		{Setup: setupPlain, Handler: handlerHTTP, Jobs: 1000, Done: s, Enqueued: s / 4, RedisCPU: 0.1, WorkerCPU: s / 5},
+		{Setup: setupSluice, Handler: handlerHTTP, Jobs: 1000, Done: 2 * s, Enqueued: s, RedisCPU: 0.3, WorkerCPU: s / 2},
+		{Setup: setupSluice, Handler: handlerHTTP, Jobs: 1000, Done: 4 * s},
+		{Setup: setupPlain, Handler: handlerHTTP, Jobs: 1000, Done: s / 2},
+		{Setup: setupSluice, Handler: handlerHTTP, Jobs: 1000, Done: 3 * s, Profile: &redisProfile{}}, // not counted
+		{Setup: setupPlain, Handler: handlerNoop, Jobs: 1000, Done: s},
+	}
+	sums := summarizeE2E(rounds)
+	require.Len(t, sums, 1, "noop has no sluice round")
+	h := sums[0]
+	require.Equal(t, handlerHTTP, h.handler)
+	require.InDelta(t, 1500, h.plainJPS, 1e-9, "median of 1,000 and 2,000")
+	require.InDelta(t, 375, h.sluiceJPS, 1e-9, "median of 500 and 250")
+	require.InDelta(t, 0.25, h.ratio, 1e-9)
+	require.InDelta(t, 0.05e-3, h.plainRedis, 1e-12)
+	require.InDelta(t, 2.5, median([]float64{4, 1, 2, 3}), 1e-9)
+	require.Zero(t, median(nil))
+}

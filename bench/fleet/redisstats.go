@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/sha1"
+	"encoding/hex"
 	"fmt"
 	"regexp"
 	"slices"
@@ -139,7 +141,13 @@ func commandLabel(args []string, names map[string]string) string {
 		return cmd
 	}
 	if len(args) > 1 {
-		if n, ok := names[args[1]]; ok {
+		sha := args[1]
+		if cmd == "eval" {
+			// the script itself: its SHA1 names it
+			sum := sha1.Sum([]byte(args[1]))
+			sha = hex.EncodeToString(sum[:])
+		}
+		if n, ok := names[sha]; ok {
 			return n
 		}
 	}
@@ -208,9 +216,10 @@ func otherScript(keys []string) string {
 // profileEvery is how often the profile reads and empties the slow log.
 const profileEvery = 200 * time.Millisecond
 
-// profileRedis logs every command Redis runs from start+from for window,
-// reads the log every profileEvery, and puts the log's settings back.
-func profileRedis(ctx context.Context, c *redis.Client, start time.Time, from, window time.Duration) (*redisProfile, error) {
+// profileRedis logs every command Redis runs from start+from for window
+// (or until stop closes, when that is sooner), reads the log every
+// profileEvery, and puts the log's settings back.
+func profileRedis(ctx context.Context, c *redis.Client, start time.Time, from, window time.Duration, stop <-chan struct{}) (*redisProfile, error) {
 	t := time.NewTimer(time.Until(start.Add(from)))
 	defer t.Stop()
 	select {
@@ -247,12 +256,15 @@ func profileRedis(ctx context.Context, c *redis.Client, start time.Time, from, w
 	tick := time.NewTicker(profileEvery)
 	defer tick.Stop()
 	for last := false; !last; {
+		stopped := false
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		case <-tick.C:
+		case <-stop:
+			stopped = true
 		}
-		if last = !time.Now().Before(end); last {
+		if last = stopped || !time.Now().Before(end); last {
 			if err := c.ConfigSet(ctx, "slowlog-log-slower-than", "-1").Err(); err != nil {
 				return nil, err
 			}

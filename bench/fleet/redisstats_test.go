@@ -52,6 +52,9 @@ func TestCommandLabel(t *testing.T) {
 	require.Equal(t, "asynq server state", commandLabel([]string{"evalsha", "0123", "2", "asynq:servers:{h:1:x}", "asynq:workers:{h:1:x}"}, names))
 	require.Equal(t, "redis_rate allow", commandLabel([]string{"evalsha", "0123", "1", "rate:rl:t0001"}, names))
 	require.Equal(t, "script on other:#, k", commandLabel([]string{"evalsha", "0123", "2", "other:12", "k"}, names))
+	body := "return 1"
+	require.Equal(t, "mine", commandLabel([]string{"EVAL", body, "0"}, map[string]string{redis.NewScript(body).Hash(): "mine"}),
+		"EVAL: the body's SHA1 names it")
 	require.Equal(t, "lpush", commandLabel([]string{"LPUSH", "k", "v"}, names))
 	require.Equal(t, "config|set", cmdName([]string{"CONFIG", "SET", "a", "b"}))
 	require.Equal(t, "?", commandLabel(nil, names))
@@ -80,7 +83,7 @@ func TestProfileRedis(t *testing.T) {
 			time.Sleep(time.Millisecond)
 		}
 	}()
-	p, err := profileRedis(ctx, c, start, 100*time.Millisecond, 500*time.Millisecond)
+	p, err := profileRedis(ctx, c, start, 100*time.Millisecond, 500*time.Millisecond, nil)
 	close(stop)
 	<-done
 	require.NoError(t, err)

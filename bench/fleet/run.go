@@ -35,7 +35,7 @@ type options struct {
 	drain map[string]time.Duration
 	// scenarios to run: kindFleet, kindSaturation, kindEndToEnd
 	scenarios []string
-	log   io.Writer // progress lines
+	log       io.Writer // progress lines
 }
 
 // runData is what one set-up's run recorded.
@@ -223,7 +223,7 @@ func runSetup(ctx context.Context, o options, w *workload, setup string) (*runDa
 			profiled <- nil
 			return
 		}
-		p, err := profileRedis(sctx, pc, start, cfg.profileAt, cfg.profileFor)
+		p, err := profileRedis(sctx, pc, start, cfg.profileAt, cfg.profileFor, nil)
 		if err != nil && sctx.Err() == nil {
 			logf("profile of Redis: %v", err)
 		}

@@ -51,7 +51,7 @@ const (
 )
 
 // scenarios are the scenarios a run may hold, in the order they run.
-var scenarios = []string{kindFleet, kindSaturation}
+var scenarios = []string{kindFleet, kindSaturation, kindEndToEnd}
 
 // targetSatWait is the target of small tenants' p99 wait in the
 // saturation scenario.
@@ -137,7 +137,7 @@ func (b *benchmark) scenarioTargets() []target {
 	if t, ok := b.satTarget(); ok {
 		ts = append(ts, t)
 	}
-	return ts
+	return append(ts, b.e2eTargets()...)
 }
 
 func (sc *scenario) resultOf(setup string) *result {

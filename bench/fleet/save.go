@@ -22,6 +22,7 @@ type savedBench struct {
 	Machine   savedMachine
 	Runs      []savedRun
 	SatRuns   []savedRun
+	E2E       []e2eRound
 	Prev      previous
 }
 
@@ -57,7 +58,7 @@ type savedRun struct {
 func (b *benchmark) save(file string) error {
 	m := b.machine
 	s := savedBench{Config: b.o.cfg.name, Setups: b.o.setups, Scenarios: b.o.scenarios, Allowance: b.o.allowance, Workers: b.o.cfg.workers,
-		Began: b.began, Took: b.took, Command: b.command, Prev: b.prev,
+		Began: b.began, Took: b.took, Command: b.command, Prev: b.prev, E2E: b.e2e,
 		Machine: savedMachine{Cores: m.cores, CPU: m.cpu, Memory: m.memory, Kernel: m.kernel, Go: m.goVer, Redis: m.redis}}
 	for _, rd := range b.runs {
 		s.Runs = append(s.Runs, toSaved(rd))
@@ -144,7 +145,7 @@ func load(file string) (*benchmark, error) {
 	}
 	m := s.Machine
 	b := &benchmark{o: options{cfg: cfg, setups: s.Setups, scenarios: s.Scenarios, allowance: s.Allowance}, w: w,
-		began: s.Began, took: s.Took, command: s.Command, prev: s.Prev,
+		began: s.Began, took: s.Took, command: s.Command, prev: s.Prev, e2e: s.E2E,
 		machine: machine{cores: m.Cores, cpu: m.CPU, memory: m.Memory, kernel: m.Kernel, goVer: m.Go, redis: m.Redis}}
 	for _, r := range s.Runs {
 		rd, err := fromSaved(r, w, m.Cores)

@@ -32,6 +32,16 @@ const (
 	setupXRate     = "xrate"
 	setupRedisRate = "redisrate"
 	setupSluice    = "sluice"
+	// setupPlain is asynq without any throttle, the end-to-end scenario's
+	// baseline.
+	setupPlain = "plain"
+)
+
+// The handlers a worker may run: sluice's built-in http handler, calling
+// the downstream, or one that returns at once.
+const (
+	handlerHTTP = "http"
+	handlerNoop = "noop"
 )
 
 var setups = []string{setupXRate, setupRedisRate, setupSluice}
@@ -39,6 +49,8 @@ var setups = []string{setupXRate, setupRedisRate, setupSluice}
 // setupTitle names a set-up in the report.
 func setupTitle(s string) string {
 	switch s {
+	case setupPlain:
+		return "plain asynq"
 	case setupXRate:
 		return "1. asynq + x/time/rate per process"
 	case setupRedisRate:
@@ -164,24 +176,28 @@ func wikiRetryIn() time.Duration { return time.Duration(rand.IntN(10)) * time.Se
 // JSON. It returns the process's exit code.
 func runWorker(args []string) int {
 	fs := flag.NewFlagSet("fleetbench worker", flag.ContinueOnError)
-	setup := fs.String("setup", "", "xrate, redisrate or sluice")
+	setup := fs.String("setup", "", "xrate, redisrate, sluice or plain")
 	addr := fs.String("redis", "", "Redis address host:port")
 	conc := fs.Int("concurrency", 100, "asynq Concurrency")
 	procs := fs.Int("procs", 1, "worker processes in the fleet (set-up 1 divides each limit by it)")
 	limitsFile := fs.String("limits", "", "JSON file of tenant → limits (set-ups 1 and 2)")
+	kind := fs.String("handler", handlerHTTP, "the jobs' handler: http (calls the downstream) or noop")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	if err := workerMain(*setup, *addr, *conc, *procs, *limitsFile); err != nil {
+	if err := workerMain(*setup, *addr, *conc, *procs, *limitsFile, *kind); err != nil {
 		fmt.Fprintln(os.Stderr, "fleetbench worker:", err)
 		return 1
 	}
 	return 0
 }
 
-func workerMain(setup, addr string, conc, procs int, limitsFile string) error {
+func workerMain(setup, addr string, conc, procs int, limitsFile, kind string) error {
 	if addr == "" || conc < 1 || procs < 1 {
 		return errors.New("-redis, -concurrency ≥ 1 and -procs ≥ 1 are required")
+	}
+	if kind != handlerHTTP && kind != handlerNoop {
+		return fmt.Errorf("-handler %q: want http or noop", kind)
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 100})
 	defer rdb.Close()
@@ -209,6 +225,9 @@ func workerMain(setup, addr string, conc, procs int, limitsFile string) error {
 	builtin := &worker.HTTPHandler{Client: httpClient}
 	handler := asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
 		calls.Add(1)
+		if kind == handlerNoop {
+			return nil
+		}
 		return builtin.ProcessTask(ctx, t)
 	})
 
@@ -217,6 +236,14 @@ func workerMain(setup, addr string, conc, procs int, limitsFile string) error {
 	var gatherer func() prometheus.Gatherer
 	var denied denials
 	switch setup {
+	case setupPlain:
+		cfg.TaskCheckInterval = worker.TaskCheckIntervalDefault
+		cfg.DelayedTaskCheckInterval = worker.DelayedTaskCheckIntervalDefault
+		mux := asynq.NewServeMux()
+		mux.Handle(worker.TypeHTTP, handler)
+		srv := asynq.NewServerFromRedisClient(rdb, cfg)
+		start = func() error { return srv.Start(mux) }
+		stop = srv.Shutdown
 	case setupXRate, setupRedisRate:
 		lim, err := readLimits(limitsFile)
 		if err != nil {
@@ -251,7 +278,7 @@ func workerMain(setup, addr string, conc, procs int, limitsFile string) error {
 		stop = srv.Shutdown
 		gatherer = srv.Gate().Gatherer
 	default:
-		return fmt.Errorf("-setup %q: want xrate, redisrate or sluice", setup)
+		return fmt.Errorf("-setup %q: want xrate, redisrate, sluice or plain", setup)
 	}
 
 	sig := make(chan os.Signal, 1)
@@ -263,7 +290,7 @@ func workerMain(setup, addr string, conc, procs int, limitsFile string) error {
 	<-sig
 	stop()
 	st := workerStats{Deliveries: deliveries.Load(), Calls: calls.Load()}
-	if setup != setupSluice {
+	if setup == setupXRate || setup == setupRedisRate {
 		st.Denied = denied.counts()
 	}
 	if gatherer != nil {
