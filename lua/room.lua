@@ -13,6 +13,9 @@
 --     DUE is -1. Returns {now}.
 --   mark [TENANT]...: each tenant is due now, or earlier if it was (a line
 --     just began). Returns {now}.
+--   markat [TENANT DUE]...: each tenant is due at DUE, or earlier if it
+--     was (a release freed a slot its line's head may take at DUE).
+--     Returns {now}.
 --   ensure [TENANT]...: each tenant not in the index is due now (lines
 --     found by a sweep). Returns {now}.
 --   markall: every tenant in the index is due now (a policy changed).
@@ -53,11 +56,18 @@ elseif op == 'settle' then
       end
     end
   end
-elseif op == 'mark' then
+elseif op == 'mark' or op == 'markat' then
   local z = {}
-  for i = 3, #ARGV do
-    z[#z + 1] = nowf
-    z[#z + 1] = ARGV[i]
+  if op == 'mark' then
+    for i = 3, #ARGV do
+      z[#z + 1] = nowf
+      z[#z + 1] = ARGV[i]
+    end
+  else
+    for i = 3, #ARGV, 2 do
+      z[#z + 1] = ARGV[i + 1]
+      z[#z + 1] = ARGV[i]
+    end
   end
   if #z > 0 then call('ZADD', KEYS[1], 'LT', unpack(z)) end
 elseif op == 'ensure' then

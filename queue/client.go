@@ -323,22 +323,11 @@ func (c *Client) park(ctx context.Context, j *job) (*asynq.TaskInfo, error) {
 }
 
 // fallback is how long the job stays parked at the least: Config.Fallback,
-// or twice the time its line needs at the tenant's slowest rate or window
-// when that is longer, so that asynq does not bring a long line's tail in
-// early.
+// or twice the time its line needs at its tenant's and @global's pace
+// (Policy.Pace) when that is longer, so that asynq does not bring a long
+// line's tail in early.
 func (c *Client) fallback(j *job) time.Duration {
-	need := time.Duration(0)
-	for _, p := range []*throttle.Policy{j.policies.Policy, j.policies.Global} {
-		if p == nil {
-			continue
-		}
-		for _, r := range p.Rates {
-			need = max(need, r.Period/time.Duration(r.Limit))
-		}
-		if p.Window != nil {
-			need = max(need, p.Window.Period/time.Duration(p.Window.Limit))
-		}
-	}
+	need := max(j.policies.Policy.Pace(), j.policies.Global.Pace())
 	const maxFallback = 30 * 24 * time.Hour
 	waiting := min(j.arrived.Waiting+1, int64(maxFallback/max(need, time.Nanosecond)))
 	return min(max(c.cfg.Fallback, 2*time.Duration(waiting)*need*time.Duration(j.opts.cost)), maxFallback)

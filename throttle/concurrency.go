@@ -135,6 +135,8 @@ func (concurrencyKind) validate(p *Policy) error {
 // maxCost: a slot is one job, whatever it costs.
 func (concurrencyKind) maxCost(*Policy, func(int64, string)) {}
 
+func (concurrencyKind) pace(*Policy) time.Duration { return 0 }
+
 func (concurrencyKind) encode(p *Policy, _ time.Time, args []any) ([]any, int) {
 	if c := p.Concurrency; c != nil {
 		return append(args, kindConcurrency, c.Limit, micros(c.lease())), 1

@@ -32,6 +32,10 @@ type ruleKind interface {
 	// maxCost offers low the most each of p's rules of this kind admits at
 	// once (a job costing more could never start), naming the rule.
 	maxCost(p *Policy, low func(n int64, rule string))
+	// pace is the steady time between two starts p's rules of this kind
+	// impose on a long line of jobs of cost 1 (the slowest of them), or 0
+	// for a kind that does not space starts out in time.
+	pace(p *Policy) time.Duration
 	// encode appends, for each of p's rules of this kind, its kind code and
 	// arguments to admit.lua; it returns the args and how many rules it
 	// added. now picks calendar windows.

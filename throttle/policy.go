@@ -273,6 +273,24 @@ func (p *Policy) weight() int64 {
 	return p.Weight
 }
 
+// Pace is the steady time between two starts the policy's rules impose on
+// a long line of jobs of cost 1: the slowest rate's emission interval, or a
+// window's period over its limit, whichever is longer; 0 when no rule
+// spaces starts out (concurrency only, or no rules). The producer reads it
+// to tell how long a tenant's line may take to drain.
+func (p *Policy) Pace() time.Duration {
+	var d time.Duration
+	if p == nil {
+		return d
+	}
+	for _, k := range kinds {
+		if k != nil {
+			d = max(d, k.pace(p))
+		}
+	}
+	return d
+}
+
 // MaxWeight is the largest weight= a policy may give a tenant.
 const MaxWeight = 1000
 

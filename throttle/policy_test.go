@@ -135,6 +135,25 @@ func TestPolicyFields(t *testing.T) {
 	require.Equal(t, OverflowDefer, none.OverflowMode())
 }
 
+func TestPolicyPace(t *testing.T) {
+	t.Parallel()
+	for text, want := range map[string]time.Duration{
+		"":                                     0,
+		"concurrency=5 quota=10/day":           0,
+		"rate=100/s burst=20":                  10 * time.Millisecond,
+		"rate=100/s rate=5000/h":               720 * time.Millisecond,
+		"rate=100/s window=600/min":            100 * time.Millisecond,
+		"window=3/s rate=1000/s":               time.Second / 3,
+		"rate=2/day quota=1/day concurrency=1": 12 * time.Hour,
+	} {
+		p, err := ParsePolicy(text)
+		require.NoError(t, err, text)
+		require.Equal(t, want, p.Pace(), text)
+	}
+	var none *Policy
+	require.Zero(t, none.Pace())
+}
+
 func TestPolicyInvalid(t *testing.T) {
 	t.Parallel()
 	// each error must contain every one of the strings: the field, the

@@ -318,6 +318,14 @@ func (r *Room) Release(ctx context.Context, tenant, queue, id string, claim uint
 	if len(t.Promoted) > 0 {
 		crashpoint.Hit("room.released")
 		r.handOver(ctx, t.Promoted, h)
+	} else if !t.Due.IsZero() {
+		// The slot is free but the line's head may not take it yet (its
+		// rate slot is ahead): the tenant is due then. A pump may have
+		// left it due only at a lease's end, while every slot was held.
+		// Should this fail, that lease's end still brings a pump.
+		if err := r.markAt(ctx, queueOf(queue), tenant, t.Due); err != nil {
+			return err
+		}
 	}
 	if claim != 0 && t.Lost > 0 {
 		return fmt.Errorf("release tenant %q job %q: %w", tenant, id, ErrClaimLost)

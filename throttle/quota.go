@@ -236,6 +236,10 @@ func (quotaKind) maxCost(p *Policy, low func(int64, string)) {
 	}
 }
 
+// pace: a quota does not space starts; it stops them until its calendar
+// window turns.
+func (quotaKind) pace(*Policy) time.Duration { return 0 }
+
 func (quotaKind) encode(p *Policy, now time.Time, args []any) ([]any, int) {
 	q := p.Quota
 	if q == nil {

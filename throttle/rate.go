@@ -293,6 +293,14 @@ func (rateKind) maxCost(p *Policy, low func(int64, string)) {
 	}
 }
 
+func (rateKind) pace(p *Policy) time.Duration {
+	var d time.Duration
+	for _, r := range p.Rates {
+		d = max(d, r.Period/time.Duration(r.Limit))
+	}
+	return d
+}
+
 // encode: the increment of cost 1 and the burst offset, then the period
 // and limit (admit.lua works out the increment of any other cost from
 // them, exactly as rateArgs does).

@@ -454,6 +454,15 @@ func (r *Room) mark(ctx context.Context, queue string, tenants ...string) error 
 	return nil
 }
 
+// markAt makes tenant due in queue's index at the given time, or keeps an
+// earlier due time.
+func (r *Room) markAt(ctx context.Context, queue, tenant string, at time.Time) error {
+	if _, err := r.l.batch.run(ctx, lua.Room, []string{dueKey(r.l.cfg.Prefix, queue)}, []any{r.l.clockArg(), "markat", tenant, at.UnixMicro()}); err != nil {
+		return fmt.Errorf("mark tenant %q due: %w", tenant, err)
+	}
+	return nil
+}
+
 // markAll makes every tenant in queue's index due now: a policy change
 // may have moved their lines' due times.
 func (r *Room) markAll(ctx context.Context, queue string) error {

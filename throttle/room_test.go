@@ -209,6 +209,70 @@ func TestRoomPromotesAtEachSlot(t *testing.T) {
 	require.Equal(t, []string{"p2"}, g.ids())
 }
 
+// TestRoomReleaseKeepsTheLineDue: a release that frees a slot but cannot
+// hand it on yet (the line's head is not due by its rate: the release
+// before it handed its slot on) leaves the tenant due at the head's slot,
+// not where a pump last put it while the slots were all held (the lease's
+// end, half a minute away).
+func TestRoomReleaseKeepsTheLineDue(t *testing.T) {
+	t.Parallel()
+	e := setup(t, false, &Config{PromoteLead: 10 * time.Millisecond})
+	ctx := context.Background()
+	e.policy(t, "both", "rate=10/s concurrency=2")
+	room := e.lim.Room()
+	start := e.clock.Now()
+	// a pump's turn for the tenant, as Pump takes it
+	pumpTurn := func() Turn {
+		t.Helper()
+		tenants, held, err := room.take(ctx, DefaultQueue, 10, HoldDefault)
+		require.NoError(t, err)
+		require.Equal(t, []string{"both"}, tenants)
+		turn, err := room.promote(ctx, "both", DefaultQueue, 10, 10)
+		require.NoError(t, err)
+		room.handOver(ctx, turn.Promoted, (&engine{}).handover)
+		require.NoError(t, room.settle(ctx, DefaultQueue, held, map[string]time.Time{"both": turn.Due}))
+		return turn
+	}
+	claim := func(id string) uint64 {
+		t.Helper()
+		d, err := e.lim.Do(ctx, Request{Tenant: "both", ID: id, Reserve: true})
+		require.NoError(t, err)
+		require.True(t, d.Allowed, "%s: %+v", id, d)
+		return d.Claim
+	}
+	require.Equal(t, []string{"b1"}, line(t, e, "both", "b1", "b2", "b3", "b4"))
+	c1 := claim("b1")
+	e.clock.Advance(90 * time.Millisecond)
+	turn := pumpTurn()
+	require.Len(t, turn.Promoted, 1, "b2, its slot 10ms away")
+	e.clock.Advance(10 * time.Millisecond)
+	c2 := claim("b2")
+	e.clock.Advance(90 * time.Millisecond)
+	turn = pumpTurn()
+	require.Empty(t, turn.Promoted, "b3's slot is due, but both slots are held")
+	require.Equal(t, start.Add(LeaseDefault).UnixMicro(), turn.Due.UnixMicro(), "due at b1's lease end")
+
+	// b1 ends: its slot goes to b3, which takes the rate slot; b2 ends 10ms
+	// later, when b4's slot is 100ms away
+	g := &engine{}
+	require.NoError(t, room.Release(ctx, "both", DefaultQueue, "b1", c1, g.handover))
+	require.Equal(t, []string{"b3"}, g.ids())
+	e.clock.Advance(10 * time.Millisecond)
+	require.NoError(t, room.Release(ctx, "both", DefaultQueue, "b2", c2, g.handover))
+	require.Equal(t, []string{"b3"}, g.ids(), "b4's slot is 100ms away")
+	due, _, ok, err := room.next(ctx, DefaultQueue)
+	require.NoError(t, err)
+	require.True(t, ok, "the tenant stays in the index")
+	require.Equal(t, start.Add(290*time.Millisecond).UnixMicro(), due.UnixMicro(),
+		"due at b4's slot less the lead, not at b1's lease end (%s after the start)", due.Sub(start))
+
+	// then a pump promotes b4
+	e.clock.Advance(90 * time.Millisecond)
+	turn = pumpTurn()
+	require.Len(t, turn.Promoted, 1)
+	require.Equal(t, "b4", turn.Promoted[0].ID)
+}
+
 // TestRoomGoneAndRunningJobs: a line entry whose job the engine no longer
 // has is dropped and what its promotion took given back; one whose job
 // runs already (brought by the engine's fallback) is dropped uncharged.

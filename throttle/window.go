@@ -108,6 +108,13 @@ func (windowKind) maxCost(p *Policy, low func(int64, string)) {
 	}
 }
 
+func (windowKind) pace(p *Policy) time.Duration {
+	if w := p.Window; w != nil {
+		return w.Period / time.Duration(w.Limit)
+	}
+	return 0
+}
+
 func (windowKind) encode(p *Policy, _ time.Time, args []any) ([]any, int) {
 	if w := p.Window; w != nil {
 		return append(args, kindWindow, w.Limit, micros(w.Period)), 1
