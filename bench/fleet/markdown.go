@@ -425,6 +425,12 @@ func (b *benchmark) sluiceCommentary(out io.Writer, r *result) {
 		p("  them at once; a denial means it reached a worker before the started-jobs meter let it start")
 		p("  (`rate[i]`), with the tenant's slots all held (`concurrency`), or while the tenant paused after")
 		p("  a 429 (`cooldown`). A denied job waits in the worker and asks again, or is deferred.")
+		p("  The started-jobs meter is a GCRA over actual starts, exact but for `throttle.ToleranceDefault`")
+		p("  (2 ms): a job that starts a few ms after its slot (the round trip, the worker waking) moves")
+		p("  the meter as far, so the next job, arriving at its own slot, is denied those few ms and asks")
+		p("  again: one more admit.lua call. A tenant kept at its rate with a burst of 1 pays it on nearly")
+		p("  every job; a larger burst absorbs it. Letting starts through earlier would pass the jitter on")
+		p("  to a strict downstream.")
 	}
 	if miss(tgtRedis) {
 		p("- **Redis CPU %s per completed job** (target %s). %s", micros(r.redisPerJob), micros(targetRedisPerJob), b.redisCostNote(rd))
