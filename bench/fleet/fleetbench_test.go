@@ -113,36 +113,84 @@ func TestBadFlags(t *testing.T) {
 	}
 }
 
-// TestTinyRun runs the smallest configuration end to end: a private
-// redis-server, two worker processes per set-up (this test binary, see
-// TestMain), the three set-ups, the report and its plots.
+// TestTinyRun runs the smallest configuration end to end: for each
+// scenario a private redis-server, two worker processes per set-up (this
+// test binary, see TestMain), the three set-ups; then the report of them
+// all and its plots. The scenarios run side by side to keep the test short.
 func TestTinyRun(t *testing.T) {
 	// The asynq set-ups stop at the tiny preset's deadline; sluice, whose
 	// every job must be done, gets a minute in case the machine is busy.
-	o := options{cfg: presets["tiny"], setups: setups, allowance: 20 * time.Millisecond, log: io.Discard,
-		drain: map[string]time.Duration{setupSluice: time.Minute}}
+	base := options{cfg: presets["tiny"], setups: setups, allowance: 20 * time.Millisecond, log: io.Discard,
+		drain: map[string]time.Duration{kindFleet + "/" + setupSluice: time.Minute}}
 	if testing.Verbose() {
-		o.log = os.Stderr
+		base.log = os.Stderr
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	b, err := bench(ctx, o)
-	require.NoError(t, err)
-	require.Len(t, b.results, 3)
-	for _, r := range b.results {
-		require.Equal(t, r.jobs, r.enqueued, "%s: every job enqueued (%s)", r.setup, r.firstErr)
-		require.Positive(t, r.completed, r.setup)
-		require.Positive(t, r.deliveries, r.setup)
-		require.Positive(t, r.redisCPU+r.redisPeak, r.setup)
-		require.Empty(t, r.problems, r.setup)
+	run := func(t *testing.T, kind string) *benchmark {
+		o := base
+		o.scenarios = []string{kind}
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		b, err := bench(ctx, o)
+		require.NoError(t, err)
+		return b
 	}
-	s := b.resultOf(setupSluice)
-	require.Equal(t, s.jobs, s.completed, "sluice completes every job")
-	require.Zero(t, s.lost)
-	require.Zero(t, s.unfinished)
-	require.Zero(t, s.duplicates)
-	require.Zero(t, s.tenantsOverCap, "sluice never exceeds a cap")
-	require.NotEmpty(t, s.waits)
+	var b, sat *benchmark
+	var e2e []e2eRound
+	t.Run("scenarios", func(t *testing.T) {
+		t.Run(kindFleet, func(t *testing.T) {
+			t.Parallel()
+			b = run(t, kindFleet)
+			require.Len(t, b.results, 3)
+			for _, r := range b.results {
+				require.Equal(t, r.jobs, r.enqueued, "%s: every job enqueued (%s)", r.setup, r.firstErr)
+				require.Positive(t, r.completed, r.setup)
+				require.Positive(t, r.deliveries, r.setup)
+				require.Positive(t, r.redisCPU+r.redisPeak, r.setup)
+				require.Empty(t, r.problems, r.setup)
+			}
+			s := b.resultOf(setupSluice)
+			require.Equal(t, s.jobs, s.completed, "sluice completes every job")
+			require.Zero(t, s.lost)
+			require.Zero(t, s.unfinished)
+			require.Zero(t, s.duplicates)
+			require.Zero(t, s.tenantsOverCap, "sluice never exceeds a cap")
+			require.NotEmpty(t, s.waits)
+			require.NotNil(t, b.runOf(setupSluice).profile, "Redis profiled")
+			require.Positive(t, b.runOf(setupSluice).cmdStats["evalsha"].Calls)
+		})
+		t.Run(kindEndToEnd, func(t *testing.T) {
+			t.Parallel()
+			e := run(t, kindEndToEnd)
+			sums := summarizeE2E(e.e2e)
+			require.Len(t, sums, len(e2eHandlers))
+			for _, s := range sums {
+				require.Positive(t, s.plainJPS, s.handler)
+				require.Positive(t, s.sluiceJPS, s.handler)
+			}
+			for _, r := range e.e2e {
+				require.Empty(t, r.Problems)
+				require.Zero(t, r.EnqErrs)
+			}
+			e2e = e.e2e
+		})
+		t.Run(kindSaturation, func(t *testing.T) {
+			t.Parallel()
+			sat = run(t, kindSaturation)
+			require.Empty(t, sat.runs, "only the saturation scenario ran")
+			require.Len(t, sat.sat.results, 3)
+			for _, r := range sat.sat.results {
+				require.Equal(t, r.jobs, r.enqueued, "%s: every job enqueued (%s)", r.setup, r.firstErr)
+				require.NotEmpty(t, r.waits, r.setup)
+				require.Empty(t, r.problems, r.setup)
+			}
+			s := sat.sat.resultOf(setupSluice)
+			require.Equal(t, s.jobs, s.completed, "sluice completes every job")
+		})
+	})
+	if t.Failed() {
+		return
+	}
+	b.sat, b.e2e = sat.sat, e2e
 
 	dir := t.TempDir()
 	b.command = "cd bench && go run ./fleet -config tiny"
@@ -150,14 +198,18 @@ func TestTinyRun(t *testing.T) {
 	md, err := os.ReadFile(filepath.Join(dir, "benchmarks.md"))
 	require.NoError(t, err)
 	require.Contains(t, string(md), "| downstream rejections (429) |")
-	require.Contains(t, string(md), "## sluice against the targets of issue 5")
-	for _, f := range []string{"fleet-wait.png", "fleet-queues.png", "fleet-arrivals-xrate.png", "fleet-arrivals-redisrate.png", "fleet-arrivals-sluice.png"} {
+	require.Contains(t, string(md), "## sluice against its targets")
+	require.Contains(t, string(md), "## Saturation: a tenant with no limits floods the fleet")
+	require.Contains(t, string(md), "| sluice admit.lua |")
+	require.Contains(t, string(md), "## End to end: enqueue and run, limits not binding")
+	for _, f := range []string{"fleet-wait.png", "fleet-queues.png", "fleet-arrivals-xrate.png", "fleet-arrivals-redisrate.png",
+		"fleet-arrivals-sluice.png", "fleet-saturation-wait.png"} {
 		png, err := os.ReadFile(filepath.Join(dir, "img", f))
 		require.NoError(t, err)
 		require.True(t, bytes.HasPrefix(png, []byte("\x89PNG")), f)
 	}
 	var out bytes.Buffer
-	printTable(&out, b.results)
+	printTable(&out, rows, b.results)
 	require.Contains(t, out.String(), "3. sluice")
 
 	// Saved and rendered again: the same report.
@@ -166,7 +218,7 @@ func TestTinyRun(t *testing.T) {
 	again, err := load(file)
 	require.NoError(t, err)
 	var out2 bytes.Buffer
-	printTable(&out2, again.results)
+	printTable(&out2, rows, again.results)
 	require.Equal(t, out.String(), out2.String())
 	var md1, md2 bytes.Buffer
 	b.markdown(&md1)

@@ -5,8 +5,11 @@
 //     rate-limiting pattern);
 //  2. asynq with a go-redis/redis_rate middleware and RetryDelayFunc
 //     (distributed, no reservations, no concurrency cap);
-//  3. sluice (worker.Server; the tenants' policies in sluice's policy
-//     store; shape=true on every policy with a rate rule).
+//  3. sluice: the producer's queue.Client brings every job to the waiting
+//     room (a job its tenant cannot start now waits in its tenant's line
+//     in Redis); the workers are worker.Server with its defaults (the gate,
+//     and the waiting room's pump, which Start starts); the tenants'
+//     policies in sluice's policy store.
 //
 // For each set-up it starts a private redis-server (its own port, no
 // persistence), N worker processes (this program again, as a worker of
@@ -55,7 +58,8 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 	name := fs.String("config", "small", "workload size: full, small or tiny")
 	out := fs.String("out", "", "write benchmarks.md and img/ into this directory (nothing written when empty)")
 	only := fs.String("setups", strings.Join(setups, ","), "set-ups to run, comma-separated: xrate, redisrate, sluice")
-	workers := fs.Int("workers", 0, "worker processes per set-up (0: the config's)")
+	scen := fs.String("scenarios", strings.Join(scenarios, ","), "scenarios to run, comma-separated: "+strings.Join(scenarios, ", "))
+	workers := fs.Int("workers", 0, "worker processes per set-up in the fleet scenario (0: the config's)")
 	allowance := fs.Duration("allowance", 20*time.Millisecond, "jitter the downstream forgives on a rate (GCRA tolerance)")
 	save := fs.String("save", "", "also save the run's recordings to this file (for -render)")
 	render := fs.String("render", "", "run nothing: write the report of the run saved in this file (with -out)")
@@ -104,14 +108,29 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 	// Keep the set-ups in their numbered order.
 	slices.SortFunc(chosen, func(a, b string) int { return slices.Index(setups, a) - slices.Index(setups, b) })
 
+	var kinds []string
+	for _, s := range strings.Split(*scen, ",") {
+		s = strings.TrimSpace(s)
+		if !slices.Contains(scenarios, s) {
+			fmt.Fprintf(stderr, "fleetbench: -scenarios: %q is not one of %s\n", s, strings.Join(scenarios, ", "))
+			return 2
+		}
+		kinds = append(kinds, s)
+	}
+
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	o := options{cfg: cfg, setups: chosen, allowance: *allowance, log: stderr}
+	o := options{cfg: cfg, setups: chosen, scenarios: kinds, allowance: *allowance, log: stderr}
+	var prev previous
+	if *out != "" {
+		prev = readPrevious(filepath.Join(*out, "benchmarks.md"))
+	}
 	b, err := bench(ctx, o)
 	if err != nil {
 		fmt.Fprintln(stderr, "fleetbench:", err)
 		return 1
 	}
+	b.prev = prev
 	b.command = "cd bench && go run ./fleet " + strings.Join(commandArgs(args), " ")
 	if *save != "" {
 		if err := b.save(*save); err != nil {
@@ -141,7 +160,16 @@ func commandArgs(args []string) []string {
 
 // finish prints the table and writes the report into out, if given.
 func (b *benchmark) finish(out string, stdout, stderr io.Writer) int {
-	printTable(stdout, b.results)
+	if len(b.results) > 0 {
+		printTable(stdout, rows, b.results)
+	}
+	if b.sat != nil {
+		fmt.Fprintln(stdout, "\nSaturation:")
+		printTable(stdout, satRows, b.sat.results)
+	}
+	for _, s := range summarizeE2E(b.e2e) {
+		fmt.Fprintf(stdout, "\nEnd to end, %s jobs: plain asynq %.0f jobs/s, sluice %.0f jobs/s (%.2f×)\n", s.handler, s.plainJPS, s.sluiceJPS, s.ratio)
+	}
 	if out == "" {
 		return 0
 	}
@@ -165,7 +193,21 @@ type benchmark struct {
 	command string
 	plotted []int
 	plotEnd time.Duration
+	prev    previous   // the report this run replaces
+	sat     *scenario  // the saturation scenario, when run
+	e2e     []e2eRound // the end-to-end scenario's rounds, when run
 }
+
+// scenario is one of the other scenarios' runs: its workload and each
+// set-up's recordings.
+type scenario struct {
+	w       *workload
+	runs    []*runData
+	results []*result
+}
+
+// runs reports whether o asks for the scenario kind.
+func (o options) runs(kind string) bool { return slices.Contains(o.scenarios, kind) }
 
 func bench(ctx context.Context, o options) (*benchmark, error) {
 	w, err := newWorkload(o.cfg)
@@ -173,17 +215,45 @@ func bench(ctx context.Context, o options) (*benchmark, error) {
 		return nil, err
 	}
 	b := &benchmark{o: o, w: w, machine: readMachine(), began: time.Now()}
-	from, to := w.burstWindow()
-	fmt.Fprintf(o.log, "workload %s: %d tenants, %d jobs (big burst %d at %s, drained by %s under its limit); ideal end %s\n",
-		o.cfg.name, len(w.tenants), len(w.jobs), o.cfg.big, from, to, w.idealEnd().Round(time.Second))
-	for _, s := range o.setups {
-		rd, err := runSetup(ctx, o, w, s)
-		if err != nil {
-			return nil, fmt.Errorf("set-up %s: %w", s, err)
+	if o.runs(kindFleet) {
+		from, to := w.burstWindow()
+		fmt.Fprintf(o.log, "workload %s: %d tenants, %d jobs (big burst %d at %s, drained by %s under its limit); ideal end %s\n",
+			o.cfg.name, len(w.tenants), len(w.jobs), o.cfg.big, from, to, w.idealEnd().Round(time.Second))
+		for _, s := range o.setups {
+			rd, err := runSetup(ctx, o, w, s)
+			if err != nil {
+				return nil, fmt.Errorf("set-up %s: %w", s, err)
+			}
+			b.runs = append(b.runs, rd)
+			b.results = append(b.results, compute(w, rd))
+			b.plotEnd = max(b.plotEnd, rd.elapsed)
 		}
-		b.runs = append(b.runs, rd)
-		b.results = append(b.results, compute(w, rd))
-		b.plotEnd = max(b.plotEnd, rd.elapsed)
+	}
+	if o.runs(kindSaturation) {
+		sw, err := newSaturationWorkload(o.cfg.name, satPresets[o.cfg.name], o.cfg.seed)
+		if err != nil {
+			return nil, err
+		}
+		sc := sw.sat
+		fmt.Fprintf(o.log, "saturation %s: a tenant with no limits sends %d jobs at %s, %d small tenants trickle; the fleet runs %d at once (%.0f jobs/s at most)\n",
+			o.cfg.name, sc.big, sc.bigAt, sc.small, sc.workers*sc.conc, sc.capacity())
+		b.sat = &scenario{w: sw}
+		for _, s := range o.setups {
+			rd, err := runSetup(ctx, o, sw, s)
+			if err != nil {
+				return nil, fmt.Errorf("saturation, set-up %s: %w", s, err)
+			}
+			b.sat.runs = append(b.sat.runs, rd)
+			b.sat.results = append(b.sat.results, compute(sw, rd))
+		}
+	}
+	if o.runs(kindEndToEnd) {
+		ec := e2ePresets[o.cfg.name]
+		fmt.Fprintf(o.log, "end to end %s: %d jobs over %d tenants per round, %d round(s) of plain asynq and sluice per handler\n",
+			o.cfg.name, ec.jobs, ec.tenants, ec.pairs)
+		if b.e2e, err = runE2E(ctx, o, ec); err != nil {
+			return nil, err
+		}
 	}
 	b.took = time.Since(b.began)
 	b.plotted = plotTenants(w, 3)
@@ -193,16 +263,25 @@ func bench(ctx context.Context, o options) (*benchmark, error) {
 // write writes benchmarks.md and the plots into dir.
 func (b *benchmark) write(dir string) error {
 	img := filepath.Join(dir, "img")
-	for _, rd := range b.runs {
-		if err := plotArrivals(b.w, rd, b.plotted, b.plotEnd, filepath.Join(img, "fleet-arrivals-"+rd.setup+".png")); err != nil {
+	if len(b.runs) > 0 {
+		for _, rd := range b.runs {
+			if err := plotArrivals(b.w, rd, b.plotted, b.plotEnd, filepath.Join(img, "fleet-arrivals-"+rd.setup+".png")); err != nil {
+				return fmt.Errorf("plot: %w", err)
+			}
+		}
+		if err := plotWaits(b.results, "Small tenants' queue wait during the big burst (jobs their own limits would start at once)",
+			targetWait, filepath.Join(img, "fleet-wait.png")); err != nil {
+			return fmt.Errorf("plot: %w", err)
+		}
+		if err := plotQueues(b.runs, b.plotEnd, filepath.Join(img, "fleet-queues.png")); err != nil {
 			return fmt.Errorf("plot: %w", err)
 		}
 	}
-	if err := plotWaits(b.results, filepath.Join(img, "fleet-wait.png")); err != nil {
-		return fmt.Errorf("plot: %w", err)
-	}
-	if err := plotQueues(b.runs, b.plotEnd, filepath.Join(img, "fleet-queues.png")); err != nil {
-		return fmt.Errorf("plot: %w", err)
+	if b.sat != nil {
+		if err := plotWaits(b.sat.results, "Saturation: small tenants' queue wait while a tenant with no limits floods the fleet",
+			targetSatWait, filepath.Join(img, "fleet-saturation-wait.png")); err != nil {
+			return fmt.Errorf("plot: %w", err)
+		}
 	}
 	f, err := os.Create(filepath.Join(dir, "benchmarks.md"))
 	if err != nil {

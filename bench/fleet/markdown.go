@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sluicehq/sluice/throttle"
 	"github.com/sluicehq/sluice/worker"
 )
 
@@ -71,7 +72,7 @@ func (b *benchmark) resultOf(setup string) *result {
 
 // markdown writes docs/benchmarks.md.
 func (b *benchmark) markdown(out io.Writer) {
-	w, cfg := b.w, b.o.cfg
+	cfg := b.o.cfg
 	p := func(format string, args ...any) { fmt.Fprintf(out, format+"\n", args...) }
 	p("# Fleet benchmark")
 	p("")
@@ -102,13 +103,48 @@ func (b *benchmark) markdown(out io.Writer) {
 	for _, rd := range b.runs {
 		p("| load average (1/5/15 min) around %s | before %s, after %s |", setupTitle(rd.setup), rd.loadBefore, rd.loadAfter)
 	}
+	if b.sat != nil {
+		for _, rd := range b.sat.runs {
+			p("| … around %s, saturation | before %s, after %s |", setupTitle(rd.setup), rd.loadBefore, rd.loadAfter)
+		}
+	}
 	p("")
 	p("Everything shares those cores: Redis, the %d worker processes, the producer and the", cfg.workers)
 	p("downstream server (in the benchmark's own process). The machine is shared with other")
 	p("work, so absolute numbers move from run to run; the set-ups ran one after the other on")
 	p("the same workload, each with a fresh Redis and downstream.")
 	p("")
+	p("The run has these scenarios, each comparing the same set-ups:")
+	p("")
+	if len(b.runs) > 0 {
+		p("- [**Fleet**](#workload): 1 big tenant bursting under its rate limit among many small and medium")
+		p("  ones, every tenant limited, against a downstream that enforces the limits.")
+	}
+	if b.sat != nil {
+		p("- [**Saturation**](#saturation-a-tenant-with-no-limits-floods-the-fleet): a tenant with no")
+		p("  limits floods a fleet too small for it while small tenants trickle.")
+	}
+	if len(b.e2e) > 0 {
+		p("- [**End to end**](#end-to-end-enqueue-and-run-limits-not-binding): jobs enqueued and run as")
+		p("  fast as they go, sluice's limits never binding, against plain asynq (no middleware).")
+	}
+	p("")
+	b.targetsSection(out)
+	if len(b.runs) > 0 {
+		b.fleetMarkdown(out)
+	}
+	if b.sat != nil {
+		b.saturationMarkdown(out)
+	}
+	if len(b.e2e) > 0 {
+		b.e2eMarkdown(out)
+	}
+}
 
+// fleetMarkdown writes the fleet scenario's part of the report.
+func (b *benchmark) fleetMarkdown(out io.Writer) {
+	w, cfg := b.w, b.o.cfg
+	p := func(format string, args ...any) { fmt.Fprintf(out, format+"\n", args...) }
 	p("## Workload")
 	p("")
 	counts := w.counts()
@@ -136,9 +172,9 @@ func (b *benchmark) markdown(out io.Writer) {
 	p("## Set-ups")
 	p("")
 	p("All three run the same workers: %d processes, asynq v0.26 with `Concurrency: %d`,", cfg.workers, cfg.conc)
-	p("`TaskCheckInterval: %s`, `DelayedTaskCheckInterval: %s` (sluice's settings, given to the", worker.TaskCheckIntervalDefault, worker.DelayedTaskCheckIntervalDefault)
-	p("asynq set-ups too, so that they are not slowed by asynq's 1 s / 5 s defaults), and the same")
-	p("handler: sluice's built-in `http` handler. A downstream 429 makes that handler return")
+	p("`TaskCheckInterval: %s`, `DelayedTaskCheckInterval: %s` (sluice's `worker.Server` defaults,", worker.TaskCheckIntervalDefault, worker.DelayedTaskCheckIntervalDefault)
+	p("given to the asynq set-ups too, so that they are not slowed by asynq's 1 s / 5 s defaults), and")
+	p("the same handler: sluice's built-in `http` handler. A downstream 429 makes that handler return")
 	p("`worker.RetryAfter(1s)`; sluice pauses the tenant for it, and the asynq set-ups retry the job")
 	p("after it without counting a failure.")
 	p("")
@@ -146,22 +182,26 @@ func (b *benchmark) markdown(out io.Writer) {
 	p("   Limiting*): a handler-side `rate.Limiter` per tenant in each process, `Allow()` or return a")
 	p("   `RateLimitError` that `IsFailure` ignores and `RetryDelayFunc` retries after a random 0–9 s.")
 	p("   Limits are split across the %d processes (rate/%d, burst/%d, at least 1); a concurrency cap", cfg.workers, cfg.workers, cfg.workers)
-	p("   becomes a per-process semaphore of cap/%d slots, at least 1.", cfg.workers)
+	p("   becomes a per-process semaphore of cap/%d slots, at least 1. The producer uses `asynq.Client`.", cfg.workers)
 	p("2. **asynq + `go-redis/redis_rate` v10**: a middleware calls `Allow` on a fleet-wide GCRA in")
 	p("   Redis per tenant; a denied job returns a `RateLimitError` retried after redis_rate's")
-	p("   `RetryAfter` (the time until the next token). No reservations, no concurrency cap.")
-	p("3. **sluice**: `worker.Server` with its defaults; the tenants' policies in sluice's policy")
-	p("   store (the same limits as text, e.g. `rate=5/s burst=2 concurrency=2`); the producer uses")
-	p("   `queue.Client` (the big burst through `EnqueueBatch`). **Shaping** (`shape=true`) is on for")
-	p("   every policy with a rate rule (the big and medium tenants and %d small ones): each job's", counts[classRate]+counts[classBoth])
-	p("   slot is reserved at enqueue and the job scheduled for it, so a burst waits in asynq's")
-	p("   schedule and not in the pending list. Concurrency-only policies cannot be shaped (a slot")
-	p("   frees when a job ends, which is not known at enqueue).")
+	p("   `RetryAfter` (the time until the next token). No reservations, no concurrency cap. The")
+	p("   producer uses `asynq.Client`.")
+	p("3. **sluice**: the producer uses `queue.Client` (the big burst through `EnqueueBatch`), which")
+	p("   brings every job to the **waiting room**: a job its tenant may start now, while the fleet has")
+	p("   room, goes straight to asynq's pending list with its slot taken; any other waits in its")
+	p("   tenant's line in Redis (parked in asynq's schedule), not in the pending list. The workers are")
+	p("   `worker.Server` with its defaults: every job passes the gate, and `Start` starts the waiting")
+	p("   room's pump, which promotes due jobs to the pending list in turn across tenants (deficit round")
+	p("   robin), keeping the pending list about as long as the fleet's concurrency; a finished job's")
+	p("   release hands its concurrency slot to the head of its tenant's line in the same script. The")
+	p("   tenants' policies are in sluice's policy store, the same limits as text (e.g.")
+	p("   `rate=5/s burst=2 concurrency=2`); no policy says `shape=true` (retired: it has no effect).")
 	p("")
 
 	p("## Results")
 	p("")
-	markdownTable(out, b.results)
+	markdownTable(out, rows, b.results)
 	p("")
 	p("What the rows mean:")
 	p("")
@@ -181,6 +221,11 @@ func (b *benchmark) markdown(out io.Writer) {
 	p("- *deliveries per job*: tasks dequeued by asynq (counted in `asynq.Config.BaseContext`, which")
 	p("  asynq calls once per dequeued task in every set-up), including throttled dequeues and")
 	p("  retries after 429s, divided by jobs enqueued.")
+	p("- *throttle denials per job*: for set-ups 1 and 2, the middleware's denials (each sends the")
+	p("  job back to asynq), by the limit that denied; for sluice, the gate's denied decisions")
+	p("  (`sluice_worker_decisions_total{verdict=\"denied\"}`), with those that only said a job came")
+	p("  early for its own reserved slot (`rule=\"reserved\"`: it waits for the slot it holds) counted")
+	p("  apart; each divided by jobs enqueued.")
 	p("- *small-tenant queue wait*: for jobs of small tenants enqueued during the burst window")
 	p("  (t=%.0f–%.0fs) that their own limits would have started at once (the job conforms to its", from.Seconds(), to.Seconds())
 	p("  tenant's GCRA and a concurrency slot is free, computed from the enqueue times and the")
@@ -194,23 +239,12 @@ func (b *benchmark) markdown(out io.Writer) {
 	p("  *peak memory*: `used_memory_peak` (INFO memory). *Redis busiest 10 s*: the most of one core")
 	p("  Redis used over any 10 s, and *longest pending list*: the most tasks due and waiting for a")
 	p("  worker, both from a sample every second. *Worker CPU*: user + system time of the worker")
-	p("  processes.")
+	p("  processes. *Cores busy during the burst window*: from `/proc` (the machine's busy time, the")
+	p("  worker processes', Redis's and this program's), sampled every second, as cores in use on")
+	p("  average from the burst's start to the end of its window.")
 	p("")
 
-	if s := b.resultOf(setupSluice); s != nil {
-		p("## sluice against the targets of issue 5")
-		p("")
-		p("| target | met | measured |")
-		p("|---|---|---|")
-		for _, t := range targets(s, b.resultOf(setupXRate)) {
-			met := "yes"
-			if !t.met {
-				met = "**no**"
-			}
-			p("| %s | %s | %s |", t.name, met, t.actual)
-		}
-		p("")
-	}
+	b.redisSection(out)
 
 	p("## Plots")
 	p("")
@@ -234,6 +268,36 @@ func (b *benchmark) markdown(out io.Writer) {
 	p("## Commentary")
 	p("")
 	b.commentary(out)
+}
+
+// targetsSection writes the table of sluice's targets, every scenario's.
+func (b *benchmark) targetsSection(out io.Writer) {
+	p := func(format string, args ...any) { fmt.Fprintf(out, format+"\n", args...) }
+	var ts []target
+	if s := b.resultOf(setupSluice); s != nil {
+		ts = targets(s, b.prev)
+	}
+	ts = append(ts, b.scenarioTargets()...)
+	if len(ts) == 0 {
+		return
+	}
+	p("## sluice against its targets")
+	p("")
+	p("Issue 11's targets for the waiting room, and the standing ones of issue 5. Every figure is")
+	p("this run's; *the previous run* is the report this one replaced, read before it was rewritten.")
+	p("Each missed target is explained where its scenario is: the fleet's in [*Commentary*](#commentary),")
+	p("the others in their own sections.")
+	p("")
+	p("| target | met | measured |")
+	p("|---|---|---|")
+	for _, t := range ts {
+		met := "yes"
+		if !t.met {
+			met = "**no**"
+		}
+		p("| %s | %s | %s |", t.name, met, t.actual)
+	}
+	p("")
 }
 
 // commentary writes what each set-up got right and wrong, from the numbers.
@@ -288,9 +352,11 @@ func (b *benchmark) commentary(out io.Writer) {
 			p("The difference is set-up 1 falling behind its own limits, not sluice being faster.")
 		}
 		p("What the gate costs shows in CPU: %.2f ms of Redis and worker CPU per completed job for sluice,", s.cpuPerJob()*1000)
-		p("against %.2f ms for set-up 1, whose figure includes its %.2f deliveries per job. On a", base.cpuPerJob()*1000, base.perJob)
-		p("saturated fleet (no limits binding) the gate keeps about 0.6× of plain asynq's throughput on")
-		p("this kind of machine (see BENCHMARKS.md, *Worker gate vs plain asynq*).")
+		p("against %.2f ms for set-up 1, whose figure includes its %.2f deliveries per job.", base.cpuPerJob()*1000, base.perJob)
+		for _, e := range summarizeE2E(b.e2e) {
+			p("With no limit binding and jobs enqueued as fast as they go, sluice ran %s jobs at %.2f× plain", e.handler, e.ratio)
+			p("asynq's jobs/s (see *End to end*).")
+		}
 		p("")
 	}
 }
@@ -298,103 +364,172 @@ func (b *benchmark) commentary(out io.Writer) {
 // sluiceCommentary explains sluice's result against each target.
 func (b *benchmark) sluiceCommentary(out io.Writer, r *result) {
 	p := func(format string, args ...any) { fmt.Fprintf(out, format+"\n", args...) }
-	p("Every job was admitted fleet-wide by its tenant's policy in Redis, with its own reserved")
-	p("slot, so the limits hold across the %d processes: %s requests refused by the downstream,", b.o.cfg.workers, thousands(int64(r.rejRate+r.rejConc)))
-	p("no tenant over its rate in any 10 s (worst %s; over 1 s: %s), %d tenants over a cap,", pct(r.rateErr), pct(r.rateErr1s), r.tenantsOverCap)
-	p("and the big tenant got %.1f/s of its %d/s. Shaping kept the big burst out of the pending", r.bigAchieved, r.bigLimit)
-	p("list, so small tenants waited %s (p50) and %s (p99) during it.", secs(r.waitP50), secs(r.waitP99))
+	rd := b.runOf(setupSluice)
+	g := rd.gate
+	p("Every job came through the waiting room and was started on its tenant's policy in Redis, so the")
+	p("limits hold across the %d processes: %s requests refused by the downstream, no tenant over", b.o.cfg.workers, thousands(int64(r.rejRate+r.rejConc)))
+	p("its rate in any 10 s (worst %s; over 1 s: %s), %d tenants over a cap, and the big tenant got", pct(r.rateErr), pct(r.rateErr1s), r.tenantsOverCap)
+	p("%.1f/s of its %d/s. The pumps promoted %s jobs from the lines; the gate made %.2f denied", r.bigAchieved, r.bigLimit,
+		thousands(int64(counterTotal(g, "sluice_room_promoted_total"))), perJobF(r.gateDenied, r.enqueued))
+	p("decisions per job and %.2f reserved ones. Small tenants waited %s (p50) and %s (p99) during", perJobF(r.gateReserved, r.enqueued), secs(r.waitP50), secs(r.waitP99))
+	p("the burst.")
 	p("")
 	var missed []string
-	for _, t := range targets(r, b.resultOf(setupXRate)) {
+	ts := targets(r, b.prev)
+	for _, t := range ts {
 		if !t.met {
 			missed = append(missed, t.name)
 		}
 	}
 	if len(missed) == 0 {
-		p("sluice met every target of issue 5 in this run.")
+		p("sluice met every target of its fleet run here.")
 		return
 	}
-	p("Targets missed: %s. Why:", strings.Join(missed, "; "))
+	miss := func(id string) bool {
+		for _, t := range ts {
+			if t.id == id {
+				return !t.met
+			}
+		}
+		return false
+	}
+	p("Targets missed: %s. Why, from this run's measurements:", strings.Join(missed, "; "))
 	p("")
-	g := b.runOf(setupSluice).gate
-	if rej := r.rejRate + r.rejConc; rej > 0 {
-		p("- **Rejections (%s: %s over a rate, %s over a cap).** sluice admits on Redis's clock; the", thousands(int64(rej)), thousands(int64(r.rejRate)), thousands(int64(r.rejConc)))
+	if len(r.stalls) > 0 {
+		b.stallNote(out, r, b.o.cfg.workers*b.o.cfg.conc)
+	}
+	if miss(tgtRejections) {
+		rej := r.rejRate + r.rejConc
+		p("- **Rejections (%s: %s over a rate, %s over a cap).** sluice starts jobs on Redis's clock; the", thousands(int64(rej)), thousands(int64(r.rejRate)), thousands(int64(r.rejConc)))
 		p("  request reaches the downstream after the handler starts and crosses loopback HTTP, which on")
 		p("  a shared 2-core machine varies by more than the %s the downstream forgives. A refused", b.o.allowance)
 		p("  request pauses its tenant for the Retry-After (1 s) and the job is deferred, not lost.")
 	}
-	if r.perJob > 1.1 {
-		extra := r.deliveries - int64(r.enqueued)
-		p("- **Deliveries per job %.2f** (%s deliveries beyond one per job). The gate's own counters,", r.perJob, thousands(extra))
-		p("  summed over the workers: deferrals by reason %s; denied admissions by rule %s;", counterSummary(g, "sluice_worker_deferrals_total", "reason", ""), counterSummary(g, "sluice_worker_decisions_total", "rule", "verdict=denied"))
-		p("  handler outcomes %s. A deferred job is dequeued again when it comes back, so", counterSummary(g, "sluice_worker_handler_outcomes_total", "outcome", ""))
-		p("  every deferral is one extra delivery. Tenants with a concurrency cap cannot be shaped (a slot")
-		p("  frees when a job ends, unknown at enqueue): a burst of such a tenant sits in the pending")
-		p("  list, each job waits in-process up to %s for a slot (looking again every 200 ms), and", worker.InProcessWaitDefault)
-		p("  the rest of the burst is deferred, some of it several times. Shaped jobs come back on")
-		p("  asynq's whole-second schedule up to a second early and wait in-process; the few that come")
-		p("  back late, or that a cap denies after their rate slot, are deferred once more.")
-	}
-	if r.waitP99 > 2*time.Second {
+	if miss(tgtWait) {
 		p("- **Small-tenant p99 wait %s** (%d of %s jobs over 2 s). By class: %s.", secs(r.waitP99), r.waitOver2s, thousands(int64(len(r.waits))), classWaits(r))
+		if len(r.stalls) > 0 {
+			p("  Waits that spanned a stall (above) count here.")
+		}
 		b.capacityNote(out, r)
 	}
-	if r.rateErr > 0.01 {
-		p("- **Rate error %s (%s)**: requests sent over the limit in a 10 s window.", pct(r.rateErr), r.rateErrTenant)
+	if miss(tgtDeliveries) {
+		extra := r.deliveries - int64(r.enqueued)
+		p("- **Deliveries per job %.3f** (%s deliveries beyond one per job). The gate's counters, summed", r.perJob, thousands(extra))
+		p("  over the workers: deferrals by reason %s; handler outcomes %s.", counterSummary(g, "sluice_worker_deferrals_total", "reason", ""), counterSummary(g, "sluice_worker_handler_outcomes_total", "outcome", ""))
+		p("  A deferred job goes back to asynq and is dequeued again when it comes back: each deferral is")
+		p("  one more delivery.")
 	}
-	if r.bigLimit > 0 && (r.bigAchieved < 0.99*float64(r.bigLimit) || r.bigAchieved > 1.01*float64(r.bigLimit)) {
-		p("- **Big tenant %.1f/s of %d/s**: its slots are reserved at enqueue, but a job that reaches", r.bigAchieved, r.bigLimit)
-		p("  a worker after its slot starts late, and the started-jobs meter keeps the next ones from")
-		p("  catching up faster than the rate, so a late start is capacity lost.")
-		if r.waitP99 <= 2*time.Second {
-			b.capacityNote(out, r)
+	if miss(tgtDenied) {
+		p("- **Denied gate decisions %.3f per job** (%s). By rule: %s. A job leaves its line (or goes", perJobF(r.gateDenied, r.enqueued), thousands(int64(r.gateDenied)), counterSummaryExcept(g, decisionsFamily, "rule", "verdict=denied", "reserved"))
+		p("  straight to asynq) with its slot and concurrency slot taken, so the gate should admit it on")
+		p("  them at once; a denial means it reached a worker before the started-jobs meter let it start")
+		p("  (`rate[i]`), with the tenant's slots all held (`concurrency`), or while the tenant paused after")
+		p("  a 429 (`cooldown`). A denied job waits in the worker and asks again, or is deferred.")
+		p("  The started-jobs meter is a GCRA over actual starts, exact but for `throttle.ToleranceDefault`")
+		p("  (2 ms): a job that starts a few ms after its slot (the round trip, the worker waking) moves")
+		p("  the meter as far, so the next job, arriving at its own slot, is denied those few ms and asks")
+		p("  again: one more admit.lua call. A tenant kept at its rate with a burst of 1 pays it on nearly")
+		p("  every job; a larger burst absorbs it. Letting starts through earlier would pass the jitter on")
+		p("  to a strict downstream.")
+	}
+	if miss(tgtRedis) {
+		p("- **Redis CPU %s per completed job** (target %s). %s", micros(r.redisPerJob), micros(targetRedisPerJob), b.redisCostNote(rd))
+	}
+	if miss(tgtJobsPerSec) {
+		if b.prev.comparable(r.enqueued) {
+			p("- **Fleet jobs/s %.0f, below %s's %.0f.** The workload is paced by its limits (ideal: the", r.jobsPerSec, b.prev.since(), b.prev.JobsPerSec)
+			p("  last job at t=%.0fs), so this figure is set by when the last job finished: t=%.0fs here.", b.w.idealEnd().Seconds(), r.makespan.Seconds())
+			switch {
+			case len(r.stalls) > 0:
+				p("  The stalled lines (above) held the last jobs back.")
+			case r.burstCPU.saturated():
+				p("  The cores were saturated during the burst (%s).", r.burstCPU)
+			}
 		} else {
-			p("  Jobs reached the workers late for the reason above.")
+			p("- **Fleet jobs/s**: no previous report of this workload to compare with (%.0f jobs/s here).", r.jobsPerSec)
 		}
 	}
-	if r.tenantsOverCap > 0 {
+	if miss(tgtBig) {
+		p("- **Big tenant %.1f/s of %d/s**, and the cores were not saturated during its burst (%s).", r.bigAchieved, r.bigLimit, r.burstCPU)
+		p("  Its jobs are promoted from its line at their slots; a job that reaches a worker after its")
+		p("  slot starts late, and the started-jobs meter keeps the next ones from catching up faster than")
+		p("  the rate, so a late start is capacity lost.")
+	}
+	if miss(tgtRate) {
+		p("- **Rate error %s (%s)**: requests sent over the limit in a 10 s window.", pct(r.rateErr), r.rateErrTenant)
+	}
+	if miss(tgtCap) {
 		p("- **Concurrency over cap** (%d tenants, worst %s: %d against %d).", r.tenantsOverCap, r.concTenant, r.concPeak, r.concCap)
 	}
-	if r.lost > 0 || r.unfinished > 0 {
-		p("- **%d lost, %d unfinished** when the run stopped.", r.lost, r.unfinished)
+	if miss(tgtLost) {
+		p("- **%d lost, %d unfinished** when the run stopped at its deadline (ideal end + %s).", r.lost, r.unfinished, b.o.cfg.drain)
+		if len(r.stalls) > 0 && r.unfinished > 0 {
+			p("  The unfinished jobs were waiting in stalled lines (above).")
+		}
 	}
+}
+
+// stallNote describes the stalls of r: tenants whose waiting jobs stood
+// still while the fleet had room.
+func (b *benchmark) stallNote(out io.Writer, r *result, slots int) {
+	p := func(format string, args ...any) { fmt.Fprintf(out, format+"\n", args...) }
+	n := 0
+	var classes []string
+	for _, c := range []string{classBig, classMedium, classRate, classConc, classBoth} {
+		if k := r.stalledTenants[c]; k > 0 {
+			n += k
+			classes = append(classes, fmt.Sprintf("%s %d", c, k))
+		}
+	}
+	med, longest := percentile(r.stalls, 50), r.stalls[len(r.stalls)-1]
+	p("- **Stalled lines.** %s times a tenant's waiting jobs stood still for %s or more — nothing of", thousands(int64(len(r.stalls))), secs(stallMin))
+	p("  it reached the downstream — while the fleet had room (the pending list shorter than its %d", slots)
+	p("  slots): median %s, longest %s; %d tenants (%s), %s jobs waited", secs(med), secs(longest), n, strings.Join(classes, ", "), thousands(int64(r.stalledJobs)))
+	p("  through one. No tenant's own limits make a job wait that long (every rate is 1/s or more).")
+	lease := throttle.LeaseDefault
+	if r.stalledBoth*10 >= n*8 && med >= lease-10*time.Second && med <= lease+10*time.Second {
+		p("  %d of those tenants have both a rate and a concurrency rule, and the stalls last about the", r.stalledBoth)
+		p("  concurrency lease (%s). That is the signature of a defect of the engine found while", lease)
+		p("  preparing this run (reported with a reproduction): when a finished job's release finds the")
+		p("  head of its tenant's line not yet due by its rate, it hands nothing on, and the tenant's due")
+		p("  time in the waiting room's index stays where a pump last put it — at the lease's end, set")
+		p("  while the concurrency slot was held — so no pump serves the line until then.")
+	} else {
+		p("  The benchmark does not tell why: %d of the tenants have both a rate and a concurrency rule.", r.stalledBoth)
+	}
+}
+
+// redisCostNote says where sluice's Redis CPU went, from the profile.
+func (b *benchmark) redisCostNote(rd *runData) string {
+	jobs := 0
+	if rd.profile != nil {
+		jobs = completedBetween(rd.arrivals, rd.profile.From, rd.profile.To)
+	}
+	rows := profileRows(rd.profile, jobs)
+	if len(rows) == 0 {
+		return "No profile window to say where it went."
+	}
+	var parts []string
+	for _, row := range rows[:min(4, len(rows))] {
+		parts = append(parts, fmt.Sprintf("%s %.0f µs (%.1f calls)", row.label, row.usec, row.callsPerJob))
+	}
+	return fmt.Sprintf("In the profiled window (t=%.0f–%.0fs) the largest costs per completed job were %s; see *Where Redis's CPU goes*.",
+		rd.profile.From.Seconds(), rd.profile.To.Seconds(), strings.Join(parts, ", "))
 }
 
 // capacityNote says whether the fleet kept up with the jobs coming due.
 func (b *benchmark) capacityNote(out io.Writer, r *result) {
 	p := func(format string, args ...any) { fmt.Fprintf(out, format+"\n", args...) }
-	perDelivery := func(x *result) float64 {
-		if x.deliveries == 0 {
-			return 0
-		}
-		return x.redisCPU / float64(x.deliveries) * 1e6
-	}
-	p("  The pending list grew to %s tasks and Redis used %s of a core in its busiest 10 s", thousands(r.peakPending), pct(r.redisBusy))
-	p("  (plot above; load average %s after the run).", r.loadAfter)
-	if r.redisBusy >= 0.9 {
-		p("  Redis was the bottleneck: during the burst the fleet could not admit jobs as fast as they")
-		p("  came due (the big tenant's %d/s, the medium tenants' and the small ones'), so every job,", r.bigLimit)
-		p("  small tenants' included, queued behind the backlog in the pending list. Each delivery cost")
-		p("  Redis %.0f µs of CPU with sluice (the gate's admission and release scripts, the shaping", perDelivery(r))
-		if base := b.resultOf(setupXRate); base != nil {
-			p("  reservation at enqueue, the concurrency look-agains), against %.0f µs with set-up 1 (asynq's", perDelivery(base))
-			p("  own dequeue and done scripts and nothing else).")
-		} else {
-			p("  reservation at enqueue, the concurrency look-agains).")
-		}
-		if d := counterTotal(b.runOf(r.setup).gate, "sluice_worker_decisions_total"); d > 0 && r.completed > 0 {
-			p("  The gate made %.1f admission decisions per completed job (%s denied, by rule: %s): a job", d/float64(r.completed),
-				thousands(int64(counterTotal(b.runOf(r.setup).gate, "sluice_worker_decisions_total", "verdict=denied"))),
-				counterSummary(b.runOf(r.setup).gate, "sluice_worker_decisions_total", "rule", "verdict=denied"))
-			p("  waiting in-process for its slot asks again after each sleep, and every answer is a script")
-			p("  run in Redis; several asks per job multiply the cost above one admission and one release.")
-		}
-		p("  On this shared 2-core machine Redis, %d workers, the producer and the downstream compete", b.o.cfg.workers)
-		p("  for the same cores; a fleet whose Redis has a core of its own has more headroom, but the")
-		p("  per-job Redis cost is what limits a fleet's jobs/s per Redis (see BENCHMARKS.md).")
-	} else {
-		p("  Redis was not saturated; the workers and the machine (shared, see the load) were the limit:")
-		p("  jobs came due faster than the fleet dequeued and admitted them.")
+	p("  The pending list grew to %s tasks, Redis used %s of a core in its busiest 10 s, and during", thousands(r.peakPending), pct(r.redisBusy))
+	p("  the burst the %s (load average %s after the run).", r.burstCPU, r.loadAfter)
+	switch {
+	case r.redisBusy >= 0.9:
+		p("  Redis was the bottleneck: the fleet could not start jobs as fast as they came due.")
+	case r.burstCPU.saturated():
+		p("  The machine's cores were the limit: Redis, the workers, the producer and the downstream")
+		p("  share them, and jobs came due faster than the workers got CPU to start them.")
+	default:
+		p("  Neither Redis nor the cores were saturated.")
 	}
 }
 
@@ -411,6 +546,12 @@ func (b *benchmark) runOf(setup string) *runData {
 // first: "throttled 1,234, cooldown 5".
 // where, when not empty, keeps only the series with that "label=value".
 func counterSummary(g map[string]float64, family, label, where string) string {
+	return counterSummaryExcept(g, family, label, where, "")
+}
+
+// counterSummaryExcept is counterSummary leaving out the label's value
+// except.
+func counterSummaryExcept(g map[string]float64, family, label, where, except string) string {
 	sums := map[string]float64{}
 	for k, v := range g {
 		name, labels, ok := strings.Cut(strings.TrimSuffix(k, "}"), "{")
@@ -418,7 +559,7 @@ func counterSummary(g map[string]float64, family, label, where string) string {
 			continue
 		}
 		for _, l := range strings.Split(labels, ",") {
-			if lk, lv, ok := strings.Cut(l, "="); ok && lk == label {
+			if lk, lv, ok := strings.Cut(l, "="); ok && lk == label && (except == "" || lv != except) {
 				if lv == "" {
 					lv = "(none)"
 				}
@@ -480,4 +621,70 @@ func classWaits(r *result) string {
 		parts = append(parts, fmt.Sprintf("%s p99 %s (n=%s)", c, secs(percentile(ws, 99)), thousands(int64(len(ws)))))
 	}
 	return strings.Join(parts, ", ")
+}
+
+// redisSection writes where each set-up's Redis spent its CPU: per job
+// over the run, and by command and script in the profiled window.
+func (b *benchmark) redisSection(out io.Writer) {
+	p := func(format string, args ...any) { fmt.Fprintf(out, format+"\n", args...) }
+	p("## Where Redis's CPU goes")
+	p("")
+	p("Over the whole run, Redis's CPU (`used_cpu_user + used_cpu_sys`, INFO cpu) per completed job, and")
+	p("the scripts' share from INFO commandstats (`evalsha` and `eval`, which include the commands a")
+	p("script runs). Then one window of each run in which Redis logged every command it ran (its slow")
+	p("log with no threshold, read and emptied every %s): each script by name (sluice's by their", profileEvery)
+	p("file, asynq's and redis_rate's by the keys they touch), each other command by its name, per job")
+	p("completed in the window. Logging every command costs Redis some CPU too; it is in the run's")
+	p("figures.")
+	p("")
+	for i, rd := range b.runs {
+		r := b.results[i]
+		p("### %s", setupTitle(rd.setup))
+		p("")
+		scripts := usecOf(rd.cmdStats, []string{"evalsha", "eval"})
+		calls := rd.cmdStats["evalsha"].Calls + rd.cmdStats["eval"].Calls
+		p("Whole run: **%s of Redis CPU per completed job**; %.1f script calls per job, %s of script", micros(r.redisPerJob), perJobF(calls, r.completed), micros(perJobF(scripts, r.completed)/1e6))
+		p("execution per job.")
+		jobs := 0
+		if rd.profile != nil {
+			jobs = completedBetween(rd.arrivals, rd.profile.From, rd.profile.To)
+		}
+		rows := profileRows(rd.profile, jobs)
+		if len(rows) == 0 {
+			p("")
+			p("No profile: the run ended before its window (t=%.0fs), or no job completed in it.", b.o.cfg.profileAt.Seconds())
+			p("")
+			continue
+		}
+		pr := rd.profile
+		win := (pr.To - pr.From).Seconds()
+		cmdUsec := 0.0
+		for _, row := range rows {
+			cmdUsec += row.usec
+		}
+		use := useBetween(rd.samples, pr.From, pr.To, rd.cores)
+		p("Window t=%.0f–%.0fs: %s jobs completed; commands and scripts took %s per job.", pr.From.Seconds(), pr.To.Seconds(), thousands(int64(jobs)), micros(cmdUsec/1e6))
+		if use.redis > 0 {
+			p("Redis used %.2f of a core in the window, so its commands were %s of its CPU; the rest is", use.redis, pct(cmdUsec*float64(jobs)/1e6/(use.redis*win)))
+			p("reading requests, writing replies and its own upkeep.")
+		}
+		if pr.Lost > 0 {
+			p("The log overflowed between reads: %s entries were lost, so the figures are low.", thousands(int64(pr.Lost)))
+		}
+		p("")
+		p("| command or script | calls per job | µs per call | µs per job | share |")
+		p("|---|---|---|---|---|")
+		for k, row := range rows {
+			if k == 10 {
+				rest := 0.0
+				for _, x := range rows[k:] {
+					rest += x.usec
+				}
+				p("| %d others | | | %.1f | %s |", len(rows)-k, rest, pct(rest/cmdUsec))
+				break
+			}
+			p("| %s | %.2f | %.1f | %.1f | %s |", row.label, row.callsPerJob, row.usecPerCall, row.usec, pct(row.share))
+		}
+		p("")
+	}
 }

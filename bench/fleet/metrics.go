@@ -86,11 +86,14 @@ func peakConcurrency(arr []arrival) int {
 }
 
 // perJob is deliveries divided by jobs (0 for no jobs).
-func perJob(deliveries int64, jobs int) float64 {
+func perJob(deliveries int64, jobs int) float64 { return perJobF(float64(deliveries), jobs) }
+
+// perJobF is n divided by jobs (0 for no jobs).
+func perJobF(n float64, jobs int) float64 {
 	if jobs == 0 {
 		return 0
 	}
-	return float64(deliveries) / float64(jobs)
+	return n / float64(jobs)
 }
 
 // lostAndDuplicated compares the enqueued jobs with the downstream's 2xx
@@ -155,4 +158,74 @@ func idealStarts(enq []time.Duration, perSecond, burst, conc int64, hold time.Du
 func sortDurations(d []time.Duration) []time.Duration {
 	sort.Slice(d, func(i, j int) bool { return d[i] < d[j] })
 	return d
+}
+
+// stallMin is how long a tenant's waiting jobs must stand still to count
+// as a stall: far longer than any tenant's own limits make a job wait
+// between two starts (rates of 1/s or more, service times of at most
+// 250 ms).
+const stallMin = 10 * time.Second
+
+// stallsOf finds the stretches of at least least in which a tenant had
+// a job enqueued and not yet started while none of its requests reached
+// the downstream: enq are its jobs' enqueue times and started their first
+// 2xx arrival (−1: never), both per job; arrivals are all its requests,
+// sorted by time; end closes a stretch still open at the run's end.
+func stallsOf(enq, started []time.Duration, arrivals []time.Duration, end, least time.Duration) [][2]time.Duration {
+	// waiting(t): jobs enqueued at or before t and not started before t
+	type ev struct {
+		at time.Duration
+		d  int
+	}
+	evs := make([]ev, 0, 2*len(enq))
+	for i, e := range enq {
+		if e < 0 {
+			continue
+		}
+		evs = append(evs, ev{e, +1})
+		if started[i] >= 0 {
+			evs = append(evs, ev{started[i], -1})
+		}
+	}
+	sort.Slice(evs, func(a, b int) bool {
+		if evs[a].at != evs[b].at {
+			return evs[a].at < evs[b].at
+		}
+		return evs[a].d > evs[b].d
+	})
+	var out [][2]time.Duration
+	waiting, k, ai := 0, 0, 0
+	since := time.Duration(-1) // since when a job waits with no arrival
+	for {
+		// the next thing that happens: an arrival or a change of waiting
+		next := end
+		if ai < len(arrivals) {
+			next = min(next, arrivals[ai])
+		}
+		if k < len(evs) {
+			next = min(next, evs[k].at)
+		}
+		if since >= 0 && (ai < len(arrivals) && arrivals[ai] == next || next == end) {
+			if next-since >= least {
+				out = append(out, [2]time.Duration{since, next})
+			}
+			since = -1
+		}
+		if next >= end && (k >= len(evs) || evs[k].at >= end) && (ai >= len(arrivals) || arrivals[ai] >= end) {
+			return out
+		}
+		for ai < len(arrivals) && arrivals[ai] == next {
+			ai++
+		}
+		for k < len(evs) && evs[k].at == next {
+			waiting += evs[k].d
+			k++
+		}
+		if waiting > 0 && since < 0 {
+			since = next
+		}
+		if waiting == 0 {
+			since = -1
+		}
+	}
 }

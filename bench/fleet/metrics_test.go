@@ -183,8 +183,8 @@ func TestWorkload(t *testing.T) {
 		sum := 0
 		for _, tn := range w.tenants {
 			require.Positive(t, tn.jobs, "%s: %s has jobs", name, tn.name)
-			_, err := tn.policy(true)
-			require.NoError(t, err, "%s: %s policy %q", name, tn.name, tn.policyText(true))
+			_, err := tn.policy()
+			require.NoError(t, err, "%s: %s policy %q", name, tn.name, tn.policyText())
 			sum += tn.jobs
 		}
 		require.Equal(t, cfg.jobs, sum, name)
@@ -206,9 +206,46 @@ func TestWorkload(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, w.jobs, again.jobs, "%s: deterministic", name)
 	}
-	require.Equal(t, "rate=5/s burst=2 concurrency=3 shape=true", tenant{rate: 5, burst: 2, conc: 3}.policyText(true))
-	require.Equal(t, "concurrency=3", tenant{conc: 3}.policyText(true))
+	require.Equal(t, "rate=5/s burst=2 concurrency=3", tenant{rate: 5, burst: 2, conc: 3}.policyText())
+	require.Equal(t, "concurrency=3", tenant{conc: 3}.policyText())
 	_, err := newWorkload(config{name: "bad"})
+	require.Error(t, err)
+}
+
+func TestSaturationWorkload(t *testing.T) {
+	t.Parallel()
+	for name, sc := range satPresets {
+		w, err := newSaturationWorkload(name, sc, 5)
+		require.NoError(t, err, name)
+		require.Equal(t, kindSaturation, w.kind)
+		require.Len(t, w.tenants, sc.small+1, name)
+		require.Equal(t, "", w.tenants[0].policyText(), "%s: the flooding tenant has no limits", name)
+		require.Equal(t, len(w.jobs), w.cfg.jobs)
+		require.Equal(t, sc.workers, w.cfg.workers)
+		n := 0
+		for i, j := range w.jobs {
+			if j.tenant == 0 {
+				n++
+				require.Equal(t, sc.bigAt, j.at)
+			} else {
+				require.Less(t, j.at, sc.span)
+			}
+			if i > 0 {
+				require.LessOrEqual(t, w.jobs[i-1].at, j.at, "sorted")
+			}
+		}
+		require.Equal(t, sc.big, n, name)
+		require.Equal(t, int32(0), w.jobs[w.bigFrom].tenant)
+		// The small tenants' limits never bind at their trickle.
+		require.Greater(t, float64(w.tenants[1].rate), 2*sc.trickle, name)
+		// The fleet needs at least half the small tenants' span after the
+		// burst to work the burst off, at its slots' best.
+		require.GreaterOrEqual(t, float64(sc.big)/sc.capacity(), (sc.span-sc.bigAt).Seconds()/2, "%s: the fleet cannot keep up", name)
+		again, err := newSaturationWorkload(name, sc, 5)
+		require.NoError(t, err)
+		require.Equal(t, w.jobs, again.jobs, "%s: deterministic", name)
+	}
+	_, err := newSaturationWorkload("bad", satConfig{}, 5)
 	require.Error(t, err)
 }
 
@@ -236,8 +273,19 @@ func TestCompute(t *testing.T) {
 	for k := 0; k < 1500; k++ {
 		rd.arrivals[0] = append(rd.arrivals[0], arrival{at: time.Second + ms(20), job: int32(w.bigFrom), conc: 1, status: rejectedRate})
 	}
+	rd.gate = map[string]float64{
+		"sluice_worker_decisions_total{rule=,verdict=allowed}":           500,
+		"sluice_worker_decisions_total{rule=rate[0],verdict=denied}":     20,
+		"sluice_worker_decisions_total{rule=reserved,verdict=denied}":    30,
+		"sluice_worker_decisions_total{rule=concurrency,verdict=denied}": 5,
+	}
+	rd.denied = map[string]int64{whyRate: 4, whyConc: 6}
 	r := compute(w, rd)
 	require.Equal(t, len(w.jobs), r.enqueued)
+	require.InDelta(t, 25, r.gateDenied, 1e-9, "denied, reserved decisions apart")
+	require.InDelta(t, 30, r.gateReserved, 1e-9)
+	require.Equal(t, int64(4), r.deniedRate)
+	require.Equal(t, int64(6), r.deniedConc)
 	require.Equal(t, len(w.jobs)-1, r.completed)
 	require.Equal(t, 1, r.lost)
 	require.Equal(t, 1, r.duplicates)
@@ -294,7 +342,51 @@ func TestGateCounters(t *testing.T) {
 	}
 	require.Equal(t, "concurrency 2,000, rate[0] 7", counterSummary(g, "sluice_worker_decisions_total", "rule", "verdict=denied"))
 	require.Equal(t, "throttled 3", counterSummary(g, "sluice_worker_deferrals_total", "reason", ""))
+	require.Equal(t, "rate[0] 7", counterSummaryExcept(g, "sluice_worker_decisions_total", "rule", "verdict=denied", "concurrency"))
 	require.Equal(t, "(none recorded)", counterSummary(g, "sluice_worker_drops_total", "tenant", ""))
 	require.InDelta(t, 2017, counterTotal(g, "sluice_worker_decisions_total"), 1e-9)
 	require.InDelta(t, 2007, counterTotal(g, "sluice_worker_decisions_total", "verdict=denied"), 1e-9)
+}
+
+func TestStallsOf(t *testing.T) {
+	t.Parallel()
+	s := time.Second
+	// Jobs enqueued at 0, 0, 0 and 50 s; started at 0.1, 31 and 62 s, the
+	// last one never; requests at their starts and a refused one at 40 s.
+	enq := []time.Duration{0, 0, 0, 50 * s}
+	started := []time.Duration{100 * time.Millisecond, 31 * s, 62 * s, -1}
+	arr := []time.Duration{100 * time.Millisecond, 31 * s, 40 * s, 62 * s}
+	got := stallsOf(enq, started, arr, 90*s, 10*s)
+	require.Equal(t, [][2]time.Duration{
+		{100 * time.Millisecond, 31 * s}, // two wait, nothing arrives
+		{40 * s, 62 * s},                 // the third still waits after the refused request
+		{62 * s, 90 * s},                 // the last one never starts
+	}, got)
+	require.Empty(t, stallsOf(enq[:1], started[:1], arr[:1], 90*s, 10*s), "nothing waits")
+	require.Empty(t, stallsOf(nil, nil, nil, 90*s, 10*s))
+	// A job that waits 9 s is no stall.
+	require.Empty(t, stallsOf([]time.Duration{s}, []time.Duration{10 * s}, []time.Duration{10 * s}, 20*s, 10*s))
+}
+
+func TestSummarizeE2E(t *testing.T) {
+	t.Parallel()
+	s := time.Second
+	rounds := []e2eRound{
+		{Setup: setupPlain, Handler: handlerHTTP, Jobs: 1000, Done: s, Enqueued: s / 4, RedisCPU: 0.1, WorkerCPU: s / 5},
+		{Setup: setupSluice, Handler: handlerHTTP, Jobs: 1000, Done: 2 * s, Enqueued: s, RedisCPU: 0.3, WorkerCPU: s / 2},
+		{Setup: setupSluice, Handler: handlerHTTP, Jobs: 1000, Done: 4 * s},
+		{Setup: setupPlain, Handler: handlerHTTP, Jobs: 1000, Done: s / 2},
+		{Setup: setupSluice, Handler: handlerHTTP, Jobs: 1000, Done: 3 * s, Profile: &redisProfile{}}, // not counted
+		{Setup: setupPlain, Handler: handlerNoop, Jobs: 1000, Done: s},
+	}
+	sums := summarizeE2E(rounds)
+	require.Len(t, sums, 1, "noop has no sluice round")
+	h := sums[0]
+	require.Equal(t, handlerHTTP, h.handler)
+	require.InDelta(t, 1500, h.plainJPS, 1e-9, "median of 1,000 and 2,000")
+	require.InDelta(t, 375, h.sluiceJPS, 1e-9, "median of 500 and 250")
+	require.InDelta(t, 0.25, h.ratio, 1e-9)
+	require.InDelta(t, 0.05e-3, h.plainRedis, 1e-12)
+	require.InDelta(t, 2.5, median([]float64{4, 1, 2, 3}), 1e-9)
+	require.Zero(t, median(nil))
 }

@@ -158,10 +158,11 @@ func plotArrivals(w *workload, rd *runData, small []int, end time.Duration, file
 }
 
 // plotWaits draws the distribution (CDF, log scale) of the small tenants'
-// queue waits during the big burst, one line per set-up.
-func plotWaits(results []*result, file string) error {
+// queue waits during the big burst, one line per set-up, with the target
+// p99 dashed.
+func plotWaits(results []*result, title string, target time.Duration, file string) error {
 	p := plot.New()
-	p.Title.Text = "Small tenants' queue wait during the big burst (jobs their own limits would start at once)"
+	p.Title.Text = title
 	p.X.Label.Text = "enqueue → start at the downstream (s, log scale)"
 	p.Y.Label.Text = "fraction of jobs waiting at most this long"
 	p.X.Scale = plot.LogScale{}
@@ -183,7 +184,8 @@ func plotWaits(results []*result, file string) error {
 			return err
 		}
 	}
-	if err := line(p, plotter.XYs{{X: 2, Y: 0}, {X: 2, Y: 1}}, gray, true, "2 s target (p99)"); err != nil {
+	tx := target.Seconds()
+	if err := line(p, plotter.XYs{{X: tx, Y: 0}, {X: tx, Y: 1}}, gray, true, secs(target)+" target (p99)"); err != nil {
 		return err
 	}
 	p.X.Min, p.X.Max = floor, maxX*1.2

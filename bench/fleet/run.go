@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -28,10 +29,13 @@ type options struct {
 	cfg       config
 	setups    []string
 	allowance time.Duration // the downstream's jitter allowance on rates
-	// drain overrides cfg.drain for some set-ups (the test gives sluice
-	// room on a busy machine without waiting longer for the others).
+	// drain overrides the workload's drain for some set-ups, keyed
+	// "kind/setup" (the test gives sluice room on a busy machine without
+	// waiting longer for the others).
 	drain map[string]time.Duration
-	log   io.Writer // progress lines
+	// scenarios to run: kindFleet, kindSaturation, kindEndToEnd
+	scenarios []string
+	log       io.Writer // progress lines
 }
 
 // runData is what one set-up's run recorded.
@@ -46,10 +50,14 @@ type runData struct {
 	deliveries int64
 	calls      int64
 	gate       map[string]float64 // sluice's gate counters, summed over the workers
-	samples    []sample           // the queue and Redis, every second
+	denied     map[string]int64   // set-ups 1 and 2's throttle denials by limit, summed
+	samples    []sample           // the queue, Redis and the CPU, every second
+	cores      int                // the machine's cores
 	workerCPU  time.Duration
-	redisCPU   float64 // seconds, user+sys, during the run
-	redisPeak  float64 // bytes, used_memory_peak
+	redisCPU   float64            // seconds, user+sys, during the run
+	redisPeak  float64            // bytes, used_memory_peak
+	cmdStats   map[string]cmdStat // INFO commandstats over the run, the benchmark's own commands left out
+	profile    *redisProfile      // every command of one window, scripts by name
 	leftover   map[string]int
 	timedOut   bool
 	elapsed    time.Duration
@@ -77,10 +85,15 @@ func (w *workload) idealEnd() time.Duration {
 // runSetup runs the workload through one set-up, from a fresh Redis and
 // downstream to the last worker's exit.
 func runSetup(ctx context.Context, o options, w *workload, setup string) (*runData, error) {
-	logf := func(format string, args ...any) {
-		fmt.Fprintf(o.log, "[%s] %s\n", setup, fmt.Sprintf(format, args...))
+	label := setup
+	if w.kind != kindFleet {
+		label = w.kind + " " + setup
 	}
-	rd := &runData{setup: setup, loadBefore: loadAvg(), leftover: map[string]int{}, gate: map[string]float64{}}
+	logf := func(format string, args ...any) {
+		fmt.Fprintf(o.log, "[%s] %s\n", label, fmt.Sprintf(format, args...))
+	}
+	rd := &runData{setup: setup, loadBefore: loadAvg(), leftover: map[string]int{}, gate: map[string]float64{},
+		denied: map[string]int64{}, cores: runtime.NumCPU()}
 	srv, err := startRedis(ctx)
 	if err != nil {
 		return nil, err
@@ -94,7 +107,8 @@ func runSetup(ctx context.Context, o options, w *workload, setup string) (*runDa
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
-	args := []string{"-setup", setup, "-redis", srv.addr, "-concurrency", strconv.Itoa(o.cfg.conc), "-procs", strconv.Itoa(o.cfg.workers)}
+	cfg := w.cfg
+	args := []string{"-setup", setup, "-redis", srv.addr, "-concurrency", strconv.Itoa(cfg.conc), "-procs", strconv.Itoa(cfg.workers)}
 	var enq enqueuer
 	switch setup {
 	case setupSluice:
@@ -105,7 +119,7 @@ func runSetup(ctx context.Context, o options, w *workload, setup string) (*runDa
 		defer store.Close()
 		pols := map[string]*throttle.Policy{}
 		for _, t := range w.tenants {
-			p, err := t.policy(true)
+			p, err := t.policy()
 			if err != nil {
 				return nil, fmt.Errorf("policy of %s: %w", t.name, err)
 			}
@@ -156,6 +170,9 @@ func runSetup(ctx context.Context, o options, w *workload, setup string) (*runDa
 				for k, v := range st.Gate {
 					rd.gate[k] += v
 				}
+				for k, v := range st.Denied {
+					rd.denied[k] += v
+				}
 				if err != nil {
 					rd.problems = append(rd.problems, err.Error())
 				}
@@ -165,12 +182,16 @@ func runSetup(ctx context.Context, o options, w *workload, setup string) (*runDa
 		procs = nil
 	}
 	defer stopAll()
-	for i := 0; i < o.cfg.workers; i++ {
+	for i := 0; i < cfg.workers; i++ {
 		p, err := startWorker(ctx, args)
 		if err != nil {
 			return nil, err
 		}
 		procs = append(procs, p)
+	}
+	stats0, err := commandStats(ctx, rdb)
+	if err != nil {
+		return nil, fmt.Errorf("INFO commandstats: %w", err)
 	}
 	cpu0 := redisCPU(ctx, rdb)
 	// The clock of the run starts now, the downstream's too.
@@ -188,13 +209,32 @@ func runSetup(ctx context.Context, o options, w *workload, setup string) (*runDa
 	sctx, stopSampling := context.WithCancel(ctx)
 	defer stopSampling()
 	sampled := make(chan []sample, 1)
-	go func() { sampled <- sampleQueue(sctx, rdb, start) }()
+	pids := make([]int, len(procs))
+	for i, p := range procs {
+		pids[i] = p.cmd.Process.Pid
+	}
+	go func() { sampled <- sampleQueue(sctx, rdb, start, pids) }()
+	profiled := make(chan *redisProfile, 1)
+	go func() {
+		// its own connection: the slow log is read in a transaction
+		pc := redis.NewClient(&redis.Options{Addr: srv.addr, PoolSize: 2})
+		defer pc.Close()
+		if cfg.profileFor <= 0 {
+			profiled <- nil
+			return
+		}
+		p, err := profileRedis(sctx, pc, start, cfg.profileAt, cfg.profileFor, nil)
+		if err != nil && sctx.Err() == nil {
+			logf("profile of Redis: %v", err)
+		}
+		profiled <- p
+	}()
 	prod := &producer{w: w, e: enq, url: ds.url, start: start, enq: rd.enq}
 	produced := make(chan struct{})
 	go func() { prod.run(ctx); close(produced) }()
 
-	drain := o.cfg.drain
-	if d, ok := o.drain[setup]; ok {
+	drain := cfg.drain
+	if d, ok := o.drain[w.kind+"/"+setup]; ok {
 		drain = d
 	}
 	deadline := start.Add(w.idealEnd() + drain)
@@ -235,8 +275,15 @@ func runSetup(ctx context.Context, o options, w *workload, setup string) (*runDa
 		rd.firstErr = *e
 	}
 	rd.redisCPU = redisCPU(ctx, rdb) - cpu0
+	if stats1, err := commandStats(ctx, rdb); err == nil {
+		rd.cmdStats = statsSince(stats1, stats0)
+		for _, own := range ownCommands {
+			delete(rd.cmdStats, own)
+		}
+	}
 	stopSampling()
 	rd.samples = <-sampled
+	rd.profile = <-profiled
 	stopAll()
 	rd.arrivals = ds.snapshot()
 	rd.served = make([]uint32, len(ds.served))

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"os"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -12,9 +13,13 @@ type sample struct {
 	At        time.Duration // since the run's start
 	Pending   int64         // tasks waiting in the pending list
 	Active    int64
-	Scheduled int64   // scheduled for later (shaped or deferred by sluice)
+	Scheduled int64   // scheduled for later (parked in sluice's waiting room, or deferred)
 	Retry     int64   // waiting to be retried (asynq's retry set)
 	RedisCPU  float64 // used_cpu_user + used_cpu_sys, seconds since Redis started
+	// CPU seconds used so far by the worker processes and by this
+	// program, and by the machine's cores: busy and in all (see cpu.go)
+	WorkersCPU, BenchCPU      float64
+	MachineBusy, MachineTotal float64
 }
 
 // sampleEvery is how often the sampler looks.
@@ -29,8 +34,9 @@ const (
 )
 
 // sampleQueue records a sample every sampleEvery until ctx ends and
-// returns them. It costs Redis four O(1) commands and an INFO a second.
-func sampleQueue(ctx context.Context, c *redis.Client, start time.Time) []sample {
+// returns them. It costs Redis four O(1) commands and an INFO a second;
+// workers are the worker processes' pids.
+func sampleQueue(ctx context.Context, c *redis.Client, start time.Time, workers []int) []sample {
 	var out []sample
 	t := time.NewTicker(sampleEvery)
 	defer t.Stop()
@@ -54,6 +60,13 @@ func sampleQueue(ctx context.Context, c *redis.Client, start time.Time) []sample
 		sys, _ := infoField(info.Val(), "used_cpu_sys")
 		user, _ := infoField(info.Val(), "used_cpu_user")
 		s.RedisCPU = sys + user
+		for _, pid := range workers {
+			if c, err := procCPU(pid); err == nil {
+				s.WorkersCPU += c
+			}
+		}
+		s.BenchCPU, _ = procCPU(os.Getpid())
+		s.MachineBusy, s.MachineTotal, _ = machineCPU()
 		out = append(out, s)
 	}
 }
@@ -79,6 +92,18 @@ func peakPending(samples []sample) int64 {
 	var most int64
 	for _, s := range samples {
 		most = max(most, s.Pending)
+	}
+	return most
+}
+
+// maxPending is the longest the pending list was in the samples from
+// from to to (0 when none was taken then).
+func maxPending(samples []sample, from, to time.Duration) int64 {
+	var most int64
+	for _, s := range samples {
+		if s.At >= from && s.At <= to {
+			most = max(most, s.Pending)
+		}
 	}
 	return most
 }

@@ -13,6 +13,7 @@ import (
 type savedBench struct {
 	Config    string
 	Setups    []string
+	Scenarios []string
 	Allowance time.Duration
 	Workers   int
 	Began     time.Time
@@ -20,6 +21,9 @@ type savedBench struct {
 	Command   string
 	Machine   savedMachine
 	Runs      []savedRun
+	SatRuns   []savedRun
+	E2E       []e2eRound
+	Prev      previous
 }
 
 type savedMachine struct {
@@ -39,6 +43,7 @@ type savedRun struct {
 	LastOK, Elapsed       time.Duration
 	Deliveries, Calls     int64
 	Gate                  map[string]float64
+	Denied                map[string]int64
 	WorkerCPU             time.Duration
 	RedisCPU, RedisPeak   float64
 	Leftover              map[string]int
@@ -46,26 +51,22 @@ type savedRun struct {
 	LoadBefore, LoadAfter string
 	Problems              []string
 	Samples               []sample
+	CmdStats              map[string]cmdStat
+	Profile               *redisProfile
 }
 
 func (b *benchmark) save(file string) error {
 	m := b.machine
-	s := savedBench{Config: b.o.cfg.name, Setups: b.o.setups, Allowance: b.o.allowance, Workers: b.o.cfg.workers,
-		Began: b.began, Took: b.took, Command: b.command,
+	s := savedBench{Config: b.o.cfg.name, Setups: b.o.setups, Scenarios: b.o.scenarios, Allowance: b.o.allowance, Workers: b.o.cfg.workers,
+		Began: b.began, Took: b.took, Command: b.command, Prev: b.prev, E2E: b.e2e,
 		Machine: savedMachine{Cores: m.cores, CPU: m.cpu, Memory: m.memory, Kernel: m.kernel, Go: m.goVer, Redis: m.redis}}
 	for _, rd := range b.runs {
-		r := savedRun{Setup: rd.setup, Enq: rd.enq, EnqErrs: rd.enqErrs, FirstErr: rd.firstErr, Served: rd.served,
-			LastOK: rd.lastOK, Elapsed: rd.elapsed, Deliveries: rd.deliveries, Calls: rd.calls, Gate: rd.gate,
-			WorkerCPU: rd.workerCPU, RedisCPU: rd.redisCPU, RedisPeak: rd.redisPeak, Leftover: rd.leftover,
-			TimedOut: rd.timedOut, LoadBefore: rd.loadBefore, LoadAfter: rd.loadAfter, Problems: rd.problems, Samples: rd.samples}
-		for _, arr := range rd.arrivals {
-			at, job, conc, st := make([]time.Duration, len(arr)), make([]int32, len(arr)), make([]int32, len(arr)), make([]uint8, len(arr))
-			for i, a := range arr {
-				at[i], job[i], conc[i], st[i] = a.at, a.job, a.conc, a.status
-			}
-			r.At, r.Job, r.Conc, r.Status = append(r.At, at), append(r.Job, job), append(r.Conc, conc), append(r.Status, st)
+		s.Runs = append(s.Runs, toSaved(rd))
+	}
+	if b.sat != nil {
+		for _, rd := range b.sat.runs {
+			s.SatRuns = append(s.SatRuns, toSaved(rd))
 		}
-		s.Runs = append(s.Runs, r)
 	}
 	f, err := os.Create(file)
 	if err != nil {
@@ -78,8 +79,51 @@ func (b *benchmark) save(file string) error {
 	return f.Close()
 }
 
-// load reads a saved run and rebuilds its benchmark: the workload again
-// from its config (it is deterministic), the recordings from the file.
+func toSaved(rd *runData) savedRun {
+	r := savedRun{Setup: rd.setup, Enq: rd.enq, EnqErrs: rd.enqErrs, FirstErr: rd.firstErr, Served: rd.served,
+		LastOK: rd.lastOK, Elapsed: rd.elapsed, Deliveries: rd.deliveries, Calls: rd.calls, Gate: rd.gate, Denied: rd.denied,
+		WorkerCPU: rd.workerCPU, RedisCPU: rd.redisCPU, RedisPeak: rd.redisPeak, Leftover: rd.leftover,
+		TimedOut: rd.timedOut, LoadBefore: rd.loadBefore, LoadAfter: rd.loadAfter, Problems: rd.problems, Samples: rd.samples,
+		CmdStats: rd.cmdStats, Profile: rd.profile}
+	for _, arr := range rd.arrivals {
+		at, job, conc, st := make([]time.Duration, len(arr)), make([]int32, len(arr)), make([]int32, len(arr)), make([]uint8, len(arr))
+		for i, a := range arr {
+			at[i], job[i], conc[i], st[i] = a.at, a.job, a.conc, a.status
+		}
+		r.At, r.Job, r.Conc, r.Status = append(r.At, at), append(r.Job, job), append(r.Conc, conc), append(r.Status, st)
+	}
+	return r
+}
+
+// fromSaved rebuilds a set-up's recordings of workload w.
+func fromSaved(r savedRun, w *workload, cores int) (*runData, error) {
+	if len(r.Enq) != len(w.jobs) || len(r.Served) != len(w.jobs) || len(r.At) != len(w.tenants) {
+		return nil, fmt.Errorf("set-up %s does not match the %s workload", r.Setup, w.cfg.name)
+	}
+	rd := &runData{setup: r.Setup, enq: r.Enq, enqErrs: r.EnqErrs, firstErr: r.FirstErr, served: r.Served,
+		lastOK: r.LastOK, elapsed: r.Elapsed, deliveries: r.Deliveries, calls: r.Calls, gate: r.Gate, denied: r.Denied, cores: cores,
+		workerCPU: r.WorkerCPU, redisCPU: r.RedisCPU, redisPeak: r.RedisPeak, leftover: r.Leftover,
+		timedOut: r.TimedOut, loadBefore: r.LoadBefore, loadAfter: r.LoadAfter, problems: r.Problems, samples: r.Samples,
+		cmdStats: r.CmdStats, profile: r.Profile}
+	for ti := range r.At {
+		if len(r.Job[ti]) != len(r.At[ti]) || len(r.Conc[ti]) != len(r.At[ti]) || len(r.Status[ti]) != len(r.At[ti]) {
+			return nil, fmt.Errorf("set-up %s: tenant %d's arrivals are inconsistent", r.Setup, ti)
+		}
+		arr := make([]arrival, len(r.At[ti]))
+		for i := range arr {
+			if j := r.Job[ti][i]; j < 0 || int(j) >= len(w.jobs) {
+				return nil, fmt.Errorf("set-up %s: arrival of unknown job %d", r.Setup, j)
+			}
+			arr[i] = arrival{at: r.At[ti][i], job: r.Job[ti][i], conc: r.Conc[ti][i], status: r.Status[ti][i]}
+		}
+		rd.arrivals = append(rd.arrivals, arr)
+	}
+	return rd, nil
+}
+
+// load reads a saved run and rebuilds its benchmark: the workloads again
+// from their config (they are deterministic), the recordings from the
+// file.
 func load(file string) (*benchmark, error) {
 	f, err := os.Open(file)
 	if err != nil {
@@ -100,32 +144,32 @@ func load(file string) (*benchmark, error) {
 		return nil, err
 	}
 	m := s.Machine
-	b := &benchmark{o: options{cfg: cfg, setups: s.Setups, allowance: s.Allowance}, w: w, began: s.Began, took: s.Took, command: s.Command,
+	b := &benchmark{o: options{cfg: cfg, setups: s.Setups, scenarios: s.Scenarios, allowance: s.Allowance}, w: w,
+		began: s.Began, took: s.Took, command: s.Command, prev: s.Prev, e2e: s.E2E,
 		machine: machine{cores: m.Cores, cpu: m.CPU, memory: m.Memory, kernel: m.Kernel, goVer: m.Go, redis: m.Redis}}
 	for _, r := range s.Runs {
-		if len(r.Enq) != len(w.jobs) || len(r.Served) != len(w.jobs) || len(r.At) != len(w.tenants) {
-			return nil, fmt.Errorf("%s: set-up %s does not match the %s workload", file, r.Setup, cfg.name)
-		}
-		rd := &runData{setup: r.Setup, enq: r.Enq, enqErrs: r.EnqErrs, firstErr: r.FirstErr, served: r.Served,
-			lastOK: r.LastOK, elapsed: r.Elapsed, deliveries: r.Deliveries, calls: r.Calls, gate: r.Gate,
-			workerCPU: r.WorkerCPU, redisCPU: r.RedisCPU, redisPeak: r.RedisPeak, leftover: r.Leftover,
-			timedOut: r.TimedOut, loadBefore: r.LoadBefore, loadAfter: r.LoadAfter, problems: r.Problems, samples: r.Samples}
-		for ti := range r.At {
-			if len(r.Job[ti]) != len(r.At[ti]) || len(r.Conc[ti]) != len(r.At[ti]) || len(r.Status[ti]) != len(r.At[ti]) {
-				return nil, fmt.Errorf("%s: set-up %s: tenant %d's arrivals are inconsistent", file, r.Setup, ti)
-			}
-			arr := make([]arrival, len(r.At[ti]))
-			for i := range arr {
-				if j := r.Job[ti][i]; j < 0 || int(j) >= len(w.jobs) {
-					return nil, fmt.Errorf("%s: set-up %s: arrival of unknown job %d", file, r.Setup, j)
-				}
-				arr[i] = arrival{at: r.At[ti][i], job: r.Job[ti][i], conc: r.Conc[ti][i], status: r.Status[ti][i]}
-			}
-			rd.arrivals = append(rd.arrivals, arr)
+		rd, err := fromSaved(r, w, m.Cores)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", file, err)
 		}
 		b.runs = append(b.runs, rd)
 		b.results = append(b.results, compute(w, rd))
 		b.plotEnd = max(b.plotEnd, rd.elapsed)
+	}
+	if len(s.SatRuns) > 0 {
+		sw, err := newSaturationWorkload(cfg.name, satPresets[cfg.name], cfg.seed)
+		if err != nil {
+			return nil, err
+		}
+		b.sat = &scenario{w: sw}
+		for _, r := range s.SatRuns {
+			rd, err := fromSaved(r, sw, m.Cores)
+			if err != nil {
+				return nil, fmt.Errorf("%s: saturation: %w", file, err)
+			}
+			b.sat.runs = append(b.sat.runs, rd)
+			b.sat.results = append(b.sat.results, compute(sw, rd))
+		}
 	}
 	b.plotted = plotTenants(w, 3)
 	return b, nil

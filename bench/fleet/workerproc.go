@@ -32,6 +32,16 @@ const (
 	setupXRate     = "xrate"
 	setupRedisRate = "redisrate"
 	setupSluice    = "sluice"
+	// setupPlain is asynq without any throttle, the end-to-end scenario's
+	// baseline.
+	setupPlain = "plain"
+)
+
+// The handlers a worker may run: sluice's built-in http handler, calling
+// the downstream, or one that returns at once.
+const (
+	handlerHTTP = "http"
+	handlerNoop = "noop"
 )
 
 var setups = []string{setupXRate, setupRedisRate, setupSluice}
@@ -39,6 +49,8 @@ var setups = []string{setupXRate, setupRedisRate, setupSluice}
 // setupTitle names a set-up in the report.
 func setupTitle(s string) string {
 	switch s {
+	case setupPlain:
+		return "plain asynq"
 	case setupXRate:
 		return "1. asynq + x/time/rate per process"
 	case setupRedisRate:
@@ -63,13 +75,47 @@ type limits struct {
 type workerStats struct {
 	Deliveries int64 `json:"deliveries"` // tasks dequeued (handler invocations of any kind)
 	Calls      int64 `json:"calls"`      // requests the http handler made
-	// Gate holds sluice's gate counters (set-up 3): decisions by verdict
-	// and rule, deferrals by reason, handler outcomes.
+	// Denied counts the throttle's denials in set-ups 1 and 2, by the
+	// limit that denied ("rate", "concurrency"): each sends the job back
+	// to asynq for another delivery.
+	Denied map[string]int64 `json:"denied,omitempty"`
+	// Gate holds sluice's gate and waiting-room counters (set-up 3):
+	// decisions by verdict and rule, deferrals by reason, handler
+	// outcomes, jobs promoted from the lines.
 	Gate map[string]float64 `json:"gate,omitempty"`
 }
 
-// gateCounters are the gate's metrics a sluice worker reports at exit.
-var gateCounters = []string{"sluice_worker_decisions_total", "sluice_worker_deferrals_total", "sluice_worker_handler_outcomes_total"}
+// decisionsFamily is the gate's counter of admission decisions.
+const decisionsFamily = "sluice_worker_decisions_total"
+
+// gateCounters are the gate's and the waiting room's metrics a sluice
+// worker reports at exit.
+var gateCounters = []string{decisionsFamily, "sluice_worker_deferrals_total", "sluice_worker_handler_outcomes_total",
+	"sluice_room_promoted_total", "sluice_room_skipped_total"}
+
+// denials counts a middleware's denials by the limit that denied.
+type denials struct {
+	rate, conc atomic.Int64
+}
+
+func (d *denials) deny(why string) error {
+	if why == whyConc {
+		d.conc.Add(1)
+	} else {
+		d.rate.Add(1)
+	}
+	return &rateLimitError{RetryIn: wikiRetryIn(), Why: why}
+}
+
+func (d *denials) counts() map[string]int64 {
+	return map[string]int64{whyRate: d.rate.Load(), whyConc: d.conc.Load()}
+}
+
+// The limits a middleware denies by.
+const (
+	whyRate = "rate"
+	whyConc = "concurrency"
+)
 
 // gatherCounters reads the named counters as "name{label=value,...}".
 func gatherCounters(g prometheus.Gatherer, names []string) map[string]float64 {
@@ -130,24 +176,28 @@ func wikiRetryIn() time.Duration { return time.Duration(rand.IntN(10)) * time.Se
 // JSON. It returns the process's exit code.
 func runWorker(args []string) int {
 	fs := flag.NewFlagSet("fleetbench worker", flag.ContinueOnError)
-	setup := fs.String("setup", "", "xrate, redisrate or sluice")
+	setup := fs.String("setup", "", "xrate, redisrate, sluice or plain")
 	addr := fs.String("redis", "", "Redis address host:port")
 	conc := fs.Int("concurrency", 100, "asynq Concurrency")
 	procs := fs.Int("procs", 1, "worker processes in the fleet (set-up 1 divides each limit by it)")
 	limitsFile := fs.String("limits", "", "JSON file of tenant → limits (set-ups 1 and 2)")
+	kind := fs.String("handler", handlerHTTP, "the jobs' handler: http (calls the downstream) or noop")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	if err := workerMain(*setup, *addr, *conc, *procs, *limitsFile); err != nil {
+	if err := workerMain(*setup, *addr, *conc, *procs, *limitsFile, *kind); err != nil {
 		fmt.Fprintln(os.Stderr, "fleetbench worker:", err)
 		return 1
 	}
 	return 0
 }
 
-func workerMain(setup, addr string, conc, procs int, limitsFile string) error {
+func workerMain(setup, addr string, conc, procs int, limitsFile, kind string) error {
 	if addr == "" || conc < 1 || procs < 1 {
 		return errors.New("-redis, -concurrency ≥ 1 and -procs ≥ 1 are required")
+	}
+	if kind != handlerHTTP && kind != handlerNoop {
+		return fmt.Errorf("-handler %q: want http or noop", kind)
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 100})
 	defer rdb.Close()
@@ -155,13 +205,12 @@ func workerMain(setup, addr string, conc, procs int, limitsFile string) error {
 	var deliveries, calls atomic.Int64
 	// BaseContext is called once for every task asynq dequeues, whatever
 	// the handler then does with it: it counts deliveries the same way in
-	// every set-up.
+	// every set-up. The intervals are left to worker.Server's defaults in
+	// set-up 3 and given the same values in the others.
 	cfg := asynq.Config{
-		Concurrency:              conc,
-		Queues:                   map[string]int{"default": 1},
-		TaskCheckInterval:        worker.TaskCheckIntervalDefault,
-		DelayedTaskCheckInterval: worker.DelayedTaskCheckIntervalDefault,
-		LogLevel:                 asynq.FatalLevel,
+		Concurrency: conc,
+		Queues:      map[string]int{"default": 1},
+		LogLevel:    asynq.FatalLevel,
 		BaseContext: func() context.Context {
 			deliveries.Add(1)
 			return context.Background()
@@ -176,25 +225,39 @@ func workerMain(setup, addr string, conc, procs int, limitsFile string) error {
 	builtin := &worker.HTTPHandler{Client: httpClient}
 	handler := asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
 		calls.Add(1)
+		if kind == handlerNoop {
+			return nil
+		}
 		return builtin.ProcessTask(ctx, t)
 	})
 
 	var start func() error
 	var stop func()
 	var gatherer func() prometheus.Gatherer
+	var denied denials
 	switch setup {
+	case setupPlain:
+		cfg.TaskCheckInterval = worker.TaskCheckIntervalDefault
+		cfg.DelayedTaskCheckInterval = worker.DelayedTaskCheckIntervalDefault
+		mux := asynq.NewServeMux()
+		mux.Handle(worker.TypeHTTP, handler)
+		srv := asynq.NewServerFromRedisClient(rdb, cfg)
+		start = func() error { return srv.Start(mux) }
+		stop = srv.Shutdown
 	case setupXRate, setupRedisRate:
 		lim, err := readLimits(limitsFile)
 		if err != nil {
 			return err
 		}
+		cfg.TaskCheckInterval = worker.TaskCheckIntervalDefault
+		cfg.DelayedTaskCheckInterval = worker.DelayedTaskCheckIntervalDefault
 		cfg.IsFailure = func(err error) bool { return !isRateLimitError(err) }
 		cfg.RetryDelayFunc = retryDelay
 		var mw asynq.MiddlewareFunc
 		if setup == setupXRate {
-			mw = xrateMiddleware(lim, procs)
+			mw = xrateMiddleware(lim, procs, &denied)
 		} else {
-			mw = redisRateMiddleware(rdb, lim)
+			mw = redisRateMiddleware(rdb, lim, &denied)
 		}
 		mux := asynq.NewServeMux()
 		mux.Use(mw)
@@ -215,7 +278,7 @@ func workerMain(setup, addr string, conc, procs int, limitsFile string) error {
 		stop = srv.Shutdown
 		gatherer = srv.Gate().Gatherer
 	default:
-		return fmt.Errorf("-setup %q: want xrate, redisrate or sluice", setup)
+		return fmt.Errorf("-setup %q: want xrate, redisrate, sluice or plain", setup)
 	}
 
 	sig := make(chan os.Signal, 1)
@@ -227,6 +290,9 @@ func workerMain(setup, addr string, conc, procs int, limitsFile string) error {
 	<-sig
 	stop()
 	st := workerStats{Deliveries: deliveries.Load(), Calls: calls.Load()}
+	if setup == setupXRate || setup == setupRedisRate {
+		st.Denied = denied.counts()
+	}
 	if gatherer != nil {
 		st.Gate = gatherCounters(gatherer(), gateCounters)
 	}
@@ -261,7 +327,7 @@ func asRateLimit(err error) error {
 // 1/procs of the tenant's rate (at least a burst of 1), and a per-process
 // semaphore for a concurrency cap (cap/procs slots, at least 1). A denied
 // task is retried after a random 0–9 s, as in the asynq wiki.
-func xrateMiddleware(lim map[string]limits, procs int) asynq.MiddlewareFunc {
+func xrateMiddleware(lim map[string]limits, procs int, denied *denials) asynq.MiddlewareFunc {
 	type local struct {
 		rl  *rate.Limiter
 		sem chan struct{}
@@ -288,11 +354,11 @@ func xrateMiddleware(lim map[string]limits, procs int) asynq.MiddlewareFunc {
 				case lc.sem <- struct{}{}:
 					defer func() { <-lc.sem }()
 				default:
-					return &rateLimitError{RetryIn: wikiRetryIn(), Why: "concurrency"}
+					return denied.deny(whyConc)
 				}
 			}
 			if lc.rl != nil && !lc.rl.Allow() {
-				return &rateLimitError{RetryIn: wikiRetryIn(), Why: "rate"}
+				return denied.deny(whyRate)
 			}
 			return asRateLimit(next.ProcessTask(ctx, t))
 		})
@@ -303,7 +369,7 @@ func xrateMiddleware(lim map[string]limits, procs int) asynq.MiddlewareFunc {
 // by the fleet (GCRA in Redis, keyed by tenant); a denied task is retried
 // after the RetryAfter redis_rate gives (no reservation: every denied task
 // aims at the next free token). No concurrency cap.
-func redisRateMiddleware(rdb *redis.Client, lim map[string]limits) asynq.MiddlewareFunc {
+func redisRateMiddleware(rdb *redis.Client, lim map[string]limits, denied *denials) asynq.MiddlewareFunc {
 	rl := redis_rate.NewLimiter(rdb)
 	return func(next asynq.Handler) asynq.Handler {
 		return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
@@ -315,7 +381,8 @@ func redisRateMiddleware(rdb *redis.Client, lim map[string]limits) asynq.Middlew
 					return fmt.Errorf("redis_rate: %w", err)
 				}
 				if res.Allowed == 0 {
-					return &rateLimitError{RetryIn: max(res.RetryAfter, 0), Why: "rate"}
+					denied.rate.Add(1)
+					return &rateLimitError{RetryIn: max(res.RetryAfter, 0), Why: whyRate}
 				}
 			}
 			return asRateLimit(next.ProcessTask(ctx, t))

@@ -23,18 +23,24 @@ type config struct {
 	conc    int           // asynq Concurrency of each worker
 	drain   time.Duration // how long after the ideal end a set-up may take
 	seed    uint64
+	// profileAt and profileFor: the window, since the run's start, in
+	// which every command Redis runs is logged (redisstats.go)
+	profileAt, profileFor time.Duration
 }
 
 var presets = map[string]config{
 	// full is the run of docs/benchmarks.md (issue 5's fleet benchmark).
 	"full": {name: "full", tenants: 1000, jobs: 200_000, big: 50_000, bigRate: 400, bigAt: 30 * time.Second,
-		medium: 20, span: 240 * time.Second, workers: 4, conc: 500, drain: 4 * time.Minute, seed: 5},
+		medium: 20, span: 240 * time.Second, workers: 4, conc: 500, drain: 4 * time.Minute, seed: 5,
+		profileAt: 60 * time.Second, profileFor: 10 * time.Second},
 	// small is the smoke run (make bench-fleet-small): about a minute a set-up.
 	"small": {name: "small", tenants: 100, jobs: 15_000, big: 5_000, bigRate: 200, bigAt: 5 * time.Second,
-		medium: 3, span: 40 * time.Second, workers: 3, conc: 200, drain: 90 * time.Second, seed: 5},
+		medium: 3, span: 40 * time.Second, workers: 3, conc: 200, drain: 90 * time.Second, seed: 5,
+		profileAt: 10 * time.Second, profileFor: 5 * time.Second},
 	// tiny is the end-to-end test's run: a few seconds a set-up.
 	"tiny": {name: "tiny", tenants: 12, jobs: 500, big: 200, bigRate: 100, bigAt: time.Second,
-		medium: 1, span: 3 * time.Second, workers: 2, conc: 100, drain: 5 * time.Second, seed: 5},
+		medium: 1, span: 3 * time.Second, workers: 2, conc: 100, drain: 5 * time.Second, seed: 5,
+		profileAt: time.Second, profileFor: time.Second},
 }
 
 // Tenant classes.
@@ -63,9 +69,8 @@ type tenant struct {
 // small reports whether the tenant counts as small in the wait figures.
 func (t tenant) small() bool { return t.class != classBig && t.class != classMedium }
 
-// policyText is the tenant's limits as a sluice policy; shape adds
-// shape=true to a policy with a rate rule.
-func (t tenant) policyText(shape bool) string {
+// policyText is the tenant's limits as a sluice policy.
+func (t tenant) policyText() string {
 	s := ""
 	if t.rate > 0 {
 		s = fmt.Sprintf("rate=%d/s burst=%d", t.rate, t.burst)
@@ -76,14 +81,11 @@ func (t tenant) policyText(shape bool) string {
 		}
 		s += fmt.Sprintf("concurrency=%d", t.conc)
 	}
-	if shape && t.rate > 0 {
-		s += " shape=true"
-	}
 	return s
 }
 
-func (t tenant) policy(shape bool) (*throttle.Policy, error) {
-	return throttle.ParsePolicy(t.policyText(shape))
+func (t tenant) policy() (*throttle.Policy, error) {
+	return throttle.ParsePolicy(t.policyText())
 }
 
 // capacity is the most jobs per second the tenant's limits let through.
@@ -110,7 +112,9 @@ type job struct {
 // workload is the tenants and their jobs; jobs are sorted by time, and
 // a job's index is its identity everywhere (task id, X-Job header).
 type workload struct {
+	kind    string // kindFleet or kindSaturation
 	cfg     config
+	sat     satConfig // the saturation scenario's own settings
 	tenants []tenant
 	jobs    []job
 	bigFrom int // jobs[bigFrom:bigFrom+cfg.big] are the big burst
@@ -137,7 +141,7 @@ func newWorkload(cfg config) (*workload, error) {
 		return nil, fmt.Errorf("workload %q: needs at least %d tenants, a big burst, a rate, a span, and more jobs than big burst plus tenants", cfg.name, cfg.medium+2)
 	}
 	r := rand.New(rand.NewPCG(cfg.seed, 0x5eed))
-	w := &workload{cfg: cfg}
+	w := &workload{kind: kindFleet, cfg: cfg}
 	for i := 0; i < cfg.tenants; i++ {
 		t := tenant{id: i, name: fmt.Sprintf("t%04d", i)}
 		switch {
