@@ -70,9 +70,16 @@ e2e: deps
 cluster test-cluster: deps
 	SLUICE_TEST_CLUSTER=1 $(GO) test -race -count=1 -timeout 5m $(CLUSTER_PKGS)
 
+# bench runs the engine's and the worker gate's benchmarks (BENCHMARKS.md);
+# the fleet benchmark has its own target.
+bench: bench-engine bench-worker
+
 bench-engine: deps
 	cd bench && $(GO) test -run '^$$' -bench Decisions -benchtime 7x ./engine/
 	$(GO) test -run '^$$' -bench TenantMemory ./throttle/
+
+bench-worker: deps
+	$(GO) test -run '^$$' -bench Gate -benchtime 5x ./worker/
 
 # bench-fleet is the fleet benchmark: 1,000 tenants and 200,000 jobs
 # through asynq + x/time/rate, asynq + redis_rate and sluice, each with its
