@@ -176,19 +176,14 @@ func runE2ERound(ctx context.Context, o options, ec e2eConfig, setup, handler st
 		procs = nil
 	}
 	defer stopAll()
-	for i := 0; i < o.cfg.workers; i++ {
-		p, err := startWorker(ctx, args)
-		if err != nil {
-			return r, err
-		}
-		procs = append(procs, p)
+	if procs, err = startWorkers(ctx, args, o.cfg.workers); err != nil {
+		return r, err
 	}
 	// asynq's servers register themselves (and their concurrency, which
-	// sluice's producer reads) at start; give them that second in both.
-	select {
-	case <-time.After(time.Second):
-	case <-ctx.Done():
-		return r, ctx.Err()
+	// sluice's producer reads) at start: the round begins when all have,
+	// in both set-ups.
+	if err := waitServers(ctx, rdb, o.cfg.workers); err != nil {
+		return r, err
 	}
 
 	payloads := make([][]byte, ec.jobs)

@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -207,6 +208,48 @@ func startWorker(ctx context.Context, args []string) (*workerProc, error) {
 	}
 	_ = cmd.Process.Kill()
 	return nil, fmt.Errorf("worker not ready within 30s; stderr: %s", w.stderr.String())
+}
+
+// startWorkers starts n worker processes with args. On an error it returns
+// those it started, for the caller to stop with the rest.
+func startWorkers(ctx context.Context, args []string, n int) ([]*workerProc, error) {
+	var procs []*workerProc
+	for i := 0; i < n; i++ {
+		p, err := startWorker(ctx, args)
+		if err != nil {
+			return procs, err
+		}
+		procs = append(procs, p)
+	}
+	return procs, nil
+}
+
+// waitServers waits until n asynq servers are registered as active in
+// rdb's server registry (an asynq server registers itself, with its
+// concurrency, when it starts; sluice's producer reads it).
+func waitServers(ctx context.Context, rdb redis.UniversalClient, n int) error {
+	insp := asynq.NewInspectorFromRedisClient(rdb)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		servers, err := insp.Servers()
+		active := 0
+		for _, s := range servers {
+			if s.Status == "active" {
+				active++
+			}
+		}
+		if err == nil && active >= n {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%d of %d asynq servers registered within 30s (last error: %v)", active, n, err)
+		}
+		select {
+		case <-time.After(10 * time.Millisecond):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 }
 
 // stop sends SIGTERM and waits for the worker to exit (SIGKILL after

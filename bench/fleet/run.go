@@ -182,12 +182,8 @@ func runSetup(ctx context.Context, o options, w *workload, setup string) (*runDa
 		procs = nil
 	}
 	defer stopAll()
-	for i := 0; i < cfg.workers; i++ {
-		p, err := startWorker(ctx, args)
-		if err != nil {
-			return nil, err
-		}
-		procs = append(procs, p)
+	if procs, err = startWorkers(ctx, args, cfg.workers); err != nil {
+		return nil, err
 	}
 	stats0, err := commandStats(ctx, rdb)
 	if err != nil {

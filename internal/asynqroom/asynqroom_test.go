@@ -27,9 +27,7 @@ func TestHandoverPinsAsynqLayout(t *testing.T) {
 	client := redistest.Client(t)
 	queue := "pin-" + redistest.Prefix(t)
 	ac := asynq.NewClientFromRedisClient(client)
-	defer ac.Close()
 	insp := asynq.NewInspectorFromRedisClient(client)
-	defer insp.Close()
 
 	enqueue := func(id string, opts ...asynq.Option) {
 		t.Helper()
