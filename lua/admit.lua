@@ -31,7 +31,8 @@
 --   tenant's line of the job's queue, and for promote and release ops with a
 --   budget the line, the handing set and the set of queues with lines:
 --   [1] state hash: cd cooldown end; s jobs started; x the expiry last given
---     to the hash; y the expiry its state needs without running jobs; rn
+--     to the hash; y the expiry its state needs without running jobs (at least a
+--     second past the need: release.lua cuts it to ms as text); rn
 --     reservations and rc a cursor sweeping stale ones; r:<job> a job's
 --     reserved slot; u charges a two-step undo could not take back;
 --     d:<queue> the tenant's deficit in the round robin of the queue's
@@ -380,13 +381,15 @@ end
 -- per rate i: [3i-2] the increment of the job's cost, [3i-1] the planned
 -- meter, [3i] the started one. The increment is ceil(period * c / limit),
 -- exactly (the policy's validation keeps burst × interval, and so every
--- admissible cost's increment, below 2^53). Made with the fields every
--- scope sets, the array part sized for four rates; the fields of a rule
--- kind are added when it has one.
+-- admissible cost's increment, below 2^53). Made with the fields a
+-- decision with a rate and a concurrency rule sets, the array part sized
+-- for four rates (a field added to a full table makes Lua rebuild it).
 local function scope(pol, c)
   local sc = { false, false, false, false, false, false, false, false, false, false, false, false,
     pol = pol, st = false, k = 0, cd = 0, R = false, Rraw = false, starts = 0,
-    x = 0, rn = 0, rc = 0 }
+    x = 0, rn = 0, hend = false, hc = false, hm = false, y = false, live = false,
+    mine = false, soonest = false, stale = false, took = false, started = false,
+    planned = false }
   for i = 1, pol.nr do
     if c == 1 then
       sc[3 * i - 2] = pol.unit[i]
@@ -409,17 +412,17 @@ local function read_state(sc, k, claims)
   if pol.wlim > 0 then sc.wp, sc.wa = KEYS[k + 2], KEYS[k + 3] end
   local v, j
   if pol.clim > 0 and claims then
-    v = call('HMGET', sc.st, 'cd', 's', 'x', 'rn', 'rc', E.rkey, E.hkey, E.ckey, unpack(pol.fields))
-    sc.hend, sc.htok, j = num(v[7]) or false, num(v[8]) or false, 9
+    v = call('HMGET', sc.st, 'cd', 's', 'x', 'rn', E.rkey, E.hkey, E.ckey, unpack(pol.fields))
+    sc.hend, sc.htok, j = num(v[6]) or false, num(v[7]) or false, 8
   elseif pol.clim > 0 then
-    v = call('HMGET', sc.st, 'cd', 's', 'x', 'rn', 'rc', E.rkey, E.hkey, unpack(pol.fields))
-    sc.hend, j = num(v[7]) or false, 8
+    v = call('HMGET', sc.st, 'cd', 's', 'x', 'rn', E.rkey, E.hkey, unpack(pol.fields))
+    sc.hend, j = num(v[6]) or false, 7
   else
-    v = call('HMGET', sc.st, 'cd', 's', 'x', 'rn', 'rc', E.rkey, unpack(pol.fields))
-    j = 7
+    v = call('HMGET', sc.st, 'cd', 's', 'x', 'rn', E.rkey, unpack(pol.fields))
+    j = 6
   end
   sc.cd, sc.starts, sc.x = num(v[1]) or 0, num(v[2]) or 0, num(v[3]) or 0
-  sc.rn, sc.rc = num(v[4]) or 0, num(v[5]) or 0
+  sc.rn = num(v[4]) or 0
   local m = sc
   for i = 1, pol.nr do
     local P = num(v[j]) or 0
@@ -471,7 +474,7 @@ local function read_state(sc, k, claims)
     sc.hc, sc.hm, sc.y = num(v[j]) or 0, num(v[j + 1]) or 0, num(v[j + 2]) or 0
   end
   -- the job's own reservation, if it is still good
-  local r = num(v[6])
+  local r = num(v[5])
   sc.Rraw = r or false
   if r then
     grace = grace or num(ARGV[4])
@@ -680,7 +683,8 @@ local function apply(scopes, write, t, noexpire)
     if sc.st then
       local pol, m = sc.pol, sc
       -- the fields to write, built at the size most writes need
-      local h = { nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil }
+      local h = { nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil,
+        nil, nil, nil, nil, nil, nil, nil, nil }
       local need = now
       if not sc.R then
         for i = 1, pol.nr do
@@ -737,8 +741,9 @@ local function apply(scopes, write, t, noexpire)
       if sc.rn > 0 or sc.dropR then
         if sc.starts % 64 == 0 and sc.rn > 0 and write == 'start' then
           -- forget, a few at a time, reservations of jobs that never came back
-          local res = call('HSCAN', sc.st, fmt(sc.rc), 'MATCH', 'r:*', 'COUNT', '64')
-          sc.rc = num(res[1])
+          -- (rc, the sweep's cursor, is read only here)
+          local res = call('HSCAN', sc.st, call('HGET', sc.st, 'rc') or '0', 'MATCH', 'r:*', 'COUNT', '64')
+          h[#h + 1] = 'rc'; h[#h + 1] = res[1]
           local stale = {}
           local kv = res[2]
           for i = 1, #kv, 2 do
@@ -752,7 +757,6 @@ local function apply(scopes, write, t, noexpire)
           end
         end
         h[#h + 1] = 'rn'; h[#h + 1] = fmt(sc.rn)
-        h[#h + 1] = 'rc'; h[#h + 1] = fmt(sc.rc)
       end
       need = max(need, meters_state(sc, h))
       if pol.wlim > 0 then
@@ -775,7 +779,8 @@ local function apply(scopes, write, t, noexpire)
           else
             hm = min(sc.hm, e)
           end
-          h[#h + 1] = E.hkey; h[#h + 1] = fmt(e)
+          local es = fmt(e)
+          h[#h + 1] = E.hkey; h[#h + 1] = es
           h[#h + 1] = E.ckey; h[#h + 1] = E.claim
           -- a slot kept changes neither the count (unless a listing
           -- recounted it) nor, most often, the bound
@@ -783,7 +788,7 @@ local function apply(scopes, write, t, noexpire)
             h[#h + 1] = 'hc'; h[#h + 1] = fmt(hc)
           end
           if hm ~= sc.hm or sc.stale then
-            h[#h + 1] = 'hm'; h[#h + 1] = fmt(hm)
+            h[#h + 1] = 'hm'; h[#h + 1] = hm == e and es or fmt(hm)
           end
           if sc.stale and #sc.stale > 0 then
             sc.hdel = sc.hdel or {}
@@ -1151,9 +1156,9 @@ local out = {}
 local k = 0
 for o = 1, nops do
   E.id, E.claim = ARGV[E.a], ARGV[E.a + 4]
-  E.cost, E.not_before = num(ARGV[E.a + 1]), num(ARGV[E.a + 3])
+  E.cost, E.not_before = int(ARGV[E.a + 1]), int(ARGV[E.a + 3])
   local flags = num(ARGV[E.a + 2])
-  local nscopes = num(ARGV[E.a + 5])
+  local nscopes = int(ARGV[E.a + 5])
   E.a = E.a + 6
   -- the flags, the rare ones (64 and up) only when one is set
   local f = flags % 64

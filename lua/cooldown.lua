@@ -17,9 +17,10 @@ if cd > until_ then
 end
 local fmt = function(n) return string.format('%d', n) end
 -- y, when kept (concurrency rules), is how long the hash must live once no
--- job runs: the cooldown too (release.lua shortens the hash's life to it)
-if y and until_ > y then
-  redis.call('HSET', KEYS[1], 'y', fmt(until_))
+-- job runs: the cooldown too (release.lua shortens the hash's life to it),
+-- a second past it as admit.lua keeps it
+if y and until_ + 1000000 > y then
+  redis.call('HSET', KEYS[1], 'y', fmt(until_ + 1000000))
 end
 -- x records the expiry admit.lua last gave the hash; keep it true
 if until_ > x then

@@ -20,12 +20,14 @@
 --   [3] 1 to leave expiries alone (tests), else 0
 --   per op: job id, claim token (0: whichever claim holds the slot), number
 --     of scopes, 1 when a line key follows, else 0
--- Returns: per op {released, lost, waiting}: how many of its scopes gave
---   back a slot held under the claim, and how many held none under it
---   (another claim holds the job's slot, or the slot is gone: given back
---   already, or removed by an admission once its lease had run out; with
---   claim 0 a scope without the job's slot counts in neither); waiting is
---   how many jobs wait in the line given (then nothing was given back)
+-- Returns: per op released + 256 * lost + 65536 * waiting (one number: a
+--   reply's every element costs a conversion): released is how many of its
+--   scopes gave back a slot held under the claim, lost how many held none
+--   under it (another claim holds the job's slot, or the slot is gone:
+--   given back already, or removed by an admission once its lease had run
+--   out; with claim 0 a scope without the job's slot counts in neither);
+--   waiting is how many jobs wait in the line given (then nothing was
+--   given back)
 
 local call, tonumber = redis.call, tonumber
 -- @include clock
@@ -37,23 +39,39 @@ local call, tonumber = redis.call, tonumber
 -- does, or it is gone), 0 otherwise. A slot's lease end (hkey) and claim
 -- (ckey) are written and removed together, so the claim alone says whose
 -- the slot is; tokens are compared as text, as the scripts write them.
--- The last slot lets the hash expire when its other state allows (y); the
--- time is asked only then, and only with a given clock.
+-- One read serves the whole release (a Redis command costs the script
+-- several times what a field more does): the claim (the lease with claim
+-- 0), the count and y. The last slot lets the hash expire when its other
+-- state allows (y); the time is asked only then, and only with a given
+-- clock.
 local function release_slot(st, hkey, ckey, claim, noexpire)
-  if claim ~= '0' and call('HGET', st, ckey) ~= claim then return -1 end
-  if call('HDEL', st, hkey, ckey) == 0 then return 0 end
-  if call('HINCRBY', st, 'hc', -1) <= 0 then
-    -- x, the expiry admit.lua last gave the hash, goes too, so that the
-    -- next admission gives it one again
-    local need = tonumber(call('HGET', st, 'y'))
-    call('HDEL', st, 'hc', 'x')
-    if need and not noexpire then
-      if clock < 0 then
-        call('PEXPIREAT', st, string.format('%d', math.floor(need / 1000) + 2))
-      else
-        -- a given clock (tests) may be far from the server's: relative
-        call('PEXPIRE', st, string.format('%d', math.max(math.floor((need - now_us()) / 1000), 0) + 2))
-      end
+  local v
+  if claim == '0' then
+    v = call('HMGET', st, hkey, 'hc', 'y')
+    if not v[1] then return 0 end
+  else
+    v = call('HMGET', st, ckey, 'hc', 'y')
+    if v[1] ~= claim then return -1 end
+  end
+  -- (numbers are compared and cut as text: converting one costs more)
+  local hc = v[2]
+  if hc and hc ~= '1' and hc ~= '0' and hc:sub(1, 1) ~= '-' then
+    call('HDEL', st, hkey, ckey)
+    call('HINCRBY', st, 'hc', '-1')
+    return 1
+  end
+  -- the last slot: x, the expiry admit.lua last gave the hash, goes too,
+  -- so that the next admission gives it one again
+  call('HDEL', st, hkey, ckey, 'hc', 'x')
+  local y = v[3]
+  if y and not noexpire then
+    if clock < 0 then
+      -- y in ms, rounded down (y is seconds past what the state needs)
+      call('PEXPIREAT', st, #y > 3 and y:sub(1, -4) or '1')
+    else
+      local need = tonumber(y)
+      -- a given clock (tests) may be far from the server's: relative
+      call('PEXPIRE', st, string.format('%d', math.max(math.floor((need - now_us()) / 1000), 0) + 2))
     end
   end
   return 1
@@ -83,6 +101,6 @@ for op = 1, nops do
   end
   k = k + n
   if line then k = k + 1 end
-  out[op] = { released, lost, waiting }
+  out[op] = released + 256 * lost + 65536 * waiting
 end
 return out

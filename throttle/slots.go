@@ -100,15 +100,16 @@ func (l *Limiter) release(ctx context.Context, tenant, queue, id string, claim u
 		if !ok || len(arr) != 1 {
 			return false, fmt.Errorf("release.lua: unexpected reply %v", res)
 		}
-		v, err := int64s(arr[0], 3)
-		if err != nil {
-			return false, fmt.Errorf("release.lua: %w", err)
+		v, isInt := arr[0].(int64)
+		if !isInt || v < 0 {
+			return false, fmt.Errorf("release.lua: unexpected reply %v", res)
 		}
-		if v[2] > 0 {
+		// released + 256 * lost + 65536 * waiting
+		if v>>16 > 0 {
 			waiting = true
 			continue
 		}
-		if v[1] > 0 {
+		if v>>8&0xff > 0 {
 			lost = true
 		}
 	}
