@@ -31,8 +31,8 @@
 --   tenant's line of the job's queue, and for promote and release ops with a
 --   budget the line, the handing set and the set of queues with lines:
 --   [1] state hash: cd cooldown end; s jobs started; x the expiry last given
---     to the hash; y the expiry its state needs without running jobs (at least a
---     second past the need: release.lua cuts it to ms as text); rn
+--     to the hash; y the expiry its state needs without running jobs (a
+--     second or more past the need: release.lua cuts it to ms as text); rn
 --     reservations and rc a cursor sweeping stale ones; r:<job> a job's
 --     reserved slot; u charges a two-step undo could not take back;
 --     d:<queue> the tenant's deficit in the round robin of the queue's
