@@ -69,6 +69,9 @@ func (l *Limiter) do(ctx context.Context, req Request, flags int) (Decision, err
 	if l.noExpire {
 		flags |= flagNoTTL
 	}
+	if l.general {
+		flags |= flagGeneral
+	}
 	var scopes []scope
 	var err error
 	if req.Policies != nil {

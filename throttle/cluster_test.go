@@ -381,7 +381,7 @@ func TestClusterMatchesSingleNode(t *testing.T) {
 		t.Run(mix.name, func(t *testing.T) {
 			t.Parallel()
 			envs := []*env{singleEnv(t, modelConfig), clusterEnv(t, modelConfig)}
-			runModelOn(t, envs, mix, uint64(200+i), steps, false)
+			runModelOn(t, envs, mix, uint64(200+i), steps, false, false)
 		})
 	}
 }

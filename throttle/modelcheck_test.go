@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sort"
+	"strings"
 	"testing"
 	"time"
 
@@ -45,6 +46,21 @@ var modelMixes = []modelMix{
 		},
 		tenants: []string{"a", "b"},
 		maxStep: 20 * time.Second,
+	},
+	{
+		// admit.lua's quick path: one scope, at most one rate, concurrency
+		name: "rate+concurrency",
+		policies: map[string]string{
+			"a": "rate=8/s burst=3 concurrency=2 lease=1s",
+			"b": "concurrency=1 lease=2s",
+			"c": "rate=20/s burst=5 concurrency=4 lease=1s",
+		},
+		tenants: []string{"a", "b", "c"},
+		change: map[string]string{
+			"a": "rate=12/s burst=2 concurrency=3 lease=1s",
+			"c": "rate=20/s burst=5",
+		},
+		maxStep: 5 * time.Second,
 	},
 	{
 		name:     "window+concurrency",
@@ -124,15 +140,17 @@ func TestModel(t *testing.T) {
 // deleted as soon as their TTL (counted on the fake clock) runs out, which
 // must not change any decision either.
 func runModel(t *testing.T, mix modelMix, seed uint64, steps int, expire bool) (deleted int) {
-	return runModelOn(t, []*env{setup(t, false, modelConfig)}, mix, seed, steps, expire)
+	return runModelOn(t, []*env{setup(t, false, modelConfig)}, mix, seed, steps, expire, false)
 }
 
 var modelConfig = &Config{Horizon: 30 * time.Second, Grace: 2 * time.Second}
 
 // runModelOn runs one scenario on several limiters side by side (a single
 // server and a Cluster, say), each with its own reference model: every
-// limiter must reach the model's decisions, and so each other's.
-func runModelOn(t *testing.T, envs []*env, mix modelMix, seed uint64, steps int, expire bool) (deleted int) {
+// limiter must reach the model's decisions, and so each other's. With
+// sameState, every limiter's keys must also hold the same state after
+// every step.
+func runModelOn(t *testing.T, envs []*env, mix modelMix, seed uint64, steps int, expire, sameState bool) (deleted int) {
 	ctx := context.Background()
 	models := make([]*model, len(envs))
 	expiries := make([]map[string]time.Time, len(envs)) // fake-clock time each key dies at
@@ -279,6 +297,9 @@ func runModelOn(t *testing.T, envs []*env, mix modelMix, seed uint64, steps int,
 				// run out
 				persistKeys(t, e, tenant)
 			}
+		}
+		if sameState {
+			requireSameState(t, envs, tenant, where)
 		}
 	}
 	t.Logf("%s: %d decisions, %d allowed, %d reserved, %d cooldowns", mix.name, tally[0], tally[1], tally[2], tally[3])
@@ -458,4 +479,85 @@ func requireStatsMatch(t *testing.T, m *model, e *env, scope string, now int64, 
 		require.True(t, cooldown.IsZero(), where+": cooldown")
 	}
 	require.Zero(t, st.Leftovers, where+": leftover charges")
+}
+
+// TestQuickPath holds admit.lua's quick path to its general engine: the
+// same random sequences, on one limiter whose admissions of the quick
+// path's shape take it and on one made to decide them all with the general
+// engine, must reach the same decisions (and the model's) and leave the
+// same state in every key after every step.
+func TestQuickPath(t *testing.T) {
+	steps := 2000
+	if testing.Short() {
+		steps = 600
+	}
+	for i, mix := range modelMixes {
+		if !quickShaped(mix) {
+			continue
+		}
+		t.Run(mix.name, func(t *testing.T) {
+			t.Parallel()
+			quick, general := setup(t, false, modelConfig), setup(t, false, modelConfig)
+			general.lim.general = true
+			runModelOn(t, []*env{quick, general}, mix, uint64(300+i), steps, false, true)
+		})
+	}
+}
+
+// quickShaped says whether a scenario has admissions of the quick path's
+// shape: a policy of at most one rate and a concurrency rule, without
+// @global rules beside it (the scenarios with none are the general
+// engine's alone).
+func quickShaped(mix modelMix) bool {
+	for _, ps := range []map[string]string{mix.policies, mix.change} {
+		for name, text := range ps {
+			p, err := ParsePolicy(text)
+			if err != nil || len(p.Rates) > 1 || p.Window != nil || p.Quota != nil {
+				continue
+			}
+			if _, global := mix.policies[GlobalPolicy]; name == GlobalPolicy || !global {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// requireSameState requires the keys of the tenant (and @global) to hold
+// the same fields and entries under every limiter's prefix, claim tokens
+// aside (each limiter draws its own).
+func requireSameState(t *testing.T, envs []*env, tenant, where string) {
+	t.Helper()
+	ctx := context.Background()
+	var first []string
+	for i, e := range envs {
+		var state []string
+		for _, s := range []string{tenant, GlobalPolicy} {
+			if s == "" {
+				continue
+			}
+			keys := keysFor(e.prefix, s).admitKeys()
+			h, err := e.client.HGetAll(ctx, keys[0]).Result()
+			require.NoError(t, err)
+			for f, v := range h {
+				if strings.HasPrefix(f, "c:") {
+					v = "(claim)"
+				}
+				state = append(state, s+" "+f+"="+v)
+			}
+			for _, k := range keys[1:] {
+				z, err := e.client.ZRangeWithScores(ctx, k, 0, -1).Result()
+				require.NoError(t, err)
+				for _, m := range z {
+					state = append(state, fmt.Sprintf("%s %s: %v@%d", s, strings.TrimPrefix(k, e.prefix), m.Member, int64(m.Score)))
+				}
+			}
+		}
+		sort.Strings(state)
+		if i == 0 {
+			first = state
+		} else {
+			require.Equal(t, first, state, "%s: the state of limiter %d differs from limiter 1", where, i+1)
+		}
+	}
 }

@@ -24,6 +24,7 @@ const (
 	flagArrive   = 1024 // the waiting room: may a new job go straight?
 	flagPromote  = 2048 // the waiting room: a tenant's turn
 	flagRelease  = 4096 // give back the job's slots, then promote into them
+	flagGeneral  = 8192 // decide with the general engine only (tests)
 )
 
 // Decision rule codes that are not a rule kind's (kinds have theirs: the
