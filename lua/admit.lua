@@ -1257,7 +1257,7 @@ local function quick(pol, st, flags, o)
     if remaining < 0 or left < remaining then remaining = left end
     inflight = live
   end
-  out[o] = { 3, 0, 0, remaining, reset, inflight, 0 }
+  out[o] = format('%d %d %d', remaining, reset, inflight)
   return false
 end
 

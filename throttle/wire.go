@@ -2,6 +2,8 @@ package throttle
 
 import (
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -282,6 +284,13 @@ func decodeAdmit(res any) (*admitReply, error) {
 	if !ok || len(arr) != 2 {
 		return nil, fmt.Errorf("admit.lua: unexpected reply %T %v", res, res)
 	}
+	now, ok := arr[1].(int64)
+	if !ok {
+		return nil, fmt.Errorf("admit.lua: unexpected time %T %v", arr[1], arr[1])
+	}
+	if text, ok := arr[0].(string); ok {
+		return decodeQuick(text, now)
+	}
 	op, ok := arr[0].([]any)
 	if !ok || (len(op) != 7 && len(op) != 9) {
 		return nil, fmt.Errorf("admit.lua: unexpected reply %T %v", arr[0], arr[0])
@@ -289,10 +298,6 @@ func decodeAdmit(res any) (*admitReply, error) {
 	v, err := int64s(op[:7], 7)
 	if err != nil {
 		return nil, fmt.Errorf("admit.lua: %w", err)
-	}
-	now, ok := arr[1].(int64)
-	if !ok {
-		return nil, fmt.Errorf("admit.lua: unexpected time %T %v", arr[1], arr[1])
 	}
 	r := &admitReply{
 		verdict: v[0], retry: v[1],
@@ -306,6 +311,25 @@ func decodeAdmit(res any) (*admitReply, error) {
 		if r.undos, err = int64Lists(op[8]); err != nil {
 			return nil, fmt.Errorf("admit.lua undo records: %w", err)
 		}
+	}
+	return r, nil
+}
+
+// decodeQuick reads the quick path's reply, "remaining reset in_flight":
+// the job was allowed and charged (a reply of one text, not a table of
+// seven numbers, costs Redis a fraction to send).
+func decodeQuick(text string, now int64) (*admitReply, error) {
+	r := &admitReply{verdict: verdictAllowed | verdictWrote, now: now}
+	fields := strings.Fields(text)
+	if len(fields) != 3 {
+		return nil, fmt.Errorf("admit.lua: unexpected reply %q", text)
+	}
+	for i, dst := range []*int64{&r.remaining, &r.reset, &r.inFlight} {
+		v, err := strconv.ParseInt(fields[i], 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("admit.lua: unexpected reply %q", text)
+		}
+		*dst = v
 	}
 	return r, nil
 }
