@@ -27,9 +27,11 @@
 -- Several jobs may be decided in one call (ops). All times are integers in
 -- microseconds.
 --
--- KEYS: for every op, 3 per local scope, in order, then for an arrive op the
---   tenant's line of the job's queue, and for promote and release ops with a
---   budget the line, the handing set and the set of queues with lines:
+-- KEYS: for every op, per local scope in order its state hash [1] and,
+--   when its policy has a window rule, the window zsets [2] and [3]; then
+--   for an arrive op the tenant's line of the job's queue, and for promote
+--   and release ops with a budget the line, the handing set and the set of
+--   queues with lines:
 --   [1] state hash: cd cooldown end; s jobs started; x the expiry last given
 --     to the hash; y the expiry its state needs without running jobs (a
 --     second or more past the need: release.lua cuts it to ms as text); rn
@@ -106,8 +108,9 @@
 --   3 quota: limit, number of window starts, the starts; qa/qc and qb/qd two
 --     window starts and their counts (the current window and the next are
 --     all it needs); snapshot qa, qc, qb, qd; undo the window charged
---   4 concurrency: limit, lease; h:<job> a running job's lease end, c:<job>
---     the claim token of the admission holding it, hc how many slots are
+--   4 concurrency: limit, lease; h:<job> a running job's slot: its lease end
+--     and the claim token of the admission holding it (slot.lua), hc how
+--     many slots are
 --     recorded, hm a lower bound of their earliest lease end (while hm is in
 --     the future every recorded slot is live and hc counts them exactly);
 --     snapshot live slots, 1 when the job holds one, the earliest lease end
@@ -124,7 +127,11 @@
 -- So numbers are formatted with %d (Redis would use the slower %.17g), a
 -- scope's state is read with one HMGET and written with one HSET, a
 -- policy's rules are kept in flat fields, the op being decided in locals,
--- and the phases are a few functions with a branch per rule kind.
+-- and the phases are a few functions with a branch per rule kind. Every
+-- field of the hash and every key given costs each read and write, so a
+-- slot is one field and a scope without a window rule gives one key. The
+-- commonest admission takes the quick path (before the ops' loop), which
+-- answers with one text: a table in the reply costs Redis a dozen lookups.
 
 
 local call, tonumber, unpack, format = redis.call, tonumber, unpack, string.format
@@ -133,6 +140,7 @@ local KEYS, ARGV = KEYS, ARGV
 local num = tonumber
 
 -- @include clock
+-- @include slot
 
 local function fmt(v)
   return format('%d', v)
@@ -160,7 +168,7 @@ local horizon, grace, tolerance, conc_retry = false, false, false, false
 -- at its size, not grown).
 local E = {
   a = 7, id = false, cost = 1, claim = false, rkey = false, hkey = false,
-  ckey = false, reserve = false, hold = false, dry = false, plan = false,
+  reserve = false, hold = false, dry = false, plan = false,
   not_before = 0, promote = false, lead = 0, twostep = false, room = false
 }
 
@@ -331,13 +339,12 @@ if has[4] then
       cursor = res[1]
       local kv = res[2]
       for i = 1, #kv, 2 do
-        local e = num(kv[i + 1])
+        local e = slot_lease(kv[i + 1])
         if e > now then
           live = live + 1
           if not soonest or e < soonest then soonest = e end
         elseif kv[i] ~= E.hkey then
           stale[#stale + 1] = kv[i]
-          stale[#stale + 1] = 'c:' .. kv[i]:sub(3)
         end
       end
     until cursor == '0'
@@ -413,12 +420,11 @@ local function read_state(sc, k, claims, v)
   sc.k, sc.st = k, KEYS[k + 1]
   if pol.wlim > 0 then sc.wp, sc.wa = KEYS[k + 2], KEYS[k + 3] end
   local j
-  if pol.clim > 0 and claims then
-    v = call('HMGET', sc.st, 'cd', 's', 'x', 'rn', E.rkey, E.hkey, E.ckey, unpack(pol.fields))
-    sc.hend, sc.htok, j = num(v[6]) or false, num(v[7]) or false, 8
-  elseif pol.clim > 0 then
+  if pol.clim > 0 then
     v = v or call('HMGET', sc.st, 'cd', 's', 'x', 'rn', E.rkey, E.hkey, unpack(pol.fields))
-    sc.hend, j = num(v[6]) or false, 7
+    local slot = v[6]
+    sc.hend, j = slot and slot_lease(slot) or false, 7
+    if claims then sc.htok = slot and slot_claim(slot) end
   else
     v = v or call('HMGET', sc.st, 'cd', 's', 'x', 'rn', E.rkey, unpack(pol.fields))
     j = 6
@@ -782,8 +788,7 @@ local function apply(scopes, write, t, noexpire)
             hm = min(sc.hm, e)
           end
           local es = fmt(e)
-          h[#h + 1] = E.hkey; h[#h + 1] = es
-          h[#h + 1] = E.ckey; h[#h + 1] = E.claim
+          h[#h + 1] = E.hkey; h[#h + 1] = es .. '.' .. E.claim
           -- a slot kept changes neither the count (unless a listing
           -- recounted it) nor, most often, the bound
           if sc.took or sc.stale then
@@ -922,11 +927,9 @@ local function twostep_functions()
         if floor(what / 4) % 2 == 1 then
           sc.hdel = sc.hdel or {}
           sc.hdel[#sc.hdel + 1] = E.hkey
-          sc.hdel[#sc.hdel + 1] = E.ckey
           h[#h + 1] = 'hc'; h[#h + 1] = fmt(max(sc.hc - 1, 0))
         elseif floor(what / 8) % 2 == 1 then
-          h[#h + 1] = E.hkey; h[#h + 1] = fmt(hend)
-          h[#h + 1] = E.ckey; h[#h + 1] = fmt(htok)
+          h[#h + 1] = E.hkey; h[#h + 1] = fmt(hend) .. '.' .. fmt(htok)
         end
       end
     end
@@ -1057,7 +1060,7 @@ local function room_functions(ts)
         out[np] = { m, now, 0, {} }
       else
         E.id, E.cost, E.claim = jid, c, fmt(base_claim + np)
-        E.rkey, E.hkey, E.ckey = 'r:' .. jid, 'h:' .. jid, 'c:' .. jid
+        E.rkey, E.hkey = 'r:' .. jid, 'h:' .. jid
         E.reserve, E.hold, E.dry, E.plan, E.not_before, E.promote = true, true, false, false, 0, true
         local scopes = {}
         for s = 1, #bases do scopes[s] = scope_at(bases[s], c) end
@@ -1145,7 +1148,7 @@ local function room_functions(ts)
     local released, lost = 0, 0
     for s = 1, #bases do
       if bases[s].pol.clim > 0 then
-        local r = release_slot(KEYS[bases[s].k + 1], E.hkey, E.ckey, E.claim, noexpire)
+        local r = release_slot(KEYS[bases[s].k + 1], E.hkey, E.claim, noexpire)
         if r > 0 then released = released + 1 elseif r < 0 then lost = lost + 1 end
       end
     end
@@ -1228,7 +1231,7 @@ local function quick(pol, st, flags, o)
     if hold then
       held = now + pol.lease
       local es = fmt(held)
-      h[n + 1], h[n + 2], h[n + 3], h[n + 4], n = hkey, es, 'c:' .. id, E.claim, n + 4
+      h[n + 1], h[n + 2], n = hkey, es .. '.' .. E.claim, n + 2
       if not mine then
         h[n + 1], h[n + 2], n = 'hc', fmt(hc + 1), n + 2
         live = live + 1
@@ -1278,7 +1281,7 @@ for o = 1, nops do
     if pol and pol.nr <= 1 and pol.wlim == 0 and pol.qlim == 0 and pol.nr + pol.clim > 0
         and E.cost == 1 then
       read = quick(pol, KEYS[k + 1], flags, o)
-      if not read then E.a, k = E.a + 1, k + 3 end
+      if not read then E.a, k = E.a + 1, k + 1 end
     end
   end
   if read then
@@ -1301,7 +1304,7 @@ for o = 1, nops do
     if roomop then rm = room_functions(ts) end
   end
   E.rkey = 'r:' .. E.id
-  if has[4] then E.hkey, E.ckey = 'h:' .. E.id, 'c:' .. E.id end
+  if has[4] then E.hkey = 'h:' .. E.id end
 
   -- the op's scopes; a remote scope's state comes from its snapshot
   local scopes, bases = {}, false
@@ -1317,7 +1320,7 @@ for o = 1, nops do
       if not (is_promote or is_release) then
         read_state(sc, k, ts ~= nil, read ~= true and read)
       end
-      k = k + 3
+      k = k + (pol.wlim > 0 and 3 or 1)
     else
       sc.cd, sc.R = next_int(), next_int()
       if sc.R < 0 then sc.R = false end

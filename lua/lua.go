@@ -30,21 +30,23 @@ var (
 	handoverSrc string
 	//go:embed clock.lua
 	clockSrc string
+	//go:embed slot.lua
+	slotSrc string
 )
 
 var (
 	// Admit decides whether jobs may start, all rules of all scopes at once;
 	// on Cluster it also runs the steps of a two-scope admission.
-	Admit = redis.NewScript(include(include(admitSrc, clockSrc, "clock"), releaseSrc, "release_slot"))
+	Admit = redis.NewScript(include(include(include(admitSrc, clockSrc, "clock"), slotSrc, "slot"), releaseSrc, "release_slot"))
 	// Release gives back concurrency slots, or says that jobs wait for
 	// them (admit.lua's release op then hands them on).
-	Release = redis.NewScript(include(releaseSrc, clockSrc, "clock"))
+	Release = redis.NewScript(include(include(releaseSrc, clockSrc, "clock"), slotSrc, "slot"))
 	// Renew extends the leases of concurrency slots.
-	Renew = redis.NewScript(include(renewSrc, clockSrc, "clock"))
+	Renew = redis.NewScript(include(include(renewSrc, clockSrc, "clock"), slotSrc, "slot"))
 	// Cooldown pauses a scope until a time.
 	Cooldown = redis.NewScript(include(cooldownSrc, clockSrc, "clock"))
 	// Stats reads a consistent snapshot of one scope.
-	Stats = redis.NewScript(include(statsSrc, clockSrc, "clock"))
+	Stats = redis.NewScript(include(include(statsSrc, clockSrc, "clock"), slotSrc, "slot"))
 	// Room keeps the waiting room's due index.
 	Room = redis.NewScript(roomSrc)
 	// Line puts jobs in their tenant's line in the waiting room.
@@ -59,7 +61,8 @@ var All = []*redis.Script{Admit, Release, Renew, Cooldown, Stats, Room, Line, Ha
 // include puts the part of from between "-- @begin NAME" and "-- @end NAME"
 // into src at the line "-- @include NAME": a piece scripts share is written
 // once (clock.lua's clock in every script that decides by the time,
-// release.lua's release of a slot in admit.lua too).
+// slot.lua's slot in every script that reads slots, release.lua's release
+// of a slot in admit.lua too).
 func include(src, from, name string) string {
 	begin, end := "-- @begin "+name, "-- @end "+name
 	i, j := strings.Index(from, begin), strings.Index(from, end)

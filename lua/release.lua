@@ -31,38 +31,34 @@
 
 local call, tonumber = redis.call, tonumber
 -- @include clock
+-- @include slot
 
 -- @begin release_slot (lua.go also puts this function into admit.lua)
 -- Give back the slot job id holds in the scope whose state hash is st,
 -- under claim (its token as text; '0': whichever claim holds it). Returns
 -- 1 when it gave one back, -1 when the claim holds none (another claim
--- does, or it is gone), 0 otherwise. A slot's lease end (hkey) and claim
--- (ckey) are written and removed together, so the claim alone says whose
--- the slot is; tokens are compared as text, as the scripts write them.
+-- does, or it is gone), 0 otherwise. The slot's field (hkey) holds its
+-- claim (slot.lua), so the claim alone says whose the slot is.
 -- One read serves the whole release (a Redis command costs the script
--- several times what a field more does): the claim (the lease with claim
--- 0), the count and y. The last slot lets the hash expire when its other
--- state allows (y); the time is asked only then, and only with a given
--- clock.
-local function release_slot(st, hkey, ckey, claim, noexpire)
-  local v
-  if claim == '0' then
-    v = call('HMGET', st, hkey, 'hc', 'y')
-    if not v[1] then return 0 end
-  else
-    v = call('HMGET', st, ckey, 'hc', 'y')
-    if v[1] ~= claim then return -1 end
+-- several times what a field more does): the slot, the count and y. The
+-- last slot lets the hash expire when its other state allows (y); the
+-- time is asked only then, and only with a given clock.
+local function release_slot(st, hkey, claim, noexpire)
+  local v = call('HMGET', st, hkey, 'hc', 'y')
+  if not v[1] then
+    return claim == '0' and 0 or -1
   end
+  if claim ~= '0' and not held_by(v[1], claim) then return -1 end
   -- (numbers are compared and cut as text: converting one costs more)
   local hc = v[2]
   if hc and hc ~= '1' and hc ~= '0' and hc:sub(1, 1) ~= '-' then
-    call('HDEL', st, hkey, ckey)
+    call('HDEL', st, hkey)
     call('HINCRBY', st, 'hc', '-1')
     return 1
   end
   -- the last slot: x, the expiry admit.lua last gave the hash, goes too,
   -- so that the next admission gives it one again
-  call('HDEL', st, hkey, ckey, 'hc', 'x')
+  call('HDEL', st, hkey, 'hc', 'x')
   local y = v[3]
   if y and not noexpire then
     if clock < 0 then
@@ -93,9 +89,9 @@ for op = 1, nops do
   end
   local released, lost = 0, 0
   if waiting == 0 then
-    local hkey, ckey = 'h:' .. id, 'c:' .. id
+    local hkey = 'h:' .. id
     for s = 1, n do
-      local r = release_slot(KEYS[k + s], hkey, ckey, claim, noexpire)
+      local r = release_slot(KEYS[k + s], hkey, claim, noexpire)
       if r > 0 then released = released + 1 elseif r < 0 then lost = lost + 1 end
     end
   end

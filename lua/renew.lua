@@ -13,6 +13,7 @@
 
 local call, tonumber, format = redis.call, tonumber, string.format
 -- @include clock
+-- @include slot
 local now = now_us()
 
 local nops = tonumber(ARGV[2])
@@ -23,30 +24,32 @@ for op = 1, nops do
   local n = tonumber(ARGV[a + 2])
   a = a + 3
   local held = 1
-  local hkey, ckey = 'h:' .. id, 'c:' .. id
+  local hkey = 'h:' .. id
   for s = 1, n do
     k = k + 1
     local lease = tonumber(ARGV[a])
     a = a + 1
-    local v = call('HMGET', KEYS[k], hkey, ckey, 'x')
-    local e, c = tonumber(v[1]), tonumber(v[2])
+    local v = call('HMGET', KEYS[k], hkey, 'x')
+    local e, c = v[1] and slot_lease(v[1]), v[1] and slot_claim(v[1])
     local mine = e and (claim == 0 or c == claim)
     if mine and e > now then
       local until_ = now + lease
+      -- the slot keeps its claim (as the admission wrote it)
+      local slot = format('%d', until_) .. v[1]:sub(v[1]:find('.', 1, true) or #v[1] + 1)
       -- x is the expiry admit.lua last gave the hash; keep it true
-      local x = tonumber(v[3]) or 0
+      local x = tonumber(v[2]) or 0
       if until_ > x then
         local ms = format('%d', math.floor((until_ + 1000000 - now) / 1000) + 2)
-        call('HSET', KEYS[k], hkey, format('%d', until_), 'x', format('%d', until_ + 1000000))
+        call('HSET', KEYS[k], hkey, slot, 'x', format('%d', until_ + 1000000))
         if call('PEXPIRE', KEYS[k], ms, 'GT') == 0 then
           call('PEXPIRE', KEYS[k], ms, 'NX')
         end
       else
-        call('HSET', KEYS[k], hkey, format('%d', until_))
+        call('HSET', KEYS[k], hkey, slot)
       end
     else
       if mine then
-        call('HDEL', KEYS[k], hkey, ckey)
+        call('HDEL', KEYS[k], hkey)
         call('HINCRBY', KEYS[k], 'hc', '-1')
       end
       held = 0

@@ -17,6 +17,7 @@
 
 local call, tonumber = redis.call, tonumber
 -- @include clock
+-- @include slot
 local now = now_us()
 
 local wdur = tonumber(ARGV[2])
@@ -45,14 +46,13 @@ repeat
         if first == 0 or slot < first then first = slot end
         if slot > last then last = slot end
       end
-    elseif kind == 'c:' then
-      -- a running job's claim token, read with its h: field
     elseif kind == 'h:' then
-      if tonumber(kv[i + 1]) > now then
+      local e = slot_lease(kv[i + 1])
+      if e > now then
         live = live + 1
         if #holders < 200 then
           holders[#holders + 1] = kv[i]:sub(3)
-          holders[#holders + 1] = kv[i + 1]
+          holders[#holders + 1] = e
         end
       end
     else

@@ -69,8 +69,8 @@ func (s ConcurrencyStats) Describe(time.Time) string {
 	return fmt.Sprintf("%d of %d in flight", s.InFlight, s.Concurrency.Limit)
 }
 
-// The concurrency kind: h:<job>, c:<job>, hc, hm and y in a scope's hash
-// (admit.lua's header).
+// The concurrency kind: h:<job> (a slot: lease end and claim, lua/slot.lua),
+// hc, hm and y in a scope's hash (admit.lua's header).
 type concurrencyKind struct{}
 
 const kindConcurrency = 4

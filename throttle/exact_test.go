@@ -238,6 +238,43 @@ func TestClaimsAreFenced(t *testing.T) {
 	}
 }
 
+// A slot keeps its lease end and claim in one field, LEASE.CLAIM, which a
+// sluice from before still reads as the lease end (Lua's tonumber); a slot
+// such a sluice wrote (the lease end alone, the claim in c:<job>) counts
+// until its lease ends and is held by no claim.
+func TestSlotFieldAcrossVersions(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := setup(t, false, nil)
+	e.policy(t, "acme", "concurrency=1 lease=1s")
+	state := keysFor(e.prefix, "acme").state
+
+	d, err := e.lim.Admit(ctx, "acme", "new")
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+	v, err := e.client.HGet(ctx, state, "h:new").Result()
+	require.NoError(t, err)
+	require.Equal(t, fmt.Sprintf("%d.%d", e.clock.Now().Add(time.Second).UnixMicro(), d.Claim), v)
+	lease, err := e.client.Eval(ctx, "return tonumber(redis.call('HGET', KEYS[1], 'h:new'))", []string{state}).Int64()
+	require.NoError(t, err)
+	require.Equal(t, e.clock.Now().Add(time.Second).UnixMicro(), lease, "an older sluice's reading")
+	require.NoError(t, e.lim.Release(ctx, "acme", "new", d.Claim))
+
+	// a slot written before: it holds the only slot for its lease
+	end := e.clock.Now().Add(time.Second).UnixMicro()
+	require.NoError(t, e.client.HSet(ctx, state, "h:old", end, "c:old", 12345, "hc", 1, "hm", end).Err())
+	d, err = e.lim.Admit(ctx, "acme", "other")
+	require.NoError(t, err)
+	require.False(t, d.Allowed, "the older slot was not counted")
+	require.ErrorIs(t, e.lim.Release(ctx, "acme", "old", 12345), ErrClaimLost)
+	require.Equal(t, int64(1), stateOf(t, e, "acme").Concurrency.InFlight)
+	e.clock.Advance(1100 * time.Millisecond)
+	d, err = e.lim.Admit(ctx, "acme", "other")
+	require.NoError(t, err)
+	require.True(t, d.Allowed, "the older slot outlived its lease: %s", d)
+	require.Equal(t, int64(1), d.InFlight)
+}
+
 // A tenant's keys are gone a few seconds after its last slot is released
 // (its meters full), not a lease later: a 30 s lease once kept them 31 s.
 func TestReleasedTenantExpiresSoon(t *testing.T) {

@@ -41,10 +41,19 @@ type scopeKeys struct {
 // line is the scope's line of jobs of queue in the waiting room.
 func (k scopeKeys) line(queue string) string { return k.base + "l:" + queue }
 
-const scopeKeyCount = 3 // keys passed to admit.lua per scope
-
+// admitKeys are a scope's keys admit.lua may touch.
 func (k scopeKeys) admitKeys() []string {
 	return []string{k.state, k.planned, k.started}
+}
+
+// admitKeysFor are the keys admit.lua is given for a scope under policy p:
+// the window zsets only with a window rule (every key given costs the
+// script a string).
+func (k scopeKeys) admitKeysFor(p *Policy) []string {
+	if p != nil && p.Window != nil {
+		return k.admitKeys()
+	}
+	return []string{k.state}
 }
 
 // escapeTenant percent-encodes the bytes that could change a key's meaning

@@ -540,8 +540,8 @@ func requireSameState(t *testing.T, envs []*env, tenant, where string) {
 			h, err := e.client.HGetAll(ctx, keys[0]).Result()
 			require.NoError(t, err)
 			for f, v := range h {
-				if strings.HasPrefix(f, "c:") {
-					v = "(claim)"
+				if lease, _, ok := strings.Cut(v, "."); ok && strings.HasPrefix(f, "h:") {
+					v = lease + ".(claim)"
 				}
 				state = append(state, s+" "+f+"="+v)
 			}

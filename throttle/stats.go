@@ -119,9 +119,8 @@ func (l *Limiter) Stats(ctx context.Context, tenant string) (*Stats, error) {
 	if flat, ok := arr[9].([]any); ok {
 		for i := 0; i+1 < len(flat); i += 2 {
 			id, _ := flat[i].(string)
-			v, _ := flat[i+1].(string)
-			us, _ := strconv.ParseFloat(v, 64)
-			raw.holders = append(raw.holders, Holder{ID: id, LeaseEnd: time.UnixMicro(int64(us))})
+			us, _ := flat[i+1].(int64)
+			raw.holders = append(raw.holders, Holder{ID: id, LeaseEnd: time.UnixMicro(us)})
 		}
 	}
 	sort.Slice(raw.holders, func(i, j int) bool { return raw.holders[i].LeaseEnd.Before(raw.holders[j].LeaseEnd) })

@@ -142,7 +142,7 @@ func encodePolicyArgs(p *Policy, now time.Time) encodedPolicy {
 // encode lays out op for admit.lua, at clock (µs, -1 for Redis time); now
 // is the estimate of Redis time that picks the quota windows to send.
 func (l *Limiter) encode(op *admitOp, clock int64, now time.Time) ([]string, *admitArgs) {
-	keys := make([]string, 0, scopeKeyCount*len(op.scopes))
+	keys := make([]string, 0, 3*len(op.scopes))
 	aa := &admitArgs{
 		header: []any{clock, 1, micros(l.cfg.Horizon), micros(l.cfg.Grace),
 			micros(l.cfg.Tolerance), micros(l.cfg.ConcurrencyRetry)},
@@ -170,7 +170,7 @@ func (l *Limiter) encode(op *admitOp, clock int64, now time.Time) ([]string, *ad
 		}
 		aa.refs = append(aa.refs, len(aa.op))
 		if s.snapshot == nil {
-			keys = append(keys, s.keys.admitKeys()...)
+			keys = append(keys, s.keys.admitKeysFor(p)...)
 			aa.op = append(aa.op, ref+1)
 		} else {
 			aa.op = append(aa.op, -(ref + 1))
