@@ -209,7 +209,7 @@ do
   a = a + 1
   for p = 1, npol do
     local pol = { nr = 0, unit = false, off = false, uarg = false, wlim = 0, qlim = 0, clim = 0,
-      fields = false, reservable = false }
+      fields = false, reservable = false, quick = false }
     local f = {}
     local nrules = int(ARGV[a])
     a = a + 1
@@ -250,6 +250,9 @@ do
     end
     pol.fields = f
     pol.reservable = pol.nr > 0 or pol.wlim > 0 or pol.qlim > 0
+    -- the quick path's shape: some rule, at most one rate and a concurrency
+    -- rule, no other kind (a kind added later is the general engine's)
+    pol.quick = nrules > 0 and pol.nr <= 1 and nrules == pol.nr + (pol.clim > 0 and 1 or 0)
     POL[p] = pol
   end
   E.a = a
@@ -1278,8 +1281,7 @@ for o = 1, nops do
   if nscopes == 1 and flags < 64 and flags % 16 < 4 then
     local ref = int(ARGV[E.a])
     local pol = ref > 0 and POL[ref]
-    if pol and pol.nr <= 1 and pol.wlim == 0 and pol.qlim == 0 and pol.nr + pol.clim > 0
-        and E.cost == 1 then
+    if pol and pol.quick and E.cost == 1 then
       read = quick(pol, KEYS[k + 1], flags, o)
       if not read then E.a, k = E.a + 1, k + 1 end
     end
