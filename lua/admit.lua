@@ -791,7 +791,7 @@ local function apply(scopes, write, t, noexpire)
             hm = min(sc.hm, e)
           end
           local es = fmt(e)
-          h[#h + 1] = E.hkey; h[#h + 1] = es .. '.' .. E.claim
+          h[#h + 1] = E.hkey; h[#h + 1] = slot_text(es, E.claim)
           -- a slot kept changes neither the count (unless a listing
           -- recounted it) nor, most often, the bound
           if sc.took or sc.stale then
@@ -932,7 +932,7 @@ local function twostep_functions()
           sc.hdel[#sc.hdel + 1] = E.hkey
           h[#h + 1] = 'hc'; h[#h + 1] = fmt(max(sc.hc - 1, 0))
         elseif floor(what / 8) % 2 == 1 then
-          h[#h + 1] = E.hkey; h[#h + 1] = fmt(hend) .. '.' .. fmt(htok)
+          h[#h + 1] = E.hkey; h[#h + 1] = slot_text(fmt(hend), fmt(htok))
         end
       end
     end
@@ -1234,7 +1234,7 @@ local function quick(pol, st, flags, o)
     if hold then
       held = now + pol.lease
       local es = fmt(held)
-      h[n + 1], h[n + 2], n = hkey, es .. '.' .. E.claim, n + 2
+      h[n + 1], h[n + 2], n = hkey, slot_text(es, E.claim), n + 2
       if not mine then
         h[n + 1], h[n + 2], n = 'hc', fmt(hc + 1), n + 2
         live = live + 1

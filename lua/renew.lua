@@ -35,7 +35,7 @@ for op = 1, nops do
     if mine and e > now then
       local until_ = now + lease
       -- the slot keeps its claim (as the admission wrote it)
-      local slot = format('%d', until_) .. v[1]:sub(v[1]:find('.', 1, true) or #v[1] + 1)
+      local slot = slot_text(format('%d', until_), c and format('%d', c))
       -- x is the expiry admit.lua last gave the hash; keep it true
       local x = tonumber(v[2]) or 0
       if until_ > x then

@@ -20,6 +20,12 @@ local function slot_claim(v)
   return i and tonumber(v:sub(i + 1)) or false
 end
 
+-- a slot's text from its lease end and claim token, both as text (claim
+-- false: none, as an older sluice's slot)
+local function slot_text(lease, claim)
+  return claim and lease .. '.' .. claim or lease
+end
+
 -- is slot v held under claim (its token as text)? Compared as text, as
 -- the scripts write tokens.
 local function held_by(v, claim)
