@@ -53,7 +53,8 @@
 --   [7] number of policies, then per policy: number of rules, then per rule
 --     its kind and arguments (one block per kind below)
 --   per op: job id, cost, flags, not_before, claim token, number of scopes,
---     then per scope: its policy's number (negative for a remote scope), and
+--     with TICKET the job's slot and slack, then per scope: its policy's number (negative
+--     for a remote scope), and
 --     for a remote scope its snapshot
 --     then with UNDO or UNDO_ONLY an undo record per local scope, and with
 --     EXPECT the verdict the op must reach (allowed 0/1, slot)
@@ -69,7 +70,20 @@
 --     it go straight?), 2048 promote (the tenant's turn: promote from the
 --     line's head), 4096 release (give back the job's concurrency slots
 --     under its claim, then promote into them), 8192 general (the general
---     engine decides even an op of the quick path's shape: tests compare)
+--     engine decides even an op of the quick path's shape: tests compare),
+--     16384 once (arrive, promote: the job is decided once, here: it takes
+--     no reservation and the worker's gate starts it on this decision
+--     without asking again, at its slot or up to late after it: its
+--     started meters are charged as if it started that late, less their
+--     tolerance, so that any start in between conforms. late is an eighth
+--     of the burst the started meters have left after it and two more
+--     starts, at most 25 ms, plus the tolerance; a job later than that is
+--     decided anew, with TICKET. With less than 5 ms of slack (a scope near
+--     its limits) late is -2: the job takes a reservation, as without once,
+--     and the gate decides when it starts), 32768 ticket (the job was decided once
+--     at its slot, its started meters charged its slack after it, and
+--     comes late: where its charge is still the last on a meter it is
+--     taken back, so that starting now charges it once)
 -- Returns: per op {verdict, retry_after, rule * 65536 + rule_index * 256 +
 --   scope, remaining, reset_after, in_flight, slot}, with two-step also
 --   {snapshots} and {undo records}; then the time of the decisions
@@ -81,12 +95,15 @@
 --   remaining, reset_after, in_flight: -1 when no rule applies (local
 --     scopes only)
 --   slot: the job's reserved slot, 0 when none was taken
---   arrive ops answer {verdict, slot, waiting, {undo records}}: verdict 1
---     straight (the slot and concurrency slot taken), 0 it waits, -1 the
---     line is at its cap
+--   arrive ops answer {verdict, slot, waiting, {undo records}, late,
+--     slack}: verdict 1 straight (the slot and concurrency slot taken), 0
+--     it waits, -1 the line is at its cap; late: with once, how long after
+--     its slot the job may still start on this decision (-1: any time, no
+--     rate); slack: how long after its slot its started meters were charged
 --   promote and release ops answer {{promoted}, {retries}, due, waiting,
 --     head lined (ms; -1: none), skipped, released, lost}: per promoted job
---     {entry, slot, claim, {undo records}}; the handing entries to hand over
+--     {entry, slot, claim, {undo records}, late, slack}; the handing
+--     entries to hand over
 --     again; when the line is next due (-1: empty, nothing handed over);
 --     entries skipped (their job runs already); for release how many scopes
 --     gave back a slot and how many held none under the claim
@@ -169,8 +186,16 @@ local horizon, grace, tolerance, conc_retry = false, false, false, false
 local E = {
   a = 7, id = false, cost = 1, claim = false, rkey = false, hkey = false,
   reserve = false, hold = false, dry = false, plan = false,
-  not_before = 0, promote = false, lead = 0, twostep = false, room = false
+  not_before = 0, promote = false, once = false, slack = 0, late = -1, lead = 0,
+  ticket = false, tslack = 0, twostep = false, room = false
 }
+
+-- the longest a job decided once may start after its slot, charged for
+-- (its started meters are charged at the slot plus what it may be late)
+local SLACK_MAX = 25000
+-- the least slack a decision travels with; with less (a scope near its
+-- limits) the gate decides when the job starts
+local SLACK_MIN = 5000
 
 -- The rule kinds, which are also the decisions' rule codes, are written as
 -- their numbers: 1 rate, 2 window, 3 quota, 4 concurrency; and the codes of
@@ -456,7 +481,10 @@ local function read_state(sc, k, claims, v)
       I = num(I)
       if I and I > 0 and (P > now or A > now) then
         if P > now then P = now + floor((P - now) * (unit / I)) end
-        if A > now then A = now + floor((A - now) * (unit / I)) end
+        -- the started meter holds starts decided already (a job decided
+        -- once starts on its decision): a raised rate does not move them
+        -- closer, a lowered one spaces what follows them
+        if A > now and unit > I then A = now + floor((A - now) * (unit / I)) end
         if not E.dry then
           local f = pol.fields
           call('HSET', sc.st, f[3 * i - 2], fmt(P), f[3 * i - 1], fmt(A), f[3 * i], ARGV[pol.uarg[i]])
@@ -468,6 +496,16 @@ local function read_state(sc, k, claims, v)
         sc.inew = sc.inew or {}
         sc.inew[i] = true
       end
+    end
+    if E.ticket then
+      -- the job's own charges, decided once for its slot E.ticket (the
+      -- started meter's E.tslack after it), are taken back where they are
+      -- the last (no one was charged after it)
+      local inc = m[3 * i - 2]
+      if P == E.ticket + inc then P = E.ticket end
+      if A == E.ticket + E.tslack + inc then A = E.ticket + E.tslack end
+      sc.astored = sc.astored or {}
+      sc.astored[i] = true
     end
     m[3 * i - 1], m[3 * i] = P, A
     j = j + 3
@@ -522,15 +560,20 @@ local function decide(scopes)
       local m = sc
       for i = 1, pol.nr do
         local t = m[3 * i - 1] + m[3 * i - 2] - pol.off[i]
+        if E.once then
+          -- decided once: the job starts at its slot on both meters
+          t = max(t, m[3 * i] + m[3 * i - 2] - pol.off[i])
+        end
         if t > S then
           S, rule, ridx, rscope = t, 1, i, s
         end
       end
       if pol.wlim > 0 then
-        if sc.st then window_entries(sc, false) end
+        if sc.st then window_entries(sc, E.once) end
         -- first in, first out: never before the last planned entry
         local t = sc.wtop
         if sc.we >= 0 then t = max(t, sc.we + pol.wdur) end
+        if E.once and sc.wea >= 0 then t = max(t, sc.wea + pol.wdur) end
         if t > S then
           S, rule, ridx, rscope = t, 2, 0, s
         end
@@ -586,6 +629,37 @@ local function decide(scopes)
     if has[4] then cwait, crule = conc_wait(scopes, false) end
     if cwait then
       return false, cwait, 0, false, crule
+    end
+    if E.once then
+      -- how late the job may start: its started meters are charged that
+      -- much after its slot, from the burst left (so that the starts that
+      -- follow are not held back), plus the started meters' tolerance
+      local slack, tol = SLACK_MAX, false
+      tolerance = tolerance or num(ARGV[5])
+      for s = 1, #scopes do
+        local sc = scopes[s]
+        local pol = sc.pol
+        for i = 1, pol.nr do
+          -- the burst left after the job, less two starts' worth: a small
+          -- burst gets no slack (its starts that follow at once would wait)
+          local inc = sc[3 * i - 2]
+          local room = S + pol.off[i] - inc - max(sc[3 * i], S) - 2 * inc
+          slack = min(slack, max(0, floor(room / 8)))
+          local t = min(tolerance, floor(pol.unit[i] / 4))
+          tol = tol and min(tol, t) or t
+        end
+      end
+      if not tol then
+        E.slack, E.late = 0, -1
+      elseif slack >= SLACK_MIN then
+        E.slack, E.late = slack, slack + tol
+      else
+        -- near its limits: no slack to be late with, so the gate decides
+        -- when the job starts, on the reservation it takes here
+        E.slack, E.late = 0, -2
+        return true, 0, S, 'promote', 0
+      end
+      return true, 0, S, 'startat', 0
     end
     return true, 0, S, 'promote', 0
   end
@@ -683,8 +757,9 @@ end
 
 -- Write the decision into every local scope: at t the planned meters of a
 -- scope without a reservation, and the job's reservation ('reserve',
--- 'promote') or the start (the started meters, 'start'); the job's
--- concurrency slot ('start', 'promote'); then persist.
+-- 'promote') or the start (the started meters: now for 'start', at t for
+-- 'startat', a job decided once that starts at its slot t); the job's
+-- concurrency slot ('start', 'startat', 'promote'); then persist.
 -- Expiry only ever grows and only reclaims memory, but for y, the expiry
 -- the state needs once no job runs (release.lua shortens the hash's life to
 -- it when the last slot goes).
@@ -726,6 +801,7 @@ local function apply(scopes, write, t, noexpire)
           need = max(need, t + grace)
         end
       else
+        local at = write == 'startat' and t + E.slack or now
         if pol.reservable or pol.clim > 0 then
           -- counted for sluice top; kept a few seconds past recovery
           sc.starts = sc.starts + 1
@@ -733,13 +809,13 @@ local function apply(scopes, write, t, noexpire)
           need = max(need, now + 5000000)
         end
         for i = 1, pol.nr do
-          m[3 * i] = max(m[3 * i], now) + m[3 * i - 2]
+          m[3 * i] = max(m[3 * i], at) + m[3 * i - 2]
         end
         if pol.wlim > 0 then
-          sc.waf, sc.wal = add_entries(sc, sc.wa, now)
+          sc.waf, sc.wal = add_entries(sc, sc.wa, at)
           call('ZREMRANGEBYSCORE', sc.wa, '-inf', fmt(now - pol.wdur))
-          need = max(need, now + pol.wdur)
-          if not noexpire then extend_to(sc.wa, now + pol.wdur) end
+          need = max(need, at + pol.wdur)
+          if not noexpire then extend_to(sc.wa, at + pol.wdur) end
         end
         if sc.Rraw then
           sc.dropR = true
@@ -776,7 +852,7 @@ local function apply(scopes, write, t, noexpire)
       end
       local held = 0
       if pol.clim > 0 then
-        if (write == 'start' or write == 'promote') and E.hold then
+        if write ~= 'reserve' and E.hold then
           -- take the job's slot: after a listing the stale slots go and hc
           -- counts the live; hm stays a lower bound of the earliest lease end
           local e = now + pol.lease
@@ -1060,7 +1136,7 @@ local function room_functions(ts)
         call('ZADD', handing, fmt(now), m)
         dq = dq - c
         np = np + 1
-        out[np] = { m, now, 0, {} }
+        out[np] = { m, now, 0, {}, -1, 0 }
       else
         E.id, E.cost, E.claim = jid, c, fmt(base_claim + np)
         E.rkey, E.hkey = 'r:' .. jid, 'h:' .. jid
@@ -1071,21 +1147,21 @@ local function room_functions(ts)
           call('LPOP', line)
           skipped = skipped + 1
         else
-          local ok, wait, slot = decide(scopes)
+          local ok, wait, slot, write = decide(scopes)
           if not ok then
             -- held back by its own limits: it is owed nothing
             due, dq = now + wait, 0
             break
           end
           for s = 1, #scopes do ts.remember(scopes[s]) end
-          apply(scopes, 'promote', slot, noexpire)
+          apply(scopes, write, slot, noexpire)
           local recs = {}
           for s = 1, #scopes do recs[s] = ts.record(scopes[s]) end
           call('LPOP', line)
           call('ZADD', handing, fmt(now), m)
           dq = dq - c
           np = np + 1
-          out[np] = { m, slot, num(E.claim), recs }
+          out[np] = { m, slot, num(E.claim), recs, E.once and E.late or -1, E.once and E.slack or 0 }
         end
       end
       head = -1
@@ -1114,20 +1190,20 @@ local function room_functions(ts)
   E.room.arrive = function(scopes, line, may_go, cap)
     local waiting = call('LLEN', line)
     if cap > 0 and waiting >= cap then
-      return -1, 0, waiting, {}
+      return -1, 0, waiting, {}, -1, 0
     end
     if waiting > 0 or not may_go then
-      return 0, 0, waiting, {}
+      return 0, 0, waiting, {}, -1, 0
     end
     E.promote = true
-    local ok, _, slot = decide(scopes)
+    local ok, _, slot, write = decide(scopes)
     E.promote = false
     if not ok then
-      return 0, 0, waiting, {}
+      return 0, 0, waiting, {}, -1, 0
     end
     if running(scopes) then
       -- the same job admitted already: it is not sent again
-      return 0, 0, waiting, {}
+      return 0, 0, waiting, {}, -1, 0
     end
     local plain = true
     for s = 1, #scopes do
@@ -1135,13 +1211,14 @@ local function room_functions(ts)
       if pol.nr + pol.wlim + pol.qlim + pol.clim > 0 then plain = false end
     end
     if plain then
-      return 1, now, 0, {}
+      return 1, now, 0, {}, -1, 0
     end
     for s = 1, #scopes do ts.remember(scopes[s]) end
-    apply(scopes, 'promote', slot, false)
+    apply(scopes, write, slot, false)
     local recs = {}
     for s = 1, #scopes do recs[s] = ts.record(scopes[s]) end
-    return 1, slot, 0, recs
+    if E.once then return 1, slot, 0, recs, E.late, E.slack end
+    return 1, slot, 0, recs, -1, 0
   end
 
   -- Give back the job's concurrency slots under its claim (0: whichever
@@ -1274,6 +1351,11 @@ for o = 1, nops do
   local flags = num(ARGV[E.a + 2])
   local nscopes = int(ARGV[E.a + 5])
   E.a = E.a + 6
+  E.ticket = false
+  if flags >= 32768 then
+    E.ticket, E.tslack = int(ARGV[E.a]), int(ARGV[E.a + 1])
+    E.a = E.a + 2
+  end
   -- the quick path first, when the op has its shape (flags: at most
   -- reserve, hold, no expiry and probe, which changes nothing for a job
   -- that starts)
@@ -1294,6 +1376,7 @@ for o = 1, nops do
   local noexpire, probe = floor(f / 16) % 2 == 1, f >= 32
   local steps, undo_first, expect, undo_only = false, false, false, false
   local is_arrive, is_promote, is_release, roomop = false, false, false, false
+  E.once = false
   local ts, rm
   if flags >= 64 then
     f = floor(flags / 64)
@@ -1301,6 +1384,7 @@ for o = 1, nops do
     expect, undo_only = floor(f / 4) % 2 == 1, floor(f / 8) % 2 == 1
     is_arrive, is_promote = floor(f / 16) % 2 == 1, floor(f / 32) % 2 == 1
     is_release = floor(f / 64) % 2 == 1
+    E.once = floor(f / 256) % 2 == 1
     roomop = is_arrive or is_promote or is_release
     if steps or undo_first or undo_only or roomop then ts = twostep_functions() end
     if roomop then rm = room_functions(ts) end
@@ -1342,8 +1426,8 @@ for o = 1, nops do
     k = k + 1
     local may_go, cap = next_int() == 1, next_int()
     E.lead = next_int()
-    local verdict, slot, waiting, recs = rm.arrive(scopes, line, may_go, cap)
-    out[o] = { verdict, slot, waiting, recs }
+    local verdict, slot, waiting, recs, late, slack = rm.arrive(scopes, line, may_go, cap)
+    out[o] = { verdict, slot, waiting, recs, late, slack }
   elseif roomop then
     local budget, quantum, repair = next_int(), next_int(), next_int()
     E.lead = next_int()

@@ -2,12 +2,21 @@
 -- promoted, and when (docs/architecture.md, "The waiting room"). Scores are
 -- Redis times in µs.
 --
+-- The pumps sleep until the earliest due time (at most a second) and wake
+-- on the index's wake channel: an op that makes a tenant due sooner than
+-- it was publishes the queue's name there, so that an idle fleet polls
+-- nothing.
+--
 -- KEYS[1] -> the due index (zset: tenant -> when its line is next due)
 -- ARGV[1] -> clock: the current time in µs, or -1 for Redis TIME
--- ARGV[2] -> the operation, then its arguments:
+-- ARGV[2] -> the operation
+-- ARGV[3] -> the wake channel ("": publish nothing), then the queue's name
+-- ARGV[5..] -> the operation's arguments:
 --   take N HOLD: the due tenants, earliest first, at most N of them, are
 --     held HOLD µs ahead so that one pump serves each.
---     Returns {now, held, tenant, tenant, ...}: held is the score they got.
+--     Returns {now, held, next, tenant, tenant, ...}: held is the score
+--     they got; next the earliest due time of the tenants not taken (-1:
+--     none).
 --   settle HELD [TENANT DUE]...: for each tenant still held at HELD (no one
 --     marked it since), its next due time DUE, or out of the index when
 --     DUE is -1. Returns {now}.
@@ -29,13 +38,26 @@ if now < 0 then
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 local nowf = format('%d', now)
-local op = ARGV[2]
+local op, channel = ARGV[2], ARGV[3]
+local A = 5
 local out = { now }
+
+-- the pumps of the queue wake when a tenant became due sooner
+local function wake(changed)
+  if changed > 0 and channel ~= '' then call('PUBLISH', channel, ARGV[4]) end
+end
+
+local function first()
+  local f = call('ZRANGE', KEYS[1], '0', '0', 'WITHSCORES')
+  return tonumber(f[2]) or -1
+end
+
 if op == 'take' then
-  local due = call('ZRANGEBYSCORE', KEYS[1], '-inf', nowf, 'LIMIT', '0', ARGV[3])
-  local held = format('%d', now + tonumber(ARGV[4]))
+  local due = call('ZRANGEBYSCORE', KEYS[1], '-inf', nowf, 'LIMIT', '0', ARGV[A])
+  local held = format('%d', now + tonumber(ARGV[A + 1]))
   out[2] = held
   if #due > 0 then
+    out[3] = -1
     local z = {}
     for i = 1, #due do
       z[#z + 1] = held
@@ -43,10 +65,12 @@ if op == 'take' then
       out[#out + 1] = due[i]
     end
     call('ZADD', KEYS[1], 'XX', unpack(z))
+  else
+    out[3] = first()
   end
 elseif op == 'settle' then
-  local held = tonumber(ARGV[3])
-  for i = 4, #ARGV, 2 do
+  local held = tonumber(ARGV[A])
+  for i = A + 1, #ARGV, 2 do
     local tenant, due = ARGV[i], ARGV[i + 1]
     if tonumber(call('ZSCORE', KEYS[1], tenant)) == held then
       if tonumber(due) < 0 then
@@ -59,21 +83,23 @@ elseif op == 'settle' then
 elseif op == 'mark' or op == 'markat' then
   local z = {}
   if op == 'mark' then
-    for i = 3, #ARGV do
+    for i = A, #ARGV do
       z[#z + 1] = nowf
       z[#z + 1] = ARGV[i]
     end
   else
-    for i = 3, #ARGV, 2 do
+    for i = A, #ARGV, 2 do
       z[#z + 1] = ARGV[i + 1]
       z[#z + 1] = ARGV[i]
     end
   end
-  if #z > 0 then call('ZADD', KEYS[1], 'LT', unpack(z)) end
+  if #z > 0 then wake(call('ZADD', KEYS[1], 'LT', 'CH', unpack(z))) end
 elseif op == 'ensure' then
-  for i = 3, #ARGV do
-    call('ZADD', KEYS[1], 'NX', nowf, ARGV[i])
+  local changed = 0
+  for i = A, #ARGV do
+    changed = changed + call('ZADD', KEYS[1], 'NX', nowf, ARGV[i])
   end
+  wake(changed)
 elseif op == 'markall' then
   local all = call('ZRANGEBYSCORE', KEYS[1], '(' .. nowf, '+inf')
   local z = {}
@@ -86,9 +112,9 @@ elseif op == 'markall' then
     end
   end
   out[2] = #all
+  wake(#all)
 elseif op == 'next' then
-  local first = call('ZRANGE', KEYS[1], '0', '0', 'WITHSCORES')
-  out[2] = tonumber(first[2]) or -1
+  out[2] = first()
 else
   return redis.error_reply('ERR sluice: room.lua: unknown operation ' .. tostring(op))
 end

@@ -221,7 +221,7 @@ func (c *Client) prepare(tenant string, task *asynq.Task, opts []asynq.Option, n
 	}
 	// sluice's own headers describe one job's identity; a task built from
 	// another job's (a handler fanning out) starts a new job.
-	for _, h := range []string{taskspec.IDHeader, taskspec.GenHeader, taskspec.CostHeader} {
+	for _, h := range []string{taskspec.IDHeader, taskspec.GenHeader, taskspec.CostHeader, taskspec.DecidedHeader} {
 		delete(headers, h)
 	}
 	headers[taskspec.TenantHeader] = tenant
@@ -302,6 +302,9 @@ func (c *Client) arrive(ctx context.Context, j *job) error {
 // slot is given back.
 func (c *Client) sendStraight(ctx context.Context, j *job) (*asynq.TaskInfo, error) {
 	crashpoint.Hit("queue.straight")
+	if j.arrived.Ticket != "" {
+		j.headers[taskspec.DecidedHeader] = j.arrived.Ticket
+	}
 	info, err := c.enqueue(ctx, j, j.opts.pass)
 	if err != nil {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), CleanupTimeoutDefault)

@@ -29,6 +29,12 @@ const (
 	// GenHeader numbers those copies, so that each copy's task id can be
 	// derived from the job's identity without growing.
 	GenHeader = "sluice-gen"
+	// DecidedHeader carries the decision the waiting room made for the job
+	// when it let it start (a straight arrival, or a promotion from its
+	// line): the worker's gate starts the job on it, at its slot, without
+	// deciding again (throttle.Limiter.Redeem). The room's hand-over adds it
+	// to a promoted job's task.
+	DecidedHeader = "sluice-decided"
 	// BacklogHeader was "1" on a job counted in its tenant's backlog by
 	// versions before the waiting room.
 	//

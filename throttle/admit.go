@@ -103,6 +103,10 @@ func (l *Limiter) do(ctx context.Context, req Request, flags int) (Decision, err
 	}
 	holds := lease > 0 && flags&flagHold != 0 && flags&flagPlan == 0 && flags&flagDry == 0
 	op := &admitOp{id: req.ID, cost: cost, flags: flags}
+	if t, ok := parseTicket(req.Ticket); ok && t.late >= 0 && flags&flagDry == 0 {
+		op.flags |= flagTicket
+		op.ticketSlot, op.ticketSlack = t.slot, t.slack
+	}
 	if holds {
 		op.claim = newClaim()
 	}
@@ -173,7 +177,7 @@ func (l *Limiter) runRaw(ctx context.Context, op *admitOp, clock int64) (any, er
 		}
 		if arr, ok := res.([]any); ok && len(arr) == 2 && l.clock == nil {
 			if now, ok := arr[1].(int64); ok {
-				l.offset.Store(now - time.Now().UnixMicro())
+				l.setOffset(now)
 			}
 		}
 		return res, nil

@@ -36,8 +36,28 @@ func (l *Limiter) syncClock(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("read Redis time: %w", err)
 	}
-	l.offset.Store(t.Sub(time.Now()).Microseconds())
+	l.setOffset(t.UnixMicro())
 	return nil
+}
+
+// setOffset records Redis time (µs) as just read.
+func (l *Limiter) setOffset(redisNow int64) {
+	now := time.Now()
+	l.offset.Store(redisNow - now.UnixMicro())
+	l.offsetAt.Store(now.UnixNano())
+}
+
+// offsetMaxAge is how old the estimate of Redis time may grow before a
+// ticket's redemption reads Redis time again (clocks drift apart slowly).
+const offsetMaxAge = 30 * time.Second
+
+// freshClock makes sure the estimate of Redis time was measured within
+// offsetMaxAge (one TIME call when it was not).
+func (l *Limiter) freshClock(ctx context.Context) error {
+	if l.clock != nil || time.Since(time.Unix(0, l.offsetAt.Load())) < offsetMaxAge {
+		return nil
+	}
+	return l.syncClock(ctx)
 }
 
 func micros(d time.Duration) int64 { return d.Microseconds() }

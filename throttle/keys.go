@@ -1,6 +1,7 @@
 package throttle
 
 import (
+	"strconv"
 	"fmt"
 	"strings"
 )
@@ -104,6 +105,16 @@ func (k scopeKeys) all() []string {
 // and the lock one pump takes to sweep for lines missing from them.
 func dueKey(prefix, queue string) string { return prefix + ":{r}:due:" + queue }
 func sweepKey(prefix string) string      { return prefix + ":{r}:sweep" }
+
+// wakeChannel is where room.lua tells the pumps that a queue's line became
+// due sooner (the message is the queue's name).
+func wakeChannel(prefix string) string { return prefix + ":{r}:wake" }
+
+// markAllKey marks that a pump of the fleet re-marked queue's tenants for
+// a policy change: one pump does it per change.
+func markAllKey(prefix, queue string, version int64) string {
+	return prefix + ":{r}:markall:" + queue + ":" + strconv.FormatInt(version, 10)
+}
 
 // The policy hash and its version share a hash tag so one MULTI updates both.
 func policiesKey(prefix string) string        { return prefix + ":{p}:policies" }

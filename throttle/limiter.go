@@ -117,7 +117,9 @@ type Limiter struct {
 	// compare it with the quick path).
 	general bool
 
-	offset atomic.Int64 // Redis time minus local time, µs; for quota windows
+	offset atomic.Int64 // Redis time minus local time, µs; for quota windows and tickets
+	// offsetAt is when offset was last measured (unix ns; 0: never)
+	offsetAt atomic.Int64
 
 	// splitLocks serialise a process's two-step admissions of one tenant
 	// (split.go), so that they never take back each other's charges.
@@ -191,6 +193,11 @@ type Request struct {
 	Reserve bool
 	// DryRun decides without writing anything.
 	DryRun bool
+	// Ticket is the decision the waiting room made for the job ahead of
+	// time (see Redeem), when it no longer holds (the job comes late for
+	// its slot): where the job's charge on a rate's started meter is still
+	// the last, it is taken back, so that the job is charged once, now.
+	Ticket string
 	// Policies, when set, are the policies to decide by, as
 	// PolicyStore.Resolve returned them for Tenant: a caller that reads
 	// them too (for the overflow mode, say) decides by the same ones. Nil:

@@ -56,6 +56,30 @@ type env struct {
 	lim    *Limiter
 	store  *PolicyStore
 	clock  *fakeClock
+	// tickets are the decisions the room made for jobs (by id), as the
+	// room's test helpers saw them
+	tickets sync.Map
+}
+
+// redeem starts job id of tenant on the ticket the room gave it, as the
+// worker's gate does; it requires the ticket to hold.
+func (e *env) redeem(t *testing.T, tenant, id string) Decision {
+	t.Helper()
+	ticket, ok := e.tickets.Load(id)
+	require.True(t, ok, "no ticket for %s", id)
+	d, ok, err := e.lim.Redeem(context.Background(), Request{Tenant: tenant, ID: id}, ticket.(string))
+	require.NoError(t, err)
+	require.True(t, ok, "%s's ticket %s does not hold", id, ticket)
+	return d
+}
+
+// keep records the tickets of promoted jobs.
+func (e *env) keep(jobs []Promoted) {
+	for _, p := range jobs {
+		if p.Ticket != "" {
+			e.tickets.Store(p.ID, p.Ticket)
+		}
+	}
 }
 
 // setup builds a limiter over the shared test server (the shared Cluster

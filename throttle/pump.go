@@ -8,6 +8,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/sluicehq/sluice/internal/crashpoint"
 )
 
@@ -38,6 +40,7 @@ type Handover func(ctx context.Context, jobs []Promoted) []HandoverResult
 // Defaults of PumpConfig.
 const (
 	PumpIntervalDefault = 20 * time.Millisecond
+	PumpIdleDefault     = time.Second
 	PumpTenantsDefault  = 256
 	sweepEvery          = 30 * time.Second
 )
@@ -54,10 +57,14 @@ type PumpConfig struct {
 	// tenant arriving later is not served after everything already
 	// admitted. Required.
 	Free func(ctx context.Context, queue string) (int, error)
-	// Interval is how often the pump looks again when the fleet has no
-	// room or no line is due (it also wakes for the next due line).
-	// PumpIntervalDefault when zero.
+	// Interval is how often the pump looks again while the fleet has no
+	// room for the lines that are due. PumpIntervalDefault when zero.
 	Interval time.Duration
+	// Idle is the longest the pump sleeps while no line is due: it wakes
+	// for the next due line, and at once when a line begins or a release
+	// makes one due sooner (the index's wake channel), so Idle only bounds
+	// what a lost wake-up costs. PumpIdleDefault when zero.
+	Idle time.Duration
 	// Tenants is the most tenants served in one round. PumpTenantsDefault
 	// when zero.
 	Tenants int
@@ -70,6 +77,7 @@ type PumpConfig struct {
 
 func (c PumpConfig) withDefaults() PumpConfig {
 	c.Interval = cmp.Or(c.Interval, PumpIntervalDefault)
+	c.Idle = cmp.Or(c.Idle, PumpIdleDefault)
 	c.Tenants = cmp.Or(c.Tenants, PumpTenantsDefault)
 	return c
 }
@@ -84,6 +92,8 @@ func (c PumpConfig) validate() error {
 		return errors.New("pump config: Free is required")
 	case c.Interval < time.Millisecond:
 		return fmt.Errorf("pump config: Interval %s: must be at least 1ms", c.Interval)
+	case c.Idle < c.Interval:
+		return fmt.Errorf("pump config: Idle %s: must be at least Interval %s", c.Idle, c.Interval)
 	case c.Tenants < 1:
 		return fmt.Errorf("pump config: Tenants %d: must be at least 1", c.Tenants)
 	}
@@ -94,11 +104,14 @@ func (c PumpConfig) validate() error {
 // room it takes the due tenants from the index, oldest first, gives each
 // a turn (deficit round robin: a share of the room by the tenants'
 // weights, weight= in their policies), hands the promoted jobs over and
-// sets when each tenant is next due. A policy change makes every waiting tenant due at once, so
-// that its jobs follow the new rules, and every half minute the pump looks
-// for lines missing from the index (a producer that died between its line
-// and the index). Several pumps share the work: a tenant taken by one is
-// held from the others for a few seconds.
+// sets when each tenant is next due. While no line is due it sleeps until
+// the next one is, woken at once when a line begins (the index's wake
+// channel), so an idle pump costs Redis about one call per Idle. A policy
+// change makes every waiting tenant due at once (one pump of the fleet
+// does it per change), so that its jobs follow the new rules, and every
+// half minute one pump looks for lines missing from the index (a producer
+// that died between its line and the index). Several pumps share the
+// work: a tenant taken by one is held from the others for a few seconds.
 func (r *Room) Pump(ctx context.Context, cfg *PumpConfig) error {
 	var c PumpConfig
 	if cfg != nil {
@@ -108,16 +121,57 @@ func (r *Room) Pump(ctx context.Context, cfg *PumpConfig) error {
 	if err := c.validate(); err != nil {
 		return err
 	}
-	p := &pump{r: r, cfg: c, gen: r.l.policies.generation()}
+	p := &pump{r: r, cfg: c, wake: make(chan struct{}, 1)}
+	// resolving once starts the policy store's watcher, whose changes the
+	// pump follows from here on
+	if _, err := r.l.policies.resolve(ctx, ""); err != nil && ctx.Err() == nil {
+		p.report(err)
+	}
+	p.changes = r.l.policies.changeCount()
+	sub := r.l.client.Subscribe(ctx, wakeChannel(r.l.cfg.Prefix))
+	defer sub.Close()
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		p.listen(ctx, sub)
+	}()
 	p.run(ctx)
+	_ = sub.Close()
+	wg.Wait()
 	return nil
 }
 
 type pump struct {
 	r         *Room
 	cfg       PumpConfig
-	gen       uint64
+	changes   uint64 // the policy changes followed so far
 	lastSweep time.Time
+	wake      chan struct{}
+}
+
+// listen turns wake-ups for the pump's queues into a signal.
+func (p *pump) listen(ctx context.Context, sub *redis.PubSub) {
+	queues := map[string]bool{}
+	for _, q := range p.cfg.Queues {
+		queues[q] = true
+	}
+	for {
+		msg, err := sub.ReceiveMessage(ctx)
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, redis.ErrClosed) {
+				return
+			}
+			// go-redis reconnects; a wake-up lost meanwhile costs Idle
+			continue
+		}
+		if queues[msg.Payload] {
+			select {
+			case p.wake <- struct{}{}:
+			default:
+			}
+		}
+	}
 }
 
 func (p *pump) run(ctx context.Context) {
@@ -132,6 +186,7 @@ func (p *pump) run(ctx context.Context) {
 			select {
 			case <-ctx.Done():
 			case <-t.C:
+			case <-p.wake:
 			}
 			t.Stop()
 		}
@@ -147,13 +202,13 @@ func (p *pump) report(err error) {
 // round serves the due tenants of every queue once; it returns how long
 // to wait before the next round.
 func (p *pump) round(ctx context.Context) (time.Duration, error) {
-	if g := p.r.l.policies.generation(); g != p.gen {
-		p.gen = g
-		for _, q := range p.cfg.Queues {
-			if err := p.r.markAll(ctx, q); err != nil {
-				return 0, err
-			}
+	if n := p.r.l.policies.changeCount(); n != p.changes {
+		// followed only once every queue is re-marked: a failure is
+		// tried again next round
+		if err := p.remark(ctx); err != nil {
+			return 0, err
 		}
+		p.changes = n
 	}
 	if time.Since(p.lastSweep) > sweepEvery {
 		p.lastSweep = time.Now()
@@ -161,7 +216,7 @@ func (p *pump) round(ctx context.Context) (time.Duration, error) {
 			p.report(err)
 		}
 	}
-	wait := p.cfg.Interval
+	wait := p.cfg.Idle
 	var firstErr error
 	for _, q := range p.cfg.Queues {
 		w, err := p.serve(ctx, q)
@@ -171,6 +226,31 @@ func (p *pump) round(ctx context.Context) (time.Duration, error) {
 		wait = min(wait, w)
 	}
 	return wait, firstErr
+}
+
+// remark makes every waiting tenant of the pump's queues due now, after a
+// policy change: one pump of the fleet does it per change of the stored
+// policies (a key of the change's version says which).
+func (p *pump) remark(ctx context.Context) error {
+	version, err := p.r.l.policies.readVersion(ctx)
+	if err != nil {
+		return fmt.Errorf("re-mark waiting tenants: %w", err)
+	}
+	for _, q := range p.cfg.Queues {
+		first, err := p.r.l.client.SetNX(ctx, markAllKey(p.r.l.cfg.Prefix, q, version), 1, time.Minute).Result()
+		if err != nil {
+			return fmt.Errorf("re-mark waiting tenants: %w", err)
+		}
+		if !first {
+			continue
+		}
+		if err := p.r.markAll(ctx, q); err != nil {
+			// another pump may take it up
+			_ = p.r.l.client.Del(context.WithoutCancel(ctx), markAllKey(p.r.l.cfg.Prefix, q, version)).Err()
+			return err
+		}
+	}
+	return nil
 }
 
 // serve serves queue's due tenants once; it returns how long to wait
@@ -183,16 +263,15 @@ func (p *pump) serve(ctx context.Context, queue string) (time.Duration, error) {
 	if free <= 0 {
 		return p.cfg.Interval, nil
 	}
-	tenants, held, err := p.r.take(ctx, queue, min(free, p.cfg.Tenants), HoldDefault)
+	tenants, held, next, err := p.r.take(ctx, queue, min(free, p.cfg.Tenants), HoldDefault)
 	if err != nil {
 		return p.cfg.Interval, err
 	}
 	if len(tenants) == 0 {
-		due, now, ok, err := p.r.next(ctx, queue)
-		if err != nil || !ok {
-			return p.cfg.Interval, err
+		if next.IsZero() {
+			return p.cfg.Idle, nil
 		}
-		return min(max(due.Sub(now), 0), p.cfg.Interval), nil
+		return min(max(next.Sub(p.r.l.estimatedNow()), time.Millisecond), p.cfg.Idle), nil
 	}
 	// the room is shared out by the tenants' weights (from the policy
 	// cache): each gets its share, at least one job

@@ -81,6 +81,11 @@ type Arrived struct {
 	Straight bool
 	Slot     time.Time
 	Claim    uint64
+	// Ticket is the decision to carry with a straight job
+	// (taskspec.DecidedHeader): the worker's gate starts the job on it
+	// (Limiter.Redeem) without deciding again. Empty when the gate must
+	// decide (on a Cluster with @global rules, which the room does not see).
+	Ticket string
 	// Waiting is how many jobs of the tenant wait in its line.
 	Waiting int64
 	// Backlog is the cap of the tenant's line (its policy's backlog=); 0
@@ -122,7 +127,12 @@ func (r *Room) Arrive(ctx context.Context, a Arrival) (Arrived, error) {
 	if res.Policy != nil {
 		backlog = res.Policy.Backlog
 	}
-	op := &admitOp{id: a.ID, cost: cost, flags: flagHold | flagArrive | r.l.noTTLFlag(), claim: newClaim()}
+	once := r.decidesAll(*res)
+	flags := flagHold | flagArrive | r.l.noTTLFlag()
+	if once {
+		flags |= flagOnce
+	}
+	op := &admitOp{id: a.ID, cost: cost, flags: flags, claim: newClaim()}
 	for _, s := range scopes {
 		op.scopes = append(op.scopes, opScope{scope: s})
 	}
@@ -142,26 +152,49 @@ func (r *Room) Arrive(ctx context.Context, a Arrival) (Arrived, error) {
 		return d, &BacklogError{Tenant: a.Tenant, Backlog: rep.waiting, Limit: backlog}
 	case arriveStraight:
 		d.Straight, d.Slot = true, time.UnixMicro(rep.slot)
+		lease := leaseOf(scopes)
 		if len(rep.undo) > 0 {
 			// the charges to take back if the job never reaches the engine
 			op.undo = rep.undo
 			d.op = op
-			if r.holds(scopes) {
+			if lease > 0 {
 				d.Claim = op.claim
 			}
+		}
+		if once {
+			d.Ticket = ticketFor(rep.slot, rep.late, rep.slack, rep.now, lease, d.Claim, res.fingerprint())
 		}
 	}
 	return d, nil
 }
 
-// holds reports whether a job in these scopes takes a concurrency slot.
-func (r *Room) holds(scopes []scope) bool {
+// leaseOf is the concurrency lease a job in these scopes holds; 0 when
+// it takes no concurrency slot.
+func leaseOf(scopes []scope) time.Duration {
+	var lease time.Duration
 	for _, s := range scopes {
-		if s.facts.lease > 0 {
-			return true
+		lease = max(lease, s.facts.lease)
+	}
+	return lease
+}
+
+// decidesAll reports whether the room's decision on a job is final and
+// travels with it (flagOnce): when the room decides on every scope the
+// gate would (not on a Cluster with @global rules, where the room sees the
+// tenant's slot alone), and the policies have rates and concurrency rules
+// alone. A window or a quota is decided again when the job starts (on the
+// reservation the room takes), since a job late for its slot would be
+// charged twice there.
+func (r *Room) decidesAll(res Resolved) bool {
+	if r.l.cluster && res.Global.HasRules() {
+		return false
+	}
+	for _, p := range []*Policy{res.Policy, res.Global} {
+		if p != nil && (p.Window != nil || p.Quota != nil) {
+			return false
 		}
 	}
-	return false
+	return true
 }
 
 // TakeBack gives back what a straight arrival took (its slot and its
@@ -282,6 +315,9 @@ type Promoted struct {
 	// Retry reports a promotion made earlier whose hand-over was not
 	// confirmed: the engine may have it already.
 	Retry bool
+	// Ticket is the decision the job is to carry (see Arrived.Ticket);
+	// empty for a retry, or when the gate must decide.
+	Ticket string
 
 	member string
 	undo   [][]int64 // per scope, to take the promotion back
@@ -337,7 +373,12 @@ func (r *Room) turn(ctx context.Context, tenant, queue, id string, claim uint64,
 	if kind == flagPromote {
 		claim = newClaim()
 	}
-	op := &admitOp{id: id, cost: 1, flags: flagHold | kind | r.l.noTTLFlag(), claim: claim}
+	flags := flagHold | kind | r.l.noTTLFlag()
+	once := r.decidesAll(res)
+	if once {
+		flags |= flagOnce
+	}
+	op := &admitOp{id: id, cost: 1, flags: flags, claim: claim}
 	for _, s := range scopes {
 		op.scopes = append(op.scopes, opScope{scope: s})
 	}
@@ -351,7 +392,7 @@ func (r *Room) turn(ctx context.Context, tenant, queue, id string, claim uint64,
 	if err != nil {
 		return Turn{}, fmt.Errorf("turn of tenant %q: %w", tenant, err)
 	}
-	return decodeTurn(tenant, raw, scopes)
+	return decodeTurn(tenant, raw, scopes, once, leaseOf(scopes), res.fingerprint())
 }
 
 // handed confirms that the queue engine has the promoted jobs: they leave
@@ -388,35 +429,50 @@ func (r *Room) undo(ctx context.Context, p Promoted) error {
 
 // The due index (lua/room.lua).
 
+// roomArgs are room.lua's arguments for op on queue's index, then args.
+func (r *Room) roomArgs(op, queue string, args ...any) []any {
+	return append([]any{r.l.clockArg(), op, wakeChannel(r.l.cfg.Prefix), queue}, args...)
+}
+
+// runRoom runs room.lua's op on queue's index.
+func (r *Room) runRoom(ctx context.Context, queue string, args []any) (any, error) {
+	return r.l.batch.run(ctx, lua.Room, []string{dueKey(r.l.cfg.Prefix, queue)}, args)
+}
+
 // take takes up to n tenants whose lines of queue are due, earliest
 // first, holding them for hold; held is the score they got (settle
-// compares it).
-func (r *Room) take(ctx context.Context, queue string, n int, hold time.Duration) (tenants []string, held int64, err error) {
-	res, err := r.l.batch.run(ctx, lua.Room, []string{dueKey(r.l.cfg.Prefix, queue)}, []any{r.l.clockArg(), "take", n, micros(hold)})
+// compares it). When none is due, next is the earliest due time of the
+// index (zero: no line is due at all).
+func (r *Room) take(ctx context.Context, queue string, n int, hold time.Duration) (tenants []string, held int64, next time.Time, err error) {
+	res, err := r.runRoom(ctx, queue, r.roomArgs("take", queue, n, micros(hold)))
 	if err != nil {
-		return nil, 0, fmt.Errorf("take due tenants: %w", err)
+		return nil, 0, time.Time{}, fmt.Errorf("take due tenants: %w", err)
 	}
 	arr, ok := res.([]any)
-	if !ok || len(arr) < 2 {
-		return nil, 0, fmt.Errorf("room.lua: unexpected reply %v", res)
+	if !ok || len(arr) < 3 {
+		return nil, 0, time.Time{}, fmt.Errorf("room.lua: unexpected reply %v", res)
 	}
 	hs, ok := arr[1].(string)
-	if !ok {
-		return nil, 0, fmt.Errorf("room.lua: unexpected reply %v", res)
+	nx, okNext := arr[2].(int64)
+	if !ok || !okNext {
+		return nil, 0, time.Time{}, fmt.Errorf("room.lua: unexpected reply %v", res)
 	}
 	held, err = strconv.ParseInt(hs, 10, 64)
 	if err != nil {
-		return nil, 0, fmt.Errorf("room.lua: unexpected hold %q", hs)
+		return nil, 0, time.Time{}, fmt.Errorf("room.lua: unexpected hold %q", hs)
 	}
-	tenants = make([]string, 0, len(arr)-2)
-	for _, x := range arr[2:] {
+	if nx >= 0 {
+		next = time.UnixMicro(nx)
+	}
+	tenants = make([]string, 0, len(arr)-3)
+	for _, x := range arr[3:] {
 		s, ok := x.(string)
 		if !ok {
-			return nil, 0, fmt.Errorf("room.lua: unexpected tenant %T %v", x, x)
+			return nil, 0, time.Time{}, fmt.Errorf("room.lua: unexpected tenant %T %v", x, x)
 		}
 		tenants = append(tenants, s)
 	}
-	return tenants, held, nil
+	return tenants, held, next, nil
 }
 
 // settle sets the next due time of tenants a pump took from queue's index
@@ -425,8 +481,8 @@ func (r *Room) settle(ctx context.Context, queue string, held int64, due map[str
 	if len(due) == 0 {
 		return nil
 	}
-	args := make([]any, 0, 3+2*len(due))
-	args = append(args, r.l.clockArg(), "settle", held)
+	args := make([]any, 0, 1+2*len(due))
+	args = append(args, held)
 	for t, at := range due {
 		v := int64(-1)
 		if !at.IsZero() {
@@ -434,7 +490,7 @@ func (r *Room) settle(ctx context.Context, queue string, held int64, due map[str
 		}
 		args = append(args, t, v)
 	}
-	if _, err := r.l.batch.run(ctx, lua.Room, []string{dueKey(r.l.cfg.Prefix, queue)}, args); err != nil {
+	if _, err := r.runRoom(ctx, queue, r.roomArgs("settle", queue, args...)); err != nil {
 		return fmt.Errorf("settle due tenants: %w", err)
 	}
 	return nil
@@ -443,12 +499,11 @@ func (r *Room) settle(ctx context.Context, queue string, held int64, due map[str
 // mark makes tenants due now in queue's index (or keeps an earlier due
 // time).
 func (r *Room) mark(ctx context.Context, queue string, tenants ...string) error {
-	args := make([]any, 0, 2+len(tenants))
-	args = append(args, r.l.clockArg(), "mark")
+	args := make([]any, 0, len(tenants))
 	for _, t := range tenants {
 		args = append(args, t)
 	}
-	if _, err := r.l.batch.run(ctx, lua.Room, []string{dueKey(r.l.cfg.Prefix, queue)}, args); err != nil {
+	if _, err := r.runRoom(ctx, queue, r.roomArgs("mark", queue, args...)); err != nil {
 		return fmt.Errorf("mark tenants due: %w", err)
 	}
 	return nil
@@ -457,7 +512,7 @@ func (r *Room) mark(ctx context.Context, queue string, tenants ...string) error 
 // markAt makes tenant due in queue's index at the given time, or keeps an
 // earlier due time.
 func (r *Room) markAt(ctx context.Context, queue, tenant string, at time.Time) error {
-	if _, err := r.l.batch.run(ctx, lua.Room, []string{dueKey(r.l.cfg.Prefix, queue)}, []any{r.l.clockArg(), "markat", tenant, at.UnixMicro()}); err != nil {
+	if _, err := r.runRoom(ctx, queue, r.roomArgs("markat", queue, tenant, at.UnixMicro())); err != nil {
 		return fmt.Errorf("mark tenant %q due: %w", tenant, err)
 	}
 	return nil
@@ -466,7 +521,7 @@ func (r *Room) markAt(ctx context.Context, queue, tenant string, at time.Time) e
 // markAll makes every tenant in queue's index due now: a policy change
 // may have moved their lines' due times.
 func (r *Room) markAll(ctx context.Context, queue string) error {
-	if _, err := r.l.batch.run(ctx, lua.Room, []string{dueKey(r.l.cfg.Prefix, queue)}, []any{r.l.clockArg(), "markall"}); err != nil {
+	if _, err := r.runRoom(ctx, queue, r.roomArgs("markall", queue)); err != nil {
 		return fmt.Errorf("mark every tenant due: %w", err)
 	}
 	return nil
@@ -485,14 +540,14 @@ func (r *Room) sweep(ctx context.Context) error {
 		return fmt.Errorf("sweep lines: %w", err)
 	}
 	for queue, tenants := range lines {
-		args := []any{r.l.clockArg(), "ensure"}
-		for i, t := range tenants {
-			args = append(args, t)
-			if len(args) > 1000 || i == len(tenants)-1 {
-				if _, err := r.l.batch.run(ctx, lua.Room, []string{dueKey(r.l.cfg.Prefix, queue)}, args); err != nil {
-					return fmt.Errorf("sweep lines: %w", err)
-				}
-				args = args[:2]
+		for start := 0; start < len(tenants); start += 1000 {
+			chunk := tenants[start:min(start+1000, len(tenants))]
+			args := make([]any, len(chunk))
+			for i, t := range chunk {
+				args[i] = t
+			}
+			if _, err := r.runRoom(ctx, queue, r.roomArgs("ensure", queue, args...)); err != nil {
+				return fmt.Errorf("sweep lines: %w", err)
 			}
 		}
 	}
@@ -502,7 +557,7 @@ func (r *Room) sweep(ctx context.Context) error {
 // next is the earliest due time in queue's index and the Redis time it
 // was read at; ok is false when no line is due at all.
 func (r *Room) next(ctx context.Context, queue string) (due, now time.Time, ok bool, err error) {
-	res, err := r.l.batch.run(ctx, lua.Room, []string{dueKey(r.l.cfg.Prefix, queue)}, []any{r.l.clockArg(), "next"})
+	res, err := r.runRoom(ctx, queue, r.roomArgs("next", queue))
 	if err != nil {
 		return time.Time{}, time.Time{}, false, fmt.Errorf("next due tenant: %w", err)
 	}

@@ -48,6 +48,9 @@ func arrive(t *testing.T, e *env, tenant, id string, mayGo bool) Arrived {
 	t.Helper()
 	a, err := e.lim.Room().Arrive(context.Background(), Arrival{Tenant: tenant, ID: id, MayGo: mayGo})
 	require.NoError(t, err)
+	if a.Ticket != "" {
+		e.tickets.Store(id, a.Ticket)
+	}
 	return a
 }
 
@@ -215,11 +218,12 @@ func TestRoomPromotesAtEachSlot(t *testing.T) {
 func pumpTurn(t *testing.T, e *env, tenant string) Turn {
 	t.Helper()
 	ctx, room := context.Background(), e.lim.Room()
-	tenants, held, err := room.take(ctx, DefaultQueue, 10, HoldDefault)
+	tenants, held, _, err := room.take(ctx, DefaultQueue, 10, HoldDefault)
 	require.NoError(t, err)
 	require.Equal(t, []string{tenant}, tenants)
 	turn, err := room.promote(ctx, tenant, DefaultQueue, 10, 10)
 	require.NoError(t, err)
+	e.keep(turn.Promoted)
 	room.handOver(ctx, turn.Promoted, (&engine{}).handover)
 	require.NoError(t, room.settle(ctx, DefaultQueue, held, map[string]time.Time{tenant: turn.Due}))
 	return turn
@@ -516,4 +520,93 @@ func TestRoomLineMemory(t *testing.T) {
 	per := float64(bytes) / n
 	t.Logf("a line of %d waiting jobs (UUID task ids): %d bytes, %.1f bytes per job", n, bytes, per)
 	require.Less(t, per, 100.0, "a waiting job costs at most ~100 bytes beyond asynq's task")
+}
+
+// TestRoomDecidesOnce: a job the room lets start (straight, or promoted
+// from its line) carries its decision, a ticket, when its tenant has room
+// to spare: the gate starts it on the ticket with no further decision.
+// The ticket holds only while the job is in time for its slot and the
+// policies are the ones it was decided by; a job that comes late is
+// decided anew and charged once; a tenant near its limits gets no ticket
+// (the gate decides when the job starts, on a reservation).
+func TestRoomDecidesOnce(t *testing.T) {
+	t.Parallel()
+	e := setup(t, false, nil)
+	ctx := context.Background()
+	e.policy(t, "roomy", "rate=100/s burst=50 concurrency=5")
+	e.policy(t, "tight", "rate=10/s burst=2")
+
+	a := arrive(t, e, "roomy", "r1", true)
+	require.True(t, a.Straight)
+	require.NotEmpty(t, a.Ticket)
+	st, err := e.lim.Stats(ctx, "roomy")
+	require.NoError(t, err)
+	require.Zero(t, st.Reservations, "decided once: no reservation for the gate")
+	require.Equal(t, int64(1), st.Started, "charged on the started meter at its slot")
+	d := e.redeem(t, "roomy", "r1")
+	require.Equal(t, a.Claim, d.Claim, "it starts on the concurrency slot it took")
+	require.Equal(t, a.Slot, d.Slot)
+	require.Equal(t, LeaseDefault, d.Lease)
+
+	// in time up to its slack: the tenant's burst left allows it
+	tk, ok := parseTicket(a.Ticket)
+	require.True(t, ok)
+	require.Positive(t, tk.slack, "a roomy tenant's ticket has slack")
+	require.LessOrEqual(t, tk.slack, int64(25000))
+	e.clock.Advance(time.Duration(tk.late)*time.Microsecond + time.Microsecond)
+	_, ok, err = e.lim.Redeem(ctx, Request{Tenant: "roomy", ID: "r1"}, a.Ticket)
+	require.NoError(t, err)
+	require.False(t, ok, "too late for its slot")
+	// decided anew: its own charge, the last, is taken back first
+	before, err := e.lim.Stats(ctx, "roomy")
+	require.NoError(t, err)
+	d, err = e.lim.Do(ctx, Request{Tenant: "roomy", ID: "r1", Ticket: a.Ticket})
+	require.NoError(t, err)
+	require.True(t, d.Allowed, "%+v", d)
+	after, err := e.lim.Stats(ctx, "roomy")
+	require.NoError(t, err)
+	require.Equal(t, before.Rates[0].Available, after.Rates[0].Available, "charged once: the late start replaces its charge at the slot")
+
+	// another policy than the one it was decided by: decided anew
+	b := arrive(t, e, "roomy", "r2", true)
+	require.NotEmpty(t, b.Ticket)
+	e.policy(t, "roomy", "rate=100/s burst=40 concurrency=5")
+	_, ok, err = e.lim.Redeem(ctx, Request{Tenant: "roomy", ID: "r2"}, b.Ticket)
+	require.NoError(t, err)
+	require.False(t, ok, "the policy changed since")
+
+	// without a rate a job is never late; a third of its lease gone, it
+	// is renewed first; its lease run out, it is decided anew (another
+	// admission may hold the slot)
+	e.policy(t, "pool", "concurrency=2")
+	c := arrive(t, e, "pool", "r3", true)
+	require.NotEmpty(t, c.Ticket)
+	e.clock.Advance(LeaseDefault / 2)
+	d, ok, err = e.lim.Redeem(ctx, Request{Tenant: "pool", ID: "r3"}, c.Ticket)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, c.Claim, d.Claim)
+	e.clock.Advance(LeaseDefault - time.Second)
+	_, ok, err = e.lim.Redeem(ctx, Request{Tenant: "pool", ID: "r3"}, c.Ticket)
+	require.NoError(t, err)
+	require.True(t, ok, "renewed at the first redemption, the slot is still held")
+	e.clock.Advance(2 * LeaseDefault)
+	_, ok, err = e.lim.Redeem(ctx, Request{Tenant: "pool", ID: "r3"}, c.Ticket)
+	require.NoError(t, err)
+	require.False(t, ok, "its lease ran out")
+
+	// near its limits: no ticket; the gate decides on the reservation
+	n := arrive(t, e, "tight", "t1", true)
+	require.True(t, n.Straight)
+	require.Empty(t, n.Ticket)
+	st, err = e.lim.Stats(ctx, "tight")
+	require.NoError(t, err)
+	require.Equal(t, int64(1), st.Reservations)
+
+	// unreadable tickets are decided anew
+	for _, bad := range []string{"", "x", "1:2:3", "2:1:1:1:1:1:1", "1:-5:0:0:0:0:0"} {
+		_, ok, err := e.lim.Redeem(ctx, Request{Tenant: "roomy", ID: "r9"}, bad)
+		require.NoError(t, err)
+		require.False(t, ok, "%q", bad)
+	}
 }

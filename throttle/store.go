@@ -33,6 +33,9 @@ type PolicyStore struct {
 	mu      sync.RWMutex
 	cache   map[string]cachedPolicy
 	gen     atomic.Uint64 // bumped on every invalidation
+	// changes counts the policy changes this store learned of (announced,
+	// or seen in the version), not the invalidations of its own start
+	changes atomic.Uint64
 	version atomic.Int64  // last version seen in Redis
 
 	watchOnce sync.Once
@@ -242,6 +245,7 @@ func (s *PolicyStore) changeAtomically(ctx context.Context, read func(tx *redis.
 // by the version poll.
 func (s *PolicyStore) announce(ctx context.Context) {
 	s.invalidate()
+	s.changes.Add(1)
 	_ = s.client.Publish(ctx, policiesChannel(s.prefix), "changed").Err()
 }
 
@@ -314,6 +318,10 @@ func (s *PolicyStore) readVersion(ctx context.Context) (int64, error) {
 // generation counts the cache's invalidations: it moves when a policy may
 // have changed.
 func (s *PolicyStore) generation() uint64 { return s.gen.Load() }
+
+// changeCount counts the policy changes the store learned of since it
+// began watching (its own start is none).
+func (s *PolicyStore) changeCount() uint64 { return s.changes.Load() }
 
 func (s *PolicyStore) invalidate() {
 	s.mu.Lock()
@@ -489,6 +497,7 @@ func (s *PolicyStore) watch() {
 		case _, ok := <-msgs:
 			if ok {
 				s.invalidate()
+				s.changes.Add(1)
 			}
 		case <-tick.C:
 			pctx, pcancel := context.WithTimeout(ctx, s.poll)
@@ -499,6 +508,9 @@ func (s *PolicyStore) watch() {
 			}
 			if old := s.version.Swap(v); old != v {
 				s.invalidate()
+				if old >= 0 {
+					s.changes.Add(1)
+				}
 			}
 		}
 	}
@@ -524,6 +536,7 @@ type policyFacts struct {
 	maxCost     int64  // the most a job may cost; -1: no bound
 	maxCostRule string // the rule that bounds it
 	lease       time.Duration
+	fp          uint32 // policyPrint of the policy
 	// args are the policy's arguments to admit.lua, when they do not
 	// depend on the time (a quota's calendar windows do); nil then.
 	args *encodedPolicy
@@ -532,7 +545,7 @@ type policyFacts struct {
 var noFacts = factsOf(nil)
 
 func factsOf(p *Policy) *policyFacts {
-	f := &policyFacts{}
+	f := &policyFacts{fp: policyPrint(p)}
 	f.maxCost, f.maxCostRule = p.MaxCost()
 	if p == nil {
 		p = noPolicy

@@ -13,20 +13,22 @@ import (
 
 // Flags of an op (ARGV "flags").
 const (
-	flagReserve  = 1    // a denied job takes its own future slot
-	flagHold     = 2    // the job holds a concurrency slot while it runs
-	flagDry      = 4    // decide, write nothing
-	flagPlan     = 8    // take the job's slot without starting it (shaping)
-	flagNoTTL    = 16   // set no expiry (tests)
-	flagProbe    = 32   // write only when the job starts now
-	flagTwoStep  = 64   // return each local scope's snapshot and undo record
-	flagUndo     = 128  // take back the undo records first, then decide
-	flagExpect   = 256  // write only when the verdict is the one expected
-	flagUndoOnly = 512  // take back the undo records, decide nothing
-	flagArrive   = 1024 // the waiting room: may a new job go straight?
-	flagPromote  = 2048 // the waiting room: a tenant's turn
-	flagRelease  = 4096 // give back the job's slots, then promote into them
-	flagGeneral  = 8192 // decide with the general engine only (tests)
+	flagReserve  = 1     // a denied job takes its own future slot
+	flagHold     = 2     // the job holds a concurrency slot while it runs
+	flagDry      = 4     // decide, write nothing
+	flagPlan     = 8     // take the job's slot without starting it (shaping)
+	flagNoTTL    = 16    // set no expiry (tests)
+	flagProbe    = 32    // write only when the job starts now
+	flagTwoStep  = 64    // return each local scope's snapshot and undo record
+	flagUndo     = 128   // take back the undo records first, then decide
+	flagExpect   = 256   // write only when the verdict is the one expected
+	flagUndoOnly = 512   // take back the undo records, decide nothing
+	flagArrive   = 1024  // the waiting room: may a new job go straight?
+	flagPromote  = 2048  // the waiting room: a tenant's turn
+	flagRelease  = 4096  // give back the job's slots, then promote into them
+	flagGeneral  = 8192  // decide with the general engine only (tests)
+	flagOnce     = 16384 // arrive, promote: decide once, the job starts on it (ticket.go)
+	flagTicket   = 32768 // a job decided once comes late: its own charge is taken back
 )
 
 // Decision rule codes that are not a rule kind's (kinds have theirs: the
@@ -54,8 +56,10 @@ type admitOp struct {
 	cost      int64
 	flags     int
 	notBefore int64 // µs; 0 for none
-	claim     uint64
-	scopes    []opScope
+	// flagTicket: the slot the job was decided for and its slack (µs)
+	ticketSlot, ticketSlack int64
+	claim                   uint64
+	scopes                  []opScope
 	// undo holds an undo record per local scope (flagUndo, flagUndoOnly).
 	undo [][]int64
 	// expectAllowed and expectSlot are the verdict the op must reach
@@ -149,6 +153,9 @@ func (l *Limiter) encode(op *admitOp, clock int64, now time.Time) ([]string, *ad
 		op: make([]any, 0, 6+2*len(op.scopes)),
 	}
 	aa.op = append(aa.op, op.id, op.cost, op.flags, op.notBefore, op.claim, len(op.scopes))
+	if op.flags&flagTicket != 0 {
+		aa.op = append(aa.op, op.ticketSlot, op.ticketSlack)
+	}
 	for _, s := range op.scopes {
 		p := s.policy
 		if p == nil {
@@ -411,12 +418,20 @@ const (
 type arriveReply struct {
 	verdict, slot, waiting int64
 	undo                   [][]int64
+	late                   int64 // µs a job decided once may start after its slot; -1: any time
+	slack                  int64 // µs after its slot its started meters were charged
+	now                    int64 // µs, Redis time of the decision
 }
 
 func decodeArrive(raw any) (arriveReply, error) {
-	op, err := roomOpReply(raw, 4)
+	op, now, err := roomOpReply(raw, 6)
 	if err != nil {
 		return arriveReply{}, err
+	}
+	late, ok := op[4].(int64)
+	slack, ok2 := op[5].(int64)
+	if !ok || !ok2 {
+		return arriveReply{}, fmt.Errorf("admit.lua arrival: unexpected reply %v", op)
 	}
 	v, err := int64s(op[:3], 3)
 	if err != nil {
@@ -426,28 +441,31 @@ func decodeArrive(raw any) (arriveReply, error) {
 	if err != nil {
 		return arriveReply{}, fmt.Errorf("admit.lua arrival's undo records: %w", err)
 	}
-	return arriveReply{verdict: v[0], slot: v[1], waiting: v[2], undo: undo}, nil
+	return arriveReply{verdict: v[0], slot: v[1], waiting: v[2], undo: undo, late: late, slack: slack, now: now}, nil
 }
 
 // roomOpReply checks a waiting-room op's reply, {op's reply, now}, and
-// returns the op's n items.
-func roomOpReply(raw any, n int) ([]any, error) {
+// returns the op's n items and the time of the decision (µs).
+func roomOpReply(raw any, n int) ([]any, int64, error) {
 	arr, ok := raw.([]any)
 	if !ok || len(arr) != 2 {
-		return nil, fmt.Errorf("admit.lua: unexpected reply %T %v", raw, raw)
+		return nil, 0, fmt.Errorf("admit.lua: unexpected reply %T %v", raw, raw)
 	}
 	op, ok := arr[0].([]any)
-	if !ok || len(op) != n {
-		return nil, fmt.Errorf("admit.lua: unexpected reply %v", arr[0])
+	now, okNow := arr[1].(int64)
+	if !ok || !okNow || len(op) != n {
+		return nil, 0, fmt.Errorf("admit.lua: unexpected reply %v", raw)
 	}
-	return op, nil
+	return op, now, nil
 }
 
 // decodeTurn reads a promote or release op's reply: {{promoted}, {retries},
 // due, waiting, head lined (ms), skipped, released, lost}, each promoted
-// job {entry, slot, claim, {undo records}}; scopes are the op's.
-func decodeTurn(tenant string, raw any, scopes []scope) (Turn, error) {
-	op, err := roomOpReply(raw, 8)
+// job {entry, slot, claim, {undo records}, late, slack}; scopes are the op's. With
+// once, each promoted job gets its ticket (it holds its concurrency slots
+// for lease; fp is its policies' fingerprint).
+func decodeTurn(tenant string, raw any, scopes []scope, once bool, lease time.Duration, fp uint32) (Turn, error) {
+	op, now, err := roomOpReply(raw, 8)
 	if err != nil {
 		return Turn{}, err
 	}
@@ -466,10 +484,13 @@ func decodeTurn(tenant string, raw any, scopes []scope) (Turn, error) {
 	}
 	for _, x := range promoted {
 		p, ok := x.([]any)
-		if !ok || len(p) != 4 {
+		if !ok || len(p) != 6 {
 			return Turn{}, fmt.Errorf("admit.lua: unexpected promoted job %v", x)
 		}
 		m, ok := p[0].(string)
+		late, okLate := p[4].(int64)
+		slack, okSlack := p[5].(int64)
+		ok = ok && okLate && okSlack
 		nums, err := int64s(p[1:3], 2)
 		if !ok || err != nil {
 			return Turn{}, fmt.Errorf("admit.lua: unexpected promoted job %v", x)
@@ -483,6 +504,9 @@ func decodeTurn(tenant string, raw any, scopes []scope) (Turn, error) {
 			return Turn{}, err
 		}
 		j.Slot, j.Claim, j.undo, j.scopes = time.UnixMicro(nums[0]), uint64(nums[1]), undo, scopes
+		if once {
+			j.Ticket = ticketFor(nums[0], late, slack, now, lease, j.Claim, fp)
+		}
 		t.Promoted = append(t.Promoted, j)
 	}
 	for _, x := range retries {

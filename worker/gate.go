@@ -54,6 +54,10 @@ type Gate struct {
 	room      *throttle.Room
 	handover  throttle.Handover
 	gauge     *asynqroom.Gauge
+	// asynqRedis is the client of asynq's queues; registration counts the
+	// worker in the fleet's capacity while its pump runs
+	asynqRedis   redis.UniversalClient
+	registration *asynqroom.Registration
 
 	stopping chan struct{}
 	stopOnce sync.Once
@@ -84,15 +88,16 @@ func NewGate(lim *throttle.Limiter, asynqRedis redis.UniversalClient, cfg *GateC
 		return nil, err
 	}
 	g := &Gate{
-		lim:       lim,
-		cfg:       c,
-		log:       c.Logger,
-		asynq:     asynq.NewClientFromRedisClient(asynqRedis),
-		inspector: asynq.NewInspectorFromRedisClient(asynqRedis),
-		room:      lim.Room(),
-		handover:  asynqroom.Handover(asynqRedis),
-		gauge:     asynqroom.NewGauge(asynqRedis),
-		stopping:  make(chan struct{}),
+		lim:        lim,
+		cfg:        c,
+		log:        c.Logger,
+		asynq:      asynq.NewClientFromRedisClient(asynqRedis),
+		inspector:  asynq.NewInspectorFromRedisClient(asynqRedis),
+		room:       lim.Room(),
+		handover:   asynqroom.Handover(asynqRedis),
+		gauge:      asynqroom.NewGauge(asynqRedis),
+		stopping:   make(chan struct{}),
+		asynqRedis: asynqRedis,
 	}
 	reg := c.Registerer
 	if reg == nil {
@@ -143,6 +148,14 @@ func (g *Gate) Stop() {
 			g.stopPump()
 		}
 		g.pumpWG.Wait()
+		if g.registration != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), g.cfg.CallTimeout)
+			if err := g.registration.Close(ctx); err != nil {
+				g.m.err(errRoom)
+				g.warn(errRoom, "sluice: could not take the worker out of the fleet's capacity; it stops counting when its registration lapses", "err", err)
+			}
+			cancel()
+		}
 	})
 }
 
@@ -191,6 +204,8 @@ type job struct {
 	gen      int // copies made so far at the retry limit
 	// policies are the job's, resolved once per delivery; nil until then
 	policies *throttle.Resolved
+	// ticket is the decision the job carried when it no longer holds
+	ticket string
 }
 
 // identify reads the job's tenant, identity and cost. A header that cannot
@@ -266,6 +281,13 @@ func (g *Gate) process(ctx context.Context, j *job, next asynq.Handler) error {
 	}
 	j.policies = &r
 	mode, budget := g.overflow(j)
+	if t := j.task.Headers()[taskspec.DecidedHeader]; t != "" && j.tenant != "" {
+		// decided once, ahead: started on that decision, at its slot
+		if err := g.redeem(ctx, j, t, budget, start, next); err != errAskAgain {
+			return err
+		}
+		j.ticket = t
+	}
 	// A job that may be dropped takes a reservation only once its slot is
 	// known to be near: a reservation it then does not use is capacity lost.
 	reserve := mode != throttle.OverflowDrop
@@ -312,6 +334,48 @@ func (g *Gate) process(ctx context.Context, j *job, next asynq.Handler) error {
 	}
 }
 
+// errAskAgain says that a job's carried decision does not hold: the gate
+// decides it anew.
+var errAskAgain = errors.New("sluice: decide the job anew")
+
+// redeem starts a job on the decision the waiting room made for it (its
+// ticket, taskspec.DecidedHeader): at its slot, waiting in-process when it
+// is early, without asking Redis again. It returns errAskAgain, having run
+// nothing, when the ticket does not hold (the job comes late for its slot,
+// as a retried or deferred job does, or its concurrency slot is gone).
+func (g *Gate) redeem(ctx context.Context, j *job, ticket string, budget time.Duration, start time.Time, next asynq.Handler) error {
+	cctx, cancel := context.WithTimeout(ctx, g.cfg.CallTimeout)
+	d, ok, err := g.lim.Redeem(cctx, throttle.Request{Tenant: j.tenant, ID: j.id, Cost: j.cost, Policies: j.policies}, ticket)
+	cancel()
+	if err != nil || !ok {
+		if err == nil {
+			g.m.tickets.WithLabelValues(ticketAsked).Inc()
+		}
+		return errAskAgain
+	}
+	if wait := d.Slot.Sub(d.Now); wait > 0 {
+		if wait > budget || !g.sleep(ctx, wait) {
+			// too early to hold, or shutting down: the slot stays taken;
+			// the job is deferred to it and decided anew when it comes
+			g.m.tickets.WithLabelValues(ticketAsked).Inc()
+			return errAskAgain
+		}
+		// a sleep may overrun (a stalled process): is it still in time?
+		if d, ok, err = g.lim.Redeem(ctx, throttle.Request{Tenant: j.tenant, ID: j.id, Cost: j.cost, Policies: j.policies}, ticket); err != nil || !ok {
+			g.m.tickets.WithLabelValues(ticketAsked).Inc()
+			return errAskAgain
+		}
+		if d.Now.Before(d.Slot) {
+			d.Now = d.Slot // admitted at its slot
+		}
+	}
+	g.m.tickets.WithLabelValues(ticketRedeemed).Inc()
+	g.m.decision(j.tenant, verdictAllowed, "")
+	waited := time.Since(start)
+	g.m.wait.Observe(waited.Seconds())
+	return g.run(ctx, j, Admission{Tenant: j.tenant, ID: j.id, Cost: j.cost, Decision: d, Waited: waited}, next)
+}
+
 // decide asks the limiter whether the job may start, waiting at most
 // CallTimeout. An answer that comes after the gate gave up is undone by the
 // limiter as far as it matters: the slot an admitted job took is released
@@ -320,7 +384,7 @@ func (g *Gate) decide(ctx context.Context, j *job, reserve bool) (throttle.Decis
 	cctx, cancel := context.WithTimeout(ctx, g.cfg.CallTimeout)
 	defer cancel()
 	start := time.Now()
-	d, err := g.lim.Do(cctx, throttle.Request{Tenant: j.tenant, ID: j.id, Cost: j.cost, Reserve: reserve, Policies: j.policies})
+	d, err := g.lim.Do(cctx, throttle.Request{Tenant: j.tenant, ID: j.id, Cost: j.cost, Reserve: reserve, Policies: j.policies, Ticket: j.ticket})
 	if err == nil || cctx.Err() == nil {
 		return d, err
 	}

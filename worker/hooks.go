@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"errors"
+	"runtime"
 	"sort"
 	"time"
 
@@ -24,7 +25,11 @@ import (
 // this server when they may start and the fleet has room.
 func (g *Gate) Configure(cfg *asynq.Config) {
 	g.setHooks(cfg)
-	g.startPump(queuesOf(*cfg))
+	concurrency := cfg.Concurrency
+	if concurrency < 1 {
+		concurrency = runtime.NumCPU() // asynq's default
+	}
+	g.startPump(queuesOf(*cfg), concurrency)
 }
 
 // queuesOf are the queues an asynq server serves.

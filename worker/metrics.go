@@ -14,6 +14,9 @@ const (
 	renewLost  = "lost"
 	renewError = "error"
 
+	ticketRedeemed = "redeemed"
+	ticketAsked    = "asked"
+
 	errRedis      = "redis"
 	errCost       = "cost"
 	errTenant     = "tenant_header"
@@ -44,6 +47,7 @@ type metrics struct {
 	wait      prometheus.Histogram
 	inFlight  *prometheus.GaugeVec
 	renewals  *prometheus.CounterVec
+	tickets   *prometheus.CounterVec
 	errors    *prometheus.CounterVec
 	outcomes  *prometheus.CounterVec
 	// unknownTypes counts the jobs of types no handler takes (Server only).
@@ -84,6 +88,10 @@ func newMetrics(reg prometheus.Registerer, tenants bool) (*metrics, error) {
 			Name: "sluice_worker_lease_renewals_total",
 			Help: "Concurrency lease renewals, by result (ok; lost: the lease had run out and the slot may be another job's; error).",
 		}, []string{"result"}),
+		tickets: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_worker_tickets_total",
+			Help: "Jobs that came with the decision the waiting room made for them, by result (redeemed: started on it with no further decision; asked: decided anew, the job being late for its slot, retried or its slot gone).",
+		}, []string{"result"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_worker_errors_total",
 			Help: "Errors of the gate, by kind (redis, policy, cost, tenant_header, no_tenant, cost_header, id_header, copy, release, cooldown, room).",
@@ -97,7 +105,7 @@ func newMetrics(reg prometheus.Registerer, tenants bool) (*metrics, error) {
 			Help: "Jobs of a type no handler of the worker is registered for (archived at once unless RetryUnknownTypes), by type; past 100 types, as (other).",
 		}, []string{"type"}),
 	}
-	for _, c := range []prometheus.Collector{m.decisions, m.deferrals, m.drops, m.wait, m.inFlight, m.renewals, m.errors, m.outcomes, m.unknownTypes} {
+	for _, c := range []prometheus.Collector{m.decisions, m.deferrals, m.drops, m.wait, m.inFlight, m.renewals, m.tickets, m.errors, m.outcomes, m.unknownTypes} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -6,6 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sluicehq/sluice/internal/asynqroom"
 	"github.com/sluicehq/sluice/throttle"
 )
 
@@ -78,9 +79,19 @@ const sampleEvery = 5 * time.Second
 // (queue.Client) parked in their tenants' lines to asynq's pending lists,
 // when they may start and the fleet serving queues has room for them. A
 // gate runs one pump; later calls do nothing.
-func (g *Gate) startPump(queues []string) {
+func (g *Gate) startPump(queues []string, concurrency int) {
 	g.pumpOnce.Do(func() {
 		ctx, cancel := context.WithCancel(context.Background())
+		// the fleet's capacity counts this worker while it lives
+		reg, err := asynqroom.Register(ctx, g.asynqRedis, queues, concurrency, func(err error) {
+			g.m.err(errRoom)
+			g.warn(errRoom, "sluice: could not renew the worker's registration in the fleet's capacity; it tries again", "err", err)
+		})
+		if err != nil {
+			g.m.err(errRoom)
+			g.log.Error("sluice: could not register the worker in the fleet's capacity; producers and pumps count it once asynq's server registry shows it", "err", err)
+		}
+		g.registration = reg
 		g.pumpWG.Add(2)
 		go func() {
 			defer g.pumpWG.Done()

@@ -300,3 +300,39 @@ func TestRoomFollowsAPolicyChange(t *testing.T) {
 	require.InDelta(t, 100, second, 10, "100/s after")
 	require.Zero(t, nonConforming(starts, 100, 2), "never beyond the new rate")
 }
+
+// TestRoomDecidesOnce: jobs of a tenant with room to spare are decided
+// once, by the waiting room, and carry the decision: the gate starts them
+// on it without asking again (sluice_worker_tickets_total counts them
+// redeemed), denies none, and a job late for its slot is decided anew
+// and charged once. The concurrency cap holds throughout.
+func TestRoomDecidesOnce(t *testing.T) {
+	e := setup(t, nil)
+	e.policy(t, "roomy", "rate=2000/s burst=1000 concurrency=8")
+	const n = 400
+	rec := newTenantRecorder(2 * time.Millisecond)
+	srv := e.server(t, func(c *worker.Config) { c.Asynq.Concurrency = 20 })
+	srv.Handle("job", rec)
+	require.NoError(t, srv.Start())
+	jobs := make([]queue.Job, n)
+	for i := range jobs {
+		jobs[i] = queue.Job{Tenant: "roomy", Task: asynq.NewTask("job", nil), Options: []asynq.Option{asynq.Queue(e.queue)}}
+	}
+	for i, res := range e.q.EnqueueBatch(context.Background(), jobs) {
+		require.NoError(t, res.Err, "job %d", i)
+	}
+	eventually(t, 60*time.Second, func() bool { return rec.done() == n }, "all %d jobs done (done %d)", n, rec.done())
+	g := srv.Gate().Gatherer()
+	redeemed := metric(t, g, "sluice_worker_tickets_total", map[string]string{"result": "redeemed"})
+	asked := metric(t, g, "sluice_worker_tickets_total", map[string]string{"result": "asked"})
+	denied := metric(t, g, "sluice_worker_decisions_total", map[string]string{"verdict": "denied"})
+	t.Logf("%d jobs: %.0f started on the room's decision, %.0f decided anew (late for their slots), %.0f denied at the gate; at most %d running",
+		n, redeemed, asked, denied, rec.maxRun["roomy"])
+	require.Equal(t, float64(n), redeemed+asked, "every job carried its decision")
+	require.Greater(t, redeemed, float64(n)/2, "most start on it")
+	require.Zero(t, denied, "a job decided anew is admitted at once: its charge at its slot is taken back")
+	require.LessOrEqual(t, rec.maxRun["roomy"], 8)
+	for id, runs := range rec.runs {
+		require.Equal(t, 1, runs, "job %s ran %d times", id, runs)
+	}
+}

@@ -113,7 +113,7 @@ func (s *Server) Start() error {
 		return fmt.Errorf("worker: %w", err)
 	}
 	s.started = true
-	s.gate.startPump(queuesOf(s.cfg.Asynq))
+	s.gate.startPump(queuesOf(s.cfg.Asynq), s.cfg.Asynq.Concurrency)
 	return nil
 }
 

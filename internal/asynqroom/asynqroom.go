@@ -19,6 +19,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/lua"
+	"github.com/sluicehq/sluice/taskspec"
 	"github.com/sluicehq/sluice/throttle"
 )
 
@@ -45,8 +46,8 @@ const (
 )
 
 // Gauge tells how many more jobs the fleet can take from a queue now: the
-// concurrency of the asynq servers that serve it, less the jobs waiting in
-// its pending list. Keeping the pending lists that short is what lets the
+// concurrency of the workers that serve it (their registrations, see
+// Register), less the jobs waiting in its pending list. Keeping the pending lists that short is what lets the
 // waiting room serve tenants in turn: a job admitted later is not queued
 // behind everything admitted before.
 //
@@ -56,8 +57,7 @@ type Gauge struct {
 	inspector *asynq.Inspector
 
 	mu       sync.Mutex
-	capAt    time.Time
-	capacity map[string]int
+	capacity map[string]capacityRead
 	queues   map[string]*queueRoom
 }
 
@@ -71,43 +71,53 @@ func NewGauge(client redis.UniversalClient) *Gauge {
 	return &Gauge{
 		client:    client,
 		inspector: asynq.NewInspectorFromRedisClient(client),
+		capacity:  map[string]capacityRead{},
 		queues:    map[string]*queueRoom{},
 	}
 }
 
-// capacityOf is how many jobs of queue the fleet runs at once, read from
-// asynq's server registry at most every CapacityEvery (every
-// idleCapacityEvery while no server serves the queue, so that jobs start
-// soon after the first worker does).
-func (g *Gauge) capacityOf(queue string) (int, error) {
+// capacityOf is how many jobs of queue the fleet runs at once: the
+// registered workers' concurrency (Register), read at most every
+// CapacityEvery (every idleCapacityEvery while none serves the queue, so
+// that jobs start soon after the first worker does). With no worker
+// registered (a fleet of asynq servers that sluice's workers do not run),
+// it is read from asynq's server registry instead.
+func (g *Gauge) capacityOf(ctx context.Context, queue string) (int, error) {
 	g.mu.Lock()
+	c, ok := g.capacity[queue]
 	every := CapacityEvery
-	if g.capacity[queue] == 0 {
+	if c.n == 0 {
 		every = idleCapacityEvery
 	}
-	fresh := time.Since(g.capAt) < every && g.capacity != nil
+	fresh := ok && time.Since(c.at) < every
 	g.mu.Unlock()
-	if !fresh {
+	if fresh {
+		return c.n, nil
+	}
+	n, err := registeredCapacity(ctx, g.client, queue)
+	if err != nil {
+		return 0, err
+	}
+	if n == 0 {
 		servers, err := g.inspector.Servers()
 		if err != nil {
 			return 0, fmt.Errorf("read asynq's servers: %w", err)
 		}
-		capacity := map[string]int{}
 		for _, s := range servers {
-			if s.Status != "active" {
-				continue
-			}
-			for q := range s.Queues {
-				capacity[q] += s.Concurrency
+			if _, serves := s.Queues[queue]; serves && s.Status == "active" {
+				n += s.Concurrency
 			}
 		}
-		g.mu.Lock()
-		g.capacity, g.capAt = capacity, time.Now()
-		g.mu.Unlock()
 	}
 	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.capacity[queue], nil
+	g.capacity[queue] = capacityRead{n: n, at: time.Now()}
+	g.mu.Unlock()
+	return n, nil
+}
+
+type capacityRead struct {
+	n  int
+	at time.Time
 }
 
 // Free is how many more jobs the fleet can take from the queues now, in
@@ -123,7 +133,7 @@ func (g *Gauge) Free(ctx context.Context, queues []string) (int, error) {
 	}
 	free := 0
 	for i, q := range queues {
-		c, err := g.capacityOf(q)
+		c, err := g.capacityOf(ctx, q)
 		if err != nil {
 			return 0, err
 		}
@@ -192,12 +202,12 @@ func Handover(client redis.UniversalClient) throttle.Handover {
 			for start := 0; start < len(idx); start += handoverChunk {
 				chunk := idx[start:min(start+handoverChunk, len(idx))]
 				keys := make([]string, 0, 1+len(chunk))
-				args := make([]any, 0, 2+len(chunk))
+				args := make([]any, 0, 3+2*len(chunk))
 				keys = append(keys, PendingKey(q))
-				args = append(args, queuePrefix(q), now)
+				args = append(args, queuePrefix(q), now, taskspec.DecidedHeader)
 				for _, i := range chunk {
 					keys = append(keys, TaskKey(q, jobs[i].ID))
-					args = append(args, jobs[i].ID)
+					args = append(args, jobs[i].ID, jobs[i].Ticket)
 				}
 				res, err := lua.Handover.Run(ctx, client, keys, args...).Result()
 				arr, ok := res.([]any)

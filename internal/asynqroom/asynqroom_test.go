@@ -3,6 +3,7 @@ package asynqroom
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/taskspec"
 	"github.com/sluicehq/sluice/throttle"
 )
 
@@ -31,7 +33,8 @@ func TestHandoverPinsAsynqLayout(t *testing.T) {
 
 	enqueue := func(id string, opts ...asynq.Option) {
 		t.Helper()
-		_, err := ac.Enqueue(asynq.NewTask("job", nil), append(opts, asynq.Queue(queue), asynq.TaskID(id), asynq.MaxRetry(3))...)
+		task := asynq.NewTaskWithHeaders("job", nil, map[string]string{"trace": id, taskspec.DecidedHeader: "stale"})
+		_, err := ac.Enqueue(task, append(opts, asynq.Queue(queue), asynq.TaskID(id), asynq.MaxRetry(3))...)
 		require.NoError(t, err)
 	}
 	state := func(id string) string {
@@ -45,12 +48,14 @@ func TestHandoverPinsAsynqLayout(t *testing.T) {
 	// away), everything else succeeds
 	var mu sync.Mutex
 	ran := map[string]int{}
+	headers := map[string]map[string]string{}
 	mux := asynq.NewServeMux()
 	mux.HandleFunc("job", func(ctx context.Context, task *asynq.Task) error {
 		id, _ := asynq.GetTaskID(ctx)
 		mu.Lock()
 		defer mu.Unlock()
 		ran[id]++
+		headers[id] = task.Headers()
 		if id == "retry" && ran[id] == 1 {
 			return errors.New("the first try fails")
 		}
@@ -105,10 +110,14 @@ func TestHandoverPinsAsynqLayout(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "g", group)
 
+	// each handed-over task gets its decision as a header (a long one for
+	// "parked", whose length takes two bytes of protobuf's varint), "retry"
+	// none
+	decided := map[string]string{"parked": strings.Repeat("d", 200), "retry": ""}
 	promoted := func(ids ...string) []throttle.Promoted {
 		out := make([]throttle.Promoted, len(ids))
 		for i, id := range ids {
-			out[i] = throttle.Promoted{Tenant: "acme", Queue: queue, ID: id}
+			out[i] = throttle.Promoted{Tenant: "acme", Queue: queue, ID: id, Ticket: decided[id]}
 		}
 		return out
 	}
@@ -123,6 +132,11 @@ func TestHandoverPinsAsynqLayout(t *testing.T) {
 			return errors.Is(err, asynq.ErrTaskNotFound)
 		})
 	}
+	mu.Lock()
+	require.Equal(t, map[string]string{"trace": "parked", taskspec.DecidedHeader: decided["parked"]}, headers["parked"],
+		"the decision appended to the task's message replaces the one it had; its other headers are kept")
+	require.Equal(t, map[string]string{"trace": "retry", taskspec.DecidedHeader: "stale"}, headers["retry"], "no decision: the task is left as it was")
+	mu.Unlock()
 	info, err := insp.GetTaskInfo(queue, "archived")
 	require.NoError(t, err)
 	require.Equal(t, asynq.TaskStateArchived, info.State)

@@ -1,0 +1,159 @@
+package throttle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Decide once: the waiting room decides a job when it may start (a
+// straight arrival, a promotion) and the decision travels with the job as
+// a ticket. The worker's gate redeems it without asking Redis again: it
+// waits for the slot when it is early, and asks anew only when the job
+// comes late for its slot or the ticket no longer holds.
+
+// ticket is a decision carried with its job: the slot it starts at (µs,
+// Redis time), how long after it the job may still start (µs; -1: any
+// time), how long after it its started meters were charged (its slack),
+// when its concurrency lease runs out (µs; 0 without one), the claim
+// holding that slot (0: none), and the fingerprint of the policies it was
+// decided by.
+type ticket struct {
+	slot, late, slack, leaseEnd int64
+	claim                       uint64
+	fp                          uint32
+}
+
+// ticketVersion starts a ticket's text, so that a later format is told
+// apart.
+const ticketVersion = "1"
+
+func (t ticket) String() string {
+	return ticketVersion + ":" + strconv.FormatInt(t.slot, 10) + ":" + strconv.FormatInt(t.late, 10) + ":" +
+		strconv.FormatInt(t.slack, 10) + ":" + strconv.FormatInt(t.leaseEnd, 10) + ":" +
+		strconv.FormatUint(t.claim, 10) + ":" + strconv.FormatUint(uint64(t.fp), 10)
+}
+
+func parseTicket(s string) (ticket, bool) {
+	f := strings.Split(s, ":")
+	if len(f) != 7 || f[0] != ticketVersion {
+		return ticket{}, false
+	}
+	var v [5]int64
+	for i := range v {
+		n, err := strconv.ParseInt(f[1+i], 10, 64)
+		if err != nil {
+			return ticket{}, false
+		}
+		v[i] = n
+	}
+	claim, err1 := strconv.ParseUint(f[5], 10, 64)
+	fp, err2 := strconv.ParseUint(f[6], 10, 32)
+	if err1 != nil || err2 != nil || v[0] <= 0 || v[1] < -1 || v[2] < 0 || v[3] < 0 {
+		return ticket{}, false
+	}
+	return ticket{slot: v[0], late: v[1], slack: v[2], leaseEnd: v[3], claim: claim, fp: uint32(fp)}, true
+}
+
+// ticketFor is the ticket of a job decided at now (µs) for slot, which it
+// may start up to late after (-1: any time), its started meters charged
+// slack after it, holding its concurrency slots under claim for lease (0:
+// none), by the policies of fingerprint fp.
+func ticketFor(slot, late, slack, now int64, lease time.Duration, claim uint64, fp uint32) string {
+	if late < -1 {
+		// near its limits: the gate decides when the job starts
+		return ""
+	}
+	t := ticket{slot: slot, late: late, slack: slack, fp: fp}
+	if lease > 0 && claim != 0 {
+		t.leaseEnd, t.claim = now+micros(lease), claim
+	}
+	return t.String()
+}
+
+// fingerprint identifies the policies a job is decided by: a ticket
+// decided by others (a policy changed meanwhile) is decided anew.
+func (r Resolved) fingerprint() uint32 {
+	a, b := r.facts, r.globalFacts
+	if a == nil {
+		a = factsOf(r.Policy)
+	}
+	if b == nil {
+		b = factsOf(r.Global)
+	}
+	return a.fp*16777619 ^ b.fp
+}
+
+// policyPrint is a policy's fingerprint (its text's FNV-1a; 0 for none).
+func policyPrint(p *Policy) uint32 {
+	if p == nil {
+		return 0
+	}
+	h := fnv.New32a()
+	h.Write([]byte(p.String()))
+	return h.Sum32()
+}
+
+// Redeem starts a job on the decision the waiting room made for it ahead
+// of time, the ticket it carries (queue.Client and the room's hand-over
+// put it in the job's headers), without a round trip when the ticket holds:
+// the returned decision is Allowed, its Slot the job's start time and Now
+// the Redis time as estimated from earlier replies (the caller waits
+// Slot - Now when it is early), and its Claim and Lease the concurrency
+// slot it holds. ok is false when the job must be decided anew (Do): the ticket is
+// unreadable or stale (the job comes later than the tolerance after its
+// slot, as a retried or deferred job does), the policies changed since
+// the decision, or the job's concurrency slot is no longer held under its
+// claim. A ticket whose lease has run
+// a third or more is renewed first, which is the one round trip Redeem may
+// take.
+func (l *Limiter) Redeem(ctx context.Context, req Request, text string) (d Decision, ok bool, err error) {
+	t, ok := parseTicket(text)
+	if !ok {
+		return Decision{}, false, nil
+	}
+	res := req.Policies
+	if res == nil {
+		r, err := l.resolved(ctx, req.Tenant)
+		if err != nil {
+			return Decision{}, false, fmt.Errorf("redeem tenant %q: %w", req.Tenant, err)
+		}
+		res = &r
+	}
+	if err := l.freshClock(ctx); err != nil {
+		return Decision{}, false, fmt.Errorf("redeem tenant %q: %w", req.Tenant, err)
+	}
+	now := l.estimatedNow().UnixMicro()
+	if t.fp != res.fingerprint() || (t.late >= 0 && now > t.slot+t.late) {
+		// decided by other policies, or too late for its slot (the
+		// started meters were charged for a start up to late after it)
+		return Decision{}, false, nil
+	}
+	var lease time.Duration
+	for _, p := range []*Policy{res.Policy, res.Global} {
+		if p != nil && p.Concurrency != nil {
+			lease = max(lease, p.Concurrency.lease())
+		}
+	}
+	if lease > 0 && t.claim == 0 {
+		return Decision{}, false, nil
+	}
+	d = Decision{Allowed: true, RetryAfter: -1, Remaining: -1, ResetAfter: -1, InFlight: -1,
+		Slot: time.UnixMicro(t.slot), Now: time.UnixMicro(now)}
+	if lease > 0 {
+		if t.leaseEnd-now < micros(lease)*2/3 {
+			if err := l.Renew(ctx, req.Tenant, req.ID, t.claim); err != nil {
+				if errors.Is(err, ErrClaimLost) {
+					return Decision{}, false, nil
+				}
+				return Decision{}, false, err
+			}
+		}
+		d.Lease, d.Claim = lease, t.claim
+	}
+	return d, true, nil
+}
