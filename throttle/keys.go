@@ -1,8 +1,8 @@
 package throttle
 
 import (
-	"strconv"
 	"fmt"
+	"strconv"
 	"strings"
 )
 

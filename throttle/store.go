@@ -30,13 +30,13 @@ type PolicyStore struct {
 	prefix string
 	poll   time.Duration
 
-	mu      sync.RWMutex
-	cache   map[string]cachedPolicy
-	gen     atomic.Uint64 // bumped on every invalidation
+	mu    sync.RWMutex
+	cache map[string]cachedPolicy
+	gen   atomic.Uint64 // bumped on every invalidation
 	// changes counts the policy changes this store learned of (announced,
 	// or seen in the version), not the invalidations of its own start
 	changes atomic.Uint64
-	version atomic.Int64  // last version seen in Redis
+	version atomic.Int64 // last version seen in Redis
 
 	watchOnce sync.Once
 	watching  atomic.Bool
