@@ -814,7 +814,7 @@ local function apply(scopes, write, t, noexpire)
         end
       end
       if sc.hdel and #sc.hdel > 0 then
-        call('HDEL', sc.st, unpack(sc.hdel))
+        for i = 1, #sc.hdel, 1000 do call('HDEL', sc.st, unpack(sc.hdel, i, min(i + 999, #sc.hdel))) end
       end
       -- the hash's expiry is moved a second past what is needed, so that a
       -- busy scope calls PEXPIRE about once a second, not every time

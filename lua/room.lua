@@ -30,6 +30,13 @@ if now < 0 then
 end
 local nowf = format('%d', now)
 local op = ARGV[2]
+-- ZADD of score/member pairs, in pieces: Lua's unpack refuses a table of
+-- about 8,000 entries
+local function zadd(flag, z)
+  for i = 1, #z, 2000 do
+    call('ZADD', KEYS[1], flag, unpack(z, i, math.min(i + 1999, #z)))
+  end
+end
 local out = { now }
 if op == 'take' then
   local due = call('ZRANGEBYSCORE', KEYS[1], '-inf', nowf, 'LIMIT', '0', ARGV[3])
@@ -42,7 +49,7 @@ if op == 'take' then
       z[#z + 1] = due[i]
       out[#out + 1] = due[i]
     end
-    call('ZADD', KEYS[1], 'XX', unpack(z))
+    zadd('XX', z)
   end
 elseif op == 'settle' then
   local held = tonumber(ARGV[3])
@@ -69,7 +76,7 @@ elseif op == 'mark' or op == 'markat' then
       z[#z + 1] = ARGV[i]
     end
   end
-  if #z > 0 then call('ZADD', KEYS[1], 'LT', unpack(z)) end
+  zadd('LT', z)
 elseif op == 'ensure' then
   for i = 3, #ARGV do
     call('ZADD', KEYS[1], 'NX', nowf, ARGV[i])
@@ -80,11 +87,8 @@ elseif op == 'markall' then
   for i = 1, #all do
     z[#z + 1] = nowf
     z[#z + 1] = all[i]
-    if #z >= 2000 or i == #all then
-      call('ZADD', KEYS[1], 'XX', unpack(z))
-      z = {}
-    end
   end
+  zadd('XX', z)
   out[2] = #all
 elseif op == 'next' then
   local first = call('ZRANGE', KEYS[1], '0', '0', 'WITHSCORES')

@@ -396,3 +396,47 @@ func TestConfigValidation(t *testing.T) {
 	_, err = queue.New(nil, nil)
 	require.Error(t, err)
 }
+
+// TestEnqueueBatchLongLine: a batch of 10,000 jobs of one tenant joins its
+// line whole, in batch order (line.lua once unpacked every entry into one
+// RPUSH: from about 8,000 Redis refused the script, and the whole batch
+// failed), and a backlog cap holds across the calls a long batch takes.
+func TestEnqueueBatchLongLine(t *testing.T) {
+	t.Parallel()
+	e := setup(t, nil)
+	ctx := context.Background()
+	e.policy(t, "capped", "backlog=2500")
+	const n = 10_000
+	jobs := make([]queue.Job, 0, n+3000)
+	for i := 0; i < n; i++ {
+		jobs = append(jobs, queue.Job{Tenant: "big", Task: asynq.NewTask("email", nil), Options: []asynq.Option{asynq.Queue(e.queue)}})
+	}
+	for i := 0; i < 3000; i++ {
+		jobs = append(jobs, queue.Job{Tenant: "capped", Task: asynq.NewTask("email", nil), Options: []asynq.Option{asynq.Queue(e.queue)}})
+	}
+	res := e.q.EnqueueBatch(ctx, jobs)
+	require.Len(t, res, len(jobs))
+	ids := make([]string, 0, n)
+	for i := 0; i < n; i++ {
+		require.NoError(t, res[i].Err, "job %d", i)
+		ids = append(ids, res[i].Info.ID)
+	}
+	ws, err := e.lim.Room().WaitingIDs(ctx, "big", 0)
+	require.NoError(t, err)
+	lined := make([]string, 0, len(ws))
+	for _, w := range ws {
+		lined = append(lined, w.ID)
+	}
+	require.Equal(t, ids, lined, "the tenant's jobs wait in batch order")
+	for i := n; i < n+2500; i++ {
+		require.NoError(t, res[i].Err, "job %d", i)
+	}
+	for i := n + 2500; i < len(jobs); i++ {
+		require.ErrorIs(t, res[i].Err, throttle.ErrBacklogFull, "job %d", i)
+		require.Nil(t, res[i].Info)
+	}
+	require.Equal(t, int64(2500), e.waiting(t, "capped"))
+	q, err := e.inspector.GetQueueInfo(e.queue)
+	require.NoError(t, err)
+	require.Equal(t, n+2500, q.Scheduled, "the refused jobs are not in asynq")
+}

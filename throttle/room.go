@@ -203,7 +203,10 @@ type Waiter struct {
 // once their tasks are in the queue engine (parked). When the line holds
 // backlog jobs (0: no cap) the rest do not join: joined counts those that
 // did; a caller takes the others out of the engine again. A line that
-// begins here makes its tenant due in the queue's index at once.
+// begins here makes its tenant due in the queue's index at once. Jobs join
+// joinChunk at a time, one line.lua call each (a batch of any length joins
+// in bounded memory); the cap holds across the calls, and on an error the
+// first joined jobs are in the line.
 func (r *Room) Join(ctx context.Context, tenant string, backlog int64, jobs ...Waiter) (joined int, waiting int64, err error) {
 	if err := ValidateTenant(tenant); err != nil {
 		return 0, 0, err
@@ -212,8 +215,6 @@ func (r *Room) Join(ctx context.Context, tenant string, backlog int64, jobs ...W
 		return 0, 0, nil
 	}
 	queue := queueOf(jobs[0].Queue)
-	args := make([]any, 0, 3+len(jobs))
-	args = append(args, r.l.clockArg(), backlog, queue)
 	for _, j := range jobs {
 		if queueOf(j.Queue) != queue {
 			return 0, 0, fmt.Errorf("line of tenant %q: jobs of queues %q and %q join apart", tenant, queue, queueOf(j.Queue))
@@ -221,27 +222,42 @@ func (r *Room) Join(ctx context.Context, tenant string, backlog int64, jobs ...W
 		if strings.Contains(j.Queue, lineSep) {
 			return 0, 0, fmt.Errorf("line of tenant %q: queue %q holds the byte 0x1f, which sluice keeps for itself; rename the queue", tenant, j.Queue)
 		}
-		args = append(args, lineTail(j))
 	}
 	k := keysFor(r.l.cfg.Prefix, tenant)
-	res, err := lua.Line.Run(ctx, r.l.client, []string{k.line(queue), k.queues}, args...).Result()
-	if err != nil {
-		return 0, 0, fmt.Errorf("line of tenant %q: %w", tenant, err)
-	}
-	v, err := int64s(res, 3)
-	if err != nil {
-		return 0, 0, fmt.Errorf("line.lua: %w", err)
-	}
-	if v[2] == 1 {
-		crashpoint.Hit("room.joined")
-		// The line began: its tenant is due now. Should this fail, the
-		// pumps' sweep finds the line.
-		if err := r.mark(ctx, queue, tenant); err != nil {
-			return int(v[0]), v[1], err
+	for len(jobs) > 0 {
+		chunk := jobs[:min(len(jobs), joinChunk)]
+		jobs = jobs[len(chunk):]
+		args := make([]any, 0, 3+len(chunk))
+		args = append(args, r.l.clockArg(), backlog, queue)
+		for _, j := range chunk {
+			args = append(args, lineTail(j))
+		}
+		res, err := lua.Line.Run(ctx, r.l.client, []string{k.line(queue), k.queues}, args...).Result()
+		if err != nil {
+			return joined, waiting, fmt.Errorf("line of tenant %q: %w", tenant, err)
+		}
+		v, err := int64s(res, 3)
+		if err != nil {
+			return joined, waiting, fmt.Errorf("line.lua: %w", err)
+		}
+		joined, waiting = joined+int(v[0]), v[1]
+		if v[2] == 1 {
+			crashpoint.Hit("room.joined")
+			// The line began: its tenant is due now. Should this fail, the
+			// pumps' sweep finds the line.
+			if err := r.mark(ctx, queue, tenant); err != nil {
+				return joined, waiting, err
+			}
+		}
+		if int(v[0]) < len(chunk) {
+			break // the line is at its cap
 		}
 	}
-	return int(v[0]), v[1], nil
+	return joined, waiting, nil
 }
+
+// joinChunk is how many jobs one line.lua call puts in a line.
+const joinChunk = 1000
 
 // queueOf names the default queue.
 func queueOf(q string) string {

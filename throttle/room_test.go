@@ -517,3 +517,57 @@ func TestRoomLineMemory(t *testing.T) {
 	t.Logf("a line of %d waiting jobs (UUID task ids): %d bytes, %.1f bytes per job", n, bytes, per)
 	require.Less(t, per, 100.0, "a waiting job costs at most ~100 bytes beyond asynq's task")
 }
+
+// TestRoomJoinMillion: one Join of 1,000,000 jobs of one tenant (a batch
+// of that size from EnqueueBatch) puts them all in the line, in order, in
+// bounded pieces: no script unpacks more than a piece. Skipped with -short.
+func TestRoomJoinMillion(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a million jobs: skipped with -short")
+	}
+	t.Parallel()
+	e := setup(t, true, nil)
+	ctx := context.Background()
+	const n = 1_000_000
+	ws := make([]Waiter, n)
+	for i := range ws {
+		ws[i] = Waiter{ID: fmt.Sprintf("j%07d", i)}
+	}
+	start := time.Now()
+	joined, waiting, err := e.lim.Room().Join(ctx, "huge", 0, ws...)
+	took := time.Since(start)
+	require.NoError(t, err)
+	require.Equal(t, n, joined)
+	require.Equal(t, int64(n), waiting)
+	key := keysFor(e.prefix, "huge").line(DefaultQueue)
+	t.Cleanup(func() { e.client.Del(context.Background(), key) })
+	t.Logf("%d jobs joined one line in %s", n, took.Round(time.Millisecond))
+	for _, i := range []int64{0, n / 2, n - 1} {
+		m, err := e.client.LIndex(ctx, key, i).Result()
+		require.NoError(t, err)
+		le, ok := parseLineEntry(m)
+		require.True(t, ok, m)
+		require.Equal(t, fmt.Sprintf("j%07d", i), le.id, "in order")
+	}
+}
+
+// TestRoomIndexManyTenants: the due index takes and marks thousands of
+// tenants in one call (room.lua once unpacked them whole into one ZADD).
+func TestRoomIndexManyTenants(t *testing.T) {
+	t.Parallel()
+	e := setup(t, true, nil)
+	ctx := context.Background()
+	room := e.lim.Room()
+	tenants := make([]string, 9000)
+	for i := range tenants {
+		tenants[i] = fmt.Sprint("t", i)
+	}
+	require.NoError(t, room.mark(ctx, DefaultQueue, tenants...))
+	taken, _, err := room.take(ctx, DefaultQueue, len(tenants), HoldDefault)
+	require.NoError(t, err)
+	require.Len(t, taken, len(tenants))
+	require.NoError(t, room.markAll(ctx, DefaultQueue))
+	taken, _, err = room.take(ctx, DefaultQueue, len(tenants), HoldDefault)
+	require.NoError(t, err)
+	require.Len(t, taken, len(tenants), "every tenant due again")
+}
