@@ -29,7 +29,9 @@
 --
 -- KEYS: for every op, per local scope in order its state hash [1] and,
 --   when its policy has a window rule, the window zsets [2] and [3]; then
---   for an arrive op the tenant's line of the job's queue, and for promote
+--   for an arrive op the tenant's line of the job's queue and its intents
+--   (zset: line entries without their time -> when they arrived to wait,
+--   µs: the jobs to be parked that no line holds yet), and for promote
 --   and release ops with a budget the line, the handing set and the set of
 --   queues with lines:
 --   [1] state hash: cd cooldown end; s jobs started; x the expiry last given
@@ -58,7 +60,8 @@
 --     then with UNDO or UNDO_ONLY an undo record per local scope, and with
 --     EXPECT the verdict the op must reach (allowed 0/1, slot)
 --     then for arrive: the fleet has room (0/1), the backlog cap (0: none),
---     the lead; for promote and release: budget (jobs; 0: none promoted),
+--     the lead, the job's line entry without its time (recorded in the
+--     intents when the job is to wait); for promote and release: budget (jobs; 0: none promoted),
 --     quantum (cost units this turn adds to the deficit), repair age, lead,
 --     and with a budget the queue
 --   flags: 1 reserve on denial, 2 hold a concurrency slot, 4 dry run (write
@@ -81,9 +84,11 @@
 --   remaining, reset_after, in_flight: -1 when no rule applies (local
 --     scopes only)
 --   slot: the job's reserved slot, 0 when none was taken
---   arrive ops answer {verdict, slot, waiting, {undo records}}: verdict 1
---     straight (the slot and concurrency slot taken), 0 it waits, -1 the
---     line is at its cap
+--   arrive ops answer {verdict, slot, waiting, {undo records}, earlier}:
+--     verdict 1 straight (the slot and concurrency slot taken), 0 it waits
+--     (its intent recorded), -1 the line is at its cap; earlier 1 when an
+--     earlier arrival of the job left its intent (its task may be parked
+--     in no line)
 --   promote and release ops answer {{promoted}, {retries}, due, waiting,
 --     head lined (ms; -1: none), skipped, released, lost}: per promoted job
 --     {entry, slot, claim, {undo records}}; the handing entries to hand over
@@ -1338,12 +1343,19 @@ for o = 1, nops do
   end
 
   if is_arrive then
-    local line = KEYS[k + 1]
-    k = k + 1
+    local line, intents = KEYS[k + 1], KEYS[k + 2]
+    k = k + 2
     local may_go, cap = next_int() == 1, next_int()
     E.lead = next_int()
+    local entry = ARGV[E.a]
+    E.a = E.a + 1
     local verdict, slot, waiting, recs = rm.arrive(scopes, line, may_go, cap)
-    out[o] = { verdict, slot, waiting, recs }
+    -- a job that waits is parked next, then joins its line (line.lua takes
+    -- its intent back): should its producer die in between, the sweep
+    -- finds the intent; one an earlier arrival left is kept
+    local earlier = 0
+    if verdict == 0 and call('ZADD', intents, 'NX', fmt(now), entry) == 0 then earlier = 1 end
+    out[o] = { verdict, slot, waiting, recs, earlier }
   elseif roomop then
     local budget, quantum, repair = next_int(), next_int(), next_int()
     E.lead = next_int()

@@ -440,3 +440,64 @@ func TestEnqueueBatchLongLine(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, n+2500, q.Scheduled, "the refused jobs are not in asynq")
 }
+
+// orphan leaves what a producer that died between parking a job's task in
+// asynq and putting the job in its line (the crash point queue.parked)
+// leaves: the job arrived (and waits), its task is parked at its fallback,
+// and no line holds it.
+func orphan(t *testing.T, e *env, tenant, id string) {
+	t.Helper()
+	ctx := context.Background()
+	a, err := e.lim.Room().Arrive(ctx, throttle.Arrival{Tenant: tenant, ID: id, Queue: e.queue})
+	require.NoError(t, err)
+	require.False(t, a.Straight)
+	task := asynq.NewTaskWithHeaders("email", nil, map[string]string{taskspec.TenantHeader: tenant})
+	_, err = asynq.NewClientFromRedisClient(e.asynq).Enqueue(task, asynq.Queue(e.queue), asynq.TaskID(id), asynq.ProcessIn(time.Hour))
+	require.NoError(t, err)
+}
+
+// TestEnqueueRetryJoinsAnOrphan: a producer that died after parking a
+// job's task and before its line took it retries with the same task id:
+// the retry puts the parked job in its line and succeeds (before, asynq's
+// "conflict" answered it, and the job waited for its fallback: an hour).
+// A job that waits in its line, or was run, still gets the conflict.
+func TestEnqueueRetryJoinsAnOrphan(t *testing.T) {
+	t.Parallel()
+	e := setup(t, nil)
+	ctx := context.Background()
+	e.policy(t, "acme", "rate=1/s")
+	orphan(t, e, "acme", "lost")
+	require.Zero(t, e.waiting(t, "acme"), "the job is in no line")
+
+	info, err := e.q.Enqueue(ctx, "acme", asynq.NewTask("email", nil), asynq.Queue(e.queue), asynq.TaskID("lost"))
+	require.NoError(t, err, "the retry of a parked job that is in no line")
+	require.Equal(t, "lost", info.ID)
+	require.Equal(t, asynq.TaskStateScheduled, info.State)
+	ws, err := e.lim.Room().WaitingIDs(ctx, "acme", 0)
+	require.NoError(t, err)
+	require.Equal(t, []throttle.Waiter{{ID: "lost", Queue: e.queue, Cost: 1}}, ws, "the retry put the job in its line")
+
+	// a second retry: the job waits in its line now
+	_, err = e.q.Enqueue(ctx, "acme", asynq.NewTask("email", nil), asynq.Queue(e.queue), asynq.TaskID("lost"))
+	require.ErrorIs(t, err, asynq.ErrTaskIDConflict)
+	require.Equal(t, int64(1), e.waiting(t, "acme"))
+
+	// another tenant's retry with the id is not this job's
+	orphan(t, e, "acme", "other")
+	_, err = e.q.Enqueue(ctx, "globex", asynq.NewTask("email", nil), asynq.Queue(e.queue), asynq.TaskID("other"))
+	require.ErrorIs(t, err, asynq.ErrTaskIDConflict)
+	require.Zero(t, e.waiting(t, "globex"))
+
+	// a job scheduled for later by its producer is not an orphan
+	_, err = e.q.Enqueue(ctx, "acme", asynq.NewTask("email", nil), asynq.Queue(e.queue), asynq.TaskID("later"), asynq.ProcessIn(time.Hour))
+	require.NoError(t, err)
+	_, err = e.q.Enqueue(ctx, "acme", asynq.NewTask("email", nil), asynq.Queue(e.queue), asynq.TaskID("later"))
+	require.ErrorIs(t, err, asynq.ErrTaskIDConflict)
+
+	// a pending one neither
+	orphan(t, e, "acme", "ran")
+	require.NoError(t, e.inspector.RunTask(e.queue, "ran"))
+	_, err = e.q.Enqueue(ctx, "acme", asynq.NewTask("email", nil), asynq.Queue(e.queue), asynq.TaskID("ran"))
+	require.ErrorIs(t, err, asynq.ErrTaskIDConflict)
+	require.Equal(t, int64(1), e.waiting(t, "acme"))
+}

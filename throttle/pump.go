@@ -66,6 +66,11 @@ type PumpConfig struct {
 	OnTurn func(tenant string, t Turn, handed, gone int)
 	// OnError, when set, is told of errors the pump goes on after.
 	OnError func(err error)
+	// Tasks, when set, tells the sweep what the queue engine holds of the
+	// tasks of jobs that arrived to wait and joined no line (their
+	// producer died between parking them and joining them): those parked
+	// join their lines. Without it such a job waits for its fallback.
+	Tasks TaskLookup
 }
 
 func (c PumpConfig) withDefaults() PumpConfig {
@@ -157,7 +162,7 @@ func (p *pump) round(ctx context.Context) (time.Duration, error) {
 	}
 	if time.Since(p.lastSweep) > sweepEvery {
 		p.lastSweep = time.Now()
-		if err := p.r.sweep(ctx); err != nil {
+		if err := p.r.sweep(ctx, p.cfg.Tasks); err != nil {
 			p.report(err)
 		}
 	}

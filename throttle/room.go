@@ -86,6 +86,11 @@ type Arrived struct {
 	// Backlog is the cap of the tenant's line (its policy's backlog=); 0
 	// when there is none.
 	Backlog int64
+	// Earlier reports, for a job to wait, that an earlier arrival of the
+	// same job (its task id) left its intent, which joining its line takes
+	// back: its task may be parked in no line (its producer died before
+	// joining it), and Rejoin puts it there.
+	Earlier bool
 
 	op *admitOp // to take a straight arrival back
 }
@@ -93,7 +98,9 @@ type Arrived struct {
 // Arrive decides whether a new job goes straight to the queue engine: when
 // its tenant's line is empty, a.MayGo and every rule lets it start now. A
 // job that does not goes to the engine parked (scheduled far ahead) and
-// then joins its line (Join). A tenant whose line holds its backlog cap
+// then joins its line (JoinArrived); Arrive records its intent meanwhile,
+// so that the pumps' sweep finds it should its producer die before it
+// joins. A tenant whose line holds its backlog cap
 // already gets a *BacklogError (ErrBacklogFull), and a cost no rule can
 // ever admit a *CostError, with nothing written.
 func (r *Room) Arrive(ctx context.Context, a Arrival) (Arrived, error) {
@@ -126,8 +133,9 @@ func (r *Room) Arrive(ctx context.Context, a Arrival) (Arrived, error) {
 	for _, s := range scopes {
 		op.scopes = append(op.scopes, opScope{scope: s})
 	}
-	op.roomKeys = []string{keysFor(r.l.cfg.Prefix, a.Tenant).line(queueOf(a.Queue))}
-	op.roomArgs = []any{boolInt(a.MayGo), backlog, micros(r.l.cfg.PromoteLead)}
+	k := keysFor(r.l.cfg.Prefix, a.Tenant)
+	op.roomKeys = []string{k.line(queueOf(a.Queue)), k.intents}
+	op.roomArgs = []any{boolInt(a.MayGo), backlog, micros(r.l.cfg.PromoteLead), lineTail(Waiter{ID: a.ID, Queue: a.Queue, Cost: cost})}
 	raw, err := r.l.runRaw(ctx, op, -1)
 	if err != nil {
 		return Arrived{}, fmt.Errorf("arrival of tenant %q: %w", a.Tenant, err)
@@ -136,7 +144,7 @@ func (r *Room) Arrive(ctx context.Context, a Arrival) (Arrived, error) {
 	if err != nil {
 		return Arrived{}, err
 	}
-	d := Arrived{Waiting: rep.waiting, Backlog: backlog}
+	d := Arrived{Waiting: rep.waiting, Backlog: backlog, Earlier: rep.earlier}
 	switch rep.verdict {
 	case arriveFull:
 		return d, &BacklogError{Tenant: a.Tenant, Backlog: rep.waiting, Limit: backlog}
@@ -208,6 +216,57 @@ type Waiter struct {
 // in bounded memory); the cap holds across the calls, and on an error the
 // first joined jobs are in the line.
 func (r *Room) Join(ctx context.Context, tenant string, backlog int64, jobs ...Waiter) (joined int, waiting int64, err error) {
+	return r.join(ctx, tenant, backlog, joinAll, jobs)
+}
+
+// JoinArrived is Join for jobs Arrive told to wait: Arrive recorded each
+// one's intent, which its joining takes back. A job whose intent is gone
+// is in its line already (Rejoin took it: its producer seemed to have died
+// before joining it) and counts as joined without joining twice.
+func (r *Room) JoinArrived(ctx context.Context, tenant string, backlog int64, jobs ...Waiter) (joined int, waiting int64, err error) {
+	return r.join(ctx, tenant, backlog, joinArrived, jobs)
+}
+
+// Rejoin puts in tenant's line the jobs that arrived to wait and joined no
+// line (their intents are there): their producer died between parking them
+// in the queue engine and joining them, or its join and the clean-up after
+// it both failed. The caller has checked that their tasks are parked. A
+// job without an intent (it joined, or another Rejoin took it) is left
+// out: joined counts those that joined now. The line's backlog cap does
+// not apply: the jobs' tasks exist.
+func (r *Room) Rejoin(ctx context.Context, tenant string, jobs ...Waiter) (joined int, err error) {
+	joined, _, err = r.join(ctx, tenant, 0, joinIntended, jobs)
+	return joined, err
+}
+
+// Forget drops the intents of jobs Arrive told to wait that will not
+// join their line (the queue engine refused their tasks, or took them out
+// again), so that the sweep does not look for them.
+func (r *Room) Forget(ctx context.Context, tenant string, jobs ...Waiter) error {
+	if err := ValidateTenant(tenant); err != nil {
+		return err
+	}
+	if len(jobs) == 0 {
+		return nil
+	}
+	members := make([]any, len(jobs))
+	for i, j := range jobs {
+		members[i] = lineTail(j)
+	}
+	if err := r.l.client.ZRem(ctx, keysFor(r.l.cfg.Prefix, tenant).intents, members...).Err(); err != nil {
+		return fmt.Errorf("forget the intents of tenant %q: %w", tenant, err)
+	}
+	return nil
+}
+
+// Modes of line.lua (its ARGV[4]).
+const (
+	joinAll      = 0
+	joinArrived  = 1
+	joinIntended = 2
+)
+
+func (r *Room) join(ctx context.Context, tenant string, backlog int64, mode int, jobs []Waiter) (joined int, waiting int64, err error) {
 	if err := ValidateTenant(tenant); err != nil {
 		return 0, 0, err
 	}
@@ -227,12 +286,12 @@ func (r *Room) Join(ctx context.Context, tenant string, backlog int64, jobs ...W
 	for len(jobs) > 0 {
 		chunk := jobs[:min(len(jobs), joinChunk)]
 		jobs = jobs[len(chunk):]
-		args := make([]any, 0, 3+len(chunk))
-		args = append(args, r.l.clockArg(), backlog, queue)
+		args := make([]any, 0, 4+len(chunk))
+		args = append(args, r.l.clockArg(), backlog, queue, mode)
 		for _, j := range chunk {
 			args = append(args, lineTail(j))
 		}
-		res, err := lua.Line.Run(ctx, r.l.client, []string{k.line(queue), k.queues}, args...).Result()
+		res, err := lua.Line.Run(ctx, r.l.client, []string{k.line(queue), k.queues, k.intents}, args...).Result()
 		if err != nil {
 			return joined, waiting, fmt.Errorf("line of tenant %q: %w", tenant, err)
 		}
@@ -249,7 +308,7 @@ func (r *Room) Join(ctx context.Context, tenant string, backlog int64, jobs ...W
 				return joined, waiting, err
 			}
 		}
-		if int(v[0]) < len(chunk) {
+		if int(v[0]) < len(chunk) && mode != joinIntended {
 			break // the line is at its cap
 		}
 	}
@@ -488,10 +547,12 @@ func (r *Room) markAll(ctx context.Context, queue string) error {
 	return nil
 }
 
-// sweep makes every tenant whose line is missing from the index due, at
-// most once per sweepEvery across the fleet (a lock in Redis): a producer
-// that died between its line and the index leaves one.
-func (r *Room) sweep(ctx context.Context) error {
+// sweep makes every tenant whose line is missing from the index due, and
+// puts in their lines the parked jobs of intents no line took
+// (sweepOrphans), at most once per sweepEvery across the fleet (a lock in
+// Redis): a producer that died between its line and the index leaves the
+// one, a producer that died between parking a job and its line the other.
+func (r *Room) sweep(ctx context.Context, tasks TaskLookup) error {
 	ok, err := r.l.client.SetNX(ctx, sweepKey(r.l.cfg.Prefix), 1, sweepEvery-time.Second).Result()
 	if err != nil || !ok {
 		return err
@@ -512,7 +573,7 @@ func (r *Room) sweep(ctx context.Context) error {
 			}
 		}
 	}
-	return nil
+	return r.sweepOrphans(ctx, tasks)
 }
 
 // next is the earliest due time in queue's index and the Redis time it

@@ -571,3 +571,65 @@ func TestRoomIndexManyTenants(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, taken, len(tenants), "every tenant due again")
 }
+
+// TestRoomSweepJoinsOrphans: a producer that died between parking a job
+// and its line left the job's intent (recorded by Arrive); the sweep puts
+// the job in its line once the intent is older than intentAge and the
+// task is still parked, and drops the intents of tasks that run or are
+// done (at once) or that do not exist (after intentGoneAge). A job that
+// joined its line left no intent.
+func TestRoomSweepJoinsOrphans(t *testing.T) {
+	t.Parallel()
+	e := setup(t, false, nil)
+	ctx := context.Background()
+	room := e.lim.Room()
+	e.policy(t, "acme", "rate=1/s")
+	intents := keysFor(e.prefix, "acme").intents
+	count := func() int64 {
+		n, err := e.client.ZCard(ctx, intents).Result()
+		require.NoError(t, err)
+		return n
+	}
+	require.Equal(t, []string{"j1"}, line(t, e, "acme", "j1", "j2"))
+	require.Zero(t, count(), "a job that joined its line leaves no intent")
+	for _, id := range []string{"o1", "o2", "missing", "ran"} {
+		require.False(t, arrive(t, e, "acme", id, true).Straight)
+	}
+	require.Equal(t, int64(4), count())
+	state := map[string]TaskState{"o1": TaskParked, "o2": TaskParked, "missing": TaskMissing, "ran": TaskElsewhere}
+	var looked []string
+	lookup := func(_ context.Context, tenant string, jobs []Waiter) ([]TaskState, error) {
+		require.Equal(t, "acme", tenant)
+		out := make([]TaskState, len(jobs))
+		for i, j := range jobs {
+			looked = append(looked, j.ID)
+			out[i] = state[j.ID]
+		}
+		return out, nil
+	}
+	require.NoError(t, room.sweepOrphans(ctx, lookup))
+	require.Empty(t, looked, "young intents: their producers may be about to join them")
+	e.clock.Advance(intentAge)
+	require.NoError(t, room.sweep(ctx, lookup))
+	ws, err := room.WaitingIDs(ctx, "acme", 0)
+	require.NoError(t, err)
+	var ids []string
+	for _, w := range ws {
+		ids = append(ids, w.ID)
+	}
+	require.Equal(t, []string{"j2", "o1", "o2"}, ids, "the parked orphans joined the line, in the order they came")
+	require.Equal(t, int64(1), count(), "the missing task's intent waits a while")
+	e.clock.Advance(intentGoneAge)
+	require.NoError(t, room.sweepOrphans(ctx, lookup))
+	require.Zero(t, count())
+
+	// a producer's join after the sweep took its job counts it, once
+	require.False(t, arrive(t, e, "acme", "late", true).Straight)
+	e.clock.Advance(intentAge)
+	state["late"] = TaskParked
+	require.NoError(t, room.sweepOrphans(ctx, lookup))
+	joined, waiting, err := room.JoinArrived(ctx, "acme", 0, Waiter{ID: "late"})
+	require.NoError(t, err)
+	require.Equal(t, 1, joined)
+	require.Equal(t, int64(4), waiting, "in its line once")
+}

@@ -407,14 +407,16 @@ const (
 )
 
 // arriveReply is admit.lua's answer for an arrival: {verdict, slot,
-// waiting, {undo records}}.
+// waiting, {undo records}, earlier}; earlier is 1 when the job is to wait
+// and an earlier arrival of it left its intent.
 type arriveReply struct {
 	verdict, slot, waiting int64
 	undo                   [][]int64
+	earlier                bool
 }
 
 func decodeArrive(raw any) (arriveReply, error) {
-	op, err := roomOpReply(raw, 4)
+	op, err := roomOpReply(raw, 5)
 	if err != nil {
 		return arriveReply{}, err
 	}
@@ -426,7 +428,11 @@ func decodeArrive(raw any) (arriveReply, error) {
 	if err != nil {
 		return arriveReply{}, fmt.Errorf("admit.lua arrival's undo records: %w", err)
 	}
-	return arriveReply{verdict: v[0], slot: v[1], waiting: v[2], undo: undo}, nil
+	earlier, ok := op[4].(int64)
+	if !ok {
+		return arriveReply{}, fmt.Errorf("admit.lua arrival: unexpected intent %T %v", op[4], op[4])
+	}
+	return arriveReply{verdict: v[0], slot: v[1], waiting: v[2], undo: undo, earlier: earlier == 1}, nil
 }
 
 // roomOpReply checks a waiting-room op's reply, {op's reply, now}, and

@@ -6,6 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sluicehq/sluice/internal/asynqroom"
 	"github.com/sluicehq/sluice/throttle"
 )
 
@@ -91,6 +92,7 @@ func (g *Gate) startPump(queues []string) {
 			_ = g.room.Pump(ctx, &throttle.PumpConfig{
 				Queues:   queues,
 				Handover: g.handover,
+				Tasks:    asynqroom.Tasks(g.inspector),
 				Free: func(ctx context.Context, queue string) (int, error) {
 					return g.gauge.Free(ctx, []string{queue})
 				},
