@@ -1014,9 +1014,16 @@ local function room_functions(ts)
   -- its cost and the budget lasts: each takes its slot and its concurrency
   -- slot and moves to the handing set. A job that holds a live slot
   -- already (it runs, brought by asynq's fallback) leaves the line and is
-  -- counted. Returns the promoted jobs, the handovers to retry, when the
-  -- tenant is next due (-1: never), how many wait, when the head was lined
-  -- (ms; -1: none) and how many entries were skipped.
+  -- counted, whatever it costs. The deficit (deficit round robin) counts
+  -- cost where a rule of the tenant's scopes counts it (rate, window,
+  -- quota: a job's cost is bounded by them), and each job as one where
+  -- none does (concurrency only, or no rule: a cost is unbounded there);
+  -- it carries over while the head's cost exceeds it, so a costly head is
+  -- served within cost / quantum turns, and a head its rules hold back
+  -- keeps what it is owed (up to its cost). Returns the promoted jobs,
+  -- the handovers to retry, when the tenant is next due (-1: never), how
+  -- many wait, when the head was lined (ms; -1: none) and how many
+  -- entries were skipped.
   E.room.promote = function(bases, line, handing, qset, queue, budget, quantum, repair, noexpire, base_claim)
     local st = KEYS[bases[1].k + 1]
     local out, retries = {}, {}
@@ -1029,10 +1036,11 @@ local function room_functions(ts)
     end
     -- a tenant whose scopes have no rules is charged nothing: its jobs
     -- leave the line in turn, unless it cools down
-    local plain = true
+    local plain, costed = true, false
     for s = 1, #bases do
       local pol = bases[s].pol
       if pol.nr + pol.wlim + pol.qlim + pol.clim > 0 then plain = false end
+      if pol.nr + pol.wlim + pol.qlim > 0 then costed = true end
     end
     local dfield = 'd:' .. queue
     local v = call('HMGET', st, dfield, 'cd')
@@ -1053,8 +1061,18 @@ local function room_functions(ts)
         break
       end
       local lined, c, jid = parse(m)
+      local rc = costed and c or 1
       head = lined
-      if np >= budget or c > dq then
+      local scopes, run = false, false
+      if np < budget and not plain then
+        E.id, E.cost, E.claim = jid, c, fmt(base_claim + np)
+        E.rkey, E.hkey = 'r:' .. jid, 'h:' .. jid
+        E.reserve, E.hold, E.dry, E.plan, E.not_before, E.promote = true, true, false, false, 0, true
+        scopes = {}
+        for s = 1, #bases do scopes[s] = scope_at(bases[s], c) end
+        run = running(scopes)
+      end
+      if not run and (np >= budget or rc > dq) then
         -- the deficit carries over only what a costly head is owed
         if np >= budget then dq = min(dq, quantum) end
         if due < 0 then due = now end
@@ -1063,23 +1081,18 @@ local function room_functions(ts)
       if plain then
         call('LPOP', line)
         call('ZADD', handing, fmt(now), m)
-        dq = dq - c
+        dq = dq - rc
         np = np + 1
         out[np] = { m, now, 0, {} }
       else
-        E.id, E.cost, E.claim = jid, c, fmt(base_claim + np)
-        E.rkey, E.hkey = 'r:' .. jid, 'h:' .. jid
-        E.reserve, E.hold, E.dry, E.plan, E.not_before, E.promote = true, true, false, false, 0, true
-        local scopes = {}
-        for s = 1, #bases do scopes[s] = scope_at(bases[s], c) end
-        if running(scopes) then
+        if run then
           call('LPOP', line)
           skipped = skipped + 1
         else
           local ok, wait, slot = decide(scopes)
           if not ok then
-            -- held back by its own limits: it is owed nothing
-            due, dq = now + wait, 0
+            -- held back by its own limits: it keeps what it is owed
+            due, dq = now + wait, min(dq, rc)
             break
           end
           for s = 1, #scopes do ts.remember(scopes[s]) end
@@ -1088,7 +1101,7 @@ local function room_functions(ts)
           for s = 1, #scopes do recs[s] = ts.record(scopes[s]) end
           call('LPOP', line)
           call('ZADD', handing, fmt(now), m)
-          dq = dq - c
+          dq = dq - rc
           np = np + 1
           out[np] = { m, slot, num(E.claim), recs }
         end

@@ -633,3 +633,66 @@ func TestRoomSweepJoinsOrphans(t *testing.T) {
 	require.Equal(t, 1, joined)
 	require.Equal(t, int64(4), waiting, "in its line once")
 }
+
+// TestRoomCostlyHeads: the round robin's deficit counts cost only where a
+// rule counts it, a running head leaves the line whatever it costs, and a
+// head its rate holds back keeps the deficit it gathered.
+func TestRoomCostlyHeads(t *testing.T) {
+	t.Parallel()
+	e := setup(t, false, &Config{PromoteLead: time.Millisecond})
+	ctx := context.Background()
+	room := e.lim.Room()
+	ids := func(turn Turn) []string {
+		var out []string
+		for _, p := range turn.Promoted {
+			out = append(out, p.ID)
+		}
+		return out
+	}
+
+	// concurrency only: a job is one in the round robin, whatever its cost
+	e.policy(t, "pool", "concurrency=3")
+	_, _, err := room.Join(ctx, "pool", 0, Waiter{ID: "big", Cost: 1_000_000}, Waiter{ID: "small"})
+	require.NoError(t, err)
+	turn, err := room.promote(ctx, "pool", DefaultQueue, 10, 2)
+	require.NoError(t, err)
+	require.Equal(t, []string{"big", "small"}, ids(turn), "a quantum of 2 serves two jobs")
+
+	// a running head leaves the line at once, though its cost exceeds
+	// the deficit
+	e.policy(t, "acme", "rate=100/s burst=100 concurrency=5")
+	_, _, err = room.Join(ctx, "acme", 0, Waiter{ID: "ran", Cost: 50}, Waiter{ID: "ok"})
+	require.NoError(t, err)
+	d, err := e.lim.Admit(ctx, "acme", "ran") // the fallback brought it
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+	turn, err = room.promote(ctx, "acme", DefaultQueue, 10, 1)
+	require.NoError(t, err)
+	require.Equal(t, 1, turn.Skipped, "the running head")
+	require.Equal(t, []string{"ok"}, ids(turn))
+
+	// a head its rate holds back keeps what it is owed: it goes at its
+	// slot, in one turn, not after gathering its cost again
+	e.policy(t, "meter", "rate=10/s burst=10")
+	_, _, err = room.Join(ctx, "meter", 0, Waiter{ID: "a", Cost: 10}, Waiter{ID: "b", Cost: 5})
+	require.NoError(t, err)
+	turns := func(id string) int {
+		for n := 1; n <= 100; n++ {
+			turn, err := room.promote(ctx, "meter", DefaultQueue, 10, 1)
+			require.NoError(t, err)
+			if len(turn.Promoted) > 0 {
+				require.Equal(t, []string{id}, ids(turn))
+				return n
+			}
+			if turn.Due.After(e.clock.Now()) {
+				e.clock.Set(turn.Due)
+			}
+		}
+		t.Fatalf("%s was not promoted in 100 turns", id)
+		return 0
+	}
+	require.Equal(t, 10, turns("a"), "a gathers a deficit of 10, a quantum a turn; the bucket is full")
+	// b gathers 5 and is held back by the rate (the bucket is empty) for
+	// 500ms; at its slot one turn serves it
+	require.Equal(t, 6, turns("b"), "5 turns to gather its cost, 1 at its slot")
+}

@@ -300,3 +300,37 @@ func TestRoomFollowsAPolicyChange(t *testing.T) {
 	require.InDelta(t, 100, second, 10, "100/s after")
 	require.Zero(t, nonConforming(starts, 100, 2), "never beyond the new rate")
 }
+
+// TestRoomServesACostlyHead: a concurrency-limited tenant's line begins
+// with a job of cost 1,000,000, then 10 jobs of cost 1. The policy bounds
+// no cost (concurrency only: a slot is one job, whatever it costs), so the
+// round robin counts each of its jobs as one: the costly head is served at
+// its turn and the jobs behind it follow at once. Before, the head waited
+// for the turns to gather a deficit of its cost, a share of the fleet's
+// room per turn (here at most 4, so 250,000 turns of the pump spinning on
+// the tenant), and in a live fleet every job of the line waited for its
+// fallback (an hour).
+func TestRoomServesACostlyHead(t *testing.T) {
+	t.Parallel()
+	e := setup(t, nil)
+	e.policy(t, "pool", "concurrency=2")
+	// with no worker yet every job waits in the line, the costly one first
+	ids := e.enqueue(t, "pool", 1, "", queue.Cost(1_000_000))
+	ids = append(ids, e.enqueue(t, "pool", 10, "")...)
+	require.Equal(t, int64(11), waitingOf(t, e, "pool"))
+	rec := newTenantRecorder(20 * time.Millisecond)
+	srv := e.server(t, func(c *worker.Config) { c.Asynq.Concurrency = 4 })
+	srv.Handle("job", rec)
+	start := time.Now()
+	require.NoError(t, srv.Start())
+	eventually(t, 15*time.Second, func() bool { return rec.done() == len(ids) }, "all %d jobs ran (%d did)", len(ids), rec.done())
+	t.Logf("a line headed by a job of cost 1,000,000 under concurrency=2: %d jobs ran in %s", len(ids), time.Since(start).Round(time.Millisecond))
+	require.LessOrEqual(t, rec.maxRun["pool"], 2)
+}
+
+func waitingOf(t *testing.T, e *env, tenant string) int64 {
+	t.Helper()
+	n, _, err := e.lim.Room().Waiting(context.Background(), tenant)
+	require.NoError(t, err)
+	return n
+}
