@@ -9,8 +9,8 @@
 --     held HOLD µs ahead so that one pump serves each.
 --     Returns {now, held, tenant, tenant, ...}: held is the score they got.
 --   settle HELD [TENANT DUE]...: for each tenant still held at HELD (no one
---     marked it since), its next due time DUE, or out of the index when
---     DUE is -1. Returns {now}.
+--     marked it since), its next due time DUE: now when DUE is 0, out of
+--     the index when it is -1. Returns {now}.
 --   mark [TENANT]...: each tenant is due now, or earlier if it was (a line
 --     just began). Returns {now}.
 --   markat [TENANT DUE]...: each tenant is due at DUE, or earlier if it
@@ -58,6 +58,8 @@ elseif op == 'settle' then
     if tonumber(call('ZSCORE', KEYS[1], tenant)) == held then
       if tonumber(due) < 0 then
         call('ZREM', KEYS[1], tenant)
+      elseif tonumber(due) == 0 then
+        call('ZADD', KEYS[1], nowf, tenant)
       else
         call('ZADD', KEYS[1], due, tenant)
       end

@@ -237,6 +237,14 @@ func (p *pump) serve(ctx context.Context, queue string) (time.Duration, error) {
 		crashpoint.Hit("room.promoted")
 	}
 	handed, gone := p.r.handOver(ctx, all, p.cfg.Handover)
+	for t, n := range gone {
+		// the gone jobs' promotions were taken back: the slots they took
+		// are free again, and the due time the turn computed after them
+		// is too late
+		if _, ok := due[t]; ok && n > 0 {
+			due[t] = dueNow
+		}
+	}
 	if p.cfg.OnTurn != nil {
 		for i, t := range tenants {
 			if errs[i] == nil {
@@ -336,7 +344,14 @@ func (r *Room) Release(ctx context.Context, tenant, queue, id string, claim uint
 	}
 	if len(t.Promoted) > 0 {
 		crashpoint.Hit("room.released")
-		r.handOver(ctx, t.Promoted, h)
+		if _, gone := r.handOver(ctx, t.Promoted, h); gone[tenant] > 0 {
+			// the job the slot went to was gone, its promotion taken back:
+			// the slot is free again, and a pump may have left the tenant
+			// due only at a lease's end
+			if err := r.mark(ctx, queueOf(queue), tenant); err != nil {
+				return err
+			}
+		}
 	} else if !t.Due.IsZero() {
 		// The slot is free but the line's head may not take it yet (its
 		// rate slot is ahead): the tenant is due then. A pump may have

@@ -495,7 +495,8 @@ func (r *Room) take(ctx context.Context, queue string, n int, hold time.Duration
 }
 
 // settle sets the next due time of tenants a pump took from queue's index
-// at held (zero: out of the index), unless someone marked them meanwhile.
+// at held (zero: out of the index; dueNow: now, in Redis time), unless
+// someone marked them meanwhile.
 func (r *Room) settle(ctx context.Context, queue string, held int64, due map[string]time.Time) error {
 	if len(due) == 0 {
 		return nil
@@ -504,7 +505,10 @@ func (r *Room) settle(ctx context.Context, queue string, held int64, due map[str
 	args = append(args, r.l.clockArg(), "settle", held)
 	for t, at := range due {
 		v := int64(-1)
-		if !at.IsZero() {
+		switch {
+		case at.Equal(dueNow):
+			v = 0
+		case !at.IsZero():
 			v = at.UnixMicro()
 		}
 		args = append(args, t, v)
@@ -514,6 +518,10 @@ func (r *Room) settle(ctx context.Context, queue string, held int64, due map[str
 	}
 	return nil
 }
+
+// dueNow, as a due time given to settle, is the time settle runs (Redis
+// time).
+var dueNow = time.UnixMicro(0)
 
 // mark makes tenants due now in queue's index (or keeps an earlier due
 // time).

@@ -334,3 +334,57 @@ func waitingOf(t *testing.T, e *env, tenant string) int64 {
 	require.NoError(t, err)
 	return n
 }
+
+// TestRoomDeletedJobsDoNotStallTheLine: waiting jobs deleted through
+// asynq's Inspector (as `sluice jobs delete` or a dashboard does) leave
+// entries in their line whose promotion finds them gone and is taken
+// back. The jobs behind them start at their tenant's pace at once: under a
+// rate, a turn whose promoted jobs were gone leaves its tenant due now
+// (before: at the next slot the gone job had taken, so each deleted job
+// cost a slot's interval); under a cap, a release whose job was gone makes
+// the tenant due now (before: at the lease's end a pump had left it at).
+func TestRoomDeletedJobsDoNotStallTheLine(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, policy string
+		jobs         int
+		deleted      func(i int) bool
+		ms           string
+		bound        time.Duration
+	}{
+		// 150 deleted at the head, 50 left at 5/s: 10 s, plus slack (before: 34 s)
+		{"rate", "rate=5/s", 200, func(i int) bool { return i < 150 }, "", 15 * time.Second},
+		// every other job deleted, 15 left of 50 ms each, one at a time
+		{"concurrency", "concurrency=1 lease=10s", 30, func(i int) bool { return i%2 == 1 }, `{"ms":50}`, 5 * time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			e := setup(t, nil)
+			e.policy(t, "acme", tc.policy)
+			// with no worker yet every job waits in the line
+			ids := e.enqueue(t, "acme", tc.jobs, "")
+			var left []string
+			for i, id := range ids {
+				if tc.deleted(i) {
+					require.NoError(t, e.inspector.DeleteTask(e.queue, id))
+				} else {
+					left = append(left, id)
+				}
+			}
+			rec := newTenantRecorder(0)
+			if tc.ms != "" {
+				rec.sleep = 50 * time.Millisecond
+			}
+			srv := e.server(t, func(c *worker.Config) { c.Asynq.Concurrency = 4 })
+			srv.Handle("job", rec)
+			start := time.Now()
+			require.NoError(t, srv.Start())
+			eventually(t, 3*tc.bound, func() bool { return rec.done() == len(left) }, "the %d jobs left ran (%d did)", len(left), rec.done())
+			took := time.Since(start)
+			t.Logf("%s: %d of %d waiting jobs deleted; the %d left ran in %s", tc.policy, tc.jobs-len(left), tc.jobs, len(left), took.Round(10*time.Millisecond))
+			require.Less(t, took, tc.bound, "the jobs left start at their tenant's pace")
+			// a deleted job behind the last one left is dropped at its turn
+			eventually(t, 5*time.Second, func() bool { return waitingOf(t, e, "acme") == 0 }, "the line emptied")
+		})
+	}
+}
