@@ -311,7 +311,11 @@ func (c *Client) sendStraight(ctx context.Context, j *job) (*asynq.TaskInfo, err
 		}
 		if info := c.orphan(ctx, j, err); info != nil {
 			// a retry of a job parked in no line: it joins its line now
-			if n, rerr := c.room.Rejoin(ctx, j.tenant, j.waiter()); rerr == nil && n == 1 {
+			n, rerr := c.room.Rejoin(ctx, j.tenant, j.waiter())
+			if rerr != nil {
+				return nil, fmt.Errorf("%w (and joining its parked task to its line failed: %v)", err, rerr)
+			}
+			if n == 1 {
 				return info, nil
 			}
 		}
@@ -354,7 +358,9 @@ func (c *Client) park(ctx context.Context, j *job) (*asynq.TaskInfo, error) {
 	// the job will not join its line: the sweep need not look for it
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), CleanupTimeoutDefault)
 	defer cancel()
-	_ = c.room.Forget(cctx, j.tenant, j.waiter())
+	if ferr := c.room.Forget(cctx, j.tenant, j.waiter()); ferr != nil {
+		return nil, fmt.Errorf("%w (and dropping its intent failed: %v)", err, ferr)
+	}
 	return nil, err
 }
 
@@ -382,7 +388,10 @@ func (c *Client) unpark(ctx context.Context, j *job, err error) error {
 	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), CleanupTimeoutDefault)
 	defer cancel()
-	_ = c.room.Forget(cctx, j.tenant, j.waiter())
+	if ferr := c.room.Forget(cctx, j.tenant, j.waiter()); ferr != nil {
+		// harmless: the sweep drops the intent of a task that is gone
+		return fmt.Errorf("%w (and dropping its intent failed: %v)", err, ferr)
+	}
 	return err
 }
 

@@ -500,4 +500,21 @@ func TestEnqueueRetryJoinsAnOrphan(t *testing.T) {
 	_, err = e.q.Enqueue(ctx, "acme", asynq.NewTask("email", nil), asynq.Queue(e.queue), asynq.TaskID("ran"))
 	require.ErrorIs(t, err, asynq.ErrTaskIDConflict)
 	require.Equal(t, int64(1), e.waiting(t, "acme"))
+
+	// a retry that may go straight (an empty line, a fleet with room)
+	// gives back the slot it took and joins the parked job to its line
+	orphan(t, e, "solo", "lost2")
+	e.fleet(t, 10)
+	q, err := queue.New(e.client, &queue.Config{Limiter: e.lim, AsynqRedis: e.asynq}) // its gauge sees the fleet
+	require.NoError(t, err)
+	defer q.Close()
+	info, err = q.Enqueue(ctx, "solo", asynq.NewTask("email", nil), asynq.Queue(e.queue), asynq.TaskID("lost2"))
+	require.NoError(t, err)
+	require.Equal(t, asynq.TaskStateScheduled, info.State)
+	ws, err = e.lim.Room().WaitingIDs(ctx, "solo", 0)
+	require.NoError(t, err)
+	require.Equal(t, []throttle.Waiter{{ID: "lost2", Queue: e.queue, Cost: 1}}, ws)
+	st, err := e.lim.Stats(ctx, "solo")
+	require.NoError(t, err)
+	require.Zero(t, st.Reservations, "the straight arrival's slot was given back")
 }
