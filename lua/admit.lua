@@ -29,7 +29,9 @@
 --
 -- KEYS: for every op, per local scope in order its state hash [1] and,
 --   when its policy has a window rule, the window zsets [2] and [3]; then
---   for an arrive op the tenant's line of the job's queue, and for promote
+--   for an arrive op the tenant's line of the job's queue and its intents
+--   (zset: line entries without their time -> when they arrived to wait,
+--   µs: the jobs to be parked that no line holds yet), and for promote
 --   and release ops with a budget the line, the handing set and the set of
 --   queues with lines:
 --   [1] state hash: cd cooldown end; s jobs started; x the expiry last given
@@ -59,7 +61,8 @@
 --     then with UNDO or UNDO_ONLY an undo record per local scope, and with
 --     EXPECT the verdict the op must reach (allowed 0/1, slot)
 --     then for arrive: the fleet has room (0/1), the backlog cap (0: none),
---     the lead; for promote and release: budget (jobs; 0: none promoted),
+--     the lead, the job's line entry without its time (recorded in the
+--     intents when the job is to wait); for promote and release: budget (jobs; 0: none promoted),
 --     quantum (cost units this turn adds to the deficit), repair age, lead,
 --     and with a budget the queue
 --   flags: 1 reserve on denial, 2 hold a concurrency slot, 4 dry run (write
@@ -96,10 +99,13 @@
 --     scopes only)
 --   slot: the job's reserved slot, 0 when none was taken
 --   arrive ops answer {verdict, slot, waiting, {undo records}, late,
---     slack}: verdict 1 straight (the slot and concurrency slot taken), 0
---     it waits, -1 the line is at its cap; late: with once, how long after
---     its slot the job may still start on this decision (-1: any time, no
---     rate); slack: how long after its slot its started meters were charged
+--     slack, earlier}: verdict 1 straight (the slot and concurrency slot
+--     taken), 0 it waits (its intent recorded), -1 the line is at its cap;
+--     late: with once, how long after its slot the job may still start on
+--     this decision (-1: any time, no rate; -2: no decision to travel);
+--     slack: how long after its slot its started meters were charged;
+--     earlier 1 when an earlier arrival of the job left its intent (its
+--     task may be parked in no line)
 --   promote and release ops answer {{promoted}, {retries}, due, waiting,
 --     head lined (ms; -1: none), skipped, released, lost}: per promoted job
 --     {entry, slot, claim, {undo records}, late, slack}; the handing
@@ -890,7 +896,7 @@ local function apply(scopes, write, t, noexpire)
         end
       end
       if sc.hdel and #sc.hdel > 0 then
-        call('HDEL', sc.st, unpack(sc.hdel))
+        for i = 1, #sc.hdel, 1000 do call('HDEL', sc.st, unpack(sc.hdel, i, min(i + 999, #sc.hdel))) end
       end
       -- the hash's expiry is moved a second past what is needed, so that a
       -- busy scope calls PEXPIRE about once a second, not every time
@@ -1085,9 +1091,16 @@ local function room_functions(ts)
   -- its cost and the budget lasts: each takes its slot and its concurrency
   -- slot and moves to the handing set. A job that holds a live slot
   -- already (it runs, brought by asynq's fallback) leaves the line and is
-  -- counted. Returns the promoted jobs, the handovers to retry, when the
-  -- tenant is next due (-1: never), how many wait, when the head was lined
-  -- (ms; -1: none) and how many entries were skipped.
+  -- counted, whatever it costs. The deficit (deficit round robin) counts
+  -- cost where a rule of the tenant's scopes counts it (rate, window,
+  -- quota: a job's cost is bounded by them), and each job as one where
+  -- none does (concurrency only, or no rule: a cost is unbounded there);
+  -- it carries over while the head's cost exceeds it, so a costly head is
+  -- served within cost / quantum turns, and a head its rules hold back
+  -- keeps what it is owed (up to its cost). Returns the promoted jobs,
+  -- the handovers to retry, when the tenant is next due (-1: never), how
+  -- many wait, when the head was lined (ms; -1: none) and how many
+  -- entries were skipped.
   E.room.promote = function(bases, line, handing, qset, queue, budget, quantum, repair, noexpire, base_claim)
     local st = KEYS[bases[1].k + 1]
     local out, retries = {}, {}
@@ -1100,10 +1113,11 @@ local function room_functions(ts)
     end
     -- a tenant whose scopes have no rules is charged nothing: its jobs
     -- leave the line in turn, unless it cools down
-    local plain = true
+    local plain, costed = true, false
     for s = 1, #bases do
       local pol = bases[s].pol
       if pol.nr + pol.wlim + pol.qlim + pol.clim > 0 then plain = false end
+      if pol.nr + pol.wlim + pol.qlim > 0 then costed = true end
     end
     local dfield = 'd:' .. queue
     local v = call('HMGET', st, dfield, 'cd')
@@ -1124,8 +1138,18 @@ local function room_functions(ts)
         break
       end
       local lined, c, jid = parse(m)
+      local rc = costed and c or 1
       head = lined
-      if np >= budget or c > dq then
+      local scopes, run = false, false
+      if np < budget and not plain then
+        E.id, E.cost, E.claim = jid, c, fmt(base_claim + np)
+        E.rkey, E.hkey = 'r:' .. jid, 'h:' .. jid
+        E.reserve, E.hold, E.dry, E.plan, E.not_before, E.promote = true, true, false, false, 0, true
+        scopes = {}
+        for s = 1, #bases do scopes[s] = scope_at(bases[s], c) end
+        run = running(scopes)
+      end
+      if not run and (np >= budget or rc > dq) then
         -- the deficit carries over only what a costly head is owed
         if np >= budget then dq = min(dq, quantum) end
         if due < 0 then due = now end
@@ -1134,23 +1158,18 @@ local function room_functions(ts)
       if plain then
         call('LPOP', line)
         call('ZADD', handing, fmt(now), m)
-        dq = dq - c
+        dq = dq - rc
         np = np + 1
         out[np] = { m, now, 0, {}, -1, 0 }
       else
-        E.id, E.cost, E.claim = jid, c, fmt(base_claim + np)
-        E.rkey, E.hkey = 'r:' .. jid, 'h:' .. jid
-        E.reserve, E.hold, E.dry, E.plan, E.not_before, E.promote = true, true, false, false, 0, true
-        local scopes = {}
-        for s = 1, #bases do scopes[s] = scope_at(bases[s], c) end
-        if running(scopes) then
+        if run then
           call('LPOP', line)
           skipped = skipped + 1
         else
           local ok, wait, slot, write = decide(scopes)
           if not ok then
-            -- held back by its own limits: it is owed nothing
-            due, dq = now + wait, 0
+            -- held back by its own limits: it keeps what it is owed
+            due, dq = now + wait, min(dq, rc)
             break
           end
           for s = 1, #scopes do ts.remember(scopes[s]) end
@@ -1159,7 +1178,7 @@ local function room_functions(ts)
           for s = 1, #scopes do recs[s] = ts.record(scopes[s]) end
           call('LPOP', line)
           call('ZADD', handing, fmt(now), m)
-          dq = dq - c
+          dq = dq - rc
           np = np + 1
           out[np] = { m, slot, num(E.claim), recs, E.once and E.late or -1, E.once and E.slack or 0 }
         end
@@ -1422,12 +1441,19 @@ for o = 1, nops do
   end
 
   if is_arrive then
-    local line = KEYS[k + 1]
-    k = k + 1
+    local line, intents = KEYS[k + 1], KEYS[k + 2]
+    k = k + 2
     local may_go, cap = next_int() == 1, next_int()
     E.lead = next_int()
+    local entry = ARGV[E.a]
+    E.a = E.a + 1
     local verdict, slot, waiting, recs, late, slack = rm.arrive(scopes, line, may_go, cap)
-    out[o] = { verdict, slot, waiting, recs, late, slack }
+    -- a job that waits is parked next, then joins its line (line.lua takes
+    -- its intent back): should its producer die in between, the sweep
+    -- finds the intent; one an earlier arrival left is kept
+    local earlier = 0
+    if verdict == 0 and call('ZADD', intents, 'NX', fmt(now), entry) == 0 then earlier = 1 end
+    out[o] = { verdict, slot, waiting, recs, late, slack, earlier }
   elseif roomop then
     local budget, quantum, repair = next_int(), next_int(), next_int()
     E.lead = next_int()

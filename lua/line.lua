@@ -3,15 +3,26 @@
 --
 -- KEYS[1] -> the tenant's line of the jobs' queue (list)
 -- KEYS[2] -> the set of the queues the tenant has a line in
+-- KEYS[3] -> the tenant's intents (zset: "COST<US>QUEUE<US>ID" -> when the
+--   job arrived to wait, µs): jobs parked, or about to be, that no line
+--   holds yet
 -- ARGV[1] -> clock: the current time in µs, or -1 for Redis TIME
 -- ARGV[2] -> cap: the most jobs the line may hold (0: no cap)
 -- ARGV[3] -> the queue
--- ARGV[4..] -> the jobs, each "COST<US>QUEUE<US>ID" (<US> is the byte 31;
---   COST empty for 1, QUEUE empty for asynq's default queue)
+-- ARGV[4] -> which jobs join: 0 every job; 1 jobs that arrived to wait
+--   (admit.lua's arrive op recorded their intents): a job whose intent is
+--   gone joined already (the sweep, or a retry, took it) and counts as
+--   joined; 2 only jobs whose intent is there (a retry, or the sweep,
+--   joining a job whose producer died between parking and joining)
+-- ARGV[5..] -> the jobs, each "COST<US>QUEUE<US>ID" (<US> is the byte 31;
+--   COST empty for 1, QUEUE empty for asynq's default queue); a caller
+--   sends a long batch in several calls (throttle.Room.Join: 1,000 jobs)
 -- Returns: {joined, waiting, was_empty}: the jobs join in order until the
---   cap is reached, so the first `joined` of them are in the line; waiting
---   is its length afterwards; was_empty is 1 when the line was empty before
---   (the tenant must be made due in the room's index).
+--   cap is reached, so the first `joined` of them are in the line (in mode
+--   2, `joined` of them joined); a job that joins leaves the intents;
+--   waiting is the line's length afterwards; was_empty is 1 when the line
+--   was empty before and a job joined (the tenant must be made due in the
+--   room's index).
 --   Each entry is stored as "LINED_MS<US>" followed by the job, LINED_MS the
 --   Redis time it joined (ms).
 
@@ -24,19 +35,43 @@ else
   local t = redis.call('TIME')
   ms = string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
 end
+local mode = ARGV[4]
 local sep = string.char(31)
-local waiting = redis.call('LLEN', KEYS[1])
+-- the line's length is read only to hold a cap: otherwise RPUSH tells it
+local waiting = cap > 0 and redis.call('LLEN', KEYS[1]) or false
 local before = waiting
-local add = {}
-for i = 4, #ARGV do
-  if cap > 0 and waiting >= cap then break end
-  add[#add + 1] = ms .. sep .. ARGV[i]
-  waiting = waiting + 1
+local pushed, taken = 0, 0
+local add, gone = {}, {}
+-- RPUSH and ZREM in pieces: Lua's unpack refuses a table of about 8,000
+-- entries
+local function flush()
+  if #add > 0 then
+    waiting = redis.call('RPUSH', KEYS[1], unpack(add))
+    pushed = pushed + #add
+  end
+  if #gone > 0 then redis.call('ZREM', KEYS[3], unpack(gone)) end
+  add, gone = {}, {}
 end
-if #add > 0 then
-  redis.call('RPUSH', KEYS[1], unpack(add))
-  if before == 0 then redis.call('SADD', KEYS[2], ARGV[3]) end
+for i = 5, #ARGV do
+  if cap > 0 and waiting + #add >= cap then break end
+  local join = true
+  if mode == '0' then
+    gone[#gone + 1] = ARGV[i]
+  else
+    join = redis.call('ZREM', KEYS[3], ARGV[i]) == 1
+    if not join and mode == '1' then taken = taken + 1 end
+  end
+  if join then
+    add[#add + 1] = ms .. sep .. ARGV[i]
+    if #add == 500 then flush() end
+  end
 end
+flush()
+if not waiting then waiting = redis.call('LLEN', KEYS[1]) end
+if not before then before = waiting - pushed end
 local was_empty = 0
-if before == 0 and #add > 0 then was_empty = 1 end
-return { #add, waiting, was_empty }
+if before == 0 and pushed > 0 then
+  redis.call('SADD', KEYS[2], ARGV[3])
+  was_empty = 1
+end
+return { pushed + taken, waiting, was_empty }

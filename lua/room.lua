@@ -18,8 +18,8 @@
 --     they got; next the earliest due time of the tenants not taken (-1:
 --     none).
 --   settle HELD [TENANT DUE]...: for each tenant still held at HELD (no one
---     marked it since), its next due time DUE, or out of the index when
---     DUE is -1. Returns {now}.
+--     marked it since), its next due time DUE: now when DUE is 0, out of
+--     the index when it is -1. Returns {now}.
 --   mark [TENANT]...: each tenant is due now, or earlier if it was (a line
 --     just began). Returns {now}.
 --   markat [TENANT DUE]...: each tenant is due at DUE, or earlier if it
@@ -41,6 +41,18 @@ local nowf = format('%d', now)
 local op, channel = ARGV[2], ARGV[3]
 local A = 5
 local out = { now }
+
+-- ZADD of score/member pairs, in pieces: Lua's unpack refuses a table of
+-- about 8,000 entries; returns how many changed (with CH)
+local function zadd(z, ...)
+  local changed = 0
+  for i = 1, #z, 2000 do
+    local args = { ... }
+    for j = i, math.min(i + 1999, #z) do args[#args + 1] = z[j] end
+    changed = changed + call('ZADD', KEYS[1], unpack(args))
+  end
+  return changed
+end
 
 -- the pumps of the queue wake when a tenant became due sooner
 local function wake(changed)
@@ -64,7 +76,7 @@ if op == 'take' then
       z[#z + 1] = due[i]
       out[#out + 1] = due[i]
     end
-    call('ZADD', KEYS[1], 'XX', unpack(z))
+    zadd(z, 'XX')
   else
     out[3] = first()
   end
@@ -75,6 +87,8 @@ elseif op == 'settle' then
     if tonumber(call('ZSCORE', KEYS[1], tenant)) == held then
       if tonumber(due) < 0 then
         call('ZREM', KEYS[1], tenant)
+      elseif tonumber(due) == 0 then
+        call('ZADD', KEYS[1], nowf, tenant)
       else
         call('ZADD', KEYS[1], due, tenant)
       end
@@ -93,7 +107,7 @@ elseif op == 'mark' or op == 'markat' then
       z[#z + 1] = ARGV[i]
     end
   end
-  if #z > 0 then wake(call('ZADD', KEYS[1], 'LT', 'CH', unpack(z))) end
+  wake(zadd(z, 'LT', 'CH'))
 elseif op == 'ensure' then
   local changed = 0
   for i = A, #ARGV do
@@ -106,11 +120,8 @@ elseif op == 'markall' then
   for i = 1, #all do
     z[#z + 1] = nowf
     z[#z + 1] = all[i]
-    if #z >= 2000 or i == #all then
-      call('ZADD', KEYS[1], 'XX', unpack(z))
-      z = {}
-    end
   end
+  zadd(z, 'XX')
   out[2] = #all
   wake(#all)
 elseif op == 'next' then

@@ -120,7 +120,7 @@ func (c *Client) EnqueueBatch(ctx context.Context, jobs []Job) []Result {
 		for k, i := range idx {
 			waiters[k] = prepared[i].waiter()
 		}
-		joined, _, err := c.room.Join(ctx, lines[n].tenant, prepared[idx[0]].arrived.Backlog, waiters...)
+		joined, _, err := c.room.JoinArrived(ctx, lines[n].tenant, prepared[idx[0]].arrived.Backlog, waiters...)
 		for k, i := range idx {
 			if k >= joined {
 				res[i].Info, res[i].Err = nil, c.unpark(ctx, prepared[i], err)

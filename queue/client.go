@@ -190,7 +190,7 @@ func (c *Client) Enqueue(ctx context.Context, tenant string, task *asynq.Task, o
 		return nil, err
 	}
 	crashpoint.Hit("queue.parked")
-	joined, _, err := c.room.Join(ctx, j.tenant, j.arrived.Backlog, j.waiter())
+	joined, _, err := c.room.JoinArrived(ctx, j.tenant, j.arrived.Backlog, j.waiter())
 	if err != nil || joined == 0 {
 		return nil, c.unpark(ctx, j, err)
 	}
@@ -312,9 +312,34 @@ func (c *Client) sendStraight(ctx context.Context, j *job) (*asynq.TaskInfo, err
 		if terr := c.room.TakeBack(cctx, j.arrived); terr != nil {
 			return nil, fmt.Errorf("%w (and giving back its slot failed: %v; it frees itself with its lease)", err, terr)
 		}
+		if info := c.orphan(ctx, j, err); info != nil {
+			// a retry of a job parked in no line: it joins its line now
+			n, rerr := c.room.Rejoin(ctx, j.tenant, j.waiter())
+			if rerr != nil {
+				return nil, fmt.Errorf("%w (and joining its parked task to its line failed: %v)", err, rerr)
+			}
+			if n == 1 {
+				return info, nil
+			}
+		}
 		return nil, err
 	}
 	return info, nil
+}
+
+// orphan returns the task asynq refused a job with, err, when it is the
+// same job's task parked by an earlier Enqueue (a retry with its task id)
+// and the job may be in no line: that Enqueue's producer died, or failed,
+// between parking the task and joining the line. Otherwise it returns nil.
+func (c *Client) orphan(ctx context.Context, j *job, err error) *asynq.TaskInfo {
+	if j.opts.taskID == "" || !errors.Is(err, asynq.ErrTaskIDConflict) || ctx.Err() != nil {
+		return nil
+	}
+	info, ierr := c.inspector.GetTaskInfo(j.opts.queue, j.id)
+	if ierr != nil || info.State != asynq.TaskStateScheduled || info.Headers[taskspec.TenantHeader] != j.tenant {
+		return nil
+	}
+	return info
 }
 
 // park enqueues a job that is to wait in its line, scheduled at its
@@ -322,7 +347,24 @@ func (c *Client) sendStraight(ctx context.Context, j *job) (*asynq.TaskInfo, err
 func (c *Client) park(ctx context.Context, j *job) (*asynq.TaskInfo, error) {
 	at := time.Now().Add(c.fallback(j))
 	opts := append(j.opts.pass[:len(j.opts.pass):len(j.opts.pass)], asynq.ProcessAt(at))
-	return c.enqueue(ctx, j, opts)
+	info, err := c.enqueue(ctx, j, opts)
+	if err == nil {
+		return info, nil
+	}
+	if j.arrived.Earlier {
+		// a retry of a job an earlier Enqueue parked: if it joined no
+		// line, its intent is there still, and it joins now
+		if info := c.orphan(ctx, j, err); info != nil {
+			return info, nil
+		}
+	}
+	// the job will not join its line: the sweep need not look for it
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), CleanupTimeoutDefault)
+	defer cancel()
+	if ferr := c.room.Forget(cctx, j.tenant, j.waiter()); ferr != nil {
+		return nil, fmt.Errorf("%w (and dropping its intent failed: %v)", err, ferr)
+	}
+	return nil, err
 }
 
 // fallback is how long the job stays parked at the least: Config.Fallback,
@@ -345,7 +387,13 @@ func (c *Client) unpark(ctx context.Context, j *job, err error) error {
 		err = fmt.Errorf("enqueue %s task for tenant %q: %w", j.typ, j.tenant, err)
 	}
 	if derr := c.inspector.DeleteTask(j.opts.queue, j.id); derr != nil {
-		return fmt.Errorf("%w (and taking its task out of asynq again failed: %v; asynq runs it at its fallback time)", err, derr)
+		return fmt.Errorf("%w (and taking its task out of asynq again failed: %v; the pumps' sweep puts it in its line)", err, derr)
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), CleanupTimeoutDefault)
+	defer cancel()
+	if ferr := c.room.Forget(cctx, j.tenant, j.waiter()); ferr != nil {
+		// harmless: the sweep drops the intent of a task that is gone
+		return fmt.Errorf("%w (and dropping its intent failed: %v)", err, ferr)
 	}
 	return err
 }

@@ -400,3 +400,125 @@ func TestConfigValidation(t *testing.T) {
 	_, err = queue.New(nil, nil)
 	require.Error(t, err)
 }
+
+// TestEnqueueBatchLongLine: a batch of 10,000 jobs of one tenant joins its
+// line whole, in batch order (line.lua once unpacked every entry into one
+// RPUSH: from about 8,000 Redis refused the script, and the whole batch
+// failed), and a backlog cap holds across the calls a long batch takes.
+func TestEnqueueBatchLongLine(t *testing.T) {
+	t.Parallel()
+	e := setup(t, nil)
+	ctx := context.Background()
+	e.policy(t, "capped", "backlog=2500")
+	const n = 10_000
+	jobs := make([]queue.Job, 0, n+3000)
+	for i := 0; i < n; i++ {
+		jobs = append(jobs, queue.Job{Tenant: "big", Task: asynq.NewTask("email", nil), Options: []asynq.Option{asynq.Queue(e.queue)}})
+	}
+	for i := 0; i < 3000; i++ {
+		jobs = append(jobs, queue.Job{Tenant: "capped", Task: asynq.NewTask("email", nil), Options: []asynq.Option{asynq.Queue(e.queue)}})
+	}
+	res := e.q.EnqueueBatch(ctx, jobs)
+	require.Len(t, res, len(jobs))
+	ids := make([]string, 0, n)
+	for i := 0; i < n; i++ {
+		require.NoError(t, res[i].Err, "job %d", i)
+		ids = append(ids, res[i].Info.ID)
+	}
+	ws, err := e.lim.Room().WaitingIDs(ctx, "big", 0)
+	require.NoError(t, err)
+	lined := make([]string, 0, len(ws))
+	for _, w := range ws {
+		lined = append(lined, w.ID)
+	}
+	require.Equal(t, ids, lined, "the tenant's jobs wait in batch order")
+	for i := n; i < n+2500; i++ {
+		require.NoError(t, res[i].Err, "job %d", i)
+	}
+	for i := n + 2500; i < len(jobs); i++ {
+		require.ErrorIs(t, res[i].Err, throttle.ErrBacklogFull, "job %d", i)
+		require.Nil(t, res[i].Info)
+	}
+	require.Equal(t, int64(2500), e.waiting(t, "capped"))
+	q, err := e.inspector.GetQueueInfo(e.queue)
+	require.NoError(t, err)
+	require.Equal(t, n+2500, q.Scheduled, "the refused jobs are not in asynq")
+}
+
+// orphan leaves what a producer that died between parking a job's task in
+// asynq and putting the job in its line (the crash point queue.parked)
+// leaves: the job arrived (and waits), its task is parked at its fallback,
+// and no line holds it.
+func orphan(t *testing.T, e *env, tenant, id string) {
+	t.Helper()
+	ctx := context.Background()
+	a, err := e.lim.Room().Arrive(ctx, throttle.Arrival{Tenant: tenant, ID: id, Queue: e.queue})
+	require.NoError(t, err)
+	require.False(t, a.Straight)
+	task := asynq.NewTaskWithHeaders("email", nil, map[string]string{taskspec.TenantHeader: tenant})
+	_, err = asynq.NewClientFromRedisClient(e.asynq).Enqueue(task, asynq.Queue(e.queue), asynq.TaskID(id), asynq.ProcessIn(time.Hour))
+	require.NoError(t, err)
+}
+
+// TestEnqueueRetryJoinsAnOrphan: a producer that died after parking a
+// job's task and before its line took it retries with the same task id:
+// the retry puts the parked job in its line and succeeds (before, asynq's
+// "conflict" answered it, and the job waited for its fallback: an hour).
+// A job that waits in its line, or was run, still gets the conflict.
+func TestEnqueueRetryJoinsAnOrphan(t *testing.T) {
+	t.Parallel()
+	e := setup(t, nil)
+	ctx := context.Background()
+	e.policy(t, "acme", "rate=1/s")
+	orphan(t, e, "acme", "lost")
+	require.Zero(t, e.waiting(t, "acme"), "the job is in no line")
+
+	info, err := e.q.Enqueue(ctx, "acme", asynq.NewTask("email", nil), asynq.Queue(e.queue), asynq.TaskID("lost"))
+	require.NoError(t, err, "the retry of a parked job that is in no line")
+	require.Equal(t, "lost", info.ID)
+	require.Equal(t, asynq.TaskStateScheduled, info.State)
+	ws, err := e.lim.Room().WaitingIDs(ctx, "acme", 0)
+	require.NoError(t, err)
+	require.Equal(t, []throttle.Waiter{{ID: "lost", Queue: e.queue, Cost: 1}}, ws, "the retry put the job in its line")
+
+	// a second retry: the job waits in its line now
+	_, err = e.q.Enqueue(ctx, "acme", asynq.NewTask("email", nil), asynq.Queue(e.queue), asynq.TaskID("lost"))
+	require.ErrorIs(t, err, asynq.ErrTaskIDConflict)
+	require.Equal(t, int64(1), e.waiting(t, "acme"))
+
+	// another tenant's retry with the id is not this job's
+	orphan(t, e, "acme", "other")
+	_, err = e.q.Enqueue(ctx, "globex", asynq.NewTask("email", nil), asynq.Queue(e.queue), asynq.TaskID("other"))
+	require.ErrorIs(t, err, asynq.ErrTaskIDConflict)
+	require.Zero(t, e.waiting(t, "globex"))
+
+	// a job scheduled for later by its producer is not an orphan
+	_, err = e.q.Enqueue(ctx, "acme", asynq.NewTask("email", nil), asynq.Queue(e.queue), asynq.TaskID("later"), asynq.ProcessIn(time.Hour))
+	require.NoError(t, err)
+	_, err = e.q.Enqueue(ctx, "acme", asynq.NewTask("email", nil), asynq.Queue(e.queue), asynq.TaskID("later"))
+	require.ErrorIs(t, err, asynq.ErrTaskIDConflict)
+
+	// a pending one neither
+	orphan(t, e, "acme", "ran")
+	require.NoError(t, e.inspector.RunTask(e.queue, "ran"))
+	_, err = e.q.Enqueue(ctx, "acme", asynq.NewTask("email", nil), asynq.Queue(e.queue), asynq.TaskID("ran"))
+	require.ErrorIs(t, err, asynq.ErrTaskIDConflict)
+	require.Equal(t, int64(1), e.waiting(t, "acme"))
+
+	// a retry that may go straight (an empty line, a fleet with room)
+	// gives back the slot it took and joins the parked job to its line
+	orphan(t, e, "solo", "lost2")
+	e.fleet(t, 10)
+	q, err := queue.New(e.client, &queue.Config{Limiter: e.lim, AsynqRedis: e.asynq}) // its gauge sees the fleet
+	require.NoError(t, err)
+	defer q.Close()
+	info, err = q.Enqueue(ctx, "solo", asynq.NewTask("email", nil), asynq.Queue(e.queue), asynq.TaskID("lost2"))
+	require.NoError(t, err)
+	require.Equal(t, asynq.TaskStateScheduled, info.State)
+	ws, err = e.lim.Room().WaitingIDs(ctx, "solo", 0)
+	require.NoError(t, err)
+	require.Equal(t, []throttle.Waiter{{ID: "lost2", Queue: e.queue, Cost: 1}}, ws)
+	st, err := e.lim.Stats(ctx, "solo")
+	require.NoError(t, err)
+	require.Zero(t, st.Reservations, "the straight arrival's slot was given back")
+}

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -404,4 +405,36 @@ func TestLateAnswerReleasesOnlyItsOwnClaim(t *testing.T) {
 	time.Sleep(lateRelease + 500*time.Millisecond) // past the late release
 	require.Equal(t, []string{"b"}, holders(), "the late release took the new admission's slot")
 	require.NoError(t, e.lim.Release(ctx, "acme", "b", again.Claim))
+}
+
+// A listing of a tenant's slots removes every stale one, however many: a
+// large fleet that died leaves thousands, and the script once passed them
+// to one HDEL through Lua's unpack, which refuses about 8,000.
+func TestManyStaleSlotsGo(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := setup(t, false, nil)
+	e.policy(t, "acme", "concurrency=20000 lease=1s")
+	state := keysFor(e.prefix, "acme").state
+	const n = 9000
+	past := e.clock.Now().Add(-time.Second).UnixMicro()
+	fields := make([]any, 0, 2*n+4)
+	for i := 0; i < n; i++ {
+		fields = append(fields, fmt.Sprintf("h:dead%d", i), fmt.Sprintf("%d.%d", past, i+1))
+	}
+	fields = append(fields, "hc", n, "hm", past)
+	require.NoError(t, e.client.HSet(ctx, state, fields...).Err())
+	d, err := e.lim.Admit(ctx, "acme", "new")
+	require.NoError(t, err)
+	require.True(t, d.Allowed, d.String())
+	require.Equal(t, int64(1), d.InFlight)
+	left, err := e.client.HKeys(ctx, state).Result()
+	require.NoError(t, err)
+	var slots []string
+	for _, f := range left {
+		if strings.HasPrefix(f, "h:") {
+			slots = append(slots, f)
+		}
+	}
+	require.Equal(t, []string{"h:new"}, slots, "the stale slots are gone")
 }

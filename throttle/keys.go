@@ -20,6 +20,8 @@ import (
 //	                      waiting room
 //	PREFIX:{t:TENANT}:q   set: the queues the tenant has a line in
 //	PREFIX:{t:TENANT}:g   zset: jobs taken from a line, being handed to asynq
+//	PREFIX:{t:TENANT}:j   zset: intents, jobs that arrived to wait and are in
+//	                      no line yet (their tasks parked, or about to be)
 //
 // TENANT is escaped so that braces, colons, spaces and percent signs never
 // reach the key: a tenant cannot move its keys to another slot or collide
@@ -36,6 +38,7 @@ const PrefixDefault = "sluice"
 type scopeKeys struct {
 	state, planned, started string
 	queues, handing         string
+	intents                 string
 	base                    string // of the lines
 }
 
@@ -92,13 +95,14 @@ func keysFor(prefix, scope string) scopeKeys {
 		started: base + "a",
 		queues:  base + "q",
 		handing: base + "g",
+		intents: base + "j",
 		base:    base,
 	}
 }
 
 // all are the scope's keys but its lines (which name their queues).
 func (k scopeKeys) all() []string {
-	return []string{k.state, k.planned, k.started, k.queues, k.handing}
+	return []string{k.state, k.planned, k.started, k.queues, k.handing, k.intents}
 }
 
 // The waiting room's keys, in a slot of their own: a queue's due index,
@@ -131,7 +135,7 @@ func validatePrefix(p string) error {
 // scopeKeyPattern is a SCAN MATCH pattern for the keys of every scope
 // (tenants and @global) under prefix; scopeFromKey reads a match back.
 func scopeKeyPattern(prefix string) string {
-	return globEscape(prefix) + ":{[tg]*}:[swaqgl]*"
+	return globEscape(prefix) + ":{[tg]*}:[swaqglj]*"
 }
 
 // lineKeyPattern is a SCAN MATCH pattern for every tenant's lines.

@@ -73,6 +73,11 @@ type PumpConfig struct {
 	OnTurn func(tenant string, t Turn, handed, gone int)
 	// OnError, when set, is told of errors the pump goes on after.
 	OnError func(err error)
+	// Tasks, when set, tells the sweep what the queue engine holds of the
+	// tasks of jobs that arrived to wait and joined no line (their
+	// producer died between parking them and joining them): those parked
+	// join their lines. Without it such a job waits for its fallback.
+	Tasks TaskLookup
 }
 
 func (c PumpConfig) withDefaults() PumpConfig {
@@ -212,7 +217,7 @@ func (p *pump) round(ctx context.Context) (time.Duration, error) {
 	}
 	if time.Since(p.lastSweep) > sweepEvery {
 		p.lastSweep = time.Now()
-		if err := p.r.sweep(ctx); err != nil {
+		if err := p.r.sweep(ctx, p.cfg.Tasks); err != nil {
 			p.report(err)
 		}
 	}
@@ -311,6 +316,14 @@ func (p *pump) serve(ctx context.Context, queue string) (time.Duration, error) {
 		crashpoint.Hit("room.promoted")
 	}
 	handed, gone := p.r.handOver(ctx, all, p.cfg.Handover)
+	for t, n := range gone {
+		// the gone jobs' promotions were taken back: the slots they took
+		// are free again, and the due time the turn computed after them
+		// is too late
+		if _, ok := due[t]; ok && n > 0 {
+			due[t] = dueNow
+		}
+	}
 	if p.cfg.OnTurn != nil {
 		for i, t := range tenants {
 			if errs[i] == nil {
@@ -410,7 +423,14 @@ func (r *Room) Release(ctx context.Context, tenant, queue, id string, claim uint
 	}
 	if len(t.Promoted) > 0 {
 		crashpoint.Hit("room.released")
-		r.handOver(ctx, t.Promoted, h)
+		if _, gone := r.handOver(ctx, t.Promoted, h); gone[tenant] > 0 {
+			// the job the slot went to was gone, its promotion taken back:
+			// the slot is free again, and a pump may have left the tenant
+			// due only at a lease's end
+			if err := r.mark(ctx, queueOf(queue), tenant); err != nil {
+				return err
+			}
+		}
 	} else if !t.Due.IsZero() {
 		// The slot is free but the line's head may not take it yet (its
 		// rate slot is ahead): the tenant is due then. A pump may have

@@ -91,6 +91,11 @@ type Arrived struct {
 	// Backlog is the cap of the tenant's line (its policy's backlog=); 0
 	// when there is none.
 	Backlog int64
+	// Earlier reports, for a job to wait, that an earlier arrival of the
+	// same job (its task id) left its intent, which joining its line takes
+	// back: its task may be parked in no line (its producer died before
+	// joining it), and Rejoin puts it there.
+	Earlier bool
 
 	op *admitOp // to take a straight arrival back
 }
@@ -98,7 +103,9 @@ type Arrived struct {
 // Arrive decides whether a new job goes straight to the queue engine: when
 // its tenant's line is empty, a.MayGo and every rule lets it start now. A
 // job that does not goes to the engine parked (scheduled far ahead) and
-// then joins its line (Join). A tenant whose line holds its backlog cap
+// then joins its line (JoinArrived); Arrive records its intent meanwhile,
+// so that the pumps' sweep finds it should its producer die before it
+// joins. A tenant whose line holds its backlog cap
 // already gets a *BacklogError (ErrBacklogFull), and a cost no rule can
 // ever admit a *CostError, with nothing written.
 func (r *Room) Arrive(ctx context.Context, a Arrival) (Arrived, error) {
@@ -136,8 +143,9 @@ func (r *Room) Arrive(ctx context.Context, a Arrival) (Arrived, error) {
 	for _, s := range scopes {
 		op.scopes = append(op.scopes, opScope{scope: s})
 	}
-	op.roomKeys = []string{keysFor(r.l.cfg.Prefix, a.Tenant).line(queueOf(a.Queue))}
-	op.roomArgs = []any{boolInt(a.MayGo), backlog, micros(r.l.cfg.PromoteLead)}
+	k := keysFor(r.l.cfg.Prefix, a.Tenant)
+	op.roomKeys = []string{k.line(queueOf(a.Queue)), k.intents}
+	op.roomArgs = []any{boolInt(a.MayGo), backlog, micros(r.l.cfg.PromoteLead), lineTail(Waiter{ID: a.ID, Queue: a.Queue, Cost: cost})}
 	raw, err := r.l.runRaw(ctx, op, -1)
 	if err != nil {
 		return Arrived{}, fmt.Errorf("arrival of tenant %q: %w", a.Tenant, err)
@@ -146,7 +154,7 @@ func (r *Room) Arrive(ctx context.Context, a Arrival) (Arrived, error) {
 	if err != nil {
 		return Arrived{}, err
 	}
-	d := Arrived{Waiting: rep.waiting, Backlog: backlog}
+	d := Arrived{Waiting: rep.waiting, Backlog: backlog, Earlier: rep.earlier}
 	switch rep.verdict {
 	case arriveFull:
 		return d, &BacklogError{Tenant: a.Tenant, Backlog: rep.waiting, Limit: backlog}
@@ -236,8 +244,62 @@ type Waiter struct {
 // once their tasks are in the queue engine (parked). When the line holds
 // backlog jobs (0: no cap) the rest do not join: joined counts those that
 // did; a caller takes the others out of the engine again. A line that
-// begins here makes its tenant due in the queue's index at once.
+// begins here makes its tenant due in the queue's index at once. Jobs join
+// joinChunk at a time, one line.lua call each (a batch of any length joins
+// in bounded memory); the cap holds across the calls, and on an error the
+// first joined jobs are in the line.
 func (r *Room) Join(ctx context.Context, tenant string, backlog int64, jobs ...Waiter) (joined int, waiting int64, err error) {
+	return r.join(ctx, tenant, backlog, joinAll, jobs)
+}
+
+// JoinArrived is Join for jobs Arrive told to wait: Arrive recorded each
+// one's intent, which its joining takes back. A job whose intent is gone
+// is in its line already (Rejoin took it: its producer seemed to have died
+// before joining it) and counts as joined without joining twice.
+func (r *Room) JoinArrived(ctx context.Context, tenant string, backlog int64, jobs ...Waiter) (joined int, waiting int64, err error) {
+	return r.join(ctx, tenant, backlog, joinArrived, jobs)
+}
+
+// Rejoin puts in tenant's line the jobs that arrived to wait and joined no
+// line (their intents are there): their producer died between parking them
+// in the queue engine and joining them, or its join and the clean-up after
+// it both failed. The caller has checked that their tasks are parked. A
+// job without an intent (it joined, or another Rejoin took it) is left
+// out: joined counts those that joined now. The line's backlog cap does
+// not apply: the jobs' tasks exist.
+func (r *Room) Rejoin(ctx context.Context, tenant string, jobs ...Waiter) (joined int, err error) {
+	joined, _, err = r.join(ctx, tenant, 0, joinIntended, jobs)
+	return joined, err
+}
+
+// Forget drops the intents of jobs Arrive told to wait that will not
+// join their line (the queue engine refused their tasks, or took them out
+// again), so that the sweep does not look for them.
+func (r *Room) Forget(ctx context.Context, tenant string, jobs ...Waiter) error {
+	if err := ValidateTenant(tenant); err != nil {
+		return err
+	}
+	if len(jobs) == 0 {
+		return nil
+	}
+	members := make([]any, len(jobs))
+	for i, j := range jobs {
+		members[i] = lineTail(j)
+	}
+	if err := r.l.client.ZRem(ctx, keysFor(r.l.cfg.Prefix, tenant).intents, members...).Err(); err != nil {
+		return fmt.Errorf("forget the intents of tenant %q: %w", tenant, err)
+	}
+	return nil
+}
+
+// Modes of line.lua (its ARGV[4]).
+const (
+	joinAll      = 0
+	joinArrived  = 1
+	joinIntended = 2
+)
+
+func (r *Room) join(ctx context.Context, tenant string, backlog int64, mode int, jobs []Waiter) (joined int, waiting int64, err error) {
 	if err := ValidateTenant(tenant); err != nil {
 		return 0, 0, err
 	}
@@ -245,8 +307,6 @@ func (r *Room) Join(ctx context.Context, tenant string, backlog int64, jobs ...W
 		return 0, 0, nil
 	}
 	queue := queueOf(jobs[0].Queue)
-	args := make([]any, 0, 3+len(jobs))
-	args = append(args, r.l.clockArg(), backlog, queue)
 	for _, j := range jobs {
 		if queueOf(j.Queue) != queue {
 			return 0, 0, fmt.Errorf("line of tenant %q: jobs of queues %q and %q join apart", tenant, queue, queueOf(j.Queue))
@@ -254,27 +314,42 @@ func (r *Room) Join(ctx context.Context, tenant string, backlog int64, jobs ...W
 		if strings.Contains(j.Queue, lineSep) {
 			return 0, 0, fmt.Errorf("line of tenant %q: queue %q holds the byte 0x1f, which sluice keeps for itself; rename the queue", tenant, j.Queue)
 		}
-		args = append(args, lineTail(j))
 	}
 	k := keysFor(r.l.cfg.Prefix, tenant)
-	res, err := lua.Line.Run(ctx, r.l.client, []string{k.line(queue), k.queues}, args...).Result()
-	if err != nil {
-		return 0, 0, fmt.Errorf("line of tenant %q: %w", tenant, err)
-	}
-	v, err := int64s(res, 3)
-	if err != nil {
-		return 0, 0, fmt.Errorf("line.lua: %w", err)
-	}
-	if v[2] == 1 {
-		crashpoint.Hit("room.joined")
-		// The line began: its tenant is due now. Should this fail, the
-		// pumps' sweep finds the line.
-		if err := r.mark(ctx, queue, tenant); err != nil {
-			return int(v[0]), v[1], err
+	for len(jobs) > 0 {
+		chunk := jobs[:min(len(jobs), joinChunk)]
+		jobs = jobs[len(chunk):]
+		args := make([]any, 0, 4+len(chunk))
+		args = append(args, r.l.clockArg(), backlog, queue, mode)
+		for _, j := range chunk {
+			args = append(args, lineTail(j))
+		}
+		res, err := lua.Line.Run(ctx, r.l.client, []string{k.line(queue), k.queues, k.intents}, args...).Result()
+		if err != nil {
+			return joined, waiting, fmt.Errorf("line of tenant %q: %w", tenant, err)
+		}
+		v, err := int64s(res, 3)
+		if err != nil {
+			return joined, waiting, fmt.Errorf("line.lua: %w", err)
+		}
+		joined, waiting = joined+int(v[0]), v[1]
+		if v[2] == 1 {
+			crashpoint.Hit("room.joined")
+			// The line began: its tenant is due now. Should this fail, the
+			// pumps' sweep finds the line.
+			if err := r.mark(ctx, queue, tenant); err != nil {
+				return joined, waiting, err
+			}
+		}
+		if int(v[0]) < len(chunk) && mode != joinIntended {
+			break // the line is at its cap
 		}
 	}
-	return int(v[0]), v[1], nil
+	return joined, waiting, nil
 }
+
+// joinChunk is how many jobs one line.lua call puts in a line.
+const joinChunk = 1000
 
 // queueOf names the default queue.
 func queueOf(q string) string {
@@ -476,7 +551,8 @@ func (r *Room) take(ctx context.Context, queue string, n int, hold time.Duration
 }
 
 // settle sets the next due time of tenants a pump took from queue's index
-// at held (zero: out of the index), unless someone marked them meanwhile.
+// at held (zero: out of the index; dueNow: now, in Redis time), unless
+// someone marked them meanwhile.
 func (r *Room) settle(ctx context.Context, queue string, held int64, due map[string]time.Time) error {
 	if len(due) == 0 {
 		return nil
@@ -485,7 +561,10 @@ func (r *Room) settle(ctx context.Context, queue string, held int64, due map[str
 	args = append(args, held)
 	for t, at := range due {
 		v := int64(-1)
-		if !at.IsZero() {
+		switch {
+		case at.Equal(dueNow):
+			v = 0
+		case !at.IsZero():
 			v = at.UnixMicro()
 		}
 		args = append(args, t, v)
@@ -495,6 +574,10 @@ func (r *Room) settle(ctx context.Context, queue string, held int64, due map[str
 	}
 	return nil
 }
+
+// dueNow, as a due time given to settle, is the time settle runs (Redis
+// time).
+var dueNow = time.UnixMicro(0)
 
 // mark makes tenants due now in queue's index (or keeps an earlier due
 // time).
@@ -527,10 +610,12 @@ func (r *Room) markAll(ctx context.Context, queue string) error {
 	return nil
 }
 
-// sweep makes every tenant whose line is missing from the index due, at
-// most once per sweepEvery across the fleet (a lock in Redis): a producer
-// that died between its line and the index leaves one.
-func (r *Room) sweep(ctx context.Context) error {
+// sweep makes every tenant whose line is missing from the index due, and
+// puts in their lines the parked jobs of intents no line took
+// (sweepOrphans), at most once per sweepEvery across the fleet (a lock in
+// Redis): a producer that died between its line and the index leaves the
+// one, a producer that died between parking a job and its line the other.
+func (r *Room) sweep(ctx context.Context, tasks TaskLookup) error {
 	ok, err := r.l.client.SetNX(ctx, sweepKey(r.l.cfg.Prefix), 1, sweepEvery-time.Second).Result()
 	if err != nil || !ok {
 		return err
@@ -551,7 +636,7 @@ func (r *Room) sweep(ctx context.Context) error {
 			}
 		}
 	}
-	return nil
+	return r.sweepOrphans(ctx, tasks)
 }
 
 // next is the earliest due time in queue's index and the Redis time it

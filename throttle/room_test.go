@@ -610,3 +610,182 @@ func TestRoomDecidesOnce(t *testing.T) {
 		require.False(t, ok, "%q", bad)
 	}
 }
+
+// TestRoomJoinMillion: one Join of 1,000,000 jobs of one tenant (a batch
+// of that size from EnqueueBatch) puts them all in the line, in order, in
+// bounded pieces: no script unpacks more than a piece. Skipped with -short.
+func TestRoomJoinMillion(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a million jobs: skipped with -short")
+	}
+	t.Parallel()
+	e := setup(t, true, nil)
+	ctx := context.Background()
+	const n = 1_000_000
+	ws := make([]Waiter, n)
+	for i := range ws {
+		ws[i] = Waiter{ID: fmt.Sprintf("j%07d", i)}
+	}
+	start := time.Now()
+	joined, waiting, err := e.lim.Room().Join(ctx, "huge", 0, ws...)
+	took := time.Since(start)
+	require.NoError(t, err)
+	require.Equal(t, n, joined)
+	require.Equal(t, int64(n), waiting)
+	key := keysFor(e.prefix, "huge").line(DefaultQueue)
+	t.Cleanup(func() { e.client.Del(context.Background(), key) })
+	t.Logf("%d jobs joined one line in %s", n, took.Round(time.Millisecond))
+	for _, i := range []int64{0, n / 2, n - 1} {
+		m, err := e.client.LIndex(ctx, key, i).Result()
+		require.NoError(t, err)
+		le, ok := parseLineEntry(m)
+		require.True(t, ok, m)
+		require.Equal(t, fmt.Sprintf("j%07d", i), le.id, "in order")
+	}
+}
+
+// TestRoomIndexManyTenants: the due index takes and marks thousands of
+// tenants in one call (room.lua once unpacked them whole into one ZADD).
+func TestRoomIndexManyTenants(t *testing.T) {
+	t.Parallel()
+	e := setup(t, true, nil)
+	ctx := context.Background()
+	room := e.lim.Room()
+	tenants := make([]string, 9000)
+	for i := range tenants {
+		tenants[i] = fmt.Sprint("t", i)
+	}
+	require.NoError(t, room.mark(ctx, DefaultQueue, tenants...))
+	taken, _, _, err := room.take(ctx, DefaultQueue, len(tenants), HoldDefault)
+	require.NoError(t, err)
+	require.Len(t, taken, len(tenants))
+	require.NoError(t, room.markAll(ctx, DefaultQueue))
+	taken, _, _, err = room.take(ctx, DefaultQueue, len(tenants), HoldDefault)
+	require.NoError(t, err)
+	require.Len(t, taken, len(tenants), "every tenant due again")
+}
+
+// TestRoomSweepJoinsOrphans: a producer that died between parking a job
+// and its line left the job's intent (recorded by Arrive); the sweep puts
+// the job in its line once the intent is older than intentAge and the
+// task is still parked, and drops the intents of tasks that run or are
+// done (at once) or that do not exist (after intentGoneAge). A job that
+// joined its line left no intent.
+func TestRoomSweepJoinsOrphans(t *testing.T) {
+	t.Parallel()
+	e := setup(t, false, nil)
+	ctx := context.Background()
+	room := e.lim.Room()
+	e.policy(t, "acme", "rate=1/s")
+	intents := keysFor(e.prefix, "acme").intents
+	count := func() int64 {
+		n, err := e.client.ZCard(ctx, intents).Result()
+		require.NoError(t, err)
+		return n
+	}
+	require.Equal(t, []string{"j1"}, line(t, e, "acme", "j1", "j2"))
+	require.Zero(t, count(), "a job that joined its line leaves no intent")
+	for _, id := range []string{"o1", "o2", "missing", "ran"} {
+		require.False(t, arrive(t, e, "acme", id, true).Straight)
+	}
+	require.Equal(t, int64(4), count())
+	state := map[string]TaskState{"o1": TaskParked, "o2": TaskParked, "missing": TaskMissing, "ran": TaskElsewhere}
+	var looked []string
+	lookup := func(_ context.Context, tenant string, jobs []Waiter) ([]TaskState, error) {
+		require.Equal(t, "acme", tenant)
+		out := make([]TaskState, len(jobs))
+		for i, j := range jobs {
+			looked = append(looked, j.ID)
+			out[i] = state[j.ID]
+		}
+		return out, nil
+	}
+	require.NoError(t, room.sweepOrphans(ctx, lookup))
+	require.Empty(t, looked, "young intents: their producers may be about to join them")
+	e.clock.Advance(intentAge)
+	require.NoError(t, room.sweep(ctx, lookup))
+	ws, err := room.WaitingIDs(ctx, "acme", 0)
+	require.NoError(t, err)
+	var ids []string
+	for _, w := range ws {
+		ids = append(ids, w.ID)
+	}
+	require.Equal(t, []string{"j2", "o1", "o2"}, ids, "the parked orphans joined the line, in the order they came")
+	require.Equal(t, int64(1), count(), "the missing task's intent waits a while")
+	e.clock.Advance(intentGoneAge)
+	require.NoError(t, room.sweepOrphans(ctx, lookup))
+	require.Zero(t, count())
+
+	// a producer's join after the sweep took its job counts it, once
+	require.False(t, arrive(t, e, "acme", "late", true).Straight)
+	e.clock.Advance(intentAge)
+	state["late"] = TaskParked
+	require.NoError(t, room.sweepOrphans(ctx, lookup))
+	joined, waiting, err := room.JoinArrived(ctx, "acme", 0, Waiter{ID: "late"})
+	require.NoError(t, err)
+	require.Equal(t, 1, joined)
+	require.Equal(t, int64(4), waiting, "in its line once")
+}
+
+// TestRoomCostlyHeads: the round robin's deficit counts cost only where a
+// rule counts it, a running head leaves the line whatever it costs, and a
+// head its rate holds back keeps the deficit it gathered.
+func TestRoomCostlyHeads(t *testing.T) {
+	t.Parallel()
+	e := setup(t, false, &Config{PromoteLead: time.Millisecond})
+	ctx := context.Background()
+	room := e.lim.Room()
+	ids := func(turn Turn) []string {
+		var out []string
+		for _, p := range turn.Promoted {
+			out = append(out, p.ID)
+		}
+		return out
+	}
+
+	// concurrency only: a job is one in the round robin, whatever its cost
+	e.policy(t, "pool", "concurrency=3")
+	_, _, err := room.Join(ctx, "pool", 0, Waiter{ID: "big", Cost: 1_000_000}, Waiter{ID: "small"})
+	require.NoError(t, err)
+	turn, err := room.promote(ctx, "pool", DefaultQueue, 10, 2)
+	require.NoError(t, err)
+	require.Equal(t, []string{"big", "small"}, ids(turn), "a quantum of 2 serves two jobs")
+
+	// a running head leaves the line at once, though its cost exceeds
+	// the deficit
+	e.policy(t, "acme", "rate=100/s burst=100 concurrency=5")
+	_, _, err = room.Join(ctx, "acme", 0, Waiter{ID: "ran", Cost: 50}, Waiter{ID: "ok"})
+	require.NoError(t, err)
+	d, err := e.lim.Admit(ctx, "acme", "ran") // the fallback brought it
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+	turn, err = room.promote(ctx, "acme", DefaultQueue, 10, 1)
+	require.NoError(t, err)
+	require.Equal(t, 1, turn.Skipped, "the running head")
+	require.Equal(t, []string{"ok"}, ids(turn))
+
+	// a head its rate holds back keeps what it is owed: it goes at its
+	// slot, in one turn, not after gathering its cost again
+	e.policy(t, "meter", "rate=10/s burst=10")
+	_, _, err = room.Join(ctx, "meter", 0, Waiter{ID: "a", Cost: 10}, Waiter{ID: "b", Cost: 5})
+	require.NoError(t, err)
+	turns := func(id string) int {
+		for n := 1; n <= 100; n++ {
+			turn, err := room.promote(ctx, "meter", DefaultQueue, 10, 1)
+			require.NoError(t, err)
+			if len(turn.Promoted) > 0 {
+				require.Equal(t, []string{id}, ids(turn))
+				return n
+			}
+			if turn.Due.After(e.clock.Now()) {
+				e.clock.Set(turn.Due)
+			}
+		}
+		t.Fatalf("%s was not promoted in 100 turns", id)
+		return 0
+	}
+	require.Equal(t, 10, turns("a"), "a gathers a deficit of 10, a quantum a turn; the bucket is full")
+	// b gathers 5 and is held back by the rate (the bucket is empty) for
+	// 500ms; at its slot one turn serves it
+	require.Equal(t, 6, turns("b"), "5 turns to gather its cost, 1 at its slot")
+}

@@ -414,17 +414,19 @@ const (
 )
 
 // arriveReply is admit.lua's answer for an arrival: {verdict, slot,
-// waiting, {undo records}}.
+// waiting, {undo records}, earlier}; earlier is 1 when the job is to wait
+// and an earlier arrival of it left its intent.
 type arriveReply struct {
 	verdict, slot, waiting int64
 	undo                   [][]int64
 	late                   int64 // µs a job decided once may start after its slot; -1: any time
 	slack                  int64 // µs after its slot its started meters were charged
 	now                    int64 // µs, Redis time of the decision
+	earlier                bool
 }
 
 func decodeArrive(raw any) (arriveReply, error) {
-	op, now, err := roomOpReply(raw, 6)
+	op, now, err := roomOpReply(raw, 7)
 	if err != nil {
 		return arriveReply{}, err
 	}
@@ -441,7 +443,11 @@ func decodeArrive(raw any) (arriveReply, error) {
 	if err != nil {
 		return arriveReply{}, fmt.Errorf("admit.lua arrival's undo records: %w", err)
 	}
-	return arriveReply{verdict: v[0], slot: v[1], waiting: v[2], undo: undo, late: late, slack: slack, now: now}, nil
+	earlier, ok := op[6].(int64)
+	if !ok {
+		return arriveReply{}, fmt.Errorf("admit.lua arrival: unexpected intent %T %v", op[6], op[6])
+	}
+	return arriveReply{verdict: v[0], slot: v[1], waiting: v[2], undo: undo, late: late, slack: slack, now: now, earlier: earlier == 1}, nil
 }
 
 // roomOpReply checks a waiting-room op's reply, {op's reply, now}, and

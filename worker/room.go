@@ -102,6 +102,7 @@ func (g *Gate) startPump(queues []string, concurrency int) {
 			_ = g.room.Pump(ctx, &throttle.PumpConfig{
 				Queues:   queues,
 				Handover: g.handover,
+				Tasks:    asynqroom.Tasks(g.inspector),
 				Free: func(ctx context.Context, queue string) (int, error) {
 					return g.gauge.Free(ctx, []string{queue})
 				},

@@ -2,9 +2,11 @@ package worker_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -24,12 +26,18 @@ func TestRoomCrashPoints(t *testing.T) {
 	producer := buildTestProducer(t)
 	// A producer dies: after a job took its slot, before asynq has it (the
 	// job was never acknowledged: its slot frees with its lease); after
-	// asynq has a parked job, before its line does (asynq brings the job
-	// at its fallback time).
-	for _, point := range []string{"queue.straight", "queue.parked"} {
-		t.Run(point, func(t *testing.T) {
+	// asynq has a parked job, before its line does (its retry, or the
+	// pumps' sweep, puts it in its line; before, it waited for its
+	// fallback time).
+	t.Run("queue.straight", func(t *testing.T) {
+		t.Parallel()
+		testProducerKilled(t, bin, producer, "queue.straight")
+	})
+	for _, retry := range []bool{true, false} {
+		name := map[bool]string{true: "queue.parked,retried", false: "queue.parked,swept"}[retry]
+		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			testProducerKilled(t, bin, producer, point)
+			testProducerKilledParked(t, bin, producer, retry)
 		})
 	}
 	// A worker dies: after its pump promoted jobs, before asynq has them;
@@ -90,6 +98,82 @@ func testProducerKilled(t *testing.T, bin, producer, point string) {
 	require.NoError(t, err)
 	t.Logf("producer killed at %s after %d acknowledged jobs: %d jobs in asynq, each ran once; %d left waiting", point, len(acked), len(ids), st.Waiting)
 	require.Zero(t, st.Waiting)
+}
+
+// testProducerKilledParked kills a producer after asynq has its twelfth
+// job parked, before the job's line has it, with the fallback at its
+// default (an hour). With retry the producer runs again from the job it
+// died at, with the same task ids: the retry puts the parked job in its
+// line and succeeds (before: asynq's "conflict"). Without, the workers
+// start once the job's intent is older than the sweep's age, and their
+// pumps' first sweep puts it in its line. Either way every job runs, once,
+// within seconds.
+func testProducerKilledParked(t *testing.T, bin, producer string, retry bool) {
+	f := newFleet(t, bin)
+	f.env.policy(t, "acme", crashPolicy)
+	ctx := context.Background()
+	produce := func(from int, crash bool) ([]string, error) {
+		cmd := exec.Command(producer, "-redis", f.url, "-prefix", f.env.prefix, "-queue", f.env.queue,
+			"-tenant", "acme", "-n", "40", "-payload", `{"ms":100}`, "-id", "job", "-from", strconv.Itoa(from))
+		if crash {
+			cmd.Env = append(os.Environ(), crashpoint.Env+"=queue.parked@12")
+		}
+		out, err := cmd.Output()
+		if ee, ok := err.(*exec.ExitError); ok && !crash {
+			err = fmt.Errorf("%w: %s", err, ee.Stderr)
+		}
+		return strings.Fields(string(out)), err
+	}
+	if retry {
+		f.start(t)
+		f.start(t)
+	}
+	acked, err := produce(0, true)
+	require.Error(t, err, "the producer dies at queue.parked")
+	require.GreaterOrEqual(t, len(acked), 11, "the jobs before the twelfth parked were acknowledged")
+	require.Less(t, len(acked), 40)
+	orphan := fmt.Sprintf("job-%d", len(acked))
+	info, err := f.env.inspector.GetTaskInfo(f.env.queue, orphan)
+	require.NoError(t, err)
+	require.Equal(t, asynq.TaskStateScheduled, info.State, "the twelfth job is parked")
+	require.Greater(t, time.Until(info.NextProcessAt), 50*time.Minute, "at its fallback, an hour away")
+	ids := append([]string(nil), acked...)
+	if retry {
+		more, err := produce(len(acked), false)
+		require.NoError(t, err, "the retry from the job the producer died at")
+		require.Equal(t, orphan, more[0])
+		ids = append(ids, more...)
+	} else {
+		ids = append(ids, orphan)
+		// the intent ages (Redis time) before any pump sweeps
+		intents := f.env.prefix + ":{t:acme}:j"
+		eventually(t, 30*time.Second, func() bool {
+			zs, err := f.env.client.ZRangeWithScores(ctx, intents, 0, -1).Result()
+			require.NoError(t, err)
+			require.Len(t, zs, 1, "the orphan's intent")
+			now, err := f.env.client.Time(ctx).Result()
+			require.NoError(t, err)
+			return now.Sub(time.UnixMicro(int64(zs[0].Score))) > 11*time.Second
+		}, "the orphan's intent is older than the sweep's age")
+		f.start(t)
+		f.start(t)
+	}
+	start := time.Now()
+	f.waitDone(t, ids, start, 30*time.Second)
+	took := time.Since(start)
+	done := f.finishedIDs(t)
+	for _, id := range ids {
+		require.Equal(t, 1, done[id], "job %s ran once", id)
+	}
+	require.LessOrEqual(t, maxConcurrent(runs(f.records(t), nil), "acme"), 3)
+	st, err := f.env.lim.Stats(ctx, "acme")
+	require.NoError(t, err)
+	require.Zero(t, st.Waiting)
+	n, err := f.env.client.Exists(ctx, f.env.prefix+":{t:acme}:j").Result()
+	require.NoError(t, err)
+	require.Zero(t, n, "no intent is left")
+	t.Logf("producer killed at queue.parked (retried: %v): all %d jobs ran once within %s of %s, the parked job's fallback an hour away",
+		retry, len(ids), took.Round(100*time.Millisecond), map[bool]string{true: "the retry", false: "the workers' start"}[retry])
 }
 
 func testWorkerKilledInRoom(t *testing.T, bin, point string) {

@@ -336,3 +336,91 @@ func TestRoomDecidesOnce(t *testing.T) {
 		require.Equal(t, 1, runs, "job %s ran %d times", id, runs)
 	}
 }
+
+// TestRoomServesACostlyHead: a concurrency-limited tenant's line begins
+// with a job of cost 1,000,000, then 10 jobs of cost 1. The policy bounds
+// no cost (concurrency only: a slot is one job, whatever it costs), so the
+// round robin counts each of its jobs as one: the costly head is served at
+// its turn and the jobs behind it follow at once. Before, the head waited
+// for the turns to gather a deficit of its cost, a share of the fleet's
+// room per turn (here at most 4, so 250,000 turns of the pump spinning on
+// the tenant), and in a live fleet every job of the line waited for its
+// fallback (an hour).
+func TestRoomServesACostlyHead(t *testing.T) {
+	t.Parallel()
+	e := setup(t, nil)
+	e.policy(t, "pool", "concurrency=2")
+	// with no worker yet every job waits in the line, the costly one first
+	ids := e.enqueue(t, "pool", 1, "", queue.Cost(1_000_000))
+	ids = append(ids, e.enqueue(t, "pool", 10, "")...)
+	require.Equal(t, int64(11), waitingOf(t, e, "pool"))
+	rec := newTenantRecorder(20 * time.Millisecond)
+	srv := e.server(t, func(c *worker.Config) { c.Asynq.Concurrency = 4 })
+	srv.Handle("job", rec)
+	start := time.Now()
+	require.NoError(t, srv.Start())
+	eventually(t, 15*time.Second, func() bool { return rec.done() == len(ids) }, "all %d jobs ran (%d did)", len(ids), rec.done())
+	t.Logf("a line headed by a job of cost 1,000,000 under concurrency=2: %d jobs ran in %s", len(ids), time.Since(start).Round(time.Millisecond))
+	require.LessOrEqual(t, rec.maxRun["pool"], 2)
+}
+
+func waitingOf(t *testing.T, e *env, tenant string) int64 {
+	t.Helper()
+	n, _, err := e.lim.Room().Waiting(context.Background(), tenant)
+	require.NoError(t, err)
+	return n
+}
+
+// TestRoomDeletedJobsDoNotStallTheLine: waiting jobs deleted through
+// asynq's Inspector (as `sluice jobs delete` or a dashboard does) leave
+// entries in their line whose promotion finds them gone and is taken
+// back. The jobs behind them start at their tenant's pace at once: under a
+// rate, a turn whose promoted jobs were gone leaves its tenant due now
+// (before: at the next slot the gone job had taken, so each deleted job
+// cost a slot's interval); under a cap, a release whose job was gone makes
+// the tenant due now (before: at the lease's end a pump had left it at).
+func TestRoomDeletedJobsDoNotStallTheLine(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, policy string
+		jobs         int
+		deleted      func(i int) bool
+		ms           string
+		bound        time.Duration
+	}{
+		// 150 deleted at the head, 50 left at 5/s: 10 s, plus slack (before: 34 s)
+		{"rate", "rate=5/s", 200, func(i int) bool { return i < 150 }, "", 15 * time.Second},
+		// every other job deleted, 15 left of 50 ms each, one at a time
+		{"concurrency", "concurrency=1 lease=10s", 30, func(i int) bool { return i%2 == 1 }, `{"ms":50}`, 5 * time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			e := setup(t, nil)
+			e.policy(t, "acme", tc.policy)
+			// with no worker yet every job waits in the line
+			ids := e.enqueue(t, "acme", tc.jobs, "")
+			var left []string
+			for i, id := range ids {
+				if tc.deleted(i) {
+					require.NoError(t, e.inspector.DeleteTask(e.queue, id))
+				} else {
+					left = append(left, id)
+				}
+			}
+			rec := newTenantRecorder(0)
+			if tc.ms != "" {
+				rec.sleep = 50 * time.Millisecond
+			}
+			srv := e.server(t, func(c *worker.Config) { c.Asynq.Concurrency = 4 })
+			srv.Handle("job", rec)
+			start := time.Now()
+			require.NoError(t, srv.Start())
+			eventually(t, 3*tc.bound, func() bool { return rec.done() == len(left) }, "the %d jobs left ran (%d did)", len(left), rec.done())
+			took := time.Since(start)
+			t.Logf("%s: %d of %d waiting jobs deleted; the %d left ran in %s", tc.policy, tc.jobs-len(left), tc.jobs, len(left), took.Round(10*time.Millisecond))
+			require.Less(t, took, tc.bound, "the jobs left start at their tenant's pace")
+			// a deleted job behind the last one left is dropped at its turn
+			eventually(t, 5*time.Second, func() bool { return waitingOf(t, e, "acme") == 0 }, "the line emptied")
+		})
+	}
+}

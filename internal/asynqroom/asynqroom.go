@@ -10,6 +10,7 @@ package asynqroom
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -230,5 +231,32 @@ func Handover(client redis.UniversalClient) throttle.Handover {
 			}
 		}
 		return out
+	}
+}
+
+// Tasks returns the waiting room's lookup of the tasks of jobs that arrived
+// to wait and joined no line (throttle.TaskLookup), through asynq's
+// Inspector: a task is parked when asynq's schedule holds it with the
+// job's tenant in its header (as queue.Client parks it).
+func Tasks(inspector *asynq.Inspector) throttle.TaskLookup {
+	return func(ctx context.Context, tenant string, jobs []throttle.Waiter) ([]throttle.TaskState, error) {
+		out := make([]throttle.TaskState, len(jobs))
+		for i, j := range jobs {
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
+			info, err := inspector.GetTaskInfo(j.Queue, j.ID)
+			switch {
+			case errors.Is(err, asynq.ErrTaskNotFound), errors.Is(err, asynq.ErrQueueNotFound):
+				out[i] = throttle.TaskMissing
+			case err != nil:
+				return nil, fmt.Errorf("look up task %q of queue %q: %w", j.ID, j.Queue, err)
+			case info.State == asynq.TaskStateScheduled && info.Headers[taskspec.TenantHeader] == tenant:
+				out[i] = throttle.TaskParked
+			default:
+				out[i] = throttle.TaskElsewhere
+			}
+		}
+		return out, nil
 	}
 }

@@ -33,6 +33,8 @@ func run() error {
 	n := flag.Int("n", 10, "jobs to enqueue")
 	payload := flag.String("payload", `{"ms":10}`, "the rec handler's payload")
 	fallback := flag.Duration("fallback", 0, "queue.Config.Fallback (0: its default)")
+	idPrefix := flag.String("id", "", "task ids ID-0, ID-1, … (empty: asynq's own)")
+	from := flag.Int("from", 0, "the first job (with -id: a retry of jobs from this one on)")
 	flag.Parse()
 	u, err := redisurl.Parse(*redisURL)
 	if err != nil {
@@ -47,8 +49,12 @@ func run() error {
 	defer q.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	for i := 0; i < *n; i++ {
-		info, err := q.Enqueue(ctx, *tenant, asynq.NewTask("rec", []byte(*payload)), asynq.Queue(*qname))
+	for i := *from; i < *n; i++ {
+		opts := []asynq.Option{asynq.Queue(*qname)}
+		if *idPrefix != "" {
+			opts = append(opts, asynq.TaskID(fmt.Sprintf("%s-%d", *idPrefix, i)))
+		}
+		info, err := q.Enqueue(ctx, *tenant, asynq.NewTask("rec", []byte(*payload)), opts...)
 		if err != nil {
 			return err
 		}
