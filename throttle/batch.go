@@ -109,6 +109,22 @@ func (b *batcher) do(c *call) (any, error) {
 	}
 }
 
+// runAll executes calls together, in one pipeline (and, where they share a
+// merger, in one script run), whoever else is calling: for work that
+// comes in groups, such as a process's lease renewals.
+func (b *batcher) runAll(calls []*call) {
+	if len(calls) == 0 {
+		return
+	}
+	for _, c := range calls {
+		c.done = make(chan struct{}, 1)
+	}
+	b.send(calls)
+	for _, c := range calls {
+		<-c.done
+	}
+}
+
 func (b *batcher) loop() {
 	defer b.wg.Done()
 	batch := make([]*call, 0, b.max)

@@ -150,16 +150,77 @@ const lateRelease = 2 * time.Second
 // ErrClaimLost when a slot is no longer held under the claim: the lease ran
 // out before the renewal, or a later admission of the job took the slot
 // over. The job may keep running but no longer counts; a slot another claim
-// holds is left alone.
+// holds is left alone. Renew is shorthand for RenewAll with one job.
 func (l *Limiter) Renew(ctx context.Context, tenant, id string, claim uint64) error {
-	if tenant != "" {
-		if err := ValidateTenant(tenant); err != nil {
-			return err
+	return l.RenewAll(ctx, []Held{{Tenant: tenant, ID: id, Claim: claim}})[0]
+}
+
+// Held is a running job holding concurrency slots under a claim.
+type Held struct {
+	Tenant string
+	ID     string
+	Claim  uint64
+}
+
+// RenewAll renews the leases of several running jobs in one round trip (a
+// worker renews all its running jobs at once), and returns each one's
+// error, in order, as Renew would.
+func (l *Limiter) RenewAll(ctx context.Context, jobs []Held) []error {
+	errs := make([]error, len(jobs))
+	var calls []*call
+	owner := []int{} // the job of each call
+	for i, h := range jobs {
+		cs, err := l.renewCalls(ctx, h)
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		for _, c := range cs {
+			c.ctx = ctx
+			calls = append(calls, c)
+			owner = append(owner, i)
 		}
 	}
-	scopes, err := l.scopes(ctx, tenant)
+	l.batch.runAll(calls)
+	lost := make([]bool, len(jobs))
+	for k, c := range calls {
+		i := owner[k]
+		if errs[i] != nil {
+			continue
+		}
+		if c.err != nil {
+			errs[i] = fmt.Errorf("renew tenant %q job %q: %w", jobs[i].Tenant, jobs[i].ID, c.err)
+			continue
+		}
+		arr, isArr := c.res.([]any)
+		if !isArr || len(arr) != 1 {
+			errs[i] = fmt.Errorf("renew.lua: unexpected reply %v", c.res)
+			continue
+		}
+		if v, _ := arr[0].(int64); v != 1 {
+			lost[i] = true
+		}
+	}
+	for i := range jobs {
+		if errs[i] == nil && lost[i] {
+			errs[i] = fmt.Errorf("renew tenant %q job %q: %w", jobs[i].Tenant, jobs[i].ID, ErrClaimLost)
+		}
+	}
+	return errs
+}
+
+// renewCalls are the renew.lua calls of one job: one per group of its
+// scopes that hold slots and share a slot (one, or on a Cluster one per
+// scope); none when no scope holds one.
+func (l *Limiter) renewCalls(ctx context.Context, h Held) ([]*call, error) {
+	if h.Tenant != "" {
+		if err := ValidateTenant(h.Tenant); err != nil {
+			return nil, err
+		}
+	}
+	scopes, err := l.scopes(ctx, h.Tenant)
 	if err != nil {
-		return fmt.Errorf("renew tenant %q job %q: %w", tenant, id, err)
+		return nil, fmt.Errorf("renew tenant %q job %q: %w", h.Tenant, h.ID, err)
 	}
 	var held []scope
 	for _, s := range scopes {
@@ -168,7 +229,7 @@ func (l *Limiter) Renew(ctx context.Context, tenant, id string, claim uint64) er
 		}
 	}
 	if len(held) == 0 {
-		return nil
+		return nil, nil
 	}
 	groups := [][]scope{held}
 	if l.cluster {
@@ -177,28 +238,15 @@ func (l *Limiter) Renew(ctx context.Context, tenant, id string, claim uint64) er
 			groups = append(groups, []scope{s})
 		}
 	}
-	ok := true
+	var calls []*call
 	for _, g := range groups {
 		keys := make([]string, len(g))
-		args := []any{l.clockArg(), 1, id, claim, len(g)}
+		args := []any{l.clockArg(), 1, h.ID, h.Claim, len(g)}
 		for i, s := range g {
 			keys[i] = s.keys.state
 			args = append(args, micros(s.policy.Concurrency.lease()))
 		}
-		res, err := l.batch.runMerged(ctx, lua.Renew, keys, args, renewMerge)
-		if err != nil {
-			return fmt.Errorf("renew tenant %q job %q: %w", tenant, id, err)
-		}
-		arr, isArr := res.([]any)
-		if !isArr || len(arr) != 1 {
-			return fmt.Errorf("renew.lua: unexpected reply %v", res)
-		}
-		if v, _ := arr[0].(int64); v != 1 {
-			ok = false
-		}
+		calls = append(calls, &call{script: lua.Renew, keys: keys, payload: args, merge: renewMerge})
 	}
-	if !ok {
-		return fmt.Errorf("renew tenant %q job %q: %w", tenant, id, ErrClaimLost)
-	}
-	return nil
+	return calls, nil
 }

@@ -59,6 +59,8 @@ type Gate struct {
 	asynqRedis   redis.UniversalClient
 	registration *asynqroom.Registration
 
+	renewals renewer // the running jobs' leases
+
 	stopping chan struct{}
 	stopOnce sync.Once
 	pumpOnce sync.Once
@@ -545,7 +547,7 @@ func (g *Gate) run(ctx context.Context, j *job, a Admission, next asynq.Handler)
 	defer gauge.Dec()
 	var stopRenew func()
 	if lease > 0 {
-		stopRenew = g.renew(ctx, j, lease, a.Decision.Claim)
+		stopRenew = g.renew(j, lease, a.Decision.Claim)
 	}
 	returned := false
 	defer func() {
@@ -626,46 +628,6 @@ func (g *Gate) release(ctx context.Context, j *job, claim uint64) {
 	if err != nil {
 		g.m.err(errRelease)
 		g.warn(errRelease, "sluice: could not release the job's slot; it frees itself when its lease runs out", "task", j.taskID, "tenant", j.tenant, "err", err)
-	}
-}
-
-// renew extends the job's lease, held under claim, every lease/3 until the
-// returned function is called.
-func (g *Gate) renew(ctx context.Context, j *job, lease time.Duration, claim uint64) func() {
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		t := time.NewTicker(lease / 3)
-		defer t.Stop()
-		lost := false
-		for {
-			select {
-			case <-done:
-				return
-			case <-t.C:
-			}
-			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(g.cfg.CallTimeout, lease/3))
-			err := g.lim.Renew(cctx, j.tenant, j.id, claim)
-			cancel()
-			switch {
-			case errors.Is(err, throttle.ErrClaimLost):
-				g.m.renewals.WithLabelValues(renewLost).Inc()
-				if !lost {
-					g.log.Warn("sluice: a running job lost its concurrency slot (its lease ran out before a renewal); it keeps running but no longer counts", "task", j.taskID, "tenant", j.tenant, "lease", lease)
-				}
-				lost = true
-			case err != nil:
-				g.m.renewals.WithLabelValues(renewError).Inc()
-			default:
-				g.m.renewals.WithLabelValues(renewOK).Inc()
-			}
-		}
-	}()
-	return func() {
-		close(done)
-		wg.Wait()
 	}
 }
 

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -465,4 +467,59 @@ func TestRunShutsDownWhenTheContextEnds(t *testing.T) {
 		t.Fatal("Run did not return after its context ended")
 	}
 	require.ErrorIs(t, srv.Start(), asynq.ErrServerClosed)
+}
+
+// TestRenewalsAreCoalesced: the leases of a process's running jobs are
+// renewed together, about one script run per tick, not one per job.
+func TestRenewalsAreCoalesced(t *testing.T) {
+	t.Parallel()
+	private := redistest.NewServer(t, nil)
+	client := private.Client(t)
+	e := setup(t, client)
+	const jobs = 20
+	e.policy(t, "acme", fmt.Sprintf("concurrency=%d lease=1s", jobs))
+	release := make(chan struct{})
+	var mu sync.Mutex
+	running := 0
+	srv := e.server(t, func(c *worker.Config) { c.Asynq.Concurrency = jobs })
+	srv.HandleFunc("job", func(ctx context.Context, _ *asynq.Task) error {
+		mu.Lock()
+		running++
+		mu.Unlock()
+		<-release
+		return nil
+	})
+	require.NoError(t, srv.Start())
+	e.enqueue(t, "acme", jobs, "")
+	eventually(t, 10*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return running == jobs }, "all %d jobs running", jobs)
+	g := srv.Gate().Gatherer()
+	ok0 := metric(t, g, "sluice_worker_lease_renewals_total", map[string]string{"result": "ok"})
+	calls0 := scriptCalls(t, client)
+	time.Sleep(1500 * time.Millisecond) // the window measured: several lease/3 ticks
+	renewed := metric(t, g, "sluice_worker_lease_renewals_total", map[string]string{"result": "ok"}) - ok0
+	calls := scriptCalls(t, client) - calls0
+	close(release)
+	t.Logf("%d running jobs, lease 1s: %.0f renewals in 1.5s in %d script calls of every kind", jobs, renewed, calls)
+	require.GreaterOrEqual(t, renewed, float64(jobs*3), "every job renewed every lease/3")
+	require.Less(t, float64(calls), renewed/3, "renewals share script runs")
+	require.Zero(t, metric(t, g, "sluice_worker_lease_renewals_total", map[string]string{"result": "lost"}))
+}
+
+// scriptCalls counts the script calls (EVALSHA and EVAL) Redis has served.
+func scriptCalls(tb testing.TB, client *redis.Client) int64 {
+	tb.Helper()
+	info, err := client.Info(context.Background(), "commandstats").Result()
+	require.NoError(tb, err)
+	var n int64
+	for _, line := range strings.Split(info, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || (name != "cmdstat_evalsha" && name != "cmdstat_eval") {
+			continue
+		}
+		calls, _, _ := strings.Cut(strings.TrimPrefix(rest, "calls="), ",")
+		v, err := strconv.ParseInt(calls, 10, 64)
+		require.NoError(tb, err)
+		n += v
+	}
+	return n
 }
