@@ -28,8 +28,8 @@ var (
 	lineSrc string
 	//go:embed handover.lua
 	handoverSrc string
-	//go:embed fleet.lua
-	fleetSrc string
+	//go:embed capacity.lua
+	capacitySrc string
 	//go:embed clock.lua
 	clockSrc string
 	//go:embed slot.lua
@@ -55,12 +55,12 @@ var (
 	Line = redis.NewScript(lineSrc)
 	// Handover moves promoted jobs' asynq tasks to the pending list.
 	Handover = redis.NewScript(handoverSrc)
-	// Fleet keeps the registry of the fleet's capacity.
-	Fleet = redis.NewScript(fleetSrc)
+	// Capacity keeps the registry of the fleet's capacity.
+	Capacity = redis.NewScript(capacitySrc)
 )
 
 // All lists every script, for loading them into a server ahead of pipelines.
-var All = []*redis.Script{Admit, Release, Renew, Cooldown, Stats, Room, Line, Handover, Fleet}
+var All = []*redis.Script{Admit, Release, Renew, Cooldown, Stats, Room, Line, Handover, Capacity}
 
 // include puts the part of from between "-- @begin NAME" and "-- @end NAME"
 // into src at the line "-- @include NAME": a piece scripts share is written

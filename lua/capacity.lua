@@ -1,4 +1,4 @@
--- fleet.lua: the fleet's capacity: how many jobs of each queue the
+-- capacity.lua: the fleet's capacity: how many jobs of each queue the
 -- sluice workers that serve it run at once. Each worker registers what it
 -- runs and renews the registration while it lives; the capacity of a queue
 -- is one counter, so that producers and pumps read it with one command, not
@@ -57,4 +57,4 @@ elseif op == 'read' then
   end
   return { tonumber(call('HGET', KEYS[2], ARGV[2])) or 0 }
 end
-return redis.error_reply('ERR sluice: fleet.lua: unknown operation ' .. tostring(op))
+return redis.error_reply('ERR sluice: capacity.lua: unknown operation ' .. tostring(op))

@@ -14,7 +14,7 @@ import (
 	"github.com/sluicehq/sluice/lua"
 )
 
-// The fleet's capacity (lua/fleet.lua): each sluice worker registers how
+// The fleet's capacity (lua/capacity.lua): each sluice worker registers how
 // many jobs of each queue it runs at once and renews that while it lives;
 // a queue's capacity is then one counter, which a gauge reads with one
 // command, whatever the fleet's size. asynq's own server registry holds
@@ -69,7 +69,7 @@ func Register(ctx context.Context, client redis.UniversalClient, queues []string
 
 func (r *Registration) join(ctx context.Context) error {
 	args := append([]any{"join", RegistrationLapse.Milliseconds()}, r.members...)
-	if err := lua.Fleet.Run(ctx, r.client, []string{fleetWorkersKey, fleetCapacityKey}, args...).Err(); err != nil {
+	if err := lua.Capacity.Run(ctx, r.client, []string{fleetWorkersKey, fleetCapacityKey}, args...).Err(); err != nil {
 		return fmt.Errorf("register the worker's capacity: %w", err)
 	}
 	return nil
@@ -100,7 +100,7 @@ func (r *Registration) Close(ctx context.Context) error {
 		close(r.stop)
 		<-r.done
 		args := append([]any{"leave"}, r.members...)
-		if e := lua.Fleet.Run(ctx, r.client, []string{fleetWorkersKey, fleetCapacityKey}, args...).Err(); e != nil {
+		if e := lua.Capacity.Run(ctx, r.client, []string{fleetWorkersKey, fleetCapacityKey}, args...).Err(); e != nil {
 			err = fmt.Errorf("deregister the worker's capacity: %w", e)
 		}
 	})
@@ -110,17 +110,17 @@ func (r *Registration) Close(ctx context.Context) error {
 // registeredCapacity is how many jobs of queue the registered workers run
 // at once (lapsed registrations are dropped first).
 func registeredCapacity(ctx context.Context, client redis.UniversalClient, queue string) (int, error) {
-	res, err := lua.Fleet.Run(ctx, client, []string{fleetWorkersKey, fleetCapacityKey}, "read", queue).Result()
+	res, err := lua.Capacity.Run(ctx, client, []string{fleetWorkersKey, fleetCapacityKey}, "read", queue).Result()
 	if err != nil {
 		return 0, fmt.Errorf("read the fleet's capacity: %w", err)
 	}
 	arr, ok := res.([]any)
 	if !ok || len(arr) != 1 {
-		return 0, fmt.Errorf("fleet.lua: unexpected reply %v", res)
+		return 0, fmt.Errorf("capacity.lua: unexpected reply %v", res)
 	}
 	n, ok := arr[0].(int64)
 	if !ok {
-		return 0, fmt.Errorf("fleet.lua: unexpected reply %v", res)
+		return 0, fmt.Errorf("capacity.lua: unexpected reply %v", res)
 	}
 	return int(n), nil
 }
