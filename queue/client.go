@@ -153,8 +153,10 @@ type job struct {
 
 // Enqueue enqueues task for tenant. opts are asynq's options (Queue,
 // MaxRetry, TaskID, ProcessAt, ProcessIn, Timeout, Deadline, Retention,
-// Unique) and Cost. Options given to asynq.NewTask cannot be read back from
-// the task, so a task carrying them is refused: pass them here instead.
+// Unique) and Cost. Options given to asynq.NewTask are not carried: asynq
+// keeps them private and Client builds a new task to add its headers, so
+// they are lost (a MaxRetry(0) given there leaves asynq's default of 25).
+// Pass them here instead.
 //
 // A job that may start now goes to asynq's pending list (TaskInfo.State
 // pending); any other waits in its tenant's line and shows in asynq as
@@ -207,9 +209,6 @@ func (c *Client) prepare(tenant string, task *asynq.Task, opts []asynq.Option, n
 	}
 	if task.Type() == "" {
 		return nil, &InvalidError{Field: "task", Reason: "has an empty type; asynq routes tasks to handlers by type"}
-	}
-	if taskHasOptions(task) {
-		return nil, &InvalidError{Field: "task", Value: strconv.Quote(task.Type()), Reason: "carries options given to asynq.NewTask, which sluice cannot read back (asynq keeps them private); pass them to Enqueue instead"}
 	}
 	o, err := parseOptions(opts, now)
 	if err != nil {
