@@ -28,6 +28,10 @@ var (
 	lineSrc string
 	//go:embed handover.lua
 	handoverSrc string
+	//go:embed fleet.lua
+	fleetSrc string
+	//go:embed recover.lua
+	recoverSrc string
 	//go:embed clock.lua
 	clockSrc string
 	//go:embed slot.lua
@@ -53,10 +57,15 @@ var (
 	Line = redis.NewScript(lineSrc)
 	// Handover moves promoted jobs' asynq tasks to the pending list.
 	Handover = redis.NewScript(handoverSrc)
+	// Fleet keeps the registry of the fleet's worker processes and the
+	// recoverer's lock.
+	Fleet = redis.NewScript(fleetSrc)
+	// Recover gives asynq tasks nobody runs back to their pending list.
+	Recover = redis.NewScript(recoverSrc)
 )
 
 // All lists every script, for loading them into a server ahead of pipelines.
-var All = []*redis.Script{Admit, Release, Renew, Cooldown, Stats, Room, Line, Handover}
+var All = []*redis.Script{Admit, Release, Renew, Cooldown, Stats, Room, Line, Handover, Fleet, Recover}
 
 // include puts the part of from between "-- @begin NAME" and "-- @end NAME"
 // into src at the line "-- @include NAME": a piece scripts share is written

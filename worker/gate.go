@@ -54,6 +54,7 @@ type Gate struct {
 	room      *throttle.Room
 	handover  throttle.Handover
 	gauge     *asynqroom.Gauge
+	rec       *recoverer // Server's; nil for a gate used alone
 
 	stopping chan struct{}
 	stopOnce sync.Once
@@ -126,6 +127,7 @@ func (g *Gate) wrap(h asynq.Handler) asynq.Handler {
 	return asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
 		g.active.add()
 		defer g.active.done()
+		defer g.rec.started(ctx)()
 		return g.process(ctx, g.identify(ctx, task), h)
 	})
 }
