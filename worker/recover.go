@@ -360,6 +360,11 @@ func (r *recoverer) check(ctx context.Context, orphans bool) error {
 		clear(r.seen)
 		return nil
 	}
+	// Giving tasks back writes asynq's keys: not before the layout is
+	// known to be the one lua/recover.lua writes.
+	if ok, err := r.g.layout.Checked(); !ok || err != nil {
+		return nil
+	}
 	// This process's own lease may lapse when its beats fail; it is alive,
 	// and its next beat registers it again.
 	lapsed = slices.DeleteFunc(lapsed, func(p string) bool { return p == r.id })

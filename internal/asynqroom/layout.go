@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"runtime/debug"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -42,7 +43,7 @@ func (e *LayoutError) Error() string {
 	if v == "" {
 		v = "unknown version"
 	}
-	return fmt.Sprintf("sluice's waiting room is off: asynq %s: %s; sluice knows asynq %v's layout: jobs skip the room and the gate decides on them (use a sluice release made for this asynq version)", v, e.Reason, KnownVersions)
+	return fmt.Sprintf("sluice's waiting room is off: asynq %s: %s (sluice writes the keys of asynq %s); jobs skip the room and the gate alone throttles them; use the asynq version sluice's go.mod names, or a sluice release made for this one", v, e.Reason, strings.Join(KnownVersions, ", "))
 }
 
 // simulated holds, for tests, the asynq version a client's checks report
