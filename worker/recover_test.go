@@ -3,6 +3,7 @@ package worker_test
 import (
 	"context"
 	"fmt"
+	"sort"
 	"strconv"
 	"strings"
 	"testing"
@@ -159,14 +160,33 @@ func testRecoverRedisRestart(t *testing.T, bin string) {
 	// Orphans are found once their asynq lease has gone 10 s unextended.
 	bound := remaining + 10*time.Second + recoverSlack
 	info := f.env.queueInfo(t)
+	// acme's rate once Redis was back: the first starts of its jobs that
+	// had not started before (a job run again is not new work), over their
+	// span
+	first := map[string]time.Time{}
+	for _, s := range starts {
+		if f, ok := first[s.taskID]; s.tenant == "acme" && (!ok || s.at.Before(f)) {
+			first[s.taskID] = s.at
+		}
+	}
+	var after []time.Time
+	for _, at := range first {
+		if !at.Before(up) {
+			after = append(after, at)
+		}
+	}
+	sort.Slice(after, func(i, j int) bool { return after[i].Before(after[j]) })
+	require.Greater(t, len(after), 10)
+	achieved := float64(len(after)-1) / after[len(after)-1].Sub(after[0]).Seconds()
 	twice := 0
 	for _, n := range f.finishedIDs(t) {
 		if n > 1 {
 			twice++
 		}
 	}
-	t.Logf("Redis SIGKILLed and restarted from its AOF (down %s): all %d jobs done by the same 3 workers and asynq's queue empty %s after Redis was back (the last handler ended %s after it) (%d of acme's and %d of beta's jobs started after it, %s of work at their limits; bound %s); first start %s after; none archived; %d job(s) ran twice (their completion was lost with Redis: at least once)",
-		up.Sub(down).Round(time.Millisecond), len(ids), took.Round(time.Millisecond), last.Sub(up).Round(time.Millisecond), left["acme"], left["beta"], remaining.Round(time.Millisecond), bound.Round(time.Millisecond), firstStartAfter(starts, up).Sub(up).Round(time.Millisecond), twice)
+	t.Logf("Redis SIGKILLed and restarted from its AOF (down %s): all %d jobs done by the same 3 workers and asynq's queue empty %s after Redis was back (the last handler ended %s after it) (%d of acme's and %d of beta's jobs started after it, %s of work at their limits; bound %s); first start %s after; acme's new jobs started at %.1f/s of its %d/s after it; none archived; %d job(s) ran twice (their completion was lost with Redis: at least once)",
+		up.Sub(down).Round(time.Millisecond), len(ids), took.Round(time.Millisecond), last.Sub(up).Round(time.Millisecond), left["acme"], left["beta"], remaining.Round(time.Millisecond), bound.Round(time.Millisecond), firstStartAfter(starts, up).Sub(up).Round(time.Millisecond), achieved, rate, twice)
 	require.Zero(t, info.Archived)
+	require.GreaterOrEqual(t, achieved, 0.8*rate, "acme back at its rate")
 	require.LessOrEqual(t, took, bound, "the run ends within the work left, the orphans' detection and %s", recoverSlack)
 }
