@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/worker"
 )
 
 // TestRecover checks that a fault costs about one lease (the worker's
@@ -189,4 +190,58 @@ func testRecoverRedisRestart(t *testing.T, bin string) {
 	require.Zero(t, info.Archived)
 	require.GreaterOrEqual(t, achieved, 0.8*rate, "acme back at its rate")
 	require.LessOrEqual(t, took, bound, "the run ends within the work left, the orphans' detection and %s", recoverSlack)
+}
+
+// TestRecovererRecordsRejoinsAndLeaves follows one worker's registration
+// in-process: it records the job it runs, and forgets it when the job
+// ends; taken for dead (its registration dropped, as the fleet does when
+// its lease runs out) it counts that, registers again and records its
+// running job again at its next beat; a graceful shutdown leaves the
+// registry.
+func TestRecovererRecordsRejoinsAndLeaves(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := setup(t, nil)
+	srv := e.server(t, func(c *worker.Config) { c.RecoverLease = time.Second })
+	release := make(chan struct{})
+	rec := newRecorder(0)
+	rec.before = func(ctx context.Context, _ string, _ int) error {
+		<-release
+		return nil
+	}
+	srv.Handle("job", rec)
+	require.NoError(t, srv.Start())
+	fleet := e.lim.Fleet()
+	members, err := fleet.Members(ctx)
+	require.NoError(t, err)
+	require.Len(t, members, 1, "Start registers the process")
+	me := members[0]
+	id := e.enqueue(t, "acme", 1, `{}`)[0]
+	recorded := func() bool {
+		jobs, err := fleet.Jobs(ctx, me)
+		require.NoError(t, err)
+		return jobs[id] == e.queue
+	}
+	eventually(t, 10*time.Second, recorded, "the running job recorded with its queue")
+
+	// taken for dead: the fleet drops a lapsed process and its records
+	require.NoError(t, e.client.ZRem(ctx, e.prefix+":{r}:fleet", me).Err())
+	require.NoError(t, e.client.Del(ctx, e.prefix+":{r}:w:"+me).Err())
+	eventually(t, 10*time.Second, func() bool {
+		return metric(t, srv.Gate().Gatherer(), "sluice_worker_taken_for_dead_total", nil) == 1
+	}, "the worker noticing it was taken for dead")
+	eventually(t, 10*time.Second, recorded, "the running job recorded again")
+	members, err = fleet.Members(ctx)
+	require.NoError(t, err)
+	require.Equal(t, []string{me}, members)
+
+	close(release)
+	eventually(t, 10*time.Second, func() bool { return !recorded() }, "the job forgotten once it ended")
+	srv.Shutdown()
+	members, err = fleet.Members(ctx)
+	require.NoError(t, err)
+	require.Empty(t, members, "a graceful shutdown leaves the registry")
+	n, err := e.client.Exists(ctx, e.prefix+":{r}:w:"+me, e.prefix+":{r}:recover").Result()
+	require.NoError(t, err)
+	require.Zero(t, n, "nor its records, nor the lock")
 }
