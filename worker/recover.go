@@ -85,15 +85,16 @@ type recoverer struct {
 	recovered *prometheus.CounterVec
 	declared  prometheus.Counter
 
-	on       atomic.Bool // started and not stopped: jobs are recorded
-	leader   atomic.Bool
-	mu       sync.Mutex
-	pending  map[string]string // task id -> queue to record; "" to forget
-	running  map[string]string // what this process runs now: task id -> queue
-	wake     chan struct{}
-	stop     context.CancelFunc
-	wg       sync.WaitGroup
-	stopOnce sync.Once
+	on        atomic.Bool // started and not stopped: jobs are recorded
+	leader    atomic.Bool
+	mu        sync.Mutex
+	pending   map[string]string // task id -> queue to record; "" to forget
+	running   map[string]string // what this process runs now: task id -> queue
+	wake      chan struct{}
+	stop      context.CancelFunc
+	wg        sync.WaitGroup
+	startOnce sync.Once
+	stopOnce  sync.Once
 
 	// the lock holder's view of the asynq leases (queue -> task -> seen)
 	seen map[string]map[string]leaseSeen
@@ -184,15 +185,17 @@ func (r *recoverer) start(queues []string) {
 	if r == nil {
 		return
 	}
-	r.queues = queues
-	ctx, cancel := context.WithCancel(context.Background())
-	r.stop = cancel
-	r.beat(ctx, true)
-	r.on.Store(true)
-	r.wg.Add(3)
-	go func() { defer r.wg.Done(); r.beats(ctx) }()
-	go func() { defer r.wg.Done(); r.records(ctx) }()
-	go func() { defer r.wg.Done(); r.checks(ctx) }()
+	r.startOnce.Do(func() {
+		r.queues = queues
+		ctx, cancel := context.WithCancel(context.Background())
+		r.stop = cancel
+		r.beat(ctx, true)
+		r.on.Store(true)
+		r.wg.Add(3)
+		go func() { defer r.wg.Done(); r.beats(ctx) }()
+		go func() { defer r.wg.Done(); r.records(ctx) }()
+		go func() { defer r.wg.Done(); r.checks(ctx) }()
+	})
 }
 
 // leave stops the recoverer and takes the process out of the registry:
