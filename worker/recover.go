@@ -98,6 +98,14 @@ type recoverer struct {
 
 	// the lock holder's view of the asynq leases (queue -> task -> seen)
 	seen map[string]map[string]leaseSeen
+
+	// contact is when this process last reached Redis (a beat or a check);
+	// grace is until when it takes no process for dead: after it could not
+	// reach Redis for a while, neither could the others, most likely, and
+	// their leases lapsed with no fault of theirs.
+	cmu     sync.Mutex
+	contact time.Time
+	grace   time.Time
 }
 
 type leaseSeen struct {
@@ -245,6 +253,7 @@ func (r *recoverer) beat(ctx context.Context, first bool) {
 		}
 		return
 	}
+	r.reached()
 	r.leader.Store(leader)
 	if rejoined && !first {
 		r.declared.Inc()
@@ -256,6 +265,29 @@ func (r *recoverer) beat(ctx context.Context, first bool) {
 		r.mu.Unlock()
 		r.signal()
 	}
+}
+
+// reached notes a call to Redis that went through. One after a silence
+// longer than a beat's interval (Redis down or frozen, this process
+// paused: the others' beats may have failed as long, and their leases
+// lapsed through no fault of theirs) opens a grace of a beat's interval
+// and two checks, in which no process is taken for dead: the others beat
+// again within it.
+func (r *recoverer) reached() {
+	now := time.Now()
+	r.cmu.Lock()
+	defer r.cmu.Unlock()
+	if !r.contact.IsZero() && now.Sub(r.contact) > max(r.lease/3, checkEvery)+500*time.Millisecond {
+		r.grace = now.Add(r.lease/3 + 2*checkEvery)
+	}
+	r.contact = now
+}
+
+// inGrace reports whether the grace reached opened still runs.
+func (r *recoverer) inGrace() bool {
+	r.cmu.Lock()
+	defer r.cmu.Unlock()
+	return time.Now().Before(r.grace)
 }
 
 // records writes what the process runs, one pipeline per round, until ctx
@@ -358,6 +390,7 @@ func (r *recoverer) check(ctx context.Context, orphans bool) error {
 	if err != nil {
 		return err
 	}
+	r.reached()
 	if !leader {
 		r.leader.Store(false)
 		clear(r.seen)
@@ -371,12 +404,12 @@ func (r *recoverer) check(ctx context.Context, orphans bool) error {
 	// This process's own lease may lapse when its beats fail; it is alive,
 	// and its next beat registers it again.
 	lapsed = slices.DeleteFunc(lapsed, func(p string) bool { return p == r.id })
-	if len(lapsed) > 0 {
+	if len(lapsed) > 0 && !r.inGrace() {
 		if err := r.recoverDead(cctx, lapsed); err != nil {
 			return err
 		}
 	}
-	if orphans {
+	if orphans && !r.inGrace() {
 		return r.recoverOrphans(cctx)
 	}
 	return nil

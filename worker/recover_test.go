@@ -245,3 +245,57 @@ func TestRecovererRecordsRejoinsAndLeaves(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, n, "nor its records, nor the lock")
 }
+
+// TestRecovererSparesAFleetRedisLeftWaiting: Redis down longer than the
+// workers' RecoverLease (killed, restarted from its AOF) lets every lease
+// lapse at once, through no fault of the workers; the lock holder waits a
+// beat's interval for them to beat again rather than take them for dead,
+// so no running job is given back and none runs twice.
+func TestRecovererSparesAFleetRedisLeftWaiting(t *testing.T) {
+	t.Parallel()
+	server := redistest.NewServer(t, &redistest.Options{AppendOnly: true})
+	e := setup(t, server.Client(t))
+	const lease = time.Second
+	var recs []*recorder
+	var srvs []*worker.Server
+	for i := 0; i < 3; i++ {
+		srv := e.server(t, func(c *worker.Config) { c.RecoverLease = lease })
+		rec := newRecorder(8 * time.Second)
+		srv.Handle("job", rec)
+		require.NoError(t, srv.Start())
+		recs, srvs = append(recs, rec), append(srvs, srv)
+	}
+	ids := e.enqueue(t, "acme", 6, `{}`)
+	running := func() int {
+		n := 0
+		for _, r := range recs {
+			r.mu.Lock()
+			n += r.running
+			r.mu.Unlock()
+		}
+		return n
+	}
+	eventually(t, 10*time.Second, func() bool { return running() == len(ids) }, "every job running")
+	server.Kill()
+	time.Sleep(lease + time.Second) // the fault itself: every lease lapses
+	require.NoError(t, server.Restart())
+	eventually(t, 40*time.Second, func() bool {
+		done := 0
+		for _, r := range recs {
+			done += r.doneCount()
+		}
+		return done == len(ids)
+	}, "every job done")
+	for _, r := range recs {
+		r.mu.Lock()
+		for id, s := range r.starts {
+			require.Len(t, s, 1, "job %s started once", id)
+		}
+		r.mu.Unlock()
+	}
+	for _, srv := range srvs {
+		for _, reason := range []string{"dead_worker", "orphan", "too_often"} {
+			require.Zero(t, metric(t, srv.Gate().Gatherer(), "sluice_worker_recovered_total", map[string]string{"reason": reason}), reason)
+		}
+	}
+}
