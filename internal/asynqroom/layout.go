@@ -154,11 +154,13 @@ func (l *Layout) probe(ctx context.Context) (err error) {
 		return fmt.Errorf("probe asynq's layout: enqueue: %w", err)
 	}
 	defer func() {
-		if derr := l.inspector.DeleteTask(queue, id); derr != nil && !errors.Is(derr, asynq.ErrTaskNotFound) && err == nil {
-			err = fmt.Errorf("probe asynq's layout: delete the probe task: %w", derr)
+		// a clean-up that fails is reported with the probe's own result
+		// (a *LayoutError stays one for errors.As)
+		if derr := l.inspector.DeleteTask(queue, id); derr != nil && !errors.Is(derr, asynq.ErrTaskNotFound) {
+			err = errors.Join(err, fmt.Errorf("probe asynq's layout: delete the probe task %s of queue %q: %w", id, queue, derr))
 		}
-		if derr := l.inspector.DeleteQueue(queue, true); derr != nil && !errors.Is(derr, asynq.ErrQueueNotFound) && err == nil {
-			err = fmt.Errorf("probe asynq's layout: delete the probe queue: %w", derr)
+		if derr := l.inspector.DeleteQueue(queue, true); derr != nil && !errors.Is(derr, asynq.ErrQueueNotFound) {
+			err = errors.Join(err, fmt.Errorf("probe asynq's layout: delete the probe queue %q: %w", queue, derr))
 		}
 	}()
 	pipe := l.client.Pipeline()
