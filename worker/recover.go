@@ -88,8 +88,10 @@ type recoverer struct {
 	on        atomic.Bool // started and not stopped: jobs are recorded
 	leader    atomic.Bool
 	mu        sync.Mutex
-	pending   map[string]string // task id -> queue to record; "" to forget
-	running   map[string]string // what this process runs now: task id -> queue
+	running   map[string]string   // what this process runs now: task id -> queue
+	dirty     map[string]struct{} // task ids whose record may differ from running
+	written   map[string]bool     // task ids recorded in Redis (the flusher's view)
+	epoch     int                 // bumped when the records in Redis were dropped
 	wake      chan struct{}
 	stop      context.CancelFunc
 	wg        sync.WaitGroup
@@ -124,8 +126,9 @@ func newRecoverer(g *Gate, lim *throttle.Limiter, asynqRedis redis.UniversalClie
 		asynq:   asynqRedis,
 		id:      fmt.Sprintf("%s:%d:%s", host, os.Getpid(), hex.EncodeToString(b[:])),
 		lease:   lease,
-		pending: map[string]string{},
 		running: map[string]string{},
+		dirty:   map[string]struct{}{},
+		written: map[string]bool{},
 		wake:    make(chan struct{}, 1),
 		seen:    map[string]map[string]leaseSeen{},
 		recovered: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -162,18 +165,14 @@ func (r *recoverer) started(ctx context.Context) func() {
 		return func() {}
 	}
 	r.mu.Lock()
-	r.pending[id] = queue
 	r.running[id] = queue
+	r.dirty[id] = struct{}{}
 	r.mu.Unlock()
 	r.signal()
 	return func() {
 		r.mu.Lock()
 		delete(r.running, id)
-		if q, ok := r.pending[id]; ok && q != "" {
-			delete(r.pending, id) // never written: nothing to forget
-		} else {
-			r.pending[id] = ""
-		}
+		r.dirty[id] = struct{}{}
 		r.mu.Unlock()
 		r.signal()
 	}
@@ -259,8 +258,10 @@ func (r *recoverer) beat(ctx context.Context, first bool) {
 		r.declared.Inc()
 		r.g.log.Warn("sluice: this worker was taken for dead (a whole RecoverLease without a beat: a pause, or Redis unreachable); the jobs it runs may have been given back and run a second time", "worker", r.id, "lease", r.lease)
 		r.mu.Lock()
-		for id, q := range r.running {
-			r.pending[id] = q
+		clear(r.written)
+		r.epoch++
+		for id := range r.running {
+			r.dirty[id] = struct{}{}
 		}
 		r.mu.Unlock()
 		r.signal()
@@ -320,43 +321,49 @@ func (r *recoverer) records(ctx context.Context) {
 	}
 }
 
-// flush writes the pending records; what fails is put back, unless newer
-// records of the same jobs came meanwhile.
+// flush makes the records in Redis what the process runs: a job that
+// started is recorded, one that ended is forgotten, and one that started
+// and ended since the last flush costs nothing. What fails is tried again.
 func (r *recoverer) flush(ctx context.Context) error {
 	r.mu.Lock()
-	batch := r.pending
-	r.pending = map[string]string{}
-	r.mu.Unlock()
-	if len(batch) == 0 {
-		return nil
-	}
 	run := map[string]string{}
 	var done []string
-	for id, q := range batch {
-		if q == "" {
-			done = append(done, id)
-		} else {
+	batch, epoch := r.dirty, r.epoch
+	r.dirty = map[string]struct{}{}
+	for id := range batch {
+		q, ok := r.running[id]
+		switch {
+		case ok && !r.written[id]:
 			run[id] = q
+		case !ok && r.written[id]:
+			done = append(done, id)
 		}
+	}
+	r.mu.Unlock()
+	if len(run) == 0 && len(done) == 0 {
+		return nil
 	}
 	cctx, cancel := context.WithTimeout(ctx, r.g.cfg.CallTimeout)
 	err := r.fleet.Record(cctx, r.id, run, done)
 	cancel()
-	if err == nil {
-		return nil
-	}
 	r.mu.Lock()
-	for id, q := range batch {
-		if cur, ok := r.pending[id]; ok {
-			if cur == "" && q != "" {
-				delete(r.pending, id) // started and ended, never written
-			}
-			continue
+	defer r.mu.Unlock()
+	if err != nil {
+		for id := range batch {
+			r.dirty[id] = struct{}{}
 		}
-		r.pending[id] = q
+		return err
 	}
-	r.mu.Unlock()
-	return err
+	if epoch != r.epoch {
+		return nil // dropped meanwhile: every running job is dirty again
+	}
+	for id := range run {
+		r.written[id] = true
+	}
+	for _, id := range done {
+		delete(r.written, id)
+	}
+	return nil
 }
 
 // checks runs the lock holder's checks every checkEvery, while this
