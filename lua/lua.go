@@ -30,6 +30,10 @@ var (
 	handoverSrc string
 	//go:embed capacity.lua
 	capacitySrc string
+	//go:embed fleet.lua
+	fleetSrc string
+	//go:embed recover.lua
+	recoverSrc string
 	//go:embed clock.lua
 	clockSrc string
 	//go:embed slot.lua
@@ -57,10 +61,15 @@ var (
 	Handover = redis.NewScript(handoverSrc)
 	// Capacity keeps the registry of the fleet's capacity.
 	Capacity = redis.NewScript(capacitySrc)
+	// Fleet keeps the registry of the fleet's worker processes and the
+	// recoverer's lock.
+	Fleet = redis.NewScript(fleetSrc)
+	// Recover gives asynq tasks nobody runs back to their pending list.
+	Recover = redis.NewScript(recoverSrc)
 )
 
 // All lists every script, for loading them into a server ahead of pipelines.
-var All = []*redis.Script{Admit, Release, Renew, Cooldown, Stats, Room, Line, Handover, Capacity}
+var All = []*redis.Script{Admit, Release, Renew, Cooldown, Stats, Room, Line, Handover, Capacity, Fleet, Recover}
 
 // include puts the part of from between "-- @begin NAME" and "-- @end NAME"
 // into src at the line "-- @include NAME": a piece scripts share is written

@@ -84,6 +84,7 @@ func (c *Client) EnqueueBatch(ctx context.Context, jobs []Job) []Result {
 			return
 		}
 		var err error
+		j.skipRoom = !c.roomOn(ctx)
 		if j.later() {
 			res[i].Info, err = c.sendLater(ctx, j)
 		} else if err = c.arrive(ctx, j); err == nil {

@@ -5,8 +5,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -91,6 +93,8 @@ type Client struct {
 	gauge      *asynqroom.Gauge
 	asynq      *asynq.Client
 	inspector  *asynq.Inspector
+	layout     *asynqroom.Layout
+	layoutLog  sync.Once
 }
 
 // New returns a client over the caller's Redis client, which holds sluice's
@@ -124,6 +128,7 @@ func New(client redis.UniversalClient, cfg *Config) (*Client, error) {
 	q.asynq = asynq.NewClientFromRedisClient(ac)
 	q.inspector = asynq.NewInspectorFromRedisClient(ac)
 	q.gauge = asynqroom.NewGauge(ac)
+	q.layout = asynqroom.NewLayout(ac)
 	return q, nil
 }
 
@@ -149,12 +154,15 @@ type job struct {
 	id       string
 	policies *throttle.Resolved // resolved once per job
 	arrived  throttle.Arrived
+	skipRoom bool // the room is off (see Client.roomOn)
 }
 
 // Enqueue enqueues task for tenant. opts are asynq's options (Queue,
 // MaxRetry, TaskID, ProcessAt, ProcessIn, Timeout, Deadline, Retention,
-// Unique) and Cost. Options given to asynq.NewTask cannot be read back from
-// the task, so a task carrying them is refused: pass them here instead.
+// Unique) and Cost. Options given to asynq.NewTask are not carried: asynq
+// keeps them private and Client builds a new task to add its headers, so
+// they are lost (a MaxRetry(0) given there leaves asynq's default of 25).
+// Pass them here instead.
 //
 // A job that may start now goes to asynq's pending list (TaskInfo.State
 // pending); any other waits in its tenant's line and shows in asynq as
@@ -176,6 +184,7 @@ func (c *Client) Enqueue(ctx context.Context, tenant string, task *asynq.Task, o
 	if err := c.resolve(ctx, j); err != nil {
 		return nil, err
 	}
+	j.skipRoom = !c.roomOn(ctx)
 	if j.later() {
 		return c.sendLater(ctx, j)
 	}
@@ -208,9 +217,6 @@ func (c *Client) prepare(tenant string, task *asynq.Task, opts []asynq.Option, n
 	if task.Type() == "" {
 		return nil, &InvalidError{Field: "task", Reason: "has an empty type; asynq routes tasks to handlers by type"}
 	}
-	if taskHasOptions(task) {
-		return nil, &InvalidError{Field: "task", Value: strconv.Quote(task.Type()), Reason: "carries options given to asynq.NewTask, which sluice cannot read back (asynq keeps them private); pass them to Enqueue instead"}
-	}
 	o, err := parseOptions(opts, now)
 	if err != nil {
 		return nil, err
@@ -236,6 +242,22 @@ func (c *Client) prepare(tenant string, task *asynq.Task, opts []asynq.Option, n
 	return &job{tenant: tenant, typ: task.Type(), payload: task.Payload(), headers: headers, opts: o, id: id}, nil
 }
 
+// roomOn reports whether jobs may go through the waiting room: the asynq
+// this program is built with, and the layout of its keys, are the ones the
+// room writes (asynqroom.Layout, checked once, by a probe). When they are
+// not, the room is off, said once in the log: every job goes straight to
+// asynq and the workers' gate decides on it, as on jobs from asynq's own
+// client. A check that could not be made (Redis) is made again with the
+// next job; this one skips the room.
+func (c *Client) roomOn(ctx context.Context) bool {
+	err := c.layout.Check(ctx)
+	var le *asynqroom.LayoutError
+	if errors.As(err, &le) {
+		c.layoutLog.Do(func() { slog.Error("sluice: producer: " + le.Error()) })
+	}
+	return err == nil
+}
+
 // resolve reads the job's policies (from the policy cache): everything the
 // job meets on its way in follows these.
 func (c *Client) resolve(ctx context.Context, j *job) error {
@@ -249,10 +271,11 @@ func (c *Client) resolve(ctx context.Context, j *job) error {
 
 // later reports a job that does not wait in the waiting room: one its
 // producer scheduled for later (ProcessAt, ProcessIn), which asynq holds
-// until then, and one whose policy drops the jobs it cannot start at once
-// (overflow=drop: work that is worthless late). The gate decides on them.
+// until then, one whose policy drops the jobs it cannot start at once
+// (overflow=drop: work that is worthless late), and every job while the
+// room is off. The gate decides on them.
 func (j *job) later() bool {
-	if j.opts.processAt.After(time.Now()) {
+	if j.skipRoom || j.opts.processAt.After(time.Now()) {
 		return true
 	}
 	p := j.policies.Policy

@@ -51,6 +51,15 @@ func TestEnqueueSetsHeadersAndPassesOptions(t *testing.T) {
 	require.Equal(t, "job-1", info.ID)
 	delete(info.Headers, taskspec.DecidedHeader)
 	require.Equal(t, map[string]string{taskspec.TenantHeader: "acme"}, info.Headers)
+
+	// Options given to asynq.NewTask are not carried (asynq keeps them
+	// private): the job gets asynq's defaults; options given to Enqueue are.
+	info, err = e.q.Enqueue(ctx, "acme", asynq.NewTask("email", nil, asynq.MaxRetry(0)), asynq.Queue(e.queue))
+	require.NoError(t, err)
+	require.Equal(t, 25, info.MaxRetry)
+	info, err = e.q.Enqueue(ctx, "acme", asynq.NewTask("email", nil), asynq.Queue(e.queue), asynq.MaxRetry(0))
+	require.NoError(t, err)
+	require.Zero(t, info.MaxRetry)
 }
 
 func TestEnqueueRefusesBadInputBeforeWriting(t *testing.T) {
@@ -76,7 +85,6 @@ func TestEnqueueRefusesBadInputBeforeWriting(t *testing.T) {
 		{"NUL in tenant", "a\x00b", task, nil, "tenant", "control character (U+0000)"},
 		{"nil task", "capped", nil, nil, "task", "is nil"},
 		{"empty type", "capped", asynq.NewTask("", nil), nil, "task", "empty type"},
-		{"options on the task", "capped", asynq.NewTask("email", nil, asynq.MaxRetry(0)), nil, "task", "pass them to Enqueue"},
 		{"cost 0", "capped", task, []asynq.Option{queue.Cost(0)}, "cost", "at least 1"},
 		{"negative cost", "capped", task, []asynq.Option{queue.Cost(-2)}, "cost", "at least 1"},
 		{"nil option", "capped", task, []asynq.Option{nil}, "option", "is nil"},

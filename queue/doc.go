@@ -22,6 +22,10 @@
 //     overflow=drop policy, goes to asynq as asked; the workers' gate
 //     decides on it when it is due.
 //
+// asynq's options go to Enqueue, not to asynq.NewTask: options given to
+// asynq.NewTask are not carried (asynq keeps them private, and sluice
+// reads nothing private of asynq's), so the job gets asynq's defaults.
+//
 // Bad input (an empty or oversized tenant, a cost below 1, an option asynq
 // would refuse or ignore) is an *InvalidError (ErrInvalid), returned before
 // anything is written. EnqueueBatch enqueues many jobs and reports each

@@ -116,12 +116,3 @@ func parseOptions(opts []asynq.Option, now time.Time) (options, error) {
 	}
 	return o, nil
 }
-
-// taskHasOptions reports whether the task carries options given to
-// asynq.NewTask. asynq keeps them private, so Client, which must build a new
-// task to add its headers, could neither read nor keep them; it refuses the
-// task rather than drop them silently.
-func taskHasOptions(t *asynq.Task) bool {
-	v := reflect.ValueOf(t).Elem().FieldByName("opts")
-	return v.IsValid() && v.Kind() == reflect.Slice && v.Len() > 0
-}

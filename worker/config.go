@@ -141,6 +141,18 @@ type Config struct {
 	// ShutdownWait bounds how long Shutdown waits for handlers that outlive
 	// asynq's ShutdownTimeout to return. ShutdownWaitDefault when zero.
 	ShutdownWait time.Duration
+	// RecoverLease is how long this worker process may go without renewing
+	// its registration in the fleet's registry (it renews it every
+	// RecoverLease/3) before the fleet takes it for dead and gives the
+	// asynq tasks it was running back to their queues, to run again at
+	// once (see "Worker crashes" in docs/operations.md). What it trades: a
+	// shorter lease finds a dead worker sooner, but a worker paused longer
+	// than it (a long GC pause, a frozen VM, Redis unreachable from it)
+	// has its jobs run a second time, and beats cost Redis more
+	// (one script per process per RecoverLease/3). Between 1s and 10m;
+	// RecoverLeaseDefault (15 s) when zero. asynq's own recoverer, which
+	// takes 1–2 minutes, remains the fallback.
+	RecoverLease time.Duration
 	// RetryUnknownTypes makes asynq retry, as it does by default, a job
 	// of a type no handler of the server is registered for: for fleets
 	// whose workers share a queue but handle different types. Otherwise
@@ -155,6 +167,7 @@ func (c Config) withDefaults() Config {
 	c.Asynq.DelayedTaskCheckInterval = cmp.Or(c.Asynq.DelayedTaskCheckInterval, DelayedTaskCheckIntervalDefault)
 	c.Asynq.TaskCheckInterval = cmp.Or(c.Asynq.TaskCheckInterval, TaskCheckIntervalDefault)
 	c.ShutdownWait = cmp.Or(c.ShutdownWait, ShutdownWaitDefault)
+	c.RecoverLease = cmp.Or(c.RecoverLease, RecoverLeaseDefault)
 	c.Gate = c.Gate.withDefaults()
 	return c
 }
@@ -170,6 +183,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("worker config: Asynq.Concurrency %d: must be at least 1", c.Asynq.Concurrency)
 	case c.Asynq.DelayedTaskCheckInterval >= c.Gate.Lead:
 		return fmt.Errorf("worker config: Asynq.DelayedTaskCheckInterval %s must be below Gate.Lead %s, or deferred jobs come back after their slot", c.Asynq.DelayedTaskCheckInterval, c.Gate.Lead)
+	case c.RecoverLease < time.Second || c.RecoverLease > 10*time.Minute:
+		return fmt.Errorf("worker config: RecoverLease %s: must be between 1s and 10m (a shorter lease finds a dead worker sooner; a worker paused longer than it has its jobs run twice)", c.RecoverLease)
 	case c.ShutdownWait < 0:
 		return fmt.Errorf("worker config: ShutdownWait %s must not be negative", c.ShutdownWait)
 	}

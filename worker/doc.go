@@ -62,6 +62,22 @@
 //     says fail_open=true. A stored policy that cannot be read (garbage in
 //     Redis) defers the job with backoff until the policy is replaced.
 //
+// A worker that dies: every Server registers its process in Redis with a
+// lease (Config.RecoverLease, 15 s by default, renewed every lease/3) and
+// records the asynq tasks it runs; one process of the fleet at a time
+// gives the tasks of a process whose lease ran out back to asynq's pending
+// list at once, and tasks asynq left active with nobody running them (a
+// Redis restart) once their asynq lease has gone 10 s unextended. They run
+// again without a retry counted, on their own concurrency slots. asynq's
+// own recoverer (1–2 minutes, a retry counted) remains the fallback, and
+// the only one for a Gate used without Server.
+//
+// The waiting room writes asynq v0.26's keys: before it runs, the worker
+// and the producer check asynq's version (build info) and layout (a
+// probe); on one sluice does not know the room is off (one ERROR log line,
+// sluice_worker_errors_total{kind="asynq_layout"}) and the gate alone
+// throttles every job.
+//
 // A handler learns how its job was admitted (tenant, cost, the limiter's
 // decision, how long it waited) from AdmissionFrom(ctx).
 //
@@ -73,8 +89,9 @@
 // sluice_worker_deferrals_total, sluice_worker_drops_total,
 // sluice_worker_wait_seconds, sluice_worker_in_flight,
 // sluice_worker_lease_renewals_total, sluice_worker_errors_total,
-// sluice_worker_handler_outcomes_total and sluice_worker_unknown_types_total
-// (counted by a Server); the waiting room's
+// sluice_worker_handler_outcomes_total, and, counted by a Server,
+// sluice_worker_unknown_types_total, sluice_worker_recovered_total and
+// sluice_worker_taken_for_dead_total; the waiting room's
 // sluice_room_promoted_total, sluice_room_skipped_total, sluice_room_waiting
 // and sluice_room_oldest_wait_seconds.
 package worker

@@ -59,7 +59,10 @@ type Gate struct {
 	asynqRedis   redis.UniversalClient
 	registration *asynqroom.Registration
 
-	renewals renewer // the running jobs' leases
+	renewals renewer    // the running jobs' leases
+	rec      *recoverer // Server's; nil for a gate used alone
+	layout   *asynqroom.Layout
+	roomOff  atomic.Bool // asynq's layout is not the one the room writes
 
 	stopping chan struct{}
 	stopOnce sync.Once
@@ -98,6 +101,7 @@ func NewGate(lim *throttle.Limiter, asynqRedis redis.UniversalClient, cfg *GateC
 		room:       lim.Room(),
 		handover:   asynqroom.Handover(asynqRedis),
 		gauge:      asynqroom.NewGauge(asynqRedis),
+		layout:     asynqroom.NewLayout(asynqRedis),
 		stopping:   make(chan struct{}),
 		asynqRedis: asynqRedis,
 	}
@@ -133,6 +137,7 @@ func (g *Gate) wrap(h asynq.Handler) asynq.Handler {
 	return asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
 		g.active.add()
 		defer g.active.done()
+		defer g.rec.started(ctx)()
 		return g.process(ctx, g.identify(ctx, task), h)
 	})
 }
@@ -173,7 +178,7 @@ func (g *Gate) giveBack(ctx context.Context, task *asynq.Task) {
 	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.cfg.CallTimeout)
 	defer cancel()
-	if err := g.room.Release(cctx, j.tenant, j.queue, j.id, 0, g.handOn); err != nil {
+	if err := g.room.Release(cctx, j.tenant, j.queue, j.id, 0, g.handing()); err != nil {
 		g.m.err(errRelease)
 		g.warn(errRelease, "sluice: could not release the job's slot; it frees itself when its lease runs out", "task", j.taskID, "tenant", j.tenant, "err", err)
 	}
@@ -616,7 +621,7 @@ func (g *Gate) release(ctx context.Context, j *job, claim uint64) {
 	var err error
 	if j.tenant == "" {
 		err = g.lim.Release(cctx, j.tenant, j.id, claim)
-	} else if g.stopped() {
+	} else if g.stopped() || g.roomOff.Load() {
 		err = g.room.Release(cctx, j.tenant, j.queue, j.id, claim, nil)
 	} else {
 		err = g.room.Release(cctx, j.tenant, j.queue, j.id, claim, g.handOn)

@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -71,6 +72,54 @@ func (g *Gate) handOn(ctx context.Context, jobs []throttle.Promoted) []throttle.
 	return res
 }
 
+// handing is the hand-over of jobs a release promotes: none while the
+// room is off.
+func (g *Gate) handing() throttle.Handover {
+	if g.roomOff.Load() {
+		return nil
+	}
+	return g.handOn
+}
+
+const errLayout = "asynq_layout"
+
+// layoutOK checks, before the pump runs, that asynq's version and the
+// layout of its keys are the ones the room writes (asynqroom.Layout: the
+// build info and a probe). On an unknown one the room is off for good:
+// said once in the log (ERROR) and counted
+// (sluice_worker_errors_total{kind="asynq_layout"}); the pump does not run,
+// releases hand nothing on, and jobs reach the workers as jobs from
+// asynq's own client do, decided by the gate. A check that cannot be made
+// (Redis) is tried again every second, until ctx ends.
+func (g *Gate) layoutOK(ctx context.Context) bool {
+	for {
+		cctx, cancel := context.WithTimeout(ctx, g.cfg.CallTimeout)
+		err := g.layout.Check(cctx)
+		cancel()
+		var le *asynqroom.LayoutError
+		switch {
+		case err == nil:
+			return true
+		case errors.As(err, &le):
+			g.roomOff.Store(true)
+			g.m.err(errLayout)
+			g.log.Error("sluice: worker: " + le.Error())
+			return false
+		case ctx.Err() != nil:
+			return false
+		}
+		g.m.err(errRoom)
+		g.warn(errRoom, "sluice: could not check asynq's layout before running the waiting room; trying again", "err", err)
+		t := time.NewTimer(time.Second)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return false
+		case <-t.C:
+		}
+	}
+}
+
 // sampleEvery is how often the pump samples the lines for the metrics.
 const sampleEvery = 5 * time.Second
 
@@ -99,6 +148,9 @@ func (g *Gate) startPump(queues []string, concurrency int) {
 		}()
 		go func() {
 			defer g.pumpWG.Done()
+			if !g.layoutOK(ctx) {
+				return
+			}
 			_ = g.room.Pump(ctx, &throttle.PumpConfig{
 				Queues:   queues,
 				Handover: g.handover,

@@ -209,12 +209,21 @@ func testWorkerKilledInRoom(t *testing.T, bin, point string) {
 	orph := f.waitDone(t, ids, time.Now(), 60*time.Second)
 	starts := runs(f.records(t), killedAt)
 	done := f.finishedIDs(t)
+	// The jobs the dead worker ran: one that ended just before the kill
+	// (room.released) was not yet marked done in asynq, and the fleet's
+	// recoverer gives it back with the others.
+	var ranOnVictim []string
+	for _, s := range starts {
+		if s.pid == victim.pid {
+			ranOnVictim = append(ranOnVictim, s.taskID)
+		}
+	}
 	twice := 0
 	for _, id := range ids {
 		require.Positive(t, done[id], "job %s ran", id)
 		if done[id] > 1 {
 			twice++
-			require.True(t, contains(killed, id) || contains(orph.ids, id), "only a job the dead worker was running runs twice: %s", id)
+			require.True(t, contains(killed, id) || contains(ranOnVictim, id) || contains(orph.ids, id), "only a job the dead worker ran runs twice: %s", id)
 		}
 	}
 	require.LessOrEqual(t, maxConcurrent(starts, "acme"), 3)

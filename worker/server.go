@@ -10,6 +10,7 @@ import (
 	"syscall"
 
 	"github.com/hibiken/asynq"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/throttle"
@@ -66,6 +67,14 @@ func New(client redis.UniversalClient, cfg *Config) (*Server, error) {
 		return nil, err
 	}
 	s.gate = gate
+	reg := c.Gate.Registerer
+	if reg == nil {
+		reg, _ = gate.gatherer.(prometheus.Registerer)
+	}
+	if gate.rec, err = newRecoverer(gate, s.lim, ar, c.RecoverLease, reg); err != nil {
+		s.closeLimiter()
+		return nil, fmt.Errorf("worker: register metrics: %w", err)
+	}
 	s.failures = newFailures(s.mux, s.handled, c.RetryUnknownTypes, c.Gate.Logger, gate.m, gate.giveBack)
 	gate.setHooks(&c.Asynq)
 	s.srv = asynq.NewServerFromRedisClient(ar, c.Asynq)
@@ -109,7 +118,9 @@ func (s *Server) Start() error {
 	if s.closed {
 		return asynq.ErrServerClosed
 	}
+	s.gate.rec.start(queuesOf(s.cfg.Asynq))
 	if err := s.srv.Start(s.failures.unknownTypes(s.gate.wrap(s.failures.handlerErrors(s.mux)))); err != nil {
+		s.gate.rec.leave()
 		return fmt.Errorf("worker: %w", err)
 	}
 	s.started = true
@@ -155,6 +166,7 @@ func (s *Server) Shutdown() {
 		}
 		cancel()
 	}
+	s.gate.rec.leave()
 	s.closeLimiter()
 }
 

@@ -104,6 +104,7 @@ func testBadUsage(t *testing.T, b *bins) {
 		{[]string{"--concurrency", "many"}, nil, `invalid value "many" for flag --concurrency: want a whole number`},
 		{[]string{"--shutdown-timeout", "0s"}, nil, "--shutdown-timeout 0s: must be positive, e.g. 8s or 1m"},
 		{[]string{"--shutdown-timeout", "5"}, nil, `invalid value "5" for flag --shutdown-timeout: want a duration such as 30s or 5m`},
+		{[]string{"--recover-lease", "500ms"}, nil, "--recover-lease 500ms: must be between 1s and 10m, e.g. 15s"},
 		{[]string{"--log-format", "xml"}, nil, `--log-format "xml": want text or json`},
 		{[]string{"--log-level", "loud"}, nil, `--log-level "loud": want debug, info, warn or error`},
 		{[]string{"--admin", "9464"}, nil, `--admin "9464": want HOST:PORT such as 127.0.0.1:9464 (port 0 picks a free one), or "off"`},

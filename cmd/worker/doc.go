@@ -15,6 +15,8 @@
 //	                        else 127.0.0.1:9464; "off")
 //	--prefix PREFIX         key prefix of sluice's limits (default "sluice")
 //	--shutdown-timeout D    how long running jobs may finish after SIGTERM (default 8s)
+//	--recover-lease D       heartbeat lease: a worker silent this long is taken
+//	                        for dead and its jobs run again (default 15s)
 //	--log-format text|json  logs on stderr (default text)
 //	--log-level LEVEL       debug, info, warn or error (default info)
 //

@@ -29,6 +29,11 @@ Flags:
   --prefix PREFIX          the key prefix of sluice's limits (default "sluice")
   --shutdown-timeout D     how long running jobs may take to finish after
                            SIGTERM before they go back to the queue (default 8s)
+  --recover-lease D        how long this worker may go without a heartbeat in
+                           Redis before the fleet takes it for dead and runs
+                           its jobs again elsewhere (default 15s); shorter
+                           finds a dead worker sooner, but a worker paused
+                           longer than it has its jobs run twice
   --tenant-labels          label the per-job metrics with the tenant, for
                            sluice dashboard's decisions per tenant (one series
                            per tenant: mind the cardinality of many tenants)

@@ -66,6 +66,7 @@ type options struct {
 	admin           string
 	prefix          string
 	shutdownTimeout time.Duration
+	recoverLease    time.Duration
 	tenantLabels    bool
 	logFormat       string
 	logLevel        slog.Level
@@ -112,6 +113,7 @@ func parseFlags(args []string, env func(string) string) (*options, error) {
 	fs.StringVar(&o.admin, "admin", cmp.Or(env(adminEnv), adminDefault), "")
 	fs.StringVar(&o.prefix, "prefix", throttle.PrefixDefault, "")
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", shutdownTimeoutDefault, "")
+	fs.DurationVar(&o.recoverLease, "recover-lease", worker.RecoverLeaseDefault, "")
 	fs.BoolVar(&o.tenantLabels, "tenant-labels", false, "")
 	fs.StringVar(&o.logFormat, "log-format", "text", "")
 	fs.StringVar(&logLevel, "log-level", "info", "")
@@ -155,6 +157,9 @@ func parseFlags(args []string, env func(string) string) (*options, error) {
 	}
 	if o.shutdownTimeout <= 0 {
 		return nil, usagef("--shutdown-timeout %s: must be positive, e.g. 8s or 1m", o.shutdownTimeout)
+	}
+	if o.recoverLease < time.Second || o.recoverLease > 10*time.Minute {
+		return nil, usagef("--recover-lease %s: must be between 1s and 10m, e.g. 15s", o.recoverLease)
 	}
 	if o.admin != adminOff {
 		if _, _, err := net.SplitHostPort(o.admin); err != nil {
@@ -272,7 +277,8 @@ func serve(ctx context.Context, o *options, stdout, stderr io.Writer) error {
 		newQueueCollector(asynq.NewInspectorFromRedisClient(client), o.queues),
 	)
 	srv, err := worker.New(client, &worker.Config{
-		Prefix: o.prefix,
+		Prefix:       o.prefix,
+		RecoverLease: o.recoverLease,
 		Asynq: asynq.Config{
 			Queues:          o.queues,
 			Concurrency:     o.concurrency,

@@ -1,11 +1,14 @@
 // Package asynqroom is asynq's side of sluice's waiting room, shared by
 // the queue and worker packages: how much room the fleet has for more
-// jobs (its asynq servers' concurrency against their pending lists), and
-// the hand-over of promoted jobs to asynq's pending list.
+// jobs (its asynq servers' concurrency against their pending lists), the
+// hand-over of promoted jobs to asynq's pending list, and the worker
+// recoverer's give-back of tasks nobody runs (Recover).
 //
-// It reads and writes asynq's own keys, in the layout of asynq v0.26; the
-// package's tests pin that layout, so an asynq upgrade that changes it
-// fails them.
+// It reads and writes asynq's own keys, in the layout of asynq v0.26.
+// Layout checks at start that the asynq a program runs with is that one
+// (build info, and a probe); the room is off otherwise. The package's
+// tests pin the layout too, so an asynq upgrade that changes it fails
+// them.
 package asynqroom
 
 import (

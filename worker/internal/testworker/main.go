@@ -57,6 +57,7 @@ func run() error {
 	concurrency := flag.Int("concurrency", 100, "asynq concurrency")
 	retryDelay := flag.Duration("retry-delay", time.Second, "delay before a failed job is retried")
 	backoffMax := flag.Duration("backoff-max", 0, "the gate's BackoffMax (0: its default)")
+	recoverLease := flag.Duration("recover-lease", 0, "the worker's RecoverLease (0: its default)")
 	clusterReload := flag.Duration("cluster-reload", 0, "on a Cluster, how often the clients reload the slot map (0: go-redis's default, 60s, and asynq's client from asynq.RedisClusterClientOpt)")
 	flag.Parse()
 	if *redisURL == "" || *events == "" {
@@ -83,9 +84,10 @@ func run() error {
 	}
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	srv, err := worker.New(sluice, &worker.Config{
-		Prefix:     *prefix,
-		AsynqRedis: rdb,
-		Gate:       worker.GateConfig{Logger: logger, BackoffMax: *backoffMax},
+		Prefix:       *prefix,
+		AsynqRedis:   rdb,
+		RecoverLease: *recoverLease,
+		Gate:         worker.GateConfig{Logger: logger, BackoffMax: *backoffMax},
 		Asynq: asynq.Config{
 			Concurrency:    *concurrency,
 			Queues:         map[string]int{*qname: 1},

@@ -1,0 +1,180 @@
+package throttle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/lua"
+)
+
+// Fleet is the registry of a fleet's worker processes (lua/fleet.lua):
+// each process holds a lease it renews by beating, and records the jobs
+// it runs (their asynq task ids and queues), so that when a process dies
+// its jobs can be given back to the queue as soon as its lease runs out.
+// One process at a time, the holder of the recoverer's lock, looks for
+// lapsed processes. It is the worker package's plumbing (worker's
+// recoverer); an application has no need to call it.
+//
+// Every time is Redis's. A Fleet is safe for concurrent use.
+type Fleet struct {
+	l *Limiter
+}
+
+// Fleet returns the fleet registry under the limiter's prefix.
+func (l *Limiter) Fleet() *Fleet { return &Fleet{l: l} }
+
+func (f *Fleet) prefix() string { return f.l.cfg.Prefix }
+
+func (f *Fleet) keys(proc string) []string {
+	p := f.prefix()
+	return []string{fleetKey(p), recoverLockKey(p), fleetJobsKey(p, proc), fleetQueuesKey(p)}
+}
+
+// jobsTTL is how long a process's job record outlives its last beat: only
+// to reclaim memory when no process of the fleet ever looks again.
+const jobsTTL = 24 * time.Hour
+
+// Beat renews proc's lease (now + lease) and records the queues it
+// serves; it takes the recoverer's lock, for lock, when nobody holds it.
+// rejoined reports that proc was not registered: its first beat, or it
+// had been taken for dead (its jobs may have been given back). leader
+// reports that proc holds the lock.
+func (f *Fleet) Beat(ctx context.Context, proc string, lease, lock time.Duration, queues []string) (rejoined, leader bool, err error) {
+	args := []any{"beat", proc, lease.Milliseconds(), lock.Milliseconds(), jobsTTL.Milliseconds()}
+	for _, q := range queues {
+		args = append(args, q)
+	}
+	res, err := lua.Fleet.Run(ctx, f.l.client, f.keys(proc), args...).Result()
+	if err != nil {
+		return false, false, fmt.Errorf("fleet beat: %w", err)
+	}
+	v, err := int64s(res, 2)
+	if err != nil {
+		return false, false, fmt.Errorf("fleet beat: %w", err)
+	}
+	return v[0] == 1, v[1] == 1, nil
+}
+
+// Check extends proc's hold of the recoverer's lock (for lock) and
+// returns up to limit processes whose lease ran out, earliest first;
+// leader is false, and nothing is returned, when proc does not hold the
+// lock.
+func (f *Fleet) Check(ctx context.Context, proc string, lock time.Duration, limit int) (leader bool, lapsed []string, err error) {
+	res, err := lua.Fleet.Run(ctx, f.l.client, f.keys(proc)[:2], "check", proc, lock.Milliseconds(), limit).Result()
+	if err != nil {
+		return false, nil, fmt.Errorf("fleet check: %w", err)
+	}
+	arr, ok := res.([]any)
+	if !ok {
+		return false, nil, fmt.Errorf("fleet check: unexpected reply %T", res)
+	}
+	if len(arr) == 0 {
+		return false, nil, nil
+	}
+	for _, v := range arr[1:] {
+		s, ok := v.(string)
+		if !ok {
+			return false, nil, fmt.Errorf("fleet check: unexpected process %T", v)
+		}
+		lapsed = append(lapsed, s)
+	}
+	return true, lapsed, nil
+}
+
+// Drop forgets the lapsed process dead, its record included, once its
+// jobs were given back; proc must hold the lock. It reports false, and
+// changes nothing, when proc lost the lock or dead beat again meanwhile.
+func (f *Fleet) Drop(ctx context.Context, proc, dead string) (bool, error) {
+	k := f.keys(dead)
+	n, err := lua.Fleet.Run(ctx, f.l.client, []string{k[0], k[1], k[2]}, "drop", proc, dead).Int64()
+	if err != nil {
+		return false, fmt.Errorf("fleet drop %s: %w", dead, err)
+	}
+	return n == 1, nil
+}
+
+// Leave forgets proc (a graceful shutdown) and gives back the lock if it
+// holds it.
+func (f *Fleet) Leave(ctx context.Context, proc string) error {
+	if err := lua.Fleet.Run(ctx, f.l.client, f.keys(proc)[:3], "leave", proc).Err(); err != nil {
+		return fmt.Errorf("fleet leave: %w", err)
+	}
+	return nil
+}
+
+// Record records that proc runs the jobs of run (asynq task id -> queue)
+// and no longer runs those of done, in one round trip.
+func (f *Fleet) Record(ctx context.Context, proc string, run map[string]string, done []string) error {
+	key := fleetJobsKey(f.prefix(), proc)
+	pipe := f.l.client.Pipeline()
+	if len(run) > 0 {
+		args := make([]any, 0, 2*len(run))
+		for id, q := range run {
+			args = append(args, id, q)
+		}
+		pipe.HSet(ctx, key, args...)
+	}
+	if len(done) > 0 {
+		pipe.HDel(ctx, key, done...)
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return fmt.Errorf("fleet record: %w", err)
+	}
+	return nil
+}
+
+// Jobs returns the jobs proc recorded: asynq task id -> queue.
+func (f *Fleet) Jobs(ctx context.Context, proc string) (map[string]string, error) {
+	m, err := f.l.client.HGetAll(ctx, fleetJobsKey(f.prefix(), proc)).Result()
+	if err != nil {
+		return nil, fmt.Errorf("fleet jobs of %s: %w", proc, err)
+	}
+	return m, nil
+}
+
+// Members returns every registered process, lapsed or not.
+func (f *Fleet) Members(ctx context.Context) ([]string, error) {
+	m, err := f.l.client.ZRange(ctx, fleetKey(f.prefix()), 0, -1).Result()
+	if err != nil {
+		return nil, fmt.Errorf("fleet members: %w", err)
+	}
+	return m, nil
+}
+
+// Queues returns the queues the fleet's processes said they serve.
+func (f *Fleet) Queues(ctx context.Context) ([]string, error) {
+	q, err := f.l.client.SMembers(ctx, fleetQueuesKey(f.prefix())).Result()
+	if err != nil {
+		return nil, fmt.Errorf("fleet queues: %w", err)
+	}
+	return q, nil
+}
+
+// Held returns which of ids any of procs has recorded as running: one
+// HMGET per process, in one round trip.
+func (f *Fleet) Held(ctx context.Context, procs, ids []string) (map[string]bool, error) {
+	held := map[string]bool{}
+	if len(procs) == 0 || len(ids) == 0 {
+		return held, nil
+	}
+	pipe := f.l.client.Pipeline()
+	cmds := make([]*redis.SliceCmd, len(procs))
+	for i, p := range procs {
+		cmds[i] = pipe.HMGet(ctx, fleetJobsKey(f.prefix(), p), ids...)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, fmt.Errorf("fleet held: %w", err)
+	}
+	for _, c := range cmds {
+		for i, v := range c.Val() {
+			if v != nil {
+				held[ids[i]] = true
+			}
+		}
+	}
+	return held, nil
+}
