@@ -19,6 +19,8 @@ import (
 //	                      waiting room
 //	PREFIX:{t:TENANT}:q   set: the queues the tenant has a line in
 //	PREFIX:{t:TENANT}:g   zset: jobs taken from a line, being handed to asynq
+//	PREFIX:{t:TENANT}:d   string: the limit learned from the downstream (JSON),
+//	                      expiring when it lapses
 //
 // TENANT is escaped so that braces, colons, spaces and percent signs never
 // reach the key: a tenant cannot move its keys to another slot or collide
@@ -35,6 +37,7 @@ const PrefixDefault = "sluice"
 type scopeKeys struct {
 	state, planned, started string
 	queues, handing         string
+	learned                 string
 	base                    string // of the lines
 }
 
@@ -91,6 +94,7 @@ func keysFor(prefix, scope string) scopeKeys {
 		started: base + "a",
 		queues:  base + "q",
 		handing: base + "g",
+		learned: base + "d",
 		base:    base,
 	}
 }
@@ -110,6 +114,11 @@ func policiesKey(prefix string) string        { return prefix + ":{p}:policies" 
 func policiesVersionKey(prefix string) string { return prefix + ":{p}:version" }
 func policiesChannel(prefix string) string    { return prefix + ":policies:changed" }
 
+// learnedVersionKey counts the changes of learned limits (any tenant's),
+// announced on policiesChannel; beside the policies' version so one read
+// polls both.
+func learnedVersionKey(prefix string) string { return prefix + ":{p}:learned" }
+
 func validatePrefix(p string) error {
 	if strings.ContainsAny(p, "{}") {
 		return fmt.Errorf("key prefix %q: must not contain { or } (they would change the hash slot of sluice's keys)", p)
@@ -120,7 +129,7 @@ func validatePrefix(p string) error {
 // scopeKeyPattern is a SCAN MATCH pattern for the keys of every scope
 // (tenants and @global) under prefix; scopeFromKey reads a match back.
 func scopeKeyPattern(prefix string) string {
-	return globEscape(prefix) + ":{[tg]*}:[swaqgl]*"
+	return globEscape(prefix) + ":{[tg]*}:[swaqgld]*"
 }
 
 // lineKeyPattern is a SCAN MATCH pattern for every tenant's lines.
