@@ -70,6 +70,7 @@ func TestCLI(t *testing.T) {
 		"InvalidNames":         testInvalidNames,
 		"RangeEdge":            testRangeEdge,
 		"Jobs":                 testJobs,
+		"Learned":              testLearned,
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -699,4 +700,35 @@ func testJobs(t *testing.T, c *cli) {
 	require.Equal(t, result{code: 1, stderr: "sluice: no task j-archived in queues idle, work (a job that finished is gone); sluice jobs lists the jobs\n"}, r)
 	r = c.run(t, "jobs", "run", "j-retry", "--queue", "nope")
 	require.Equal(t, result{code: 1, stderr: "sluice: no queue \"nope\"; the queues are: idle, work\n"}, r)
+}
+
+// testLearned: a limit learned from the downstream shows in stats (the
+// detail, the table, JSON) and top, beside the policy as stored.
+func testLearned(t *testing.T, c *cli) {
+	c.mustRun(t, "policy", "set", "acme", "rate=100/s burst=5")
+	lim := c.limiter(t)
+	out, err := lim.Learn(context.Background(), "acme", throttle.LearnedLimit{Limit: 40, Window: time.Second,
+		Source: "RateLimit-Policy", From: "200 from GET api.example.com/v1/send, task t-1"})
+	require.NoError(t, err)
+	require.Equal(t, throttle.LearnStored, out)
+
+	detail := c.mustRun(t, "stats", "acme")
+	require.Regexp(t, `(?m)^policy\s+acme: `, detail)
+	require.Contains(t, detail, "100/s burst 5", "the policy as stored")
+	require.Regexp(t, `(?m)^rate\[1\] \(learned\)\s+`, detail)
+	require.Regexp(t, `(?m)^learned\s+40 per 1s \(40/s\) from the downstream, for (1m0s|5\d(\.\d+)?s) more \(until \S+\); declared in RateLimit-Policy of 200 from GET api.example.com/v1/send, task t-1; applied as rate\[1\]$`, detail)
+	require.Contains(t, c.mustRun(t, "stats"), "(learned)")
+	js := c.mustRun(t, "stats", "--json", "acme")
+	require.Regexp(t, `"learned": \{\s*"limit": 40,\s*"window_ms": 1000,\s*"rate": "40/s",\s*"rule": "rate\[1\]",\s*"source": "RateLimit-Policy",\s*"from": "200 from GET api.example.com/v1/send, task t-1",\s*"learned": "[^"]+",\s*"until": "[^"]+"\s*\}`, js)
+	top := c.mustRun(t, "top", "--once", "--interval", "100ms")
+	require.Regexp(t, `(?m)^acme\s+\S+\s+40/s learned\s+`, top)
+	top = c.mustRun(t, "top", "--once", "--json", "--interval", "100ms")
+	require.Contains(t, top, `"limit":"40/s"`)
+	require.Contains(t, top, `"learned":"40 per 1s (40/s) until `)
+
+	// pinned: recorded, not applied
+	c.mustRun(t, "policy", "set", "acme", "rate=100/s burst=5 learn=false")
+	detail = c.mustRun(t, "stats", "acme")
+	require.Contains(t, detail, "not applied: pinned: the policy says learn=false")
+	require.NotContains(t, detail, "rate[1]")
 }
