@@ -26,8 +26,9 @@ import (
 // reach the key: a tenant cannot move its keys to another slot or collide
 // with another tenant's keys. @global's tag is {g}.
 //
-// The policy store lives under PREFIX:{p}:policies (hash), PREFIX:{p}:version
-// and the pub/sub channel PREFIX:policies:changed. The waiting room's due
+// The policy store lives under PREFIX:{p}:policies (hash), PREFIX:{p}:version,
+// PREFIX:{p}:learned (the learned limits' version) and the pub/sub channel
+// PREFIX:policies:changed. The waiting room's due
 // index of a queue is PREFIX:{r}:due:QUEUE (zset: tenant -> due time, µs).
 
 // PrefixDefault is the key prefix used when Config.Prefix is empty.
