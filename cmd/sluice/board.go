@@ -87,6 +87,11 @@ type rowJSON struct {
 	Reserved     int64   `json:"reserved"`
 	CooldownMS   float64 `json:"cooldown_ms"`
 	BacklogCap   int64   `json:"backlog_cap"`
+	// Learned describes the limit learned from the tenant's downstream
+	// (what, from which answer, until when, as which rule); absent when
+	// none is in place. LimitLearned says Limit is that limit.
+	Learned      string `json:"learned,omitempty"`
+	LimitLearned bool   `json:"limit_learned,omitempty"`
 	// Decisions are the tenant's decisions per second, null unless the
 	// workers scraped label their metrics by tenant.
 	Decisions *decisionsJSON `json:"decisions"`
@@ -340,6 +345,9 @@ func newRow(s *throttle.Stats, r topRow) rowJSON {
 	}
 	if s.Rules != nil {
 		row.Rules, row.BacklogCap = s.Rules.String(), s.Rules.Backlog
+	}
+	if s.Learned != nil {
+		row.Learned, row.LimitLearned = learnedText(s), r.learned
 	}
 	if rt, perSec, ok := tightestRate(s); ok {
 		row.Limit, row.LimitPerS = limitText(rt), perSec

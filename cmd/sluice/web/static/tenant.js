@@ -19,13 +19,15 @@ function showPolicy(t) {
 function showSummary(doc) {
   const t = doc.tenant;
   const s = doc.stats;
-  document.getElementById("summary").replaceChildren(
+  document.getElementById("summary").replaceChildren(...[
     card("Starts / s", rate(t.starts_per_s), t.limit ? "limit " + t.limit : "no rate rule", "starts"),
     card("In flight", count(t.in_flight), t.cap >= 0 ? "cap " + t.cap : "no concurrency rule", "in_flight"),
     card("Waiting", count(t.waiting), t.waiting > 0 ? "the oldest for " + duration(t.oldest_wait_ms) : "in its line", "waiting"),
     card("Reserved", count(t.reserved), "jobs holding a future slot", "reserved"),
     card("Cooldown", t.cooldown_ms > 0 ? duration(t.cooldown_ms) : "none", t.cooldown_ms > 0 ? "left" : "", "cooldown"),
-    card("Started", count(s.started), "while its state is alive", "started"));
+    card("Started", count(s.started), "while its state is alive", "started"),
+    t.learned ? card("Learned limit", t.limit_learned ? t.limit : "not applied", t.learned, "learned") : null,
+  ].filter(Boolean));
 }
 
 function showCharts(doc) {
