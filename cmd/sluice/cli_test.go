@@ -71,6 +71,7 @@ func TestCLI(t *testing.T) {
 		"RangeEdge":            testRangeEdge,
 		"Jobs":                 testJobs,
 		"Learned":              testLearned,
+		"JobsExplain":          testJobsExplain,
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -731,4 +732,40 @@ func testLearned(t *testing.T, c *cli) {
 	detail = c.mustRun(t, "stats", "acme")
 	require.Contains(t, detail, "not applied: pinned: the policy says learn=false")
 	require.NotContains(t, detail, "rate[1]")
+}
+
+// testJobsExplain: jobs waiting in a rate=1/min line (no worker serves
+// their queue) say what holds them and when they are expected to start.
+func testJobsExplain(t *testing.T, c *cli) {
+	srv := redistest.NewServer(t, nil)
+	c = &cli{bin: c.bin, url: srv.URL(), prefix: c.prefix, client: srv.Client(t)}
+	ctx := context.Background()
+	c.mustRun(t, "policy", "set", "acme", "rate=1/min")
+	qc, err := queue.New(c.client, &queue.Config{Prefix: c.prefix})
+	require.NoError(t, err)
+	defer qc.Close()
+	for _, id := range []string{"x-1", "x-2", "x-3"} {
+		_, err := qc.Enqueue(ctx, "acme", asynq.NewTask("sleep", nil), asynq.Queue("slow"), asynq.TaskID(id))
+		require.NoError(t, err)
+	}
+	out := c.mustRun(t, "jobs", "explain", "x-3")
+	require.Regexp(t, `^job x-3 \(type sleep, tenant acme, queue slow\): waiting in its tenant's line, 2 ahead of it, for \S+; expected to start in (2m0s|1m5\d(\.\d+)?s) \(\S+\), held by rate\[0\]\n`, out)
+	require.Regexp(t, `\n  rate\[0\]\s+in (2m0s|1m5\d(\.\d+)?s)\s+1/min: 2 units of cost ahead of it and its own, one every 1m0s\n`, out)
+	// the head: no rule holds it, no worker serves its queue
+	js := c.mustRun(t, "jobs", "explain", "--json", "x-1")
+	require.Contains(t, js, `"state": "waiting"`)
+	require.Contains(t, js, `"ahead": 0`)
+	require.Contains(t, js, `"held_by": "turn"`)
+	require.Contains(t, c.mustRun(t, "jobs", "explain", "x-1"), "every rule lets it start now: it waits for its turn")
+	js = c.mustRun(t, "jobs", "explain", "--json", "x-2")
+	require.Contains(t, js, `"held_by": "rate[0]"`)
+	require.Regexp(t, `"expected_in_ms": (60000|5\d\d\d\d(\.\d+)?),`, js)
+
+	list := c.mustRun(t, "jobs", "acme", "--state", "waiting")
+	require.Regexp(t, `(?m)^x-3\s+acme\s+sleep\s+slow\s+waiting\s+0/25\s+in (2m0s|1m5\d(\.\d+)?s) \(rate\[0\]\)\s+-$`, list)
+	require.Contains(t, c.mustRun(t, "jobs", "acme", "--state", "waiting", "--json"), `"held_by": "rate[0]"`)
+
+	r := c.run(t, "jobs", "explain", "nope")
+	require.Equal(t, 1, r.code)
+	require.Contains(t, r.stderr, "no task nope")
 }
