@@ -378,3 +378,34 @@ func ExampleLimiter_Learn() {
 	// kept
 	// cleared | rate=100/s burst=5 | true
 }
+
+func ExampleLimiter_ExplainLine() {
+	client, prefix := redistest.ExampleClient()
+	defer client.Close()
+	ctx := context.Background()
+
+	lim, err := throttle.NewLimiter(client, &throttle.Config{Prefix: prefix})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer lim.Close()
+	policy, _ := throttle.ParsePolicy("rate=1/min")
+	if err := lim.Policies().Set(ctx, "acme", policy); err != nil {
+		log.Fatal(err)
+	}
+	// Three jobs wait in acme's line (queue.Client puts them there).
+	if _, _, err := lim.Room().Join(ctx, "acme", 0, throttle.Waiter{ID: "job-1"}, throttle.Waiter{ID: "job-2"}, throttle.Waiter{ID: "job-3", Cost: 2}); err != nil {
+		log.Fatal(err)
+	}
+	xs, err := lim.ExplainLine(ctx, "acme", "", 0)
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, x := range xs {
+		fmt.Println(x.ID, x.Ahead, x.HeldBy, x.Expected.Sub(x.Now))
+	}
+	// Output:
+	// job-1 0 turn 0s
+	// job-2 1 rate[0] 1m0s
+	// job-3 2 rate[0] 3m0s
+}
