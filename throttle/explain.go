@@ -28,8 +28,9 @@ import (
 // Error model: the rate estimate is what the meters promise if the line
 // ahead is served without pause; a job leaves its line up to PromoteLead
 // (50 ms) before its slot and starts at the slot (the gate holds it), so
-// it starts at its estimate plus the scheduling of the pump, asynq and the
-// worker (tens of ms; TestExplainEstimates measures it). A cooldown set, a
+// it starts at its estimate plus the scheduling delays of the pump, asynq
+// and the worker, its own and those of the jobs ahead of it, which a rule
+// of burst 1 never makes up (TestExplainEstimates measures them). A cooldown set, a
 // learned limit or a policy changed after the reading moves it; a fleet
 // without room (fair share among tenants) or a concurrency cap delays it
 // beyond the estimate; @global's rules are counted with the job's own line
