@@ -723,6 +723,13 @@ func testLearned(t *testing.T, c *cli) {
 	require.Regexp(t, `"learned": \{\s*"limit": 40,\s*"window_ms": 1000,\s*"rate": "40/s",\s*"rule": "rate\[1\]",\s*"source": "RateLimit-Policy",\s*"from": "200 from GET api.example.com/v1/send, task t-1",\s*"learned": "[^"]+",\s*"until": "[^"]+"\s*\}`, js)
 	top := c.mustRun(t, "top", "--once", "--interval", "100ms")
 	require.Regexp(t, `(?m)^acme\s+\S+\s+40/s learned\s+`, top)
+	// two back to back: the second is held by the learned rule
+	_, err = lim.Admit(context.Background(), "acme", "a-1")
+	require.NoError(t, err)
+	r := c.run(t, "admit", "acme", "--dry-run")
+	require.Equal(t, 3, r.code, r.stderr)
+	require.Regexp(t, `denied by\s+rate\[1\] \(40/s\) of acme \(learned from the downstream\)`, r.stdout)
+	require.Regexp(t, `(?m)^  learned\s+40 per 1s \(40/s\) until `, r.stdout)
 	top = c.mustRun(t, "top", "--once", "--json", "--interval", "100ms")
 	require.Contains(t, top, `"limit":"40/s"`)
 	require.Contains(t, top, `"learned":"40 per 1s (40/s) until `)
