@@ -728,7 +728,7 @@ func testLearned(t *testing.T, c *cli) {
 	require.NoError(t, err)
 	r := c.run(t, "admit", "acme", "--dry-run")
 	require.Equal(t, 3, r.code, r.stderr)
-	require.Regexp(t, `denied by\s+rate\[1\] \(40/s\) of acme \(learned from the downstream\)`, r.stdout)
+	require.Regexp(t, `denied by\s+rate\[1\] of policy acme \(40/s\) \(learned from the downstream\)`, r.stdout)
 	require.Regexp(t, `(?m)^  learned\s+40 per 1s \(40/s\) until `, r.stdout)
 	top = c.mustRun(t, "top", "--once", "--json", "--interval", "100ms")
 	require.Contains(t, top, `"limit":"40/s"`)
