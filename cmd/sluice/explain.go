@@ -20,29 +20,39 @@ import (
 
 func jobsExplain(a *app, c *command, o *opts, args []string) error {
 	return withTask(a, c, o, args, func(cn *conn, _ *asynq.Inspector, info *asynq.TaskInfo) error {
-		tenant := info.Headers[taskspec.TenantHeader]
-		doc := explainDoc{ID: info.ID, Queue: info.Queue, Tenant: tenant, Type: info.Type, State: info.State.String(),
-			Retried: info.Retried, MaxRetry: info.MaxRetry, LastError: info.LastErr}
-		if info.State != asynq.TaskStateArchived && info.State != asynq.TaskStateActive && info.State != asynq.TaskStateCompleted {
-			doc.NextProcessAt = timePtr(info.NextProcessAt)
-		}
-		var x *throttle.Explanation
-		if throttle.ValidateTenant(tenant) == nil {
-			var err error
-			x, err = cn.limiter.Explain(a.ctx, tenant, info.Queue, info.ID)
-			if err != nil && !errors.Is(err, throttle.ErrNotWaiting) {
-				return err
-			}
-			if x != nil && x.Waiting {
-				doc.State = "waiting"
-				doc.fill(x)
-			}
+		doc, x, err := explainTask(a.ctx, cn, info)
+		if err != nil {
+			return err
 		}
 		if o.json {
 			return writeJSON(a.stdout, doc)
 		}
 		return writeExplain(a.stdout, doc, x)
 	})
+}
+
+// explainTask is the explanation of the task info: its state in asynq
+// and, when it waits in its tenant's line, Limiter.Explain's.
+func explainTask(ctx context.Context, cn *conn, info *asynq.TaskInfo) (explainDoc, *throttle.Explanation, error) {
+	tenant := info.Headers[taskspec.TenantHeader]
+	doc := explainDoc{ID: info.ID, Queue: info.Queue, Tenant: tenant, Type: info.Type, State: info.State.String(),
+		Retried: info.Retried, MaxRetry: info.MaxRetry, LastError: info.LastErr}
+	if info.State != asynq.TaskStateArchived && info.State != asynq.TaskStateActive && info.State != asynq.TaskStateCompleted {
+		doc.NextProcessAt = timePtr(info.NextProcessAt)
+	}
+	if throttle.ValidateTenant(tenant) != nil {
+		return doc, nil, nil
+	}
+	x, err := cn.limiter.Explain(ctx, tenant, info.Queue, info.ID)
+	if err != nil && !errors.Is(err, throttle.ErrNotWaiting) {
+		return doc, nil, err
+	}
+	if x != nil && x.Waiting {
+		doc.State = "waiting"
+		doc.fill(x)
+	}
+	doc.Text = explainState(doc, x)
+	return doc, x, nil
 }
 
 // explainDoc is the output of jobs explain --json.
@@ -56,6 +66,8 @@ type explainDoc struct {
 	MaxRetry      int        `json:"max_retry"`
 	LastError     string     `json:"last_error"`
 	NextProcessAt *time.Time `json:"next_process_at"`
+	// Text says where the job stands, in words.
+	Text string `json:"text"`
 	// For a job waiting in its tenant's line (state "waiting"):
 	Now           *time.Time   `json:"now,omitempty"`
 	Ahead         int64        `json:"ahead"`
