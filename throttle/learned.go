@@ -33,6 +33,16 @@ import (
 // hold, not once a response.
 const LearnHoldDefault = time.Minute
 
+// LearnHoldMax is the longest a learned limit holds past the last answer
+// that declared it, however long its window: a downstream that stops
+// saying it (or said something odd, w=31536000) is not believed for ever.
+const LearnHoldMax = 24 * time.Hour
+
+// learnHold is how long a limit declared over window holds.
+func learnHold(window time.Duration) time.Duration {
+	return min(max(window, LearnHoldDefault), LearnHoldMax)
+}
+
 // LearnedLimit is a limit a downstream declared for a tenant: Limit
 // requests per Window, from Learned until Until.
 type LearnedLimit struct {
@@ -105,10 +115,11 @@ type learnedJSON struct {
 // Learn records that the downstream of tenant declared l: when it is below
 // the rate of the tenant's policy (its own or the default), the whole
 // fleet follows it until l.Until (zero: now plus the longer of l.Window
-// and LearnHoldDefault). A limit not below the policy's clears one learned
-// before (the downstream raised it). The tenant's policy is read from the
-// cache, and nothing is written when the same limit is in place for more
-// than half its hold, so a handler may call it for every response.
+// and LearnHoldDefault, at most LearnHoldMax). A limit not below the
+// policy's clears one learned before (the downstream raised it). The
+// tenant's policy is read from the cache, and nothing is written when the
+// same limit is in place for more than half its hold, so a handler may
+// call it for every response.
 func (l *Limiter) Learn(ctx context.Context, tenant string, ll LearnedLimit) (LearnOutcome, error) {
 	if err := ValidateTenant(tenant); err != nil {
 		return "", err
@@ -117,7 +128,7 @@ func (l *Limiter) Learn(ctx context.Context, tenant string, ll LearnedLimit) (Le
 		return "", fmt.Errorf("learn a limit for tenant %q: %w", tenant, err)
 	}
 	now := time.Now()
-	hold := max(ll.Window, LearnHoldDefault)
+	hold := learnHold(ll.Window)
 	if ll.Learned.IsZero() {
 		ll.Learned = now
 	}

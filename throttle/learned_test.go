@@ -158,6 +158,14 @@ func TestLearnedLimitReachesTheFleet(t *testing.T) {
 		return r.Learned == nil
 	}, 2*time.Second, 5*time.Millisecond)
 
+	// a long window holds at most LearnHoldMax
+	out, err = e.lim.Learn(ctx, "acme", LearnedLimit{Limit: 1, Window: 365 * 24 * time.Hour})
+	require.NoError(t, err)
+	require.Equal(t, LearnStored, out)
+	r, err = e.lim.Policies().Resolve(ctx, "acme")
+	require.NoError(t, err)
+	require.WithinDuration(t, time.Now().Add(LearnHoldMax), r.Learned.Until, 2*time.Second)
+
 	// bad input is refused with the value
 	_, err = e.lim.Learn(ctx, "acme", LearnedLimit{Limit: 0, Window: time.Second})
 	require.ErrorContains(t, err, "at least 1")

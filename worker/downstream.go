@@ -206,7 +206,7 @@ func (d *downstream) act(ctx context.Context, g *Gate, tenant string, sig Signal
 		if len(d.learned) > maxRemembered {
 			d.learned = map[string]time.Time{}
 		}
-		d.learned[tenant] = now.Add(max(sig.Window, throttle.LearnHoldDefault))
+		d.learned[tenant] = now.Add(min(max(sig.Window, throttle.LearnHoldDefault), throttle.LearnHoldMax))
 		if d.tenants {
 			d.limits.WithLabelValues(tenant).Set(float64(sig.Limit) / sig.Window.Seconds())
 		}
