@@ -38,6 +38,11 @@
 //     ([Decision].Claim), which fences off a slot that has passed to
 //     another admission ([ErrClaimLost]).
 //   - [Limiter.Cooldown] pauses a tenant whose downstream is saturated;
+//     [Limiter.Learn] lowers a tenant's rate, fleet-wide, to a limit its
+//     downstream declared ([LearnedLimit]; learn=false pins a policy), until
+//     it lapses or [Limiter.Forget];
+//     [Limiter.Explain] says what holds a job waiting in its line and when
+//     it is expected to start;
 //     [Limiter.Stats] and [Limiter.Tenants] read the state; [Limiter.Reset]
 //     forgets a tenant's state.
 //

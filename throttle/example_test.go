@@ -342,3 +342,70 @@ acme:
 	// acme: rate=100/s burst=20 rate=5000/h quota=10000/day tz=America/Los_Angeles
 	// policy file line 3, "acme": concurrency=0: must be a whole number of at least 1
 }
+
+func ExampleLimiter_Learn() {
+	client, prefix := redistest.ExampleClient()
+	defer client.Close()
+	ctx := context.Background()
+
+	lim, err := throttle.NewLimiter(client, &throttle.Config{Prefix: prefix})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer lim.Close()
+	policy, _ := throttle.ParsePolicy("rate=100/s burst=5")
+	if err := lim.Policies().Set(ctx, "acme", policy); err != nil {
+		log.Fatal(err)
+	}
+
+	// The downstream answered with RateLimit-Policy: "default";q=40;w=1:
+	// the whole fleet holds acme to 40/s until the limit lapses.
+	out, err := lim.Learn(ctx, "acme", throttle.LearnedLimit{Limit: 40, Window: time.Second, Source: "RateLimit-Policy"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	r, _ := lim.Policies().Resolve(ctx, "acme")
+	fmt.Println(out, "|", r.Policy, "|", r.Learned.Rule)
+
+	// Said again, nothing is written; a limit above the policy's clears it.
+	out, _ = lim.Learn(ctx, "acme", throttle.LearnedLimit{Limit: 40, Window: time.Second})
+	fmt.Println(out)
+	out, _ = lim.Learn(ctx, "acme", throttle.LearnedLimit{Limit: 500, Window: time.Second})
+	r, _ = lim.Policies().Resolve(ctx, "acme")
+	fmt.Println(out, "|", r.Policy, "|", r.Learned == nil)
+	// Output:
+	// learned | rate=100/s burst=5 rate=40/s | rate[1]
+	// kept
+	// cleared | rate=100/s burst=5 | true
+}
+
+func ExampleLimiter_ExplainLine() {
+	client, prefix := redistest.ExampleClient()
+	defer client.Close()
+	ctx := context.Background()
+
+	lim, err := throttle.NewLimiter(client, &throttle.Config{Prefix: prefix})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer lim.Close()
+	policy, _ := throttle.ParsePolicy("rate=1/min")
+	if err := lim.Policies().Set(ctx, "acme", policy); err != nil {
+		log.Fatal(err)
+	}
+	// Three jobs wait in acme's line (queue.Client puts them there).
+	if _, _, err := lim.Room().Join(ctx, "acme", 0, throttle.Waiter{ID: "job-1"}, throttle.Waiter{ID: "job-2"}, throttle.Waiter{ID: "job-3", Cost: 2}); err != nil {
+		log.Fatal(err)
+	}
+	xs, err := lim.ExplainLine(ctx, "acme", "", 0)
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, x := range xs {
+		fmt.Println(x.ID, x.Ahead, x.HeldBy, x.Expected.Sub(x.Now))
+	}
+	// Output:
+	// job-1 0 turn 0s
+	// job-2 1 rate[0] 1m0s
+	// job-3 2 rate[0] 3m0s
+}

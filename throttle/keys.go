@@ -22,13 +22,16 @@ import (
 //	PREFIX:{t:TENANT}:g   zset: jobs taken from a line, being handed to asynq
 //	PREFIX:{t:TENANT}:j   zset: intents, jobs that arrived to wait and are in
 //	                      no line yet (their tasks parked, or about to be)
+//	PREFIX:{t:TENANT}:d   string: the limit learned from the downstream (JSON),
+//	                      expiring when it lapses
 //
 // TENANT is escaped so that braces, colons, spaces and percent signs never
 // reach the key: a tenant cannot move its keys to another slot or collide
 // with another tenant's keys. @global's tag is {g}.
 //
-// The policy store lives under PREFIX:{p}:policies (hash), PREFIX:{p}:version
-// and the pub/sub channel PREFIX:policies:changed. The waiting room's due
+// The policy store lives under PREFIX:{p}:policies (hash), PREFIX:{p}:version,
+// PREFIX:{p}:learned (the learned limits' version) and the pub/sub channel
+// PREFIX:policies:changed. The waiting room's due
 // index of a queue is PREFIX:{r}:due:QUEUE (zset: tenant -> due time, µs).
 // The fleet's registry of worker processes (fleet.go) is PREFIX:{r}:fleet
 // (zset: process -> lease end, ms), PREFIX:{r}:w:PROCESS (hash: the asynq
@@ -43,6 +46,7 @@ type scopeKeys struct {
 	state, planned, started string
 	queues, handing         string
 	intents                 string
+	learned                 string
 	base                    string // of the lines
 }
 
@@ -100,6 +104,7 @@ func keysFor(prefix, scope string) scopeKeys {
 		queues:  base + "q",
 		handing: base + "g",
 		intents: base + "j",
+		learned: base + "d",
 		base:    base,
 	}
 }
@@ -135,6 +140,11 @@ func policiesKey(prefix string) string        { return prefix + ":{p}:policies" 
 func policiesVersionKey(prefix string) string { return prefix + ":{p}:version" }
 func policiesChannel(prefix string) string    { return prefix + ":policies:changed" }
 
+// learnedVersionKey counts the changes of learned limits (any tenant's),
+// announced on policiesChannel; beside the policies' version so one read
+// polls both.
+func learnedVersionKey(prefix string) string { return prefix + ":{p}:learned" }
+
 func validatePrefix(p string) error {
 	if strings.ContainsAny(p, "{}") {
 		return fmt.Errorf("key prefix %q: must not contain { or } (they would change the hash slot of sluice's keys)", p)
@@ -145,7 +155,7 @@ func validatePrefix(p string) error {
 // scopeKeyPattern is a SCAN MATCH pattern for the keys of every scope
 // (tenants and @global) under prefix; scopeFromKey reads a match back.
 func scopeKeyPattern(prefix string) string {
-	return globEscape(prefix) + ":{[tg]*}:[swaqglj]*"
+	return globEscape(prefix) + ":{[tg]*}:[swaqgljd]*"
 }
 
 // lineKeyPattern is a SCAN MATCH pattern for every tenant's lines.

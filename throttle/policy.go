@@ -38,7 +38,7 @@ const (
 //
 //	rate=100/s burst=20 rate=5000/h window=600/min quota=10000/day tz=UTC
 //	concurrency=5 lease=30s overflow=wait max_wait=500ms backlog=50000
-//	weight=2 fail_open=false
+//	weight=2 fail_open=false learn=false
 //
 // burst applies to the rate before it; lease to concurrency; tz to quota.
 // shape=true, from before the waiting room, is accepted and has no effect:
@@ -64,6 +64,11 @@ type Policy struct {
 	// FailOpen lets jobs run unthrottled while Redis cannot be reached.
 	// The default, false, defers them.
 	FailOpen bool
+	// NoLearn pins the policy's limits (text form learn=false): a limit
+	// the downstream declares (LearnedLimit) is recorded but not applied.
+	// The default, false, lets a declared limit below the policy's lower
+	// the tenant's rate until it lapses.
+	NoLearn bool
 }
 
 // MaxWaitDefault is how long overflow=wait holds a job when max_wait is not set.
@@ -124,12 +129,15 @@ func (p *Policy) String() string {
 	if p.FailOpen {
 		parts = append(parts, "fail_open=true")
 	}
+	if p.NoLearn {
+		parts = append(parts, "learn=false")
+	}
 	return strings.Join(parts, " ")
 }
 
 // policyOptions are the options of a policy that are not rules, in text
 // form order.
-var policyOptions = []string{"overflow", "max_wait", "backlog", "weight", "shape", "fail_open"}
+var policyOptions = []string{"overflow", "max_wait", "backlog", "weight", "shape", "fail_open", "learn"}
 
 // optionKind finds the rule kind an option belongs to; nil for a policy
 // option (or an unknown one).
@@ -222,13 +230,16 @@ func (p *Policy) parseOption(key, val string, seen map[string]bool) error {
 			return &PolicyError{key, val, fmt.Sprintf("must be a whole number from 1 to %d (the tenant's share in the waiting room's turns)", MaxWeight)}
 		}
 		p.Weight = n
-	case "shape", "fail_open":
+	case "shape", "fail_open", "learn":
 		b, err := strconv.ParseBool(val)
 		if err != nil {
 			return &PolicyError{key, val, "must be true or false"}
 		}
-		if key == "fail_open" {
+		switch key {
+		case "fail_open":
 			p.FailOpen = b
+		case "learn":
+			p.NoLearn = !b
 		}
 	}
 	return nil

@@ -43,6 +43,7 @@ var canonicalPolicies = []string{
 	"backlog=50000",
 	"weight=3",
 	"fail_open=true",
+	"rate=40/s learn=false",
 	"rate=100/s burst=20 rate=5000/h window=600/min quota=10000/day tz=UTC concurrency=5 lease=30s overflow=wait max_wait=500ms backlog=50000 weight=2 fail_open=true",
 }
 
@@ -80,6 +81,7 @@ func TestPolicyCanonicalForm(t *testing.T) {
 		"concurrency=5 lease=30000ms":   "concurrency=5 lease=30s",
 		"concurrency=5 lease=60s":       "concurrency=5 lease=1m",
 		"fail_open=false shape=false":   "",
+		"learn=true":                    "",
 		"shape=1":                       "",
 		"weight=1":                      "",
 		"overflow=wait max_wait=1000ms": "overflow=wait max_wait=1s",
@@ -212,6 +214,7 @@ func TestPolicyInvalid(t *testing.T) {
 		{"backlog=-3", []string{"backlog=-3", "at least 1"}},
 		{"shape=yes", []string{"shape=yes", "true or false"}},
 		{"fail_open=maybe", []string{"fail_open=maybe", "true or false"}},
+		{"learn=off", []string{"learn=off", "true or false"}},
 		{"shape=true shape=true", []string{"shape=true", "twice"}},
 		{"colour=blue", []string{"colour=blue", "unknown option"}},
 		{"rate", []string{`"rate"`, "key=value"}},

@@ -31,6 +31,10 @@ type Stats struct {
 	FirstSlot, LastSlot time.Time
 	// CooldownUntil is when the tenant's cooldown ends; zero when none.
 	CooldownUntil time.Time
+	// Learned is the limit learned from the tenant's downstream, nil when
+	// none is in place. Rules is the policy as stored; Rates includes the
+	// learned limit's rule (Learned.Rule) when it is applied.
+	Learned *LearnedLimit
 	// Waiting is how many of the tenant's jobs wait in its line in the
 	// waiting room, and WaitingSince when the one at its head joined it
 	// (zero when none waits).
@@ -50,7 +54,8 @@ type Stats struct {
 
 // Stats reads tenant's state (use GlobalPolicy for @global's).
 func (l *Limiter) Stats(ctx context.Context, tenant string) (*Stats, error) {
-	var p *Policy
+	var p, stored *Policy
+	var learned *LearnedLimit
 	name := ""
 	if tenant == GlobalPolicy {
 		r, err := l.policies.resolve(ctx, "")
@@ -69,7 +74,7 @@ func (l *Limiter) Stats(ctx context.Context, tenant string) (*Stats, error) {
 			return nil, err
 		}
 		if r.tenant != nil {
-			p, name = r.tenant, r.tenantName
+			p, name, stored, learned = r.tenant, r.tenantName, r.stored, r.learned
 		}
 	}
 	if p == nil {
@@ -127,6 +132,12 @@ func (l *Limiter) Stats(ctx context.Context, tenant string) (*Stats, error) {
 	s := &Stats{Tenant: tenant, Policy: name, Rules: p, Now: time.UnixMicro(raw.now), Reservations: ints[4], Waiting: ints[8]}
 	if name == "" {
 		s.Rules = nil
+	}
+	if learned != nil {
+		s.Rules, s.Learned = stored, learned
+		if name == tenant && stored == nil {
+			s.Policy = "" // no policy of its own: the learned limit alone
+		}
 	}
 	if ints[10] > 0 {
 		s.WaitingSince = time.UnixMilli(ints[10])

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -30,13 +31,19 @@ type PolicyStore struct {
 	prefix string
 	poll   time.Duration
 
-	mu    sync.RWMutex
-	cache map[string]cachedPolicy
-	gen   atomic.Uint64 // bumped on every invalidation
+	mu      sync.RWMutex
+	cache   map[string]cachedPolicy
+	gen     atomic.Uint64 // bumped on every invalidation
+	version atomic.Int64  // last version seen in Redis
 	// changes counts the policy changes this store learned of (announced,
 	// or seen in the version), not the invalidations of its own start
 	changes atomic.Uint64
-	version atomic.Int64 // last version seen in Redis
+	// learned are the tenants' learned limits (learned.go), read with
+	// their policies; dropped one by one when a learned limit changes.
+	learned     map[string]*learnedEntry
+	epoch       atomic.Uint64 // bumped on every invalidation, of all or one tenant
+	learnedSeen int64         // learned version at the last poll (-1: none yet)
+	heard       map[int64]bool
 
 	watchOnce sync.Once
 	watching  atomic.Bool
@@ -94,12 +101,14 @@ func NewPolicyStore(client redis.UniversalClient, cfg *StoreConfig) (*PolicyStor
 		return nil, fmt.Errorf("policy store: poll interval %s must be positive", c.PollInterval)
 	}
 	s := &PolicyStore{
-		client: client,
-		prefix: c.Prefix,
-		poll:   c.PollInterval,
-		cache:  map[string]cachedPolicy{},
-		stop:   make(chan struct{}),
-		done:   make(chan struct{}),
+		client:      client,
+		prefix:      c.Prefix,
+		poll:        c.PollInterval,
+		cache:       map[string]cachedPolicy{},
+		stop:        make(chan struct{}),
+		learned:     map[string]*learnedEntry{},
+		learnedSeen: -1,
+		done:        make(chan struct{}),
 	}
 	s.version.Store(-1)
 	return s, nil
@@ -315,6 +324,24 @@ func (s *PolicyStore) readVersion(ctx context.Context) (int64, error) {
 	return v, err
 }
 
+// readVersions reads the policies' version and the learned limits' in
+// one command.
+func (s *PolicyStore) readVersions(ctx context.Context) (int64, int64, error) {
+	vals, err := s.client.MGet(ctx, policiesVersionKey(s.prefix), learnedVersionKey(s.prefix)).Result()
+	if err != nil {
+		return 0, 0, err
+	}
+	var out [2]int64
+	for i, v := range vals {
+		if str, ok := v.(string); ok {
+			if out[i], err = strconv.ParseInt(str, 10, 64); err != nil {
+				return 0, 0, fmt.Errorf("version %q is not a number", str)
+			}
+		}
+	}
+	return out[0], out[1], nil
+}
+
 // generation counts the cache's invalidations: it moves when a policy may
 // have changed.
 func (s *PolicyStore) generation() uint64 { return s.gen.Load() }
@@ -326,13 +353,17 @@ func (s *PolicyStore) changeCount() uint64 { return s.changes.Load() }
 func (s *PolicyStore) invalidate() {
 	s.mu.Lock()
 	s.cache = map[string]cachedPolicy{}
+	s.learned = map[string]*learnedEntry{}
 	s.gen.Add(1)
+	s.epoch.Add(1)
 	s.mu.Unlock()
 }
 
 // resolved is what the limiter needs to decide for one tenant.
 type resolved struct {
-	tenant      *Policy // the tenant's own policy, or the default; nil: none
+	tenant      *Policy // the tenant's own policy, or the default, with its learned limit; nil: none
+	stored      *Policy // the tenant's own policy, or the default, as stored
+	learned     *LearnedLimit
 	tenantName  string  // name of the policy in tenant: the tenant or "*"
 	global      *Policy // nil when @global has no policy
 	tenantFacts *policyFacts
@@ -353,14 +384,19 @@ func (s *PolicyStore) resolve(ctx context.Context, tenant string) (resolved, err
 	t, tok := s.cache[tenant]
 	d, dok := s.cache[DefaultPolicy]
 	g, gok := s.cache[GlobalPolicy]
+	le, lok := s.learned[tenant]
 	s.mu.RUnlock()
 	if tenant == "" {
 		t, tok = cachedPolicy{}, true
+		lok = true
 	}
-	if !(tok && dok && gok) {
+	if lok && le.lapsed(time.Now()) {
+		lok = false
+	}
+	if !(tok && dok && gok && lok) {
 		// Read only what is missing, in one round trip; the default and
 		// @global stay the same objects for every tenant that uses them.
-		gen := s.gen.Load()
+		epoch := s.epoch.Load()
 		var fields []string
 		if !dok {
 			fields = append(fields, DefaultPolicy)
@@ -371,9 +407,16 @@ func (s *PolicyStore) resolve(ctx context.Context, tenant string) (resolved, err
 		if !tok {
 			fields = append(fields, tenant)
 		}
-		vals, err := s.read(ctx, fields)
+		learnedOf := ""
+		if !lok {
+			learnedOf = tenant
+		}
+		vals, learned, err := s.read(ctx, fields, learnedOf)
 		if err != nil {
 			return resolved{}, fmt.Errorf("read policies: %w", err)
+		}
+		if !lok {
+			le = learned
 		}
 		for i, name := range fields {
 			c := cachedPolicy{}
@@ -392,9 +435,10 @@ func (s *PolicyStore) resolve(ctx context.Context, tenant string) (resolved, err
 			}
 		}
 		s.mu.Lock()
-		if s.gen.Load() == gen {
-			if len(s.cache) > maxCachedPolicies {
+		if s.epoch.Load() == epoch {
+			if len(s.cache) > maxCachedPolicies || len(s.learned) > maxCachedPolicies {
 				s.cache = map[string]cachedPolicy{}
+				s.learned = map[string]*learnedEntry{}
 			}
 			for _, name := range fields {
 				switch name {
@@ -405,6 +449,9 @@ func (s *PolicyStore) resolve(ctx context.Context, tenant string) (resolved, err
 				default:
 					s.cache[name] = t
 				}
+			}
+			if !lok {
+				s.learned[tenant] = le
 			}
 		}
 		s.mu.Unlock()
@@ -420,29 +467,61 @@ func (s *PolicyStore) resolve(ctx context.Context, tenant string) (resolved, err
 		if r.tenant == nil {
 			r.tenant, r.tenantName, r.tenantFacts = d.policy, DefaultPolicy, d.facts
 		}
+		r.stored = r.tenant
+		if le != nil && le.ll != nil {
+			if r.tenant == nil {
+				r.tenantName = tenant
+			}
+			r.tenant, r.tenantFacts, r.learned = le.apply(r.tenant, r.tenantFacts)
+		}
 	}
 	return r, nil
 }
 
-// read reads the named policies' raw values, giving up at ctx's end: a
-// go-redis call ends at the client's timeouts, not at the context's
-// deadline, and a decision must not outlive the caller's deadline on a
-// frozen Redis. A read given up on ends by itself at the client's timeouts.
-func (s *PolicyStore) read(ctx context.Context, fields []string) ([]any, error) {
+// read reads the named policies' raw values and, unless learnedOf is
+// empty, that tenant's learned limit, in one round trip, giving up at
+// ctx's end: a go-redis call ends at the client's timeouts, not at the
+// context's deadline, and a decision must not outlive the caller's
+// deadline on a frozen Redis. A read given up on ends by itself at the
+// client's timeouts.
+func (s *PolicyStore) read(ctx context.Context, fields []string, learnedOf string) ([]any, *learnedEntry, error) {
 	type result struct {
-		vals []any
-		err  error
+		vals    []any
+		learned *learnedEntry
+		err     error
 	}
 	ch := make(chan result, 1)
 	go func() {
-		vals, err := s.client.HMGet(ctx, policiesKey(s.prefix), fields...).Result()
-		ch <- result{vals, err}
+		var r result
+		if learnedOf == "" {
+			r.vals, r.err = s.client.HMGet(ctx, policiesKey(s.prefix), fields...).Result()
+			ch <- r
+			return
+		}
+		var hm *redis.SliceCmd
+		var decode func(time.Time) *learnedEntry
+		_, err := s.client.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+			if len(fields) > 0 {
+				hm = pipe.HMGet(ctx, policiesKey(s.prefix), fields...)
+			}
+			decode = s.readLearned(ctx, pipe, learnedOf)
+			return nil
+		})
+		if err != nil && !errors.Is(err, redis.Nil) {
+			r.err = err
+		} else {
+			if hm != nil {
+				r.vals, r.err = hm.Result()
+			}
+			r.learned = decode(time.Now())
+		}
+		ch <- r
 	}()
 	select {
 	case r := <-ch:
-		return r.vals, r.err
+		return r.vals, r.learned, r.err
 	case <-ctx.Done():
-		return nil, ctx.Err()
+		return nil, nil, ctx.Err()
 	}
 }
 
@@ -455,6 +534,10 @@ type Resolved struct {
 	Name string
 	// Global is the @global policy; nil when there is none.
 	Global *Policy
+	// Learned is the limit learned from the tenant's downstream, nil when
+	// none is in place; Policy includes it as its last rate rule when it
+	// is applied (Learned.Rule).
+	Learned *LearnedLimit
 
 	facts, globalFacts *policyFacts // worked out when cached
 }
@@ -464,7 +547,7 @@ type Resolved struct {
 // with one round trip.
 func (s *PolicyStore) Resolve(ctx context.Context, tenant string) (Resolved, error) {
 	r, err := s.resolve(ctx, tenant)
-	return Resolved{Policy: r.tenant, Name: r.tenantName, Global: r.global, facts: r.tenantFacts, globalFacts: r.globalFacts}, err
+	return Resolved{Policy: r.tenant, Name: r.tenantName, Global: r.global, Learned: r.learned, facts: r.tenantFacts, globalFacts: r.globalFacts}, err
 }
 
 // watch drops the cache whenever a change is announced or the version moves.
@@ -494,14 +577,20 @@ func (s *PolicyStore) watch() {
 		select {
 		case <-s.stop:
 			return
-		case _, ok := <-msgs:
-			if ok {
-				s.invalidate()
-				s.changes.Add(1)
+		case msg, ok := <-msgs:
+			if !ok {
+				continue
 			}
+			if v, tenant, ok := parseLearnedMessage(msg.Payload); ok {
+				s.noteLearned(v)
+				s.invalidateTenant(tenant)
+				continue
+			}
+			s.invalidate()
+			s.changes.Add(1)
 		case <-tick.C:
 			pctx, pcancel := context.WithTimeout(ctx, s.poll)
-			v, err := s.readVersion(pctx)
+			v, lv, err := s.readVersions(pctx)
 			pcancel()
 			if err != nil {
 				continue
@@ -512,6 +601,7 @@ func (s *PolicyStore) watch() {
 					s.changes.Add(1)
 				}
 			}
+			s.checkLearned(lv)
 		}
 	}
 }

@@ -57,6 +57,13 @@
 //     the original is revoked.
 //   - A handler that learns the downstream is saturated returns
 //     RetryAfter(d, err): the tenant pauses for d and the job is deferred.
+//   - A handler gives sluice its downstream's answers with Observe(ctx,
+//     resp) (the built-in http handler does it for every answer): their
+//     rate-limit headers (ParseSignal: Retry-After, the IETF RateLimit
+//     fields, X-RateLimit-*, OpenAI, Anthropic and Shopify forms) pause the
+//     tenant when its quota is used up, and a declared limit below its
+//     policy is learned by the whole fleet (throttle.Limiter.Learn) until
+//     it lapses; learn=false in a policy pins it.
 //   - Redis unreachable: the job is deferred with capped, jittered
 //     exponential backoff (fail closed), unless its policy, as last cached,
 //     says fail_open=true. A stored policy that cannot be read (garbage in
@@ -93,5 +100,8 @@
 // sluice_worker_unknown_types_total, sluice_worker_recovered_total and
 // sluice_worker_taken_for_dead_total; the waiting room's
 // sluice_room_promoted_total, sluice_room_skipped_total, sluice_room_waiting
-// and sluice_room_oldest_wait_seconds.
+// and sluice_room_oldest_wait_seconds; the downstream signals'
+// sluice_downstream_signals_total, sluice_downstream_actions_total,
+// sluice_downstream_learned_tenants and, with tenant labels,
+// sluice_downstream_learned_limit.
 package worker

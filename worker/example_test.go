@@ -239,3 +239,85 @@ func ExampleRegisterBuiltins() {
 	// http: <nil>
 	// sleep: <nil>
 }
+
+func ExampleParseSignal() {
+	h := http.Header{}
+	h.Set("RateLimit-Policy", `"default";q=100;w=60`)
+	h.Set("RateLimit", `"default";r=0;t=10`)
+	h.Set("X-RateLimit-Remaining", "lots") // malformed: ignored, counted
+	sig := worker.ParseSignal(http.StatusOK, h, time.Now())
+	fmt.Println(sig.Limit, sig.Window, sig.LimitFrom)
+	fmt.Println(sig.Remaining, sig.Reset, sig.Exhausted())
+	fmt.Println(sig.Malformed)
+
+	h = http.Header{}
+	h.Set("Retry-After", "120")
+	fmt.Println(worker.ParseSignal(http.StatusTooManyRequests, h, time.Now()).RetryDelay())
+	// Output:
+	// 100 1m0s RateLimit-Policy
+	// 0 10s true
+	// [X-RateLimit-Remaining: lots]
+	// 2m0s
+}
+
+func ExampleObserve() {
+	rdb, prefix, queueName, done := exampleEnv("ExampleObserve")
+	defer done()
+	ctx := context.Background()
+	// An API that allows 40 requests a second and says so on every answer.
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("RateLimit-Policy", `"default";q=40;w=1`)
+		w.Header().Set("RateLimit", `"default";r=39;t=1`)
+		w.WriteHeader(http.StatusOK)
+	}))
+	defer api.Close()
+
+	srv, err := worker.New(rdb, &worker.Config{
+		Prefix: prefix,
+		Asynq:  asynq.Config{Queues: map[string]int{queueName: 1}, LogLevel: asynq.ErrorLevel},
+	})
+	if err != nil {
+		panic(err)
+	}
+	if err := srv.Limiter().Policies().Set(ctx, "acme", &throttle.Policy{Rates: []throttle.Rate{{Limit: 100, Period: time.Second, Burst: 5}}}); err != nil {
+		panic(err)
+	}
+	seen := make(chan worker.Signal, 1)
+	// A handler of its own: it calls the API and gives sluice the answer.
+	srv.HandleFunc("sync", func(ctx context.Context, t *asynq.Task) error {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, api.URL, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		sig := worker.Observe(ctx, resp) // acts for acme, fleet-wide
+		seen <- sig
+		if resp.StatusCode == http.StatusTooManyRequests {
+			return worker.RetryAfter(sig.RetryDelay(), errors.New(resp.Status))
+		}
+		return nil
+	})
+	if err := srv.Start(); err != nil {
+		panic(err)
+	}
+	defer srv.Shutdown()
+	producer, err := queue.New(rdb, &queue.Config{Limiter: srv.Limiter()})
+	if err != nil {
+		panic(err)
+	}
+	defer producer.Close()
+	if _, err := producer.Enqueue(ctx, "acme", asynq.NewTask("sync", nil), asynq.Queue(queueName)); err != nil {
+		panic(err)
+	}
+	sig := <-seen
+	fmt.Println("declared:", sig.Limit, "per", sig.Window)
+	st, err := srv.Limiter().Stats(ctx, "acme")
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("policy:", st.Rules, "| learned:", st.Learned.Rate(), "as", st.Learned.Rule)
+	// Output:
+	// declared: 40 per 1s
+	// policy: rate=100/s burst=5 | learned: 40/s as rate[1]
+}

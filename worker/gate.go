@@ -48,6 +48,7 @@ type Gate struct {
 	log       *slog.Logger
 	m         *metrics
 	rm        *roomMetrics
+	down      *downstream
 	gatherer  prometheus.Gatherer
 	asynq     *asynq.Client
 	inspector *asynq.Inspector
@@ -118,6 +119,9 @@ func NewGate(lim *throttle.Limiter, asynqRedis redis.UniversalClient, cfg *GateC
 	}
 	g.m = m
 	if g.rm, err = newRoomMetrics(reg, c.TenantLabels); err != nil {
+		return nil, fmt.Errorf("worker: register metrics: %w", err)
+	}
+	if g.down, err = newDownstream(reg, c.TenantLabels); err != nil {
 		return nil, fmt.Errorf("worker: register metrics: %w", err)
 	}
 	return g, nil
@@ -546,7 +550,7 @@ func (g *Gate) backoff() time.Duration {
 // runs, and releases what the job holds when it returns or panics.
 func (g *Gate) run(ctx context.Context, j *job, a Admission, next asynq.Handler) (err error) {
 	lease := a.Decision.Lease
-	ctx = context.WithValue(ctx, admissionKey{}, a)
+	ctx = context.WithValue(context.WithValue(ctx, admissionKey{}, a), gateKey{}, g)
 	gauge := g.m.running(j.tenant)
 	gauge.Inc()
 	defer gauge.Dec()

@@ -49,10 +49,15 @@ type SleepRequest struct {
 
 // HTTPHandler makes the request an "http" task describes: a 2xx answer
 // completes the job; 429 and 503 pause the tenant for the Retry-After the
-// downstream asked for (seconds or an HTTP date; RetryAfterDefault when
-// absent) and defer the job (RetryAfter); other 5xx answers and network
-// errors are retried as usual; other answers (4xx, unfollowed 3xx) archive
-// the job (asynq.SkipRetry), as does a payload that cannot be read.
+// downstream asked for (seconds or an HTTP date; else the quota's reset
+// when the response says none remains; else RetryAfterDefault) and defer
+// the job (RetryAfter); other 5xx answers and network errors are retried
+// as usual; other answers (4xx, unfollowed 3xx) archive the job
+// (asynq.SkipRetry), as does a payload that cannot be read.
+//
+// Every answer, a 2xx too, is read for the downstream's rate-limit signals
+// (Observe): remaining 0 with a reset pauses the tenant until the reset,
+// and a declared limit below the tenant's policy is learned by the fleet.
 type HTTPHandler struct {
 	// Client makes the requests; http.DefaultClient when nil.
 	Client *http.Client
@@ -104,6 +109,7 @@ func (h *HTTPHandler) ProcessTask(ctx context.Context, task *asynq.Task) error {
 	// (bounded) so the connection can be reused.
 	snippet, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
+	sig := Observe(ctx, resp)
 	code := resp.StatusCode
 	status := fmt.Sprintf("http task: %s %s: status %d", method, req.URL, code)
 	if s := strings.TrimSpace(string(snippet)); s != "" && (code < 200 || code > 299) {
@@ -113,7 +119,7 @@ func (h *HTTPHandler) ProcessTask(ctx context.Context, task *asynq.Task) error {
 	case code >= 200 && code <= 299:
 		return nil
 	case code == http.StatusTooManyRequests || code == http.StatusServiceUnavailable:
-		return RetryAfter(ParseRetryAfter(resp.Header.Get("Retry-After"), time.Now()), errors.New(status))
+		return RetryAfter(sig.RetryDelay(), errors.New(status))
 	case code >= 500:
 		return errors.New(status)
 	default:

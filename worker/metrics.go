@@ -94,7 +94,7 @@ func newMetrics(reg prometheus.Registerer, tenants bool) (*metrics, error) {
 		}, []string{"result"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_worker_errors_total",
-			Help: "Errors of the gate, by kind (redis, policy, cost, tenant_header, no_tenant, cost_header, id_header, copy, release, cooldown, room, recover, asynq_layout: the waiting room is off).",
+			Help: "Errors of the gate, by kind (redis, policy, cost, tenant_header, no_tenant, cost_header, id_header, copy, release, cooldown, room, recover, asynq_layout: the waiting room is off, downstream).",
 		}, []string{"kind"}),
 		outcomes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_worker_handler_outcomes_total",

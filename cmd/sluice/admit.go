@@ -74,6 +74,9 @@ func admit(a *app, c *command, o *opts, args []string) error {
 		policy = global
 	}
 	ruleText := explainRule(policy, d)
+	if l := r.Learned; l != nil && l.Rule != "" && l.Rule == d.Rule && d.Policy != throttle.GlobalPolicy {
+		ruleText += " (learned from the downstream)"
+	}
 	var concLimit int64 = -1
 	if own != nil && own.Concurrency != nil {
 		concLimit = own.Concurrency.Limit
@@ -122,6 +125,9 @@ func admit(a *app, c *command, o *opts, args []string) error {
 	}
 	if global.HasRules() {
 		row("@global", "%s", global.String())
+	}
+	if l := r.Learned; l != nil {
+		row("learned", "%s", l.String())
 	}
 	if d.Remaining >= 0 {
 		row("remaining", "%d more jobs of cost 1 right now", d.Remaining)

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"net/http"
@@ -10,6 +11,8 @@ import (
 	"sort"
 	"sync"
 	"time"
+
+	"github.com/hibiken/asynq"
 
 	"github.com/sluicehq/sluice/throttle"
 )
@@ -87,6 +90,11 @@ type rowJSON struct {
 	Reserved     int64   `json:"reserved"`
 	CooldownMS   float64 `json:"cooldown_ms"`
 	BacklogCap   int64   `json:"backlog_cap"`
+	// Learned describes the limit learned from the tenant's downstream
+	// (what, from which answer, until when, as which rule); absent when
+	// none is in place. LimitLearned says Limit is that limit.
+	Learned      string `json:"learned,omitempty"`
+	LimitLearned bool   `json:"limit_learned,omitempty"`
 	// Decisions are the tenant's decisions per second, null unless the
 	// workers scraped label their metrics by tenant.
 	Decisions *decisionsJSON `json:"decisions"`
@@ -144,6 +152,20 @@ type tenantDoc struct {
 	Tenant rowJSON    `json:"tenant"`
 	Stats  tenantJSON `json:"stats"`
 	Points []point    `json:"points"`
+	// Next are the first jobs of each of the tenant's lines, with when
+	// they are expected to start (sluice jobs explain); empty when none
+	// waits.
+	Next []nextJSON `json:"next"`
+}
+
+// nextJSON is a waiting job on a tenant's page.
+type nextJSON struct {
+	ID           string  `json:"id"`
+	Queue        string  `json:"queue"`
+	Ahead        int64   `json:"ahead"`
+	ExpectedInMS float64 `json:"expected_in_ms"`
+	HeldBy       string  `json:"held_by"`
+	RunningFirst int64   `json:"running_first"`
 }
 
 func newBoard(cn *conn, cfg boardConfig) *board {
@@ -341,6 +363,9 @@ func newRow(s *throttle.Stats, r topRow) rowJSON {
 	if s.Rules != nil {
 		row.Rules, row.BacklogCap = s.Rules.String(), s.Rules.Backlog
 	}
+	if s.Learned != nil {
+		row.Learned, row.LimitLearned = learnedText(s), r.learned
+	}
 	if rt, perSec, ok := tightestRate(s); ok {
 		row.Limit, row.LimitPerS = limitText(rt), perSec
 	}
@@ -413,6 +438,75 @@ func (b *board) serveTenant(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		serveJSON(w, http.StatusNotFound, map[string]string{"error": fmt.Sprintf(
 			"tenant %q is not followed: it has no policy and no throttle state (or more than --max-tenants tenants have)", name)})
+		return
+	}
+	doc.Next = []nextJSON{}
+	if doc.Stats.Waiting > 0 {
+		next, err := b.next(r.Context(), name)
+		if err != nil {
+			serveJSON(w, http.StatusBadGateway, map[string]string{"error": err.Error()})
+			return
+		}
+		doc.Next = next
+	}
+	serveJSON(w, http.StatusOK, doc)
+}
+
+// nextPerLine is how many jobs of each line a tenant's page explains.
+const nextPerLine = 10
+
+// next explains the first jobs of each of tenant's lines.
+func (b *board) next(ctx context.Context, tenant string) ([]nextJSON, error) {
+	heads, err := b.cn.limiter.Room().WaitingIDs(ctx, tenant, 1)
+	if err != nil {
+		return nil, err
+	}
+	out := []nextJSON{}
+	for _, h := range heads {
+		xs, err := b.cn.limiter.ExplainLine(ctx, tenant, h.Queue, nextPerLine)
+		if err != nil {
+			return nil, err
+		}
+		for _, x := range xs {
+			out = append(out, nextJSON{ID: x.ID, Queue: x.Queue, Ahead: x.Ahead, ExpectedInMS: ms(x.Expected.Sub(x.Now)), HeldBy: x.HeldBy, RunningFirst: x.RunningFirst})
+		}
+	}
+	return out, nil
+}
+
+// serveJob is GET /api/jobs/{id}[?queue=Q]: sluice jobs explain --json.
+func (b *board) serveJob(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	in := asynq.NewInspectorFromRedisClient(b.cn.client)
+	queues, err := jobQueues(in, r.URL.Query().Get("queue"))
+	if err != nil {
+		serveJSON(w, http.StatusBadGateway, map[string]string{"error": err.Error()})
+		return
+	}
+	var found []*asynq.TaskInfo
+	for _, q := range queues {
+		info, err := in.GetTaskInfo(q, id)
+		if errors.Is(err, asynq.ErrTaskNotFound) || errors.Is(err, asynq.ErrQueueNotFound) {
+			continue
+		}
+		if err != nil {
+			serveJSON(w, http.StatusBadGateway, map[string]string{"error": err.Error()})
+			return
+		}
+		found = append(found, info)
+	}
+	switch len(found) {
+	case 0:
+		serveJSON(w, http.StatusNotFound, map[string]string{"error": fmt.Sprintf("no task %q in %s (a job that finished is gone)", id, queuesText(queues))})
+		return
+	case 1:
+	default:
+		serveJSON(w, http.StatusConflict, map[string]string{"error": fmt.Sprintf("task %q is in several queues: give the one you mean with ?queue=", id)})
+		return
+	}
+	doc, _, err := explainTask(r.Context(), b.cn, found[0])
+	if err != nil {
+		serveJSON(w, http.StatusBadGateway, map[string]string{"error": err.Error()})
 		return
 	}
 	serveJSON(w, http.StatusOK, doc)

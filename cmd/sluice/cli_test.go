@@ -70,6 +70,8 @@ func TestCLI(t *testing.T) {
 		"InvalidNames":         testInvalidNames,
 		"RangeEdge":            testRangeEdge,
 		"Jobs":                 testJobs,
+		"Learned":              testLearned,
+		"JobsExplain":          testJobsExplain,
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -699,4 +701,78 @@ func testJobs(t *testing.T, c *cli) {
 	require.Equal(t, result{code: 1, stderr: "sluice: no task j-archived in queues idle, work (a job that finished is gone); sluice jobs lists the jobs\n"}, r)
 	r = c.run(t, "jobs", "run", "j-retry", "--queue", "nope")
 	require.Equal(t, result{code: 1, stderr: "sluice: no queue \"nope\"; the queues are: idle, work\n"}, r)
+}
+
+// testLearned: a limit learned from the downstream shows in stats (the
+// detail, the table, JSON) and top, beside the policy as stored.
+func testLearned(t *testing.T, c *cli) {
+	c.mustRun(t, "policy", "set", "acme", "rate=100/s burst=5")
+	lim := c.limiter(t)
+	out, err := lim.Learn(context.Background(), "acme", throttle.LearnedLimit{Limit: 40, Window: time.Second,
+		Source: "RateLimit-Policy", From: "200 from GET api.example.com/v1/send, task t-1"})
+	require.NoError(t, err)
+	require.Equal(t, throttle.LearnStored, out)
+
+	detail := c.mustRun(t, "stats", "acme")
+	require.Regexp(t, `(?m)^policy\s+acme: `, detail)
+	require.Contains(t, detail, "100/s burst 5", "the policy as stored")
+	require.Regexp(t, `(?m)^rate\[1\] \(learned\)\s+`, detail)
+	require.Regexp(t, `(?m)^learned\s+40 per 1s \(40/s\) from the downstream, for (1m0s|5\d(\.\d+)?s) more \(until \S+\); declared in RateLimit-Policy of 200 from GET api.example.com/v1/send, task t-1; applied as rate\[1\]$`, detail)
+	require.Contains(t, c.mustRun(t, "stats"), "(learned)")
+	js := c.mustRun(t, "stats", "--json", "acme")
+	require.Regexp(t, `"learned": \{\s*"limit": 40,\s*"window_ms": 1000,\s*"rate": "40/s",\s*"rule": "rate\[1\]",\s*"source": "RateLimit-Policy",\s*"from": "200 from GET api.example.com/v1/send, task t-1",\s*"learned": "[^"]+",\s*"until": "[^"]+"\s*\}`, js)
+	top := c.mustRun(t, "top", "--once", "--interval", "100ms")
+	require.Regexp(t, `(?m)^acme\s+\S+\s+40/s learned\s+`, top)
+	// two back to back: the second is held by the learned rule
+	_, err = lim.Admit(context.Background(), "acme", "a-1")
+	require.NoError(t, err)
+	r := c.run(t, "admit", "acme", "--dry-run")
+	require.Equal(t, 3, r.code, r.stderr)
+	require.Regexp(t, `denied by\s+rate\[1\] of policy acme \(40/s\) \(learned from the downstream\)`, r.stdout)
+	require.Regexp(t, `(?m)^  learned\s+40 per 1s \(40/s\) until `, r.stdout)
+	top = c.mustRun(t, "top", "--once", "--json", "--interval", "100ms")
+	require.Contains(t, top, `"limit":"40/s"`)
+	require.Contains(t, top, `"learned":"40 per 1s (40/s) until `)
+
+	// pinned: recorded, not applied
+	c.mustRun(t, "policy", "set", "acme", "rate=100/s burst=5 learn=false")
+	detail = c.mustRun(t, "stats", "acme")
+	require.Contains(t, detail, "not applied: pinned: the policy says learn=false")
+	require.NotContains(t, detail, "rate[1]")
+}
+
+// testJobsExplain: jobs waiting in a rate=1/min line (no worker serves
+// their queue) say what holds them and when they are expected to start.
+func testJobsExplain(t *testing.T, c *cli) {
+	srv := redistest.NewServer(t, nil)
+	c = &cli{bin: c.bin, url: srv.URL(), prefix: c.prefix, client: srv.Client(t)}
+	ctx := context.Background()
+	c.mustRun(t, "policy", "set", "acme", "rate=1/min")
+	qc, err := queue.New(c.client, &queue.Config{Prefix: c.prefix})
+	require.NoError(t, err)
+	defer qc.Close()
+	for _, id := range []string{"x-1", "x-2", "x-3"} {
+		_, err := qc.Enqueue(ctx, "acme", asynq.NewTask("sleep", nil), asynq.Queue("slow"), asynq.TaskID(id))
+		require.NoError(t, err)
+	}
+	out := c.mustRun(t, "jobs", "explain", "x-3")
+	require.Regexp(t, `^job x-3 \(type sleep, tenant acme, queue slow\): waiting in its tenant's line, 2 ahead of it, for \S+; expected to start in (2m0s|1m5\d(\.\d+)?s) \(\S+\), held by rate\[0\]\n`, out)
+	require.Regexp(t, `\n  rate\[0\]\s+in (2m0s|1m5\d(\.\d+)?s)\s+1/min: 2 units of cost ahead of it and its own, one every 1m0s\n`, out)
+	// the head: no rule holds it, no worker serves its queue
+	js := c.mustRun(t, "jobs", "explain", "--json", "x-1")
+	require.Contains(t, js, `"state": "waiting"`)
+	require.Contains(t, js, `"ahead": 0`)
+	require.Contains(t, js, `"held_by": "turn"`)
+	require.Contains(t, c.mustRun(t, "jobs", "explain", "x-1"), "every rule lets it start now: it waits for its turn")
+	js = c.mustRun(t, "jobs", "explain", "--json", "x-2")
+	require.Contains(t, js, `"held_by": "rate[0]"`)
+	require.Regexp(t, `"expected_in_ms": (60000|5\d\d\d\d(\.\d+)?),`, js)
+
+	list := c.mustRun(t, "jobs", "acme", "--state", "waiting")
+	require.Regexp(t, `(?m)^x-3\s+acme\s+sleep\s+slow\s+waiting\s+0/25\s+in (2m0s|1m5\d(\.\d+)?s) \(rate\[0\]\)\s+-$`, list)
+	require.Contains(t, c.mustRun(t, "jobs", "acme", "--state", "waiting", "--json"), `"held_by": "rate[0]"`)
+
+	r := c.run(t, "jobs", "explain", "nope")
+	require.Equal(t, 1, r.code)
+	require.Contains(t, r.stderr, "no task nope")
 }

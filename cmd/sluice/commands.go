@@ -156,7 +156,8 @@ func init() {
 				"At most --limit jobs are listed (default 50; 0 lists all). --json prints\n" +
 				"{\"now\": …, \"jobs\": [{\"id\", \"queue\", \"state\", \"tenant\", \"type\", \"retried\",\n" +
 				"\"max_retry\", \"last_error\", \"last_failed_at\", \"next_process_at\", \"payload\"}],\n" +
-				"\"more\": …}. A tenant named run or delete is written after --.\n\n" +
+				"\"more\": …}. A tenant named explain, run or delete is written after --.\n\n" +
+				"  sluice jobs explain ID [--queue Q]  what holds a job and when it is expected to start\n" +
 				"  sluice jobs run ID [--queue Q]      run a scheduled, retrying or archived job now\n" +
 				"  sluice jobs delete ID [--queue Q]   delete a job that is not running",
 			flags: func(fs *flag.FlagSet, o *opts) {
@@ -166,6 +167,23 @@ func init() {
 				fs.BoolVar(&o.json, "json", false, "")
 			},
 			run: jobs,
+		},
+		{
+			name: "jobs explain", usage: "jobs explain ID [--queue Q] [--json]",
+			summary: "what holds a job and when it is expected to start",
+			help: "Says where job ID (a task id, as sluice jobs lists it) stands. A job waiting\n" +
+				"in its tenant's line: how many wait ahead of it, what holds it (a rate rule, a\n" +
+				"limit learned from the downstream, the window, the quota, a cooldown, the\n" +
+				"concurrency cap, or its turn in the fleet) and when it is expected to start,\n" +
+				"from the tenant's meters and the line ahead of it. Any other job: its state\n" +
+				"in asynq. --json prints {\"id\", \"queue\", \"tenant\", \"state\", \"ahead\",\n" +
+				"\"expected_start\", \"expected_in_ms\", \"held_by\", \"holds\", …}. --queue is\n" +
+				"needed only when the id is in several queues.",
+			flags: func(fs *flag.FlagSet, o *opts) {
+				fs.StringVar(&o.queue, "queue", "", "")
+				fs.BoolVar(&o.json, "json", false, "")
+			},
+			run: jobsExplain,
 		},
 		{
 			name: "jobs run", usage: "jobs run ID [--queue Q]",

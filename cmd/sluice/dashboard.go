@@ -213,6 +213,7 @@ func (b *board) handler(mon http.Handler, public bool) http.Handler {
 	mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(assets)))
 	mux.HandleFunc("GET /api/tenants", b.serveTenants)
 	mux.HandleFunc("GET /api/tenants/{name}", b.serveTenant)
+	mux.HandleFunc("GET /api/jobs/{id}", b.serveJob)
 	mux.Handle(asynqRoot+"/", mon)
 	mux.Handle(asynqRoot, http.RedirectHandler(asynqRoot+"/", http.StatusMovedPermanently))
 

@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hibiken/asynq"
 	"github.com/hibiken/asynqmon"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -26,6 +27,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/clitest"
 	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/throttle"
 )
 
@@ -486,4 +488,39 @@ func testDashboard(t *testing.T, c *cli) {
 	require.Empty(t, d.stderr.String())
 	_, err := net.DialTimeout("tcp", addr, time.Second)
 	require.Error(t, err, "the port is closed")
+}
+
+// TestBoardExplainsWaitingJobs: a tenant's page lists the first jobs of
+// its lines with when they are expected to start, and /api/jobs/ID
+// explains one (sluice jobs explain --json).
+func TestBoardExplainsWaitingJobs(t *testing.T) {
+	t.Parallel()
+	e := newBoardEnv(t, boardConfig{readOnly: true})
+	ctx := context.Background()
+	setPolicy(t, e.cn, "lined", "rate=1/min")
+	qname := "q-" + e.cn.prefix
+	qc, err := queue.New(e.cn.client, &queue.Config{Prefix: e.cn.prefix})
+	require.NoError(t, err)
+	defer qc.Close()
+	for _, id := range []string{"a", "b", "c"} {
+		_, err := qc.Enqueue(ctx, "lined", asynq.NewTask("sleep", nil), asynq.Queue(qname), asynq.TaskID(e.cn.prefix+"-"+id))
+		require.NoError(t, err)
+	}
+	e.row(t, "lined", "three waiting", func(_ tenantsDoc, r rowJSON) bool { return r.Waiting == 3 })
+	var doc tenantDoc
+	require.Equal(t, http.StatusOK, e.get(t, "/api/tenants/lined", &doc))
+	require.Len(t, doc.Next, 3)
+	require.Equal(t, nextJSON{ID: e.cn.prefix + "-a", Queue: qname, HeldBy: "turn"}, doc.Next[0])
+	require.Equal(t, "rate[0]", doc.Next[2].HeldBy)
+	require.InDelta(t, 120_000, doc.Next[2].ExpectedInMS, 1000)
+
+	var job explainDoc
+	require.Equal(t, http.StatusOK, e.get(t, "/api/jobs/"+e.cn.prefix+"-b?queue="+qname, &job))
+	require.Equal(t, "waiting", job.State)
+	require.Equal(t, "rate[0]", job.HeldBy)
+	require.EqualValues(t, 1, job.Ahead)
+	require.Contains(t, job.Text, "held by rate[0]")
+	var missing map[string]string
+	require.Equal(t, http.StatusNotFound, e.get(t, "/api/jobs/nope?queue="+qname, &missing))
+	require.Contains(t, missing["error"], `no task "nope"`)
 }

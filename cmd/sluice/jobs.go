@@ -76,6 +76,10 @@ type jobJSON struct {
 	LastFailedAt  *time.Time `json:"last_failed_at"`
 	NextProcessAt *time.Time `json:"next_process_at"`
 	Payload       string     `json:"payload"`
+	// ExpectedStart and HeldBy are, for a waiting job, when it is
+	// expected to start and what holds it (sluice jobs explain).
+	ExpectedStart *time.Time `json:"expected_start,omitempty"`
+	HeldBy        string     `json:"held_by,omitempty"`
 }
 
 type jobsDoc struct {
@@ -89,6 +93,8 @@ type jobsDoc struct {
 type job struct {
 	info  *asynq.TaskInfo
 	state string
+	// expect explains a waiting job (explain.go); nil for the others
+	expect *throttle.Explanation
 }
 
 func (j job) tenant() string { return j.info.Headers[taskspec.TenantHeader] }
@@ -152,6 +158,9 @@ func jobs(a *app, c *command, o *opts, args []string) error {
 	}
 	list, more, err := listJobs(in, queues, states, tenant, waiting, limit)
 	if err != nil {
+		return err
+	}
+	if err := explainWaiting(a.ctx, cn, list); err != nil {
 		return err
 	}
 	if o.json {
@@ -268,6 +277,9 @@ func (j job) json() jobJSON {
 	if j.state != "archived" && j.state != "active" {
 		out.NextProcessAt = timePtr(i.NextProcessAt)
 	}
+	if x := j.expect; x != nil {
+		out.ExpectedStart, out.HeldBy = timePtr(x.Expected), x.HeldBy
+	}
 	return out
 }
 
@@ -292,8 +304,8 @@ func writeJobs(a *app, list []job, now time.Time) error {
 	return tw.Flush()
 }
 
-// nextRun says when asynq runs the job next: a waiting job when its turn
-// comes (asynq's time is only its fallback).
+// nextRun says when asynq runs the job next: a waiting job when it is
+// expected to start (asynq's time is only its fallback).
 func nextRun(j job, now time.Time) string {
 	switch j.state {
 	case "active":
@@ -301,7 +313,7 @@ func nextRun(j job, now time.Time) string {
 	case "pending":
 		return "now"
 	case "waiting":
-		return "its turn"
+		return expectedRun(j)
 	case "archived":
 		return "-"
 	}

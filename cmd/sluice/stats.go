@@ -146,6 +146,21 @@ type tenantJSON struct {
 	WaitingSince *time.Time       `json:"waiting_since"`
 	BacklogCap   int64            `json:"backlog_cap"`
 	Leftovers    int64            `json:"leftovers"`
+	// Learned is the limit learned from the tenant's downstream; absent
+	// when none is in place.
+	Learned *learnedJSON `json:"learned,omitempty"`
+}
+
+type learnedJSON struct {
+	Limit    int64     `json:"limit"`
+	WindowMS float64   `json:"window_ms"`
+	Rate     string    `json:"rate"`
+	Rule     string    `json:"rule"` // "" when not applied: see note
+	Note     string    `json:"note,omitempty"`
+	Source   string    `json:"source"`
+	From     string    `json:"from"`
+	Learned  time.Time `json:"learned"`
+	Until    time.Time `json:"until"`
 }
 
 type rateJSON struct {
@@ -219,6 +234,10 @@ func toJSON(s *throttle.Stats) tenantJSON {
 	if w := s.Window; w != nil {
 		j.Window = &windowJSON{Window: w.Window.String(), Limit: w.Window.Limit, PeriodMS: ms(w.Window.Period), Started: w.Started, Planned: w.Planned}
 	}
+	if l := s.Learned; l != nil {
+		j.Learned = &learnedJSON{Limit: l.Limit, WindowMS: ms(l.Window), Rate: l.Rate().String(), Rule: l.Rule, Note: l.Note,
+			Source: l.Source, From: l.From, Learned: l.Learned.UTC(), Until: l.Until.UTC()}
+	}
 	if q := s.Quota; q != nil {
 		j.Quota = &quotaJSON{
 			Quota: q.Quota.String(), Limit: q.Quota.Limit, Used: q.Used, Remaining: q.Remaining,
@@ -248,9 +267,36 @@ func rateCell(s *throttle.Stats) string {
 	}
 	var parts []string
 	for _, r := range s.Rates {
-		parts = append(parts, fmt.Sprintf("%d/%d of %s", r.Available, max(r.Rate.Burst, 1), limitText(r.Rate)))
+		part := fmt.Sprintf("%d/%d of %s", r.Available, max(r.Rate.Burst, 1), limitText(r.Rate))
+		if isLearned(s, r.Rule) {
+			part += " (learned)"
+		}
+		parts = append(parts, part)
 	}
 	return strings.Join(parts, ", ")
+}
+
+// isLearned reports whether rule is the one s's learned limit added.
+func isLearned(s *throttle.Stats, rule string) bool {
+	return s.Learned != nil && s.Learned.Rule != "" && s.Learned.Rule == rule
+}
+
+// learnedText tells what was learned, from where, until when and whether
+// it applies.
+func learnedText(s *throttle.Stats) string {
+	l := s.Learned
+	text := fmt.Sprintf("%d per %s (%s) from the downstream, for %s more (until %s)", l.Limit, short(l.Window), limitText(l.Rate()),
+		short(l.Until.Sub(s.Now)), l.Until.UTC().Format(time.RFC3339))
+	if l.Source != "" {
+		text += "; declared in " + l.Source
+	}
+	if l.From != "" {
+		text += " of " + human.Text(l.From)
+	}
+	if l.Rule != "" {
+		return text + "; applied as " + l.Rule
+	}
+	return text + "; not applied: " + l.Note
 }
 
 // limitText is a rate without its burst: "100/s".
@@ -330,7 +376,14 @@ func writeDetail(w io.Writer, s *throttle.Stats) error {
 	}
 	row("started", "%d jobs (counted while the tenant's state is alive)", s.Started)
 	for _, r := range s.RuleStats() {
-		row(r.Name(), "%s", r.Describe(s.Now))
+		name := r.Name()
+		if isLearned(s, name) {
+			name += " (learned)"
+		}
+		row(name, "%s", r.Describe(s.Now))
+	}
+	if s.Learned != nil {
+		row("learned", "%s", learnedText(s))
 	}
 	if cs := s.Concurrency; cs != nil {
 		for _, h := range cs.Holders {

@@ -111,6 +111,7 @@ type topRow struct {
 	tenant   string
 	perSec   float64
 	limit    string // tightest rate, "-" without one
+	learned  bool   // the tightest rate is a limit learned from the downstream
 	inFlight int64
 	cap      int64 // -1 without a concurrency rule
 	reserved int64
@@ -147,6 +148,7 @@ func topRows(prev, cur topSample) []topRow {
 		}
 		if rt, _, ok := tightestRate(s); ok {
 			r.limit = limitText(rt)
+			r.learned = s.Learned != nil && s.Learned.Rule != "" && rt == s.Learned.Rate()
 		}
 		if cs := s.Concurrency; cs != nil {
 			r.inFlight, r.cap = cs.InFlight, cs.Concurrency.Limit
@@ -204,7 +206,11 @@ func writeTop(w io.Writer, rows []topRow, limit int, eol string) error {
 		if r.cooldown > 0 {
 			cool = short(r.cooldown)
 		}
-		fmt.Fprintf(tw, "%s\t%.1f\t%s\t%s\t%d\t%s\t%s\t%s\n", human.Text(r.tenant), r.perSec, r.limit, inFlight, r.reserved, cool, r.waitingText, r.policy)
+		limit := r.limit
+		if r.learned {
+			limit += " learned"
+		}
+		fmt.Fprintf(tw, "%s\t%.1f\t%s\t%s\t%d\t%s\t%s\t%s\n", human.Text(r.tenant), r.perSec, limit, inFlight, r.reserved, cool, r.waitingText, r.policy)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -292,6 +298,9 @@ type topTenantJSON struct {
 	Waiting     int64   `json:"waiting"`
 	BacklogCap  int64   `json:"backlog_cap"`
 	Policy      string  `json:"policy"`
+	// Learned describes the limit learned from the tenant's downstream;
+	// absent when none is in place.
+	Learned string `json:"learned,omitempty"`
 }
 
 func topDocOf(cur topSample, rows []topRow, interval time.Duration, limit int, err error) topDoc {
@@ -316,6 +325,9 @@ func topDocOf(cur topSample, rows []topRow, interval time.Duration, limit int, e
 			t.Policy = s.Policy
 			if s.Rules != nil {
 				t.BacklogCap = s.Rules.Backlog
+			}
+			if s.Learned != nil {
+				t.Learned = s.Learned.String()
 			}
 		}
 		d.Tenants = append(d.Tenants, t)

@@ -46,7 +46,11 @@ Job types:
   http    payload {"method","url","headers","body","timeout_ms"}: a 2xx answer
           completes the job; 429 or 503 pauses the tenant for the Retry-After
           and retries the job after it, without using a retry; other 5xx
-          answers and network errors are retried; other answers are archived
+          answers and network errors are retried; other answers are archived.
+          Every answer's rate-limit headers (RateLimit, X-RateLimit-*) act for
+          the fleet: a used-up quota pauses the tenant until its reset, and a
+          declared limit below the policy's is followed until it lapses
+          (a policy with learn=false pins its limits)
   sleep   payload {"ms":N}: waits N milliseconds
 
 Admin endpoints:

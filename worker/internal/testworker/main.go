@@ -98,6 +98,7 @@ func run() error {
 	if err != nil {
 		return err
 	}
+	worker.RegisterBuiltins(srv, nil, 0)
 	pid := os.Getpid()
 	srv.HandleFunc("rec", func(ctx context.Context, t *asynq.Task) error {
 		var p struct {

@@ -19,13 +19,15 @@ function showPolicy(t) {
 function showSummary(doc) {
   const t = doc.tenant;
   const s = doc.stats;
-  document.getElementById("summary").replaceChildren(
+  document.getElementById("summary").replaceChildren(...[
     card("Starts / s", rate(t.starts_per_s), t.limit ? "limit " + t.limit : "no rate rule", "starts"),
     card("In flight", count(t.in_flight), t.cap >= 0 ? "cap " + t.cap : "no concurrency rule", "in_flight"),
     card("Waiting", count(t.waiting), t.waiting > 0 ? "the oldest for " + duration(t.oldest_wait_ms) : "in its line", "waiting"),
     card("Reserved", count(t.reserved), "jobs holding a future slot", "reserved"),
     card("Cooldown", t.cooldown_ms > 0 ? duration(t.cooldown_ms) : "none", t.cooldown_ms > 0 ? "left" : "", "cooldown"),
-    card("Started", count(s.started), "while its state is alive", "started"));
+    card("Started", count(s.started), "while its state is alive", "started"),
+    t.learned ? card("Learned limit", t.limit_learned ? t.limit : "not applied", t.learned, "learned") : null,
+  ].filter(Boolean));
 }
 
 function showCharts(doc) {
@@ -81,6 +83,11 @@ function showDetail(doc) {
   add("reserved", s.reservations ? `${count(s.reservations)} jobs hold future slots, the last at ${clock(s.last_slot)}` : "0");
   add("cooldown", s.cooldown_until ? "until " + clock(s.cooldown_until) : "none");
   add("waiting", count(s.waiting) + (s.backlog_cap ? " of " + count(s.backlog_cap) : "") + " jobs in its line" + (s.waiting_since ? ", the oldest since " + clock(s.waiting_since) : ""));
+  for (const n of doc.next || []) {
+    const when = n.held_by === "turn" ? "its turn" : n.held_by === "concurrency" ? `after ${n.running_first} end (concurrency)` : `in ${duration(n.expected_in_ms)} (${n.held_by})`;
+    add(n.ahead === 0 ? "next out" : "", el("a", { href: "/api/jobs/" + encodeURIComponent(n.id) + "?queue=" + encodeURIComponent(n.queue) }, el("code", {}, n.id)), ` ${n.queue}: ${when}`);
+  }
+  if (s.learned) add("learned", el("code", {}, s.learned.rate), ` from ${s.learned.source || "the downstream"} until ${clock(s.learned.until)}` + (s.learned.rule ? `, applied as ${s.learned.rule}` : `, not applied: ${s.learned.note}`));
   document.querySelector("#detail tbody").replaceChildren(...rows);
 }
 
