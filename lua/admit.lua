@@ -55,7 +55,8 @@
 --   [7] number of policies, then per policy: number of rules, then per rule
 --     its kind and arguments (one block per kind below)
 --   per op: job id, cost, flags, not_before, claim token, number of scopes,
---     with TICKET the job's slot and slack, then per scope: its policy's number (negative
+--     with TICKET the job's slot and slack, with WAIT the longest wait,
+--     then per scope: its policy's number (negative
 --     for a remote scope), and
 --     for a remote scope its snapshot
 --     then with UNDO or UNDO_ONLY an undo record per local scope, and with
@@ -86,7 +87,10 @@
 --     and the gate decides when it starts), 32768 ticket (the job was decided once
 --     at its slot, its started meters charged its slack after it, and
 --     comes late: where its charge is still the last on a meter it is
---     taken back, so that starting now charges it once)
+--     taken back, so that starting now charges it once), 65536 wait (a job
+--     at most ARGV wait early for a rate's started meter is allowed at its
+--     time, which the reply's slot gives, and charged then: the caller
+--     waits, instead of being denied and asking again)
 -- Returns: per op {verdict, retry_after, rule * 65536 + rule_index * 256 +
 --   scope, remaining, reset_after, in_flight, slot}, with two-step also
 --   {snapshots} and {undo records}; then the time of the decisions
@@ -95,6 +99,8 @@
 --   rule: 0 none, a rule kind's code (1 rate, 2 window, 3 quota, 4
 --     concurrency), 64 cooldown, 65 reserved (the job's own slot is not due
 --     yet); rule_index is 1-based
+--   retry_after: for a job allowed at a slot (WAIT), how late after it
+--     the job may still start on this decision
 --   remaining, reset_after, in_flight: -1 when no rule applies (local
 --     scopes only)
 --   slot: the job's reserved slot, 0 when none was taken
@@ -102,8 +108,9 @@
 --     slack, earlier}: verdict 1 straight (the slot and concurrency slot
 --     taken), 0 it waits (its intent recorded), -1 the line is at its cap;
 --     late: with once, how long after its slot the job may still start on
---     this decision (-1: any time, no rate; -2: no decision to travel);
---     slack: how long after its slot its started meters were charged;
+--     this decision (-1: any time, no rate); -2 for a reservation (the
+--     gate decides at its slot); slack: how long after its slot its
+--     started meters were charged;
 --     earlier 1 when an earlier arrival of the job left its intent (its
 --     task may be parked in no line)
 --   promote and release ops answer {{promoted}, {retries}, due, waiting,
@@ -193,7 +200,7 @@ local E = {
   a = 7, id = false, cost = 1, claim = false, rkey = false, hkey = false,
   reserve = false, hold = false, dry = false, plan = false,
   not_before = 0, promote = false, once = false, slack = 0, late = -1, lead = 0,
-  ticket = false, tslack = 0, twostep = false, room = false
+  ticket = false, tslack = 0, wait = false, twostep = false, room = false
 }
 
 -- the longest a job decided once may start after its slot, charged for
@@ -667,6 +674,8 @@ local function decide(scopes)
       end
       return true, 0, S, 'startat', 0
     end
+    -- a reservation: the gate decides at its slot
+    E.slack, E.late = 0, -2
     return true, 0, S, 'promote', 0
   end
   if S > now then
@@ -713,7 +722,19 @@ local function decide(scopes)
           end
         end
       end
-      if w > 0 then
+      if w > 0 and E.wait and rule == 1 and w <= E.wait then
+        -- a few moments early for a rate's started meter, and the caller
+        -- waits: allowed at its time, charged then (WAIT)
+        allowed, write, slot, E.slack = true, 'startat', now + w, 0
+        rule, ridx, rscope = 0, 0, 0
+        -- retry: how late after the slot the start still conforms (the
+        -- started meters' tolerance)
+        retry = tolerance
+        for s = 1, #scopes do
+          local pol = scopes[s].pol
+          for i = 1, pol.nr do retry = min(retry, floor(pol.unit[i] / 4)) end
+        end
+      elseif w > 0 then
         -- a few moments early for the started meter: keep the place in line
         retry = w
         if E.reserve and not E.dry then
@@ -1180,7 +1201,7 @@ local function room_functions(ts)
           call('ZADD', handing, fmt(now), m)
           dq = dq - rc
           np = np + 1
-          out[np] = { m, slot, num(E.claim), recs, E.once and E.late or -1, E.once and E.slack or 0 }
+          out[np] = { m, slot, num(E.claim), recs, E.late, E.slack }
         end
       end
       head = -1
@@ -1236,8 +1257,7 @@ local function room_functions(ts)
     apply(scopes, write, slot, false)
     local recs = {}
     for s = 1, #scopes do recs[s] = ts.record(scopes[s]) end
-    if E.once then return 1, slot, 0, recs, E.late, E.slack end
-    return 1, slot, 0, recs, -1, 0
+    return 1, slot, 0, recs, E.late, E.slack
   end
 
   -- Give back the job's concurrency slots under its claim (0: whichever
@@ -1370,16 +1390,22 @@ for o = 1, nops do
   local flags = num(ARGV[E.a + 2])
   local nscopes = int(ARGV[E.a + 5])
   E.a = E.a + 6
-  E.ticket = false
+  E.ticket, E.wait = false, false
   if flags >= 32768 then
-    E.ticket, E.tslack = int(ARGV[E.a]), int(ARGV[E.a + 1])
-    E.a = E.a + 2
+    if floor(flags / 32768) % 2 == 1 then
+      E.ticket, E.tslack = int(ARGV[E.a]), int(ARGV[E.a + 1])
+      E.a = E.a + 2
+    end
+    if floor(flags / 65536) % 2 == 1 then
+      E.wait = int(ARGV[E.a])
+      E.a = E.a + 1
+    end
   end
   -- the quick path first, when the op has its shape (flags: at most
   -- reserve, hold, no expiry and probe, which changes nothing for a job
   -- that starts)
   local read = true
-  if nscopes == 1 and flags < 64 and flags % 16 < 4 then
+  if nscopes == 1 and flags % 65536 < 64 and flags % 16 < 4 then
     local ref = int(ARGV[E.a])
     local pol = ref > 0 and POL[ref]
     if pol and pol.quick and E.cost == 1 then
@@ -1511,7 +1537,7 @@ for o = 1, nops do
     end
     local wrote = write and not E.dry and not conflict and not (probe and write ~= 'start')
     if wrote then
-      if write == 'reserve' then
+      if write == 'reserve' or write == 'startat' then
         apply(scopes, write, slot, noexpire)
       else
         apply(scopes, write, now, noexpire)

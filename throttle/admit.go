@@ -72,13 +72,18 @@ func (l *Limiter) do(ctx context.Context, req Request, flags int) (Decision, err
 	if l.general {
 		flags |= flagGeneral
 	}
-	var scopes []scope
-	var err error
+	var res Resolved
 	if req.Policies != nil {
-		scopes = l.scopesOf(req.Tenant, *req.Policies)
-	} else if scopes, err = l.scopes(ctx, req.Tenant); err != nil {
-		return Decision{}, fmt.Errorf("admit tenant %q: %w", req.Tenant, err)
+		res = *req.Policies
+	} else {
+		r, err := l.resolved(ctx, req.Tenant)
+		if err != nil {
+			return Decision{}, fmt.Errorf("admit tenant %q: %w", req.Tenant, err)
+		}
+		res = r
 	}
+	scopes := l.scopesOf(req.Tenant, res)
+	var err error
 	lease := time.Duration(0)
 	for _, s := range scopes {
 		if f := s.facts; f.maxCost >= 0 && cost > f.maxCost {
@@ -107,6 +112,10 @@ func (l *Limiter) do(ctx context.Context, req Request, flags int) (Decision, err
 		op.flags |= flagTicket
 		op.ticketSlot, op.ticketSlack = t.slot, t.slack
 	}
+	if req.Wait > 0 && flags&(flagDry|flagPlan) == 0 && !(l.cluster && len(scopes) > 1) {
+		op.flags |= flagWait
+		op.wait = micros(req.Wait)
+	}
 	if holds {
 		op.claim = newClaim()
 	}
@@ -133,6 +142,12 @@ func (l *Limiter) do(ctx context.Context, req Request, flags int) (Decision, err
 	}
 	if d.Allowed && holds {
 		d.Lease, d.Claim = lease, op.claim
+	}
+	if d.Allowed && !d.Slot.IsZero() {
+		// allowed at its slot (Wait): how late it may start is the reply's
+		// retry; the caller redeems the decision as a ticket at its slot
+		d.Ticket = ticketFor(d.Slot.UnixMicro(), d.RetryAfter.Microseconds(), 0, d.Now.UnixMicro(), d.Lease, d.Claim, res.fingerprint())
+		d.RetryAfter = -1
 	}
 	return d, nil
 }

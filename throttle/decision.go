@@ -35,6 +35,7 @@ type Decision struct {
 	// comes back at Slot it is admitted without being charged again.
 	Reserved bool
 	// Slot is the job's reserved start time; zero without a reservation.
+	// An allowed job with a Slot (Request.Wait) starts at Slot.
 	Slot time.Time
 	// Lease is the concurrency lease the job now holds; renew it every
 	// Lease/3 while the job runs. Zero when no slot is held.
@@ -45,6 +46,10 @@ type Decision struct {
 	Claim uint64
 	// Now is the Redis server time the decision was made at.
 	Now time.Time
+	// Ticket, for a job allowed at a Slot ahead (Request.Wait), is the
+	// decision to start it on once the Slot comes (Limiter.Redeem): it no
+	// longer holds when the job comes later than the rate's tolerance.
+	Ticket string
 }
 
 // String summarises the decision for logs.

@@ -193,6 +193,11 @@ type Request struct {
 	Reserve bool
 	// DryRun decides without writing anything.
 	DryRun bool
+	// Wait, when positive, is how long the caller will wait for the job's
+	// start: a job that a rate rule lets start within Wait (its started
+	// meter a little ahead) is allowed at that time, Decision.Slot, and
+	// charged then, instead of being denied; the caller waits until Slot.
+	Wait time.Duration
 	// Ticket is the decision the waiting room made for the job ahead of
 	// time (see Redeem), when it no longer holds (the job comes late for
 	// its slot): where the job's charge on a rate's started meter is still

@@ -169,7 +169,7 @@ func (r *Room) Arrive(ctx context.Context, a Arrival) (Arrived, error) {
 				d.Claim = op.claim
 			}
 		}
-		if once {
+		if once || rep.late == lateReserved {
 			d.Ticket = ticketFor(rep.slot, rep.late, rep.slack, rep.now, lease, d.Claim, res.fingerprint())
 		}
 	}

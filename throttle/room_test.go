@@ -595,13 +595,19 @@ func TestRoomDecidesOnce(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, ok, "its lease ran out")
 
-	// near its limits: no ticket; the gate decides on the reservation
+	// near its limits: the ticket carries a reservation only; the gate
+	// waits for its slot, then decides on the reservation
 	n := arrive(t, e, "tight", "t1", true)
 	require.True(t, n.Straight)
-	require.Empty(t, n.Ticket)
+	require.NotEmpty(t, n.Ticket)
 	st, err = e.lim.Stats(ctx, "tight")
 	require.NoError(t, err)
 	require.Equal(t, int64(1), st.Reservations)
+	d, ok, err = e.lim.Redeem(ctx, Request{Tenant: "tight", ID: "t1"}, n.Ticket)
+	require.NoError(t, err)
+	require.False(t, ok, "decided by the gate")
+	require.True(t, d.Reserved)
+	require.Equal(t, n.Slot, d.Slot, "when to ask")
 
 	// unreadable tickets are decided anew
 	for _, bad := range []string{"", "x", "1:2:3", "2:1:1:1:1:1:1", "1:-5:0:0:0:0:0"} {

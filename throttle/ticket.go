@@ -32,6 +32,11 @@ type ticket struct {
 // apart.
 const ticketVersion = "1"
 
+// lateReserved is a ticket's late for a job that holds a reservation for
+// its slot and is decided there by the gate (near its limits, or a rule
+// kind decided at the start): the ticket only says when.
+const lateReserved = -2
+
 func (t ticket) String() string {
 	return ticketVersion + ":" + strconv.FormatInt(t.slot, 10) + ":" + strconv.FormatInt(t.late, 10) + ":" +
 		strconv.FormatInt(t.slack, 10) + ":" + strconv.FormatInt(t.leaseEnd, 10) + ":" +
@@ -53,7 +58,7 @@ func parseTicket(s string) (ticket, bool) {
 	}
 	claim, err1 := strconv.ParseUint(f[5], 10, 64)
 	fp, err2 := strconv.ParseUint(f[6], 10, 32)
-	if err1 != nil || err2 != nil || v[0] <= 0 || v[1] < -1 || v[2] < 0 || v[3] < 0 {
+	if err1 != nil || err2 != nil || v[0] <= 0 || v[1] < lateReserved || v[2] < 0 || v[3] < 0 {
 		return ticket{}, false
 	}
 	return ticket{slot: v[0], late: v[1], slack: v[2], leaseEnd: v[3], claim: claim, fp: uint32(fp)}, true
@@ -64,11 +69,11 @@ func parseTicket(s string) (ticket, bool) {
 // slack after it, holding its concurrency slots under claim for lease (0:
 // none), by the policies of fingerprint fp.
 func ticketFor(slot, late, slack, now int64, lease time.Duration, claim uint64, fp uint32) string {
-	if late < -1 {
-		// near its limits: the gate decides when the job starts
-		return ""
-	}
 	t := ticket{slot: slot, late: late, slack: slack, fp: fp}
+	if late == lateReserved {
+		// a reservation: the gate decides at its slot
+		return t.String()
+	}
 	if lease > 0 && claim != 0 {
 		t.leaseEnd, t.claim = now+micros(lease), claim
 	}
@@ -104,17 +109,24 @@ func policyPrint(p *Policy) uint32 {
 // the returned decision is Allowed, its Slot the job's start time and Now
 // the Redis time as estimated from earlier replies (the caller waits
 // Slot - Now when it is early), and its Claim and Lease the concurrency
-// slot it holds. ok is false when the job must be decided anew (Do): the ticket is
-// unreadable or stale (the job comes later than the tolerance after its
-// slot, as a retried or deferred job does), the policies changed since
+// slot it holds. ok is false when the job must be decided anew (Do): the
+// ticket is unreadable or stale (the job comes later than its slack after
+// its slot, as a retried or deferred job does), the policies changed since
 // the decision, or the job's concurrency slot is no longer held under its
-// claim. A ticket whose lease has run
-// a third or more is renewed first, which is the one round trip Redeem may
-// take.
+// claim. A ticket that only carries a reservation (a tenant near its
+// limits) says when its slot is (Reserved, Slot, RetryAfter): the caller
+// waits for it, then asks. A ticket whose lease has run a third or more is
+// renewed first, which is the one round trip Redeem may take.
 func (l *Limiter) Redeem(ctx context.Context, req Request, text string) (d Decision, ok bool, err error) {
 	t, ok := parseTicket(text)
 	if !ok {
 		return Decision{}, false, nil
+	}
+	if t.late == lateReserved {
+		// decided at its slot: the caller waits for it, then asks
+		now := l.estimatedNow()
+		return Decision{Reserved: true, Slot: time.UnixMicro(t.slot), Now: now,
+			RetryAfter: max(time.UnixMicro(t.slot).Sub(now), 0), Remaining: -1, ResetAfter: -1, InFlight: -1}, false, nil
 	}
 	res := req.Policies
 	if res == nil {

@@ -29,6 +29,7 @@ const (
 	flagGeneral  = 8192  // decide with the general engine only (tests)
 	flagOnce     = 16384 // arrive, promote: decide once, the job starts on it (ticket.go)
 	flagTicket   = 32768 // a job decided once comes late: its own charge is taken back
+	flagWait     = 65536 // a job a little early for a started meter is allowed at its time
 )
 
 // Decision rule codes that are not a rule kind's (kinds have theirs: the
@@ -58,6 +59,7 @@ type admitOp struct {
 	notBefore int64 // µs; 0 for none
 	// flagTicket: the slot the job was decided for and its slack (µs)
 	ticketSlot, ticketSlack int64
+	wait                    int64 // µs: flagWait's longest wait
 	claim                   uint64
 	scopes                  []opScope
 	// undo holds an undo record per local scope (flagUndo, flagUndoOnly).
@@ -155,6 +157,9 @@ func (l *Limiter) encode(op *admitOp, clock int64, now time.Time) ([]string, *ad
 	aa.op = append(aa.op, op.id, op.cost, op.flags, op.notBefore, op.claim, len(op.scopes))
 	if op.flags&flagTicket != 0 {
 		aa.op = append(aa.op, op.ticketSlot, op.ticketSlack)
+	}
+	if op.flags&flagWait != 0 {
+		aa.op = append(aa.op, op.wait)
 	}
 	for _, s := range op.scopes {
 		p := s.policy
@@ -360,9 +365,10 @@ func (r *admitReply) decision(scopes []opScope) Decision {
 		d.Policy = scopes[r.ruleScope-1].name
 	}
 	if r.slot > 0 {
-		d.Reserved, d.Slot = true, time.UnixMicro(r.slot)
+		// allowed with a slot: allowed at that time (flagWait)
+		d.Reserved, d.Slot = !d.Allowed, time.UnixMicro(r.slot)
 	}
-	if d.Allowed {
+	if d.Allowed && r.slot == 0 {
 		d.RetryAfter = -1
 	}
 	return d
@@ -510,7 +516,7 @@ func decodeTurn(tenant string, raw any, scopes []scope, once bool, lease time.Du
 			return Turn{}, err
 		}
 		j.Slot, j.Claim, j.undo, j.scopes = time.UnixMicro(nums[0]), uint64(nums[1]), undo, scopes
-		if once {
+		if once || late == lateReserved {
 			j.Ticket = ticketFor(nums[0], late, slack, now, lease, j.Claim, fp)
 		}
 		t.Promoted = append(t.Promoted, j)

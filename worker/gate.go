@@ -308,13 +308,22 @@ func (g *Gate) process(ctx context.Context, j *job, next asynq.Handler) error {
 			return g.handBack(ctx, j, 0, false, start)
 		default:
 		}
-		d, err := g.decide(ctx, j, reserve)
+		d, err := g.decide(ctx, j, reserve, budget-time.Since(start))
 		decided := time.Now()
 		if err != nil {
 			return g.gateError(ctx, j, err, next, start)
 		}
 		if g.outage.Load() != 0 {
 			g.outage.Store(0)
+		}
+		if d.Allowed && d.Ticket != "" {
+			// allowed at its slot, a few ms ahead: started there, on the
+			// decision, unless the wait overruns
+			if err := g.redeem(ctx, j, d.Ticket, budget, start, next); err != errAskAgain {
+				return err
+			}
+			j.ticket = d.Ticket
+			continue
 		}
 		if d.Allowed {
 			g.m.decision(j.tenant, verdictAllowed, "")
@@ -358,6 +367,14 @@ func (g *Gate) redeem(ctx context.Context, j *job, ticket string, budget time.Du
 	cctx, cancel := context.WithTimeout(ctx, g.cfg.CallTimeout)
 	d, ok, err := g.lim.Redeem(cctx, throttle.Request{Tenant: j.tenant, ID: j.id, Cost: j.cost, Policies: j.policies}, ticket)
 	cancel()
+	if err == nil && !ok && d.Reserved {
+		// it holds a reservation for its slot: asked there, not before
+		g.m.tickets.WithLabelValues(ticketReserved).Inc()
+		if d.RetryAfter > 0 && d.RetryAfter <= budget {
+			g.sleep(ctx, d.RetryAfter)
+		}
+		return errAskAgain
+	}
 	if err != nil || !ok {
 		if err == nil {
 			g.m.tickets.WithLabelValues(ticketAsked).Inc()
@@ -391,11 +408,14 @@ func (g *Gate) redeem(ctx context.Context, j *job, ticket string, budget time.Du
 // CallTimeout. An answer that comes after the gate gave up is undone by the
 // limiter as far as it matters: the slot an admitted job took is released
 // under that admission's claim, never a later admission's.
-func (g *Gate) decide(ctx context.Context, j *job, reserve bool) (throttle.Decision, error) {
+func (g *Gate) decide(ctx context.Context, j *job, reserve bool, wait time.Duration) (throttle.Decision, error) {
 	cctx, cancel := context.WithTimeout(ctx, g.cfg.CallTimeout)
 	defer cancel()
 	start := time.Now()
-	d, err := g.lim.Do(cctx, throttle.Request{Tenant: j.tenant, ID: j.id, Cost: j.cost, Reserve: reserve, Policies: j.policies, Ticket: j.ticket})
+	if !reserve || !g.canWait(ctx, wait) {
+		wait = 0
+	}
+	d, err := g.lim.Do(cctx, throttle.Request{Tenant: j.tenant, ID: j.id, Cost: j.cost, Reserve: reserve, Wait: max(wait, 0), Policies: j.policies, Ticket: j.ticket})
 	if err == nil || cctx.Err() == nil {
 		return d, err
 	}

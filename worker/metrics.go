@@ -16,6 +16,7 @@ const (
 
 	ticketRedeemed = "redeemed"
 	ticketAsked    = "asked"
+	ticketReserved = "reserved"
 
 	errRedis      = "redis"
 	errCost       = "cost"
@@ -90,7 +91,7 @@ func newMetrics(reg prometheus.Registerer, tenants bool) (*metrics, error) {
 		}, []string{"result"}),
 		tickets: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_worker_tickets_total",
-			Help: "Jobs that came with the decision the waiting room made for them, by result (redeemed: started on it with no further decision; asked: decided anew, the job being late for its slot, retried or its slot gone).",
+			Help: "Jobs that came with the decision the waiting room made for them, by result (redeemed: started on it with no further decision; asked: decided anew, the job being late for its slot, retried or its slot gone; reserved: a reservation, decided by the gate at its slot).",
 		}, []string{"result"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_worker_errors_total",

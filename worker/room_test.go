@@ -424,3 +424,36 @@ func TestRoomDeletedJobsDoNotStallTheLine(t *testing.T) {
 		})
 	}
 }
+
+// TestRoomReservedJobsWaitForTheirSlots: a tenant at its limits gets
+// reservations, not decisions to start on; the job still carries when its
+// slot is, and the gate waits for it before it asks, instead of asking
+// early, being told "reserved", and asking again; and a job a few ms early
+// for the started meter (the one before it started a little late) is
+// allowed at its time (Request.Wait) instead of being denied.
+func TestRoomReservedJobsWaitForTheirSlots(t *testing.T) {
+	e := setup(t, nil)
+	e.policy(t, "tight", "rate=20/s")
+	const n = 40
+	rec := newTenantRecorder(0)
+	srv := e.server(t, nil)
+	srv.Handle("job", rec)
+	require.NoError(t, srv.Start())
+	jobs := make([]queue.Job, n)
+	for i := range jobs {
+		jobs[i] = queue.Job{Tenant: "tight", Task: asynq.NewTask("job", nil), Options: []asynq.Option{asynq.Queue(e.queue)}}
+	}
+	for i, res := range e.q.EnqueueBatch(context.Background(), jobs) {
+		require.NoError(t, res.Err, "job %d", i)
+	}
+	eventually(t, 30*time.Second, func() bool { return rec.done() == n }, "all %d jobs done (done %d)", n, rec.done())
+	g := srv.Gate().Gatherer()
+	reserved := metric(t, g, "sluice_worker_tickets_total", map[string]string{"result": "reserved"})
+	early := metric(t, g, "sluice_worker_decisions_total", map[string]string{"verdict": "denied", "rule": "reserved"})
+	denied := metric(t, g, "sluice_worker_decisions_total", map[string]string{"verdict": "denied"})
+	t.Logf("%d jobs at 20/s: %.0f carried their reservations, %.0f denials at the gate (%.0f early for a reserved slot)", n, reserved, denied, early)
+	require.Equal(t, float64(n), reserved, "every job carried when its slot is")
+	require.LessOrEqual(t, early, float64(n)/10, "a job asks at its slot, not before")
+	require.LessOrEqual(t, denied, float64(n)/10, "a job a few ms early for the started meter is allowed at its time, not denied")
+	require.Empty(t, nonConformingTol(rec.admittedOf("tight"), 20, 1, throttle.ToleranceDefault))
+}
