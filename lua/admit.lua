@@ -99,8 +99,6 @@
 --   rule: 0 none, a rule kind's code (1 rate, 2 window, 3 quota, 4
 --     concurrency), 64 cooldown, 65 reserved (the job's own slot is not due
 --     yet); rule_index is 1-based
---   retry_after: for a job allowed at a slot (WAIT), how late after it
---     the job may still start on this decision
 --   remaining, reset_after, in_flight: -1 when no rule applies (local
 --     scopes only)
 --   slot: the job's reserved slot, 0 when none was taken
@@ -727,13 +725,6 @@ local function decide(scopes)
         -- waits: allowed at its time, charged then (WAIT)
         allowed, write, slot, E.slack = true, 'startat', now + w, 0
         rule, ridx, rscope = 0, 0, 0
-        -- retry: how late after the slot the start still conforms (the
-        -- started meters' tolerance)
-        retry = tolerance
-        for s = 1, #scopes do
-          local pol = scopes[s].pol
-          for i = 1, pol.nr do retry = min(retry, floor(pol.unit[i] / 4)) end
-        end
       elseif w > 0 then
         -- a few moments early for the started meter: keep the place in line
         retry = w

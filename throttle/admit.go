@@ -143,13 +143,30 @@ func (l *Limiter) do(ctx context.Context, req Request, flags int) (Decision, err
 	if d.Allowed && holds {
 		d.Lease, d.Claim = lease, op.claim
 	}
-	if d.Allowed && !d.Slot.IsZero() {
-		// allowed at its slot (Wait): how late it may start is the reply's
-		// retry; the caller redeems the decision as a ticket at its slot
-		d.Ticket = ticketFor(d.Slot.UnixMicro(), d.RetryAfter.Microseconds(), 0, d.Now.UnixMicro(), d.Lease, d.Claim, res.fingerprint())
-		d.RetryAfter = -1
+	if op.flags&flagWait != 0 && d.Allowed && !d.Slot.IsZero() {
+		// allowed at its slot, a little ahead (Wait): the caller redeems
+		// the decision as a ticket there, in time within the started
+		// meters' tolerance
+		d.Reserved = false
+		d.Ticket = ticketFor(d.Slot.UnixMicro(), micros(l.startedTolerance(scopes)), 0, d.Now.UnixMicro(), d.Lease, d.Claim, res.fingerprint())
 	}
 	return d, nil
+}
+
+// startedTolerance is how early a start may be on the started meters of
+// the scopes' rates (admit.lua's tolerance: Config.Tolerance, at most a
+// quarter of a rate's interval).
+func (l *Limiter) startedTolerance(scopes []scope) time.Duration {
+	tol := l.cfg.Tolerance
+	for _, s := range scopes {
+		if s.policy == nil {
+			continue
+		}
+		for _, r := range s.policy.Rates {
+			tol = min(tol, r.Interval()/4)
+		}
+	}
+	return tol
 }
 
 // newClaim returns a fresh claim token: random, non-zero and exact in the

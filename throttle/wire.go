@@ -365,10 +365,9 @@ func (r *admitReply) decision(scopes []opScope) Decision {
 		d.Policy = scopes[r.ruleScope-1].name
 	}
 	if r.slot > 0 {
-		// allowed with a slot: allowed at that time (flagWait)
-		d.Reserved, d.Slot = !d.Allowed, time.UnixMicro(r.slot)
+		d.Reserved, d.Slot = true, time.UnixMicro(r.slot)
 	}
-	if d.Allowed && r.slot == 0 {
+	if d.Allowed {
 		d.RetryAfter = -1
 	}
 	return d
