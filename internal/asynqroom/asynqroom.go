@@ -148,6 +148,13 @@ func (g *Gauge) Free(ctx context.Context, queues []string) (int, error) {
 // PendingEvery; in between the gauge counts what it let through. An error
 // reading it says no: the job waits in its line, where a pump finds it.
 func (g *Gauge) Take(ctx context.Context, queue string) bool {
+	return g.Spare(ctx, queue) > 0
+}
+
+// Spare is how many more jobs queue's pending list has room for, counting
+// the one asked for, which it takes when there is room (as Take does):
+// 1 is the last place, 0 none.
+func (g *Gauge) Spare(ctx context.Context, queue string) int {
 	g.mu.Lock()
 	q := g.queues[queue]
 	if q == nil {
@@ -172,11 +179,11 @@ func (g *Gauge) Take(ctx context.Context, queue string) bool {
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if q.free > 0 {
+	n := q.free
+	if n > 0 {
 		q.free--
-		return true
 	}
-	return false
+	return max(n, 0)
 }
 
 // handoverChunk is the most tasks one handover.lua call moves.
