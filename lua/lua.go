@@ -30,6 +30,8 @@ var (
 	handoverSrc string
 	//go:embed fleet.lua
 	fleetSrc string
+	//go:embed repark.lua
+	reparkSrc string
 	//go:embed clock.lua
 	clockSrc string
 	//go:embed slot.lua
@@ -57,10 +59,13 @@ var (
 	Handover = redis.NewScript(handoverSrc)
 	// Fleet keeps the registry of the fleet's capacity.
 	Fleet = redis.NewScript(fleetSrc)
+	// Repark pushes the fallback of the waiting room's parked asynq tasks
+	// further out.
+	Repark = redis.NewScript(reparkSrc)
 )
 
 // All lists every script, for loading them into a server ahead of pipelines.
-var All = []*redis.Script{Admit, Release, Renew, Cooldown, Stats, Room, Line, Handover, Fleet}
+var All = []*redis.Script{Admit, Release, Renew, Cooldown, Stats, Room, Line, Handover, Fleet, Repark}
 
 // include puts the part of from between "-- @begin NAME" and "-- @end NAME"
 // into src at the line "-- @include NAME": a piece scripts share is written

@@ -78,7 +78,28 @@ type PumpConfig struct {
 	// producer died between parking them and joining them): those parked
 	// join their lines. Without it such a job waits for its fallback.
 	Tasks TaskLookup
+	// Repark, when set, is how the sweep keeps waiting jobs' parked tasks
+	// from reaching their fallback while the pumps run: those coming due
+	// within ReparkWithin are pushed to ReparkBy from now. Without it a
+	// line that outlives its fallback comes out of the queue engine's
+	// schedule at that time.
+	Repark Repark
 }
+
+// A Repark pushes the fallback of the queue engine's parked tasks of queue
+// that come due within within, for tenants with a line there (inLine), to
+// by from now; it returns how many it pushed (internal/asynqroom.Repark).
+type Repark func(ctx context.Context, queue string, within, by time.Duration, inLine func(tenant string) bool) (int, error)
+
+// The sweep's push of parked tasks (PumpConfig.Repark): every sweep (every
+// half minute, one pump of the fleet) pushes the tasks parked for waiting
+// jobs that come due within ReparkWithin to ReparkBy from now. Should no
+// sluice process run, a parked job reaches a worker by asynq's own
+// forwarder at most ReparkBy after the last sweep.
+const (
+	ReparkWithin = 5 * time.Minute
+	ReparkBy     = time.Hour
+)
 
 func (c PumpConfig) withDefaults() PumpConfig {
 	c.Interval = cmp.Or(c.Interval, PumpIntervalDefault)
@@ -217,7 +238,7 @@ func (p *pump) round(ctx context.Context) (time.Duration, error) {
 	}
 	if time.Since(p.lastSweep) > sweepEvery {
 		p.lastSweep = time.Now()
-		if err := p.r.sweep(ctx, p.cfg.Tasks); err != nil {
+		if err := p.r.sweep(ctx, p.cfg.Tasks, p.cfg.Repark); err != nil {
 			p.report(err)
 		}
 	}

@@ -680,12 +680,15 @@ func (r *Room) markAll(ctx context.Context, queue string) error {
 	return nil
 }
 
-// sweep makes every tenant whose line is missing from the index due, and
-// puts in their lines the parked jobs of intents no line took
-// (sweepOrphans), at most once per sweepEvery across the fleet (a lock in
-// Redis): a producer that died between its line and the index leaves the
-// one, a producer that died between parking a job and its line the other.
-func (r *Room) sweep(ctx context.Context, tasks TaskLookup) error {
+// sweep makes every tenant whose line is missing from the index due, puts
+// in their lines the parked jobs of intents no line took (sweepOrphans),
+// and pushes further out the fallback of the parked tasks of waiting jobs
+// that come due soon (repark, when set), at most once per sweepEvery
+// across the fleet (a lock in Redis): a producer that died between its
+// line and the index leaves the one, a producer that died between parking
+// a job and its line the other, and a line longer than the fallback would
+// otherwise come out of the queue engine's schedule at once.
+func (r *Room) sweep(ctx context.Context, tasks TaskLookup, repark Repark) error {
 	ok, err := r.l.client.SetNX(ctx, sweepKey(r.l.cfg.Prefix), 1, sweepEvery-time.Second).Result()
 	if err != nil || !ok {
 		return err
@@ -706,7 +709,19 @@ func (r *Room) sweep(ctx context.Context, tasks TaskLookup) error {
 			}
 		}
 	}
-	return r.sweepOrphans(ctx, tasks)
+	var errs []error
+	if repark != nil {
+		for queue, tenants := range lines {
+			inLine := make(map[string]bool, len(tenants))
+			for _, t := range tenants {
+				inLine[t] = true
+			}
+			if _, err := repark(ctx, queue, ReparkWithin, ReparkBy, func(t string) bool { return inLine[t] }); err != nil {
+				errs = append(errs, fmt.Errorf("sweep parked tasks: %w", err))
+			}
+		}
+	}
+	return errors.Join(append(errs, r.sweepOrphans(ctx, tasks))...)
 }
 
 // next is the earliest due time in queue's index and the Redis time it

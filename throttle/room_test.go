@@ -703,7 +703,7 @@ func TestRoomSweepJoinsOrphans(t *testing.T) {
 	require.NoError(t, room.sweepOrphans(ctx, lookup))
 	require.Empty(t, looked, "young intents: their producers may be about to join them")
 	e.clock.Advance(intentAge)
-	require.NoError(t, room.sweep(ctx, lookup))
+	require.NoError(t, room.sweep(ctx, lookup, nil))
 	ws, err := room.WaitingIDs(ctx, "acme", 0)
 	require.NoError(t, err)
 	var ids []string

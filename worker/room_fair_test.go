@@ -2,6 +2,7 @@ package worker_test
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -100,4 +101,52 @@ func TestRoomWeightsHoldAtSaturation(t *testing.T) {
 			require.LessOrEqual(t, ratio, 15.0, "starts by weight")
 		})
 	}
+}
+
+// TestRoomParkedTasksOutliveTheirFallback: a concurrency=1 tenant's line
+// lasts longer than its jobs' fallback (3 s here, an hour by default):
+// while a worker's pump runs, its sweep pushes the parked tasks' fallback
+// further out, so none comes out of asynq's schedule by itself. Every job
+// starts from its line, in line order, one at a time, and the gate denies
+// none. Before, the jobs still waiting at the fallback came to the gate
+// all at once, were denied by the cap (deferred) and ran out of order.
+func TestRoomParkedTasksOutliveTheirFallback(t *testing.T) {
+	e := setup(t, nil)
+	q, err := queue.New(e.client, &queue.Config{Limiter: e.lim, AsynqRedis: e.asynq, Fallback: 3 * time.Second})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, q.Close()) })
+	e.policy(t, "slow", "concurrency=1")
+	const n = 6
+	var ids []string
+	for range n {
+		// with no worker yet every job waits in the line, parked 3 s ahead
+		info, err := q.Enqueue(context.Background(), "slow", asynq.NewTask("job", nil), asynq.Queue(e.queue))
+		require.NoError(t, err)
+		ids = append(ids, info.ID)
+	}
+	require.Equal(t, int64(n), waitingOf(t, e, "slow"))
+	var mu sync.Mutex
+	var order []string
+	rec := newTenantRecorder(1200 * time.Millisecond)
+	srv := e.server(t, func(c *worker.Config) { c.Asynq.Concurrency = 4 })
+	srv.Handle("job", asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
+		id, _ := asynq.GetTaskID(ctx)
+		mu.Lock()
+		order = append(order, id)
+		mu.Unlock()
+		return rec.ProcessTask(ctx, task)
+	}))
+	start := time.Now()
+	require.NoError(t, srv.Start())
+	eventually(t, 60*time.Second, func() bool { return rec.done() == n }, "all %d jobs ran (%d did)", n, rec.done())
+	g := srv.Gate().Gatherer()
+	denied := metric(t, g, "sluice_worker_decisions_total", map[string]string{"verdict": "denied"})
+	running := metric(t, g, "sluice_room_skipped_total", map[string]string{"reason": "running"})
+	t.Logf("%d jobs of 1.2 s under concurrency=1, parked with a 3 s fallback, ran in %s; %.0f denied at the gate, %.0f line entries found running", n, time.Since(start).Round(10*time.Millisecond), denied, running)
+	require.LessOrEqual(t, rec.maxRun["slow"], 1)
+	require.Zero(t, denied, "no job came to the gate through its fallback")
+	require.Zero(t, running, "no job ran before its turn")
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, ids, order, "the jobs started in line order, each once")
 }
