@@ -995,9 +995,15 @@ local function twostep_functions()
     if pol.wlim > 0 then
       for _, key in ipairs({ sc.wp, sc.wa }) do
         local from, to = next_int(), next_int()
+        -- in pieces: Lua's unpack refuses about 8,000 values
         local z = {}
-        for seq = from, to do z[#z + 1] = fmt(seq) end
-        if #z > 0 then call('ZREM', key, unpack(z)) end
+        for seq = from, to do
+          z[#z + 1] = fmt(seq)
+          if #z == 1000 or seq == to then
+            call('ZREM', key, unpack(z))
+            z = {}
+          end
+        end
       end
     end
     if pol.qlim > 0 then
