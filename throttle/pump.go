@@ -488,10 +488,13 @@ func (r *Room) Release(ctx context.Context, tenant, queue, id string, claim uint
 	}
 	// jobs wait: is it the tenant's turn?
 	others := false
+	var turnErr error
 	if spare != nil && spare(ctx, queueOf(queue)) < 2 {
 		var first bool
-		if first, others, err = r.turnOf(ctx, queueOf(queue), tenant); err != nil {
-			return err
+		if first, others, turnErr = r.turnOf(ctx, queueOf(queue), tenant); turnErr != nil {
+			// the slot is handed on as if it were its turn, rather than
+			// held until its lease ends; the error is reported
+			first, others = true, false
 		}
 		if !first {
 			// another tenant's turn: the slot goes back, and the tenant
@@ -513,12 +516,6 @@ func (r *Room) Release(ctx context.Context, tenant, queue, id string, claim uint
 	if err != nil {
 		return err
 	}
-	if others && !t.midTurn {
-		// its turn ended here: the tenants due behind it go first
-		if err := r.requeue(ctx, queueOf(queue), tenant); err != nil {
-			return err
-		}
-	}
 	if len(t.Promoted) > 0 {
 		crashpoint.Hit("room.released")
 		if _, gone := r.handOver(ctx, t.Promoted, h); gone[tenant] > 0 {
@@ -538,8 +535,14 @@ func (r *Room) Release(ctx context.Context, tenant, queue, id string, claim uint
 			return err
 		}
 	}
+	if others && !t.midTurn {
+		// its turn ended here: the tenants due behind it go first
+		if err := r.requeue(ctx, queueOf(queue), tenant); err != nil {
+			return err
+		}
+	}
 	if claim != 0 && t.Lost > 0 {
 		return fmt.Errorf("release tenant %q job %q: %w", tenant, id, ErrClaimLost)
 	}
-	return nil
+	return turnErr
 }
