@@ -128,9 +128,10 @@ func (c PumpConfig) validate() error {
 
 // Pump runs the waiting room's pump until ctx ends: while the fleet has
 // room it takes the due tenants from the index, oldest first, gives each
-// a turn (deficit round robin: a share of the room by the tenants'
-// weights, weight= in their policies), hands the promoted jobs over and
-// sets when each tenant is next due. While no line is due it sleeps until
+// a turn (deficit round robin by the tenants' weights, weight= in their
+// policies, across rounds: a turn the room cut short goes on first at the
+// next), hands the promoted jobs over and sets when each tenant is next
+// due. While no line is due it sleeps until
 // the next one is, woken at once when a line begins (the index's wake
 // channel), so an idle pump costs Redis about one call per Idle. A policy
 // change makes every waiting tenant due at once (one pump of the fleet

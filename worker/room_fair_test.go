@@ -67,35 +67,44 @@ func TestRoomFreedSlotWaitsItsTurn(t *testing.T) {
 }
 
 // TestRoomWeightsHoldAtSaturation: two tenants with long lines, weight=10
-// and weight=1, on a fleet that runs 3 jobs at once: the heavier starts
-// about ten jobs for each of the lighter's, whether the pump serves them
-// (no caps) or finishing jobs hand their slots on (caps above the fleet).
+// and weight=1, on a fleet that runs 3 or 4 jobs at once: the heavier
+// starts about ten jobs for each of the lighter's, whether the pump serves
+// them (no caps), finishing jobs hand their slots on (caps above the
+// fleet), or two workers' pumps share the work.
 // Before, the pump shared its free room among the tenants it took in one
 // round, about one per free slot, so they alternated (about 1:1), and a
 // release handed its slot to its own tenant's next job, whatever the
 // turn.
 func TestRoomWeightsHoldAtSaturation(t *testing.T) {
-	for _, tc := range []struct{ name, rules string }{
-		{"pump", ""},
-		{"release", " concurrency=8"},
+	for _, tc := range []struct {
+		name, rules        string
+		workers, perWorker int
+	}{
+		{"pump", "", 1, 3},
+		{"release", " concurrency=8", 1, 3},
+		// two workers' pumps share the turns (the deficits and the order
+		// are in Redis)
+		{"two pumps", " concurrency=8", 2, 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := setup(t, nil)
 			e.policy(t, "heavy", "weight=10"+tc.rules)
 			e.policy(t, "light", "weight=1"+tc.rules)
 			rec := newTenantRecorder(30 * time.Millisecond)
-			srv := e.server(t, func(c *worker.Config) { c.Asynq.Concurrency = 3 })
-			srv.Handle("job", rec)
 			e.enqueueLine(t, "heavy", 1500)
 			e.enqueueLine(t, "light", 300)
-			require.NoError(t, srv.Start())
+			for range tc.workers {
+				srv := e.server(t, func(c *worker.Config) { c.Asynq.Concurrency = tc.perWorker })
+				srv.Handle("job", rec)
+				require.NoError(t, srv.Start())
+			}
 			total := func() int { return len(rec.startsOf("heavy")) + len(rec.startsOf("light")) }
 			eventually(t, 30*time.Second, func() bool { return total() >= 50 }, "the first 50 starts")
 			h0, l0 := len(rec.startsOf("heavy")), len(rec.startsOf("light"))
 			eventually(t, 60*time.Second, func() bool { return total() >= 50+330 }, "330 more starts")
 			h, l := len(rec.startsOf("heavy"))-h0, len(rec.startsOf("light"))-l0
 			ratio := float64(h) / float64(max(l, 1))
-			t.Logf("weights 10:1, a saturated fleet of 3: %d starts of the heavier, %d of the lighter (%.1f:1)", h, l, ratio)
+			t.Logf("weights 10:1, a saturated fleet of %d worker(s) of %d: %d starts of the heavier, %d of the lighter (%.1f:1)", tc.workers, tc.perWorker, h, l, ratio)
 			require.Positive(t, l, "the lighter tenant gets its turns")
 			require.GreaterOrEqual(t, ratio, 6.0, "starts by weight")
 			require.LessOrEqual(t, ratio, 15.0, "starts by weight")
