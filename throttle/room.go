@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -33,10 +34,22 @@ import (
 // A Room is safe for concurrent use.
 type Room struct {
 	l *Limiter
+
+	// alone remembers, for a short while (aloneFor), the tenants of a
+	// queue that found no other tenant due when a job of theirs freed a
+	// slot (turnOf): a tenant alone on a saturated fleet hands its slots
+	// on without asking each time
+	mu    sync.Mutex
+	alone map[string]time.Time
 }
 
 // Room returns the limiter's waiting room.
 func (l *Limiter) Room() *Room { return &Room{l: l} }
+
+// aloneFor is how long a release trusts that no other tenant was due: a
+// tenant that becomes due meanwhile waits at most that much longer for a
+// slot.
+const aloneFor = 50 * time.Millisecond
 
 // Defaults of the waiting room.
 const (
@@ -625,6 +638,13 @@ func (r *Room) settleDue(ctx context.Context, queue string, held int64, due []du
 // slot a job of it freed (no other tenant is due before it), and whether
 // another tenant is due now.
 func (r *Room) turnOf(ctx context.Context, queue, tenant string) (first, others bool, err error) {
+	key := queue + lineSep + tenant
+	r.mu.Lock()
+	until, ok := r.alone[key]
+	r.mu.Unlock()
+	if ok && time.Now().Before(until) {
+		return true, false, nil
+	}
 	res, err := r.runRoom(ctx, queue, r.roomArgs("turn", queue, tenant))
 	if err != nil {
 		return false, false, fmt.Errorf("turn of tenant %q: %w", tenant, err)
@@ -633,7 +653,18 @@ func (r *Room) turnOf(ctx context.Context, queue, tenant string) (first, others 
 	if err != nil {
 		return false, false, fmt.Errorf("room.lua: %w", err)
 	}
-	return v[1] == 1, v[2] == 1, nil
+	first, others = v[1] == 1, v[2] == 1
+	r.mu.Lock()
+	if first && !others {
+		if r.alone == nil || len(r.alone) >= 1024 {
+			r.alone = map[string]time.Time{}
+		}
+		r.alone[key] = time.Now().Add(aloneFor)
+	} else {
+		delete(r.alone, key)
+	}
+	r.mu.Unlock()
+	return first, others, nil
 }
 
 // requeue puts tenant, due now or earlier in queue's index, behind the
