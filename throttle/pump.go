@@ -97,7 +97,10 @@ type Repark func(ctx context.Context, queue string, within, by time.Duration, in
 // sluice process run, a parked job reaches a worker by asynq's own
 // forwarder at most ReparkBy after the last sweep.
 const (
-	ReparkWithin = 5 * time.Minute
+	// 40 sweeps of up to asynqroom.ReparkMax tasks a queue before a
+	// task comes due: parked tasks of a burst of 200,000 jobs, all with
+	// one fallback, are pushed in time
+	ReparkWithin = 20 * time.Minute
 	ReparkBy     = time.Hour
 )
 
