@@ -112,12 +112,15 @@
 --     earlier 1 when an earlier arrival of the job left its intent (its
 --     task may be parked in no line)
 --   promote and release ops answer {{promoted}, {retries}, due, waiting,
---     head lined (ms; -1: none), skipped, released, lost}: per promoted job
+--     head lined (ms; -1: none), skipped, released, lost, midturn}: per promoted job
 --     {entry, slot, claim, {undo records}, late, slack}; the handing
 --     entries to hand over
 --     again; when the line is next due (-1: empty, nothing handed over);
 --     entries skipped (their job runs already); for release how many scopes
---     gave back a slot and how many held none under the claim
+--     gave back a slot and how many held none under the claim; midturn 1
+--     when the budget ended the turn with deficit left for the head: the
+--     rest of the turn is kept (d:<queue> negative) and the next turn goes
+--     on with it, adding no quantum
 -- Errors: "ERR sluice: clock" when the time is outside the quota windows
 --   given (the caller's clock estimate is off; it retries with fresh bounds).
 --
@@ -1004,9 +1007,15 @@ local function twostep_functions()
     if pol.wlim > 0 then
       for _, key in ipairs({ sc.wp, sc.wa }) do
         local from, to = next_int(), next_int()
+        -- in pieces: Lua's unpack refuses about 8,000 values
         local z = {}
-        for seq = from, to do z[#z + 1] = fmt(seq) end
-        if #z > 0 then call('ZREM', key, unpack(z)) end
+        for seq = from, to do
+          z[#z + 1] = fmt(seq)
+          if #z == 1000 or seq == to then
+            call('ZREM', key, unpack(z))
+            z = {}
+          end
+        end
       end
     end
     if pol.qlim > 0 then
@@ -1133,8 +1142,13 @@ local function room_functions(ts)
     end
     local dfield = 'd:' .. queue
     local v = call('HMGET', st, dfield, 'cd')
+    -- a negative deficit is a turn the budget (the fleet's room) cut
+    -- short: it goes on with what is left, without a new quantum
     local dq0 = num(v[1]) or 0
-    local dq = dq0 + quantum
+    local resumed = dq0 < 0
+    if resumed then dq0 = -dq0 end
+    local dq = resumed and dq0 or dq0 + quantum
+    local midturn = false
     local due, head = -1, -1
     local np, skipped = 0, 0
     local cd = plain and num(v[2]) or 0
@@ -1162,8 +1176,13 @@ local function room_functions(ts)
         run = running(scopes)
       end
       if not run and (np >= budget or rc > dq) then
-        -- the deficit carries over only what a costly head is owed
-        if np >= budget then dq = min(dq, quantum) end
+        -- the deficit carries over only what a costly head is owed, or
+        -- the rest of a turn the budget cut short
+        if np >= budget and rc <= dq and not run then
+          midturn = true
+        elseif np >= budget then
+          dq = min(dq, quantum)
+        end
         if due < 0 then due = now end
         break
       end
@@ -1205,11 +1224,11 @@ local function room_functions(ts)
       if due < 0 or r < due then due = r end
     end
     if dq > 0 then
-      call('HSET', st, dfield, fmt(dq))
+      call('HSET', st, dfield, fmt(midturn and -dq or dq))
     elseif dq0 > 0 then
       call('HDEL', st, dfield)
     end
-    return out, retries, due, call('LLEN', line), head, skipped
+    return out, retries, due, call('LLEN', line), head, skipped, midturn and 1 or 0
   end
 
   -- A new job, not yet in asynq: may it go straight to asynq's pending
@@ -1486,11 +1505,11 @@ for o = 1, nops do
       released, lost = rm.release(bases, noexpire)
     end
     if budget > 0 then
-      local promoted, retries, due, waiting, head, skipped =
+      local promoted, retries, due, waiting, head, skipped, midturn =
         rm.promote(bases, line, handing, qset, queue, budget, quantum, repair, noexpire, num(E.claim) + 1)
-      out[o] = { promoted, retries, due, waiting, head, skipped, released, lost }
+      out[o] = { promoted, retries, due, waiting, head, skipped, released, lost, midturn }
     else
-      out[o] = { {}, {}, -1, -1, -1, 0, released, lost }
+      out[o] = { {}, {}, -1, -1, -1, 0, released, lost, 0 }
     end
   else
 

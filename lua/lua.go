@@ -34,6 +34,8 @@ var (
 	fleetSrc string
 	//go:embed recover.lua
 	recoverSrc string
+	//go:embed repark.lua
+	reparkSrc string
 	//go:embed clock.lua
 	clockSrc string
 	//go:embed slot.lua
@@ -66,10 +68,13 @@ var (
 	Fleet = redis.NewScript(fleetSrc)
 	// Recover gives asynq tasks nobody runs back to their pending list.
 	Recover = redis.NewScript(recoverSrc)
+	// Repark pushes the fallback of the waiting room's parked asynq tasks
+	// further out.
+	Repark = redis.NewScript(reparkSrc)
 )
 
 // All lists every script, for loading them into a server ahead of pipelines.
-var All = []*redis.Script{Admit, Release, Renew, Cooldown, Stats, Room, Line, Handover, Capacity, Fleet, Recover}
+var All = []*redis.Script{Admit, Release, Renew, Cooldown, Stats, Room, Line, Handover, Capacity, Fleet, Recover, Repark}
 
 // include puts the part of from between "-- @begin NAME" and "-- @end NAME"
 // into src at the line "-- @include NAME": a piece scripts share is written

@@ -14,12 +14,20 @@
 -- ARGV[5..] -> the operation's arguments:
 --   take N HOLD: the due tenants, earliest first, at most N of them, are
 --     held HOLD µs ahead so that one pump serves each.
---     Returns {now, held, next, tenant, tenant, ...}: held is the score
---     they got; next the earliest due time of the tenants not taken (-1:
---     none).
+--     Returns {now, held, next, tenant, due, tenant, due, ...}: held is
+--     the score they got, due the one each had (settle may give it back:
+--     the tenant keeps its place); next the earliest due time of the
+--     tenants not taken (-1: none).
 --   settle HELD [TENANT DUE]...: for each tenant still held at HELD (no one
---     marked it since), its next due time DUE: now when DUE is 0, out of
+--     marked it since), its next due time DUE: now when DUE is 0 (the
+--     k-th such tenant now + k µs, so that they keep their order), out of
 --     the index when it is -1. Returns {now}.
+--   turn TENANT: is it TENANT's turn to take a freed slot? Returns {now,
+--     first, others}: first 1 when no other tenant is due earlier than
+--     TENANT (a tenant held by a pump is not due), others 1 when another
+--     tenant is due now.
+--   requeue TENANT: TENANT, due now or earlier (not held), is due now:
+--     behind the tenants due before (its turn ended). Returns {now}.
 --   mark [TENANT]...: each tenant is due now, or earlier if it was (a line
 --     just began). Returns {now}.
 --   markat [TENANT DUE]...: each tenant is due at DUE, or earlier if it
@@ -65,16 +73,17 @@ local function first()
 end
 
 if op == 'take' then
-  local due = call('ZRANGEBYSCORE', KEYS[1], '-inf', nowf, 'LIMIT', '0', ARGV[A])
+  local due = call('ZRANGEBYSCORE', KEYS[1], '-inf', nowf, 'WITHSCORES', 'LIMIT', '0', ARGV[A])
   local held = format('%d', now + tonumber(ARGV[A + 1]))
   out[2] = held
   if #due > 0 then
     out[3] = -1
     local z = {}
-    for i = 1, #due do
+    for i = 1, #due, 2 do
       z[#z + 1] = held
       z[#z + 1] = due[i]
       out[#out + 1] = due[i]
+      out[#out + 1] = due[i + 1]
     end
     zadd(z, 'XX')
   else
@@ -82,13 +91,15 @@ if op == 'take' then
   end
 elseif op == 'settle' then
   local held = tonumber(ARGV[A])
+  local k = 0
   for i = A + 1, #ARGV, 2 do
     local tenant, due = ARGV[i], ARGV[i + 1]
     if tonumber(call('ZSCORE', KEYS[1], tenant)) == held then
       if tonumber(due) < 0 then
         call('ZREM', KEYS[1], tenant)
       elseif tonumber(due) == 0 then
-        call('ZADD', KEYS[1], nowf, tenant)
+        call('ZADD', KEYS[1], format('%d', now + k), tenant)
+        k = k + 1
       else
         call('ZADD', KEYS[1], due, tenant)
       end
@@ -124,6 +135,14 @@ elseif op == 'markall' then
   zadd(z, 'XX')
   out[2] = #all
   wake(#all)
+elseif op == 'turn' then
+  local tenant = ARGV[A]
+  local due = call('ZRANGEBYSCORE', KEYS[1], '-inf', nowf, 'LIMIT', '0', '2')
+  out[2] = (due[1] == nil or due[1] == tenant) and 1 or 0
+  out[3] = ((due[1] and due[1] ~= tenant) or (due[2] and due[2] ~= tenant)) and 1 or 0
+elseif op == 'requeue' then
+  local score = tonumber(call('ZSCORE', KEYS[1], ARGV[A]))
+  if score and score <= now then call('ZADD', KEYS[1], nowf, ARGV[A]) end
 elseif op == 'next' then
   out[2] = first()
 else

@@ -227,7 +227,7 @@ func (c *Client) prepare(tenant string, task *asynq.Task, opts []asynq.Option, n
 	}
 	// sluice's own headers describe one job's identity; a task built from
 	// another job's (a handler fanning out) starts a new job.
-	for _, h := range []string{taskspec.IDHeader, taskspec.GenHeader, taskspec.CostHeader, taskspec.DecidedHeader} {
+	for _, h := range []string{taskspec.IDHeader, taskspec.GenHeader, taskspec.CostHeader, taskspec.DecidedHeader, taskspec.ParkedHeader} {
 		delete(headers, h)
 	}
 	headers[taskspec.TenantHeader] = tenant
@@ -370,6 +370,9 @@ func (c *Client) orphan(ctx context.Context, j *job, err error) *asynq.TaskInfo 
 func (c *Client) park(ctx context.Context, j *job) (*asynq.TaskInfo, error) {
 	at := time.Now().Add(c.fallback(j))
 	opts := append(j.opts.pass[:len(j.opts.pass):len(j.opts.pass)], asynq.ProcessAt(at))
+	// the sweep pushes a parked task's fallback further out while its job
+	// waits in its line
+	j.headers[taskspec.ParkedHeader] = "1"
 	info, err := c.enqueue(ctx, j, opts)
 	if err == nil {
 		return info, nil

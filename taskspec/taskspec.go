@@ -35,6 +35,12 @@ const (
 	// deciding again (throttle.Limiter.Redeem). The room's hand-over adds it
 	// to a promoted job's task.
 	DecidedHeader = "sluice-decided"
+	// ParkedHeader is "1" on the task of a job queue.Client parked in
+	// asynq's schedule at its fallback time while the job waits in its
+	// tenant's line: the pumps' sweep pushes the fallback of such tasks
+	// further out while they wait (a task a producer scheduled itself has
+	// no such header, and runs at its time).
+	ParkedHeader = "sluice-parked"
 	// BacklogHeader was "1" on a job counted in its tenant's backlog by
 	// versions before the waiting room.
 	//

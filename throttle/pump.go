@@ -78,7 +78,31 @@ type PumpConfig struct {
 	// producer died between parking them and joining them): those parked
 	// join their lines. Without it such a job waits for its fallback.
 	Tasks TaskLookup
+	// Repark, when set, is how the sweep keeps waiting jobs' parked tasks
+	// from reaching their fallback while the pumps run: those coming due
+	// within ReparkWithin are pushed to ReparkBy from now. Without it a
+	// line that outlives its fallback comes out of the queue engine's
+	// schedule at that time.
+	Repark Repark
 }
+
+// A Repark pushes the fallback of the queue engine's parked tasks of queue
+// that come due within within, for tenants with a line there (inLine), to
+// by from now; it returns how many it pushed (internal/asynqroom.Repark).
+type Repark func(ctx context.Context, queue string, within, by time.Duration, inLine func(tenant string) bool) (int, error)
+
+// The sweep's push of parked tasks (PumpConfig.Repark): every sweep (every
+// half minute, one pump of the fleet) pushes the tasks parked for waiting
+// jobs that come due within ReparkWithin to ReparkBy from now. Should no
+// sluice process run, a parked job reaches a worker by asynq's own
+// forwarder at most ReparkBy after the last sweep.
+const (
+	// 40 sweeps of up to asynqroom.ReparkMax tasks a queue before a
+	// task comes due: parked tasks of a burst of 200,000 jobs, all with
+	// one fallback, are pushed in time
+	ReparkWithin = 20 * time.Minute
+	ReparkBy     = time.Hour
+)
 
 func (c PumpConfig) withDefaults() PumpConfig {
 	c.Interval = cmp.Or(c.Interval, PumpIntervalDefault)
@@ -107,9 +131,10 @@ func (c PumpConfig) validate() error {
 
 // Pump runs the waiting room's pump until ctx ends: while the fleet has
 // room it takes the due tenants from the index, oldest first, gives each
-// a turn (deficit round robin: a share of the room by the tenants'
-// weights, weight= in their policies), hands the promoted jobs over and
-// sets when each tenant is next due. While no line is due it sleeps until
+// a turn (deficit round robin by the tenants' weights, weight= in their
+// policies, across rounds: a turn the room cut short goes on first at the
+// next), hands the promoted jobs over and sets when each tenant is next
+// due. While no line is due it sleeps until
 // the next one is, woken at once when a line begins (the index's wake
 // channel), so an idle pump costs Redis about one call per Idle. A policy
 // change makes every waiting tenant due at once (one pump of the fleet
@@ -217,7 +242,7 @@ func (p *pump) round(ctx context.Context) (time.Duration, error) {
 	}
 	if time.Since(p.lastSweep) > sweepEvery {
 		p.lastSweep = time.Now()
-		if err := p.r.sweep(ctx, p.cfg.Tasks); err != nil {
+		if err := p.r.sweep(ctx, p.cfg.Tasks, p.cfg.Repark); err != nil {
 			p.report(err)
 		}
 	}
@@ -268,40 +293,56 @@ func (p *pump) serve(ctx context.Context, queue string) (time.Duration, error) {
 	if free <= 0 {
 		return p.cfg.Interval, nil
 	}
-	tenants, held, next, err := p.r.take(ctx, queue, min(free, p.cfg.Tenants), HoldDefault)
+	taken, held, next, err := p.r.takeDue(ctx, queue, min(free, p.cfg.Tenants), HoldDefault)
 	if err != nil {
 		return p.cfg.Interval, err
 	}
-	if len(tenants) == 0 {
+	if len(taken) == 0 {
 		if next.IsZero() {
 			return p.cfg.Idle, nil
 		}
 		return min(max(next.Sub(p.r.l.estimatedNow()), time.Millisecond), p.cfg.Idle), nil
 	}
-	// the room is shared out by the tenants' weights (from the policy
-	// cache): each gets its share, at least one job
-	weights := make([]int64, len(tenants))
+	// Deficit round robin over the rounds, in the index's order: a tenant's
+	// turn adds its quantum (its weight, in units that share out this
+	// round's room when it is large) to its deficit and promotes while the
+	// deficit covers its head; the room given to a turn is what the
+	// tenants before it in the round left. A turn the room cut short goes
+	// on at the next round (its deficit kept, admit.lua), so it keeps its
+	// place in the index; tenants the room did not reach keep theirs.
+	weights := make([]int64, len(taken))
 	var total int64
-	for i, t := range tenants {
+	for i, d := range taken {
 		weights[i] = 1
-		if res, err := p.r.l.resolved(ctx, t); err == nil {
+		if res, err := p.r.l.resolved(ctx, d.tenant); err == nil {
 			weights[i] = res.Policy.weight()
 		}
 		total += weights[i]
 	}
-	turns := make([]Turn, len(tenants))
-	errs := make([]error, len(tenants))
+	unit := max(1, int64(free)/total)
+	budgets := make([]int, len(taken))
+	left := free
+	for i := range taken {
+		budgets[i] = int(min(int64(left), weights[i]*unit))
+		left -= budgets[i]
+	}
+	tenants := make([]string, len(taken))
+	turns := make([]Turn, len(taken))
+	errs := make([]error, len(taken))
 	var wg sync.WaitGroup
-	for i, t := range tenants {
-		share := max(1, int(int64(free)*weights[i]/total))
+	for i, d := range taken {
+		tenants[i] = d.tenant
+		if budgets[i] == 0 {
+			continue
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			turns[i], errs[i] = p.r.promote(ctx, t, queue, share, int64(share))
+			turns[i], errs[i] = p.r.promote(ctx, d.tenant, queue, budgets[i], weights[i]*unit)
 		}()
 	}
 	wg.Wait()
-	due := make(map[string]time.Time, len(tenants))
+	due := make(map[string]time.Time, len(taken))
 	var all []Promoted
 	for i, t := range tenants {
 		if errs[i] != nil {
@@ -309,8 +350,10 @@ func (p *pump) serve(ctx context.Context, queue string) (time.Duration, error) {
 			p.report(errs[i])
 			continue
 		}
-		due[t] = turns[i].Due
-		all = append(all, turns[i].Promoted...)
+		if budgets[i] > 0 {
+			due[t] = turns[i].Due
+			all = append(all, turns[i].Promoted...)
+		}
 	}
 	if len(all) > 0 {
 		crashpoint.Hit("room.promoted")
@@ -326,12 +369,32 @@ func (p *pump) serve(ctx context.Context, queue string) (time.Duration, error) {
 	}
 	if p.cfg.OnTurn != nil {
 		for i, t := range tenants {
-			if errs[i] == nil {
+			if errs[i] == nil && budgets[i] > 0 {
 				p.cfg.OnTurn(t, turns[i], handed[t], gone[t])
 			}
 		}
 	}
-	if err := p.r.settle(ctx, queue, held, due); err != nil {
+	// the order of the index: first the turns that go on and the tenants
+	// the room did not reach, at their places; then, in the order served,
+	// those whose turns ended, due now or when their lines may go on
+	settled := make([]dueTenant, 0, len(taken))
+	var ended []dueTenant
+	now := p.r.l.estimatedNow().Add(5 * time.Millisecond) // the turns' Redis time, at most
+	for i, d := range taken {
+		at, ok := due[d.tenant]
+		switch {
+		case errs[i] != nil:
+		case !ok || turns[i].midTurn && !at.IsZero() && !at.After(now):
+			settled = append(settled, d)
+		case at.Equal(dueNow) || !at.IsZero() && !at.After(now):
+			ended = append(ended, dueTenant{d.tenant, 0})
+		case at.IsZero():
+			ended = append(ended, dueTenant{d.tenant, -1})
+		default:
+			ended = append(ended, dueTenant{d.tenant, at.UnixMicro()})
+		}
+	}
+	if err := p.r.settleDue(ctx, queue, held, append(settled, ended...)); err != nil {
 		return 0, err
 	}
 	return 0, nil
@@ -392,15 +455,25 @@ func (r *Room) handedMany(ctx context.Context, done map[string][]Promoted) error
 	return nil
 }
 
+// Spare tells how many more jobs of queue the fleet can take now, counting
+// the one it is asked for, which it takes (internal/asynqroom's
+// Gauge.Spare): 1 is the last place.
+type Spare func(ctx context.Context, queue string) int
+
 // Release gives back the concurrency slots job id of tenant holds under
 // claim (as Limiter.Release does) and, in the same script run, hands the
 // freed slot to the next job in the tenant's line of queue (the finished
 // job's): that job is promoted and given to the queue engine with h at
-// once. With h nil (a worker shutting down) nothing is handed on: the
-// slots are given back and the tenant is made due now, so that the
-// fleet's pumps serve its line. It returns ErrClaimLost as
-// Limiter.Release does.
-func (r *Room) Release(ctx context.Context, tenant, queue, id string, claim uint64, h Handover) error {
+// once. It does so only when it is the tenant's turn: when the fleet has
+// room to spare (spare says 2 or more, the pumps serve the others with
+// the rest), or when no other tenant is due before it in the queue's due
+// index; otherwise the slot is given back and the tenant is made due, so
+// that the pumps serve the due tenants in turn. With spare nil the fleet's
+// room is not known and the slot is handed on. With h nil (a worker
+// shutting down) nothing is handed on: the slots are given back and the
+// tenant is made due now, so that the fleet's pumps serve its line. It
+// returns ErrClaimLost as Limiter.Release does.
+func (r *Room) Release(ctx context.Context, tenant, queue, id string, claim uint64, h Handover, spare Spare) error {
 	if h == nil {
 		err := r.l.Release(ctx, tenant, id, claim)
 		if tenant != "" && (err == nil || errors.Is(err, ErrClaimLost)) {
@@ -416,6 +489,32 @@ func (r *Room) Release(ctx context.Context, tenant, queue, id string, claim uint
 	waiting, err := r.l.release(ctx, tenant, queue, id, claim)
 	if !waiting || err != nil {
 		return err
+	}
+	// jobs wait: is it the tenant's turn?
+	others := false
+	var turnErr error
+	if spare != nil && spare(ctx, queueOf(queue)) < 2 {
+		var first bool
+		if first, others, turnErr = r.turnOf(ctx, queueOf(queue), tenant); turnErr != nil {
+			// the slot is handed on as if it were its turn, rather than
+			// held until its lease ends; the error is reported
+			first, others = true, false
+		}
+		if !first {
+			// another tenant's turn: the slot goes back, and the tenant
+			// waits its turn (or keeps its place)
+			t, err := r.release(ctx, tenant, queue, id, claim, 0)
+			if err != nil {
+				return err
+			}
+			if err := r.mark(ctx, queueOf(queue), tenant); err != nil {
+				return err
+			}
+			if claim != 0 && t.Lost > 0 {
+				return fmt.Errorf("release tenant %q job %q: %w", tenant, id, ErrClaimLost)
+			}
+			return nil
+		}
 	}
 	t, err := r.release(ctx, tenant, queue, id, claim, 1)
 	if err != nil {
@@ -440,8 +539,14 @@ func (r *Room) Release(ctx context.Context, tenant, queue, id string, claim uint
 			return err
 		}
 	}
+	if others && !t.midTurn {
+		// its turn ended here: the tenants due behind it go first
+		if err := r.requeue(ctx, queueOf(queue), tenant); err != nil {
+			return err
+		}
+	}
 	if claim != 0 && t.Lost > 0 {
 		return fmt.Errorf("release tenant %q job %q: %w", tenant, id, ErrClaimLost)
 	}
-	return nil
+	return turnErr
 }

@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -33,10 +34,22 @@ import (
 // A Room is safe for concurrent use.
 type Room struct {
 	l *Limiter
+
+	// alone remembers, for a short while (aloneFor), the tenants of a
+	// queue that found no other tenant due when a job of theirs freed a
+	// slot (turnOf): a tenant alone on a saturated fleet hands its slots
+	// on without asking each time
+	mu    sync.Mutex
+	alone map[string]time.Time
 }
 
 // Room returns the limiter's waiting room.
 func (l *Limiter) Room() *Room { return &Room{l: l} }
+
+// aloneFor is how long a release trusts that no other tenant was due: a
+// tenant that becomes due meanwhile waits at most that much longer for a
+// slot.
+const aloneFor = 50 * time.Millisecond
 
 // Defaults of the waiting room.
 const (
@@ -416,6 +429,11 @@ type Turn struct {
 	// Released and Lost are, for Release, how many scopes gave back the
 	// job's slot and how many held none under its claim.
 	Released, Lost int
+
+	// midTurn: the budget (the fleet's room) ended the turn while the
+	// tenant's deficit still covered its head: its turn goes on next time,
+	// ahead of the tenants behind it.
+	midTurn bool
 }
 
 // promote gives tenant's line of queue a turn: its head jobs are promoted
@@ -452,6 +470,10 @@ func (r *Room) turn(ctx context.Context, tenant, queue, id string, claim uint64,
 	once := r.decidesAll(res)
 	if once {
 		flags |= flagOnce
+	}
+	if kind == flagRelease {
+		// a turn a release begins is the tenant's whole quantum
+		quantum *= res.Policy.weight()
 	}
 	op := &admitOp{id: id, cost: 1, flags: flags, claim: claim}
 	for _, s := range scopes {
@@ -519,12 +541,29 @@ func (r *Room) runRoom(ctx context.Context, queue string, args []any) (any, erro
 // compares it). When none is due, next is the earliest due time of the
 // index (zero: no line is due at all).
 func (r *Room) take(ctx context.Context, queue string, n int, hold time.Duration) (tenants []string, held int64, next time.Time, err error) {
+	due, held, next, err := r.takeDue(ctx, queue, n, hold)
+	for _, d := range due {
+		tenants = append(tenants, d.tenant)
+	}
+	return tenants, held, next, err
+}
+
+// dueTenant is a tenant of a due index with its due time (µs): what take
+// found, or what settle is to set (0: now, -1: out of the index).
+type dueTenant struct {
+	tenant string
+	due    int64
+}
+
+// takeDue is take, which also says when each tenant it took was due: a
+// tenant given that time back keeps its place in the index.
+func (r *Room) takeDue(ctx context.Context, queue string, n int, hold time.Duration) (due []dueTenant, held int64, next time.Time, err error) {
 	res, err := r.runRoom(ctx, queue, r.roomArgs("take", queue, n, micros(hold)))
 	if err != nil {
 		return nil, 0, time.Time{}, fmt.Errorf("take due tenants: %w", err)
 	}
 	arr, ok := res.([]any)
-	if !ok || len(arr) < 3 {
+	if !ok || len(arr) < 3 || len(arr)%2 == 0 {
 		return nil, 0, time.Time{}, fmt.Errorf("room.lua: unexpected reply %v", res)
 	}
 	hs, ok := arr[1].(string)
@@ -539,27 +578,34 @@ func (r *Room) take(ctx context.Context, queue string, n int, hold time.Duration
 	if nx >= 0 {
 		next = time.UnixMicro(nx)
 	}
-	tenants = make([]string, 0, len(arr)-3)
-	for _, x := range arr[3:] {
-		s, ok := x.(string)
-		if !ok {
-			return nil, 0, time.Time{}, fmt.Errorf("room.lua: unexpected tenant %T %v", x, x)
+	due = make([]dueTenant, 0, (len(arr)-3)/2)
+	for i := 3; i < len(arr); i += 2 {
+		s, ok := arr[i].(string)
+		ds, okDue := arr[i+1].(string)
+		if !ok || !okDue {
+			return nil, 0, time.Time{}, fmt.Errorf("room.lua: unexpected tenant %v %v", arr[i], arr[i+1])
 		}
-		tenants = append(tenants, s)
+		at, err := strconv.ParseInt(ds, 10, 64)
+		if err != nil {
+			return nil, 0, time.Time{}, fmt.Errorf("room.lua: unexpected due time %q", ds)
+		}
+		due = append(due, dueTenant{s, at})
 	}
-	return tenants, held, next, nil
+	return due, held, next, nil
 }
 
 // settle sets the next due time of tenants a pump took from queue's index
 // at held (zero: out of the index; dueNow: now, in Redis time), unless
 // someone marked them meanwhile.
 func (r *Room) settle(ctx context.Context, queue string, held int64, due map[string]time.Time) error {
-	if len(due) == 0 {
-		return nil
+	ts := make([]string, 0, len(due))
+	for t := range due {
+		ts = append(ts, t)
 	}
-	args := make([]any, 0, 1+2*len(due))
-	args = append(args, held)
-	for t, at := range due {
+	sort.Strings(ts)
+	out := make([]dueTenant, 0, len(due))
+	for _, t := range ts {
+		at := due[t]
 		v := int64(-1)
 		switch {
 		case at.Equal(dueNow):
@@ -567,10 +613,65 @@ func (r *Room) settle(ctx context.Context, queue string, held int64, due map[str
 		case !at.IsZero():
 			v = at.UnixMicro()
 		}
-		args = append(args, t, v)
+		out = append(out, dueTenant{t, v})
+	}
+	return r.settleDue(ctx, queue, held, out)
+}
+
+// settleDue is settle in order: the tenants due now keep the order given.
+func (r *Room) settleDue(ctx context.Context, queue string, held int64, due []dueTenant) error {
+	if len(due) == 0 {
+		return nil
+	}
+	args := make([]any, 0, 1+2*len(due))
+	args = append(args, held)
+	for _, d := range due {
+		args = append(args, d.tenant, d.due)
 	}
 	if _, err := r.runRoom(ctx, queue, r.roomArgs("settle", queue, args...)); err != nil {
 		return fmt.Errorf("settle due tenants: %w", err)
+	}
+	return nil
+}
+
+// turnOf reports whether it is tenant's turn in queue's index to take a
+// slot a job of it freed (no other tenant is due before it), and whether
+// another tenant is due now.
+func (r *Room) turnOf(ctx context.Context, queue, tenant string) (first, others bool, err error) {
+	key := queue + lineSep + tenant
+	r.mu.Lock()
+	until, ok := r.alone[key]
+	r.mu.Unlock()
+	if ok && time.Now().Before(until) {
+		return true, false, nil
+	}
+	res, err := r.runRoom(ctx, queue, r.roomArgs("turn", queue, tenant))
+	if err != nil {
+		return false, false, fmt.Errorf("turn of tenant %q: %w", tenant, err)
+	}
+	v, err := int64s(res, 3)
+	if err != nil {
+		return false, false, fmt.Errorf("room.lua: %w", err)
+	}
+	first, others = v[1] == 1, v[2] == 1
+	r.mu.Lock()
+	if first && !others {
+		if r.alone == nil || len(r.alone) >= 1024 {
+			r.alone = map[string]time.Time{}
+		}
+		r.alone[key] = time.Now().Add(aloneFor)
+	} else {
+		delete(r.alone, key)
+	}
+	r.mu.Unlock()
+	return first, others, nil
+}
+
+// requeue puts tenant, due now or earlier in queue's index, behind the
+// tenants due before it: its turn ended.
+func (r *Room) requeue(ctx context.Context, queue, tenant string) error {
+	if _, err := r.runRoom(ctx, queue, r.roomArgs("requeue", queue, tenant)); err != nil {
+		return fmt.Errorf("requeue tenant %q: %w", tenant, err)
 	}
 	return nil
 }
@@ -610,12 +711,15 @@ func (r *Room) markAll(ctx context.Context, queue string) error {
 	return nil
 }
 
-// sweep makes every tenant whose line is missing from the index due, and
-// puts in their lines the parked jobs of intents no line took
-// (sweepOrphans), at most once per sweepEvery across the fleet (a lock in
-// Redis): a producer that died between its line and the index leaves the
-// one, a producer that died between parking a job and its line the other.
-func (r *Room) sweep(ctx context.Context, tasks TaskLookup) error {
+// sweep makes every tenant whose line is missing from the index due, puts
+// in their lines the parked jobs of intents no line took (sweepOrphans),
+// and pushes further out the fallback of the parked tasks of waiting jobs
+// that come due soon (repark, when set), at most once per sweepEvery
+// across the fleet (a lock in Redis): a producer that died between its
+// line and the index leaves the one, a producer that died between parking
+// a job and its line the other, and a line longer than the fallback would
+// otherwise come out of the queue engine's schedule at once.
+func (r *Room) sweep(ctx context.Context, tasks TaskLookup, repark Repark) error {
 	ok, err := r.l.client.SetNX(ctx, sweepKey(r.l.cfg.Prefix), 1, sweepEvery-time.Second).Result()
 	if err != nil || !ok {
 		return err
@@ -636,7 +740,19 @@ func (r *Room) sweep(ctx context.Context, tasks TaskLookup) error {
 			}
 		}
 	}
-	return r.sweepOrphans(ctx, tasks)
+	var errs []error
+	if repark != nil {
+		for queue, tenants := range lines {
+			inLine := make(map[string]bool, len(tenants))
+			for _, t := range tenants {
+				inLine[t] = true
+			}
+			if _, err := repark(ctx, queue, ReparkWithin, ReparkBy, func(t string) bool { return inLine[t] }); err != nil {
+				errs = append(errs, fmt.Errorf("sweep parked tasks: %w", err))
+			}
+		}
+	}
+	return errors.Join(append(errs, r.sweepOrphans(ctx, tasks))...)
 }
 
 // next is the earliest due time in queue's index and the Redis time it

@@ -471,22 +471,22 @@ func roomOpReply(raw any, n int) ([]any, int64, error) {
 }
 
 // decodeTurn reads a promote or release op's reply: {{promoted}, {retries},
-// due, waiting, head lined (ms), skipped, released, lost}, each promoted
+// due, waiting, head lined (ms), skipped, released, lost, midturn}, each promoted
 // job {entry, slot, claim, {undo records}, late, slack}; scopes are the op's. With
 // once, each promoted job gets its ticket (it holds its concurrency slots
 // for lease; fp is its policies' fingerprint).
 func decodeTurn(tenant string, raw any, scopes []scope, once bool, lease time.Duration, fp uint32) (Turn, error) {
-	op, now, err := roomOpReply(raw, 8)
+	op, now, err := roomOpReply(raw, 9)
 	if err != nil {
 		return Turn{}, err
 	}
 	promoted, ok1 := op[0].([]any)
 	retries, ok2 := op[1].([]any)
-	v, err := int64s(op[2:], 6)
+	v, err := int64s(op[2:], 7)
 	if !ok1 || !ok2 || err != nil {
 		return Turn{}, fmt.Errorf("admit.lua: unexpected turn %v", op)
 	}
-	t := Turn{Waiting: max(v[1], 0), Skipped: int(v[3]), Released: int(v[4]), Lost: int(v[5])}
+	t := Turn{Waiting: max(v[1], 0), Skipped: int(v[3]), Released: int(v[4]), Lost: int(v[5]), midTurn: v[6] == 1}
 	if v[0] >= 0 {
 		t.Due = time.UnixMicro(v[0])
 	}

@@ -182,7 +182,7 @@ func (g *Gate) giveBack(ctx context.Context, task *asynq.Task) {
 	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.cfg.CallTimeout)
 	defer cancel()
-	if err := g.room.Release(cctx, j.tenant, j.queue, j.id, 0, g.handing()); err != nil {
+	if err := g.room.Release(cctx, j.tenant, j.queue, j.id, 0, g.handing(), g.gauge.Spare); err != nil {
 		g.m.err(errRelease)
 		g.warn(errRelease, "sluice: could not release the job's slot; it frees itself when its lease runs out", "task", j.taskID, "tenant", j.tenant, "err", err)
 	}
@@ -646,9 +646,9 @@ func (g *Gate) release(ctx context.Context, j *job, claim uint64) {
 	if j.tenant == "" {
 		err = g.lim.Release(cctx, j.tenant, j.id, claim)
 	} else if g.stopped() || g.roomOff.Load() {
-		err = g.room.Release(cctx, j.tenant, j.queue, j.id, claim, nil)
+		err = g.room.Release(cctx, j.tenant, j.queue, j.id, claim, nil, nil)
 	} else {
-		err = g.room.Release(cctx, j.tenant, j.queue, j.id, claim, g.handOn)
+		err = g.room.Release(cctx, j.tenant, j.queue, j.id, claim, g.handOn, g.gauge.Spare)
 	}
 	if errors.Is(err, throttle.ErrClaimLost) {
 		g.m.renewals.WithLabelValues(renewLost).Inc()

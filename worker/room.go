@@ -155,6 +155,7 @@ func (g *Gate) startPump(queues []string, concurrency int) {
 				Queues:   queues,
 				Handover: g.handover,
 				Tasks:    asynqroom.Tasks(g.inspector),
+				Repark:   asynqroom.Repark(g.asynqRedis),
 				Free: func(ctx context.Context, queue string) (int, error) {
 					return g.gauge.Free(ctx, []string{queue})
 				},

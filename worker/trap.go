@@ -39,6 +39,8 @@ func (g *Gate) copyJob(ctx context.Context, j *job, e *DeferError) error {
 	}
 	headers[taskspec.IDHeader] = j.id
 	headers[taskspec.GenHeader] = strconv.Itoa(gen)
+	// the copy is scheduled for its slot, not parked in a line
+	delete(headers, taskspec.ParkedHeader)
 	opts := []asynq.Option{
 		asynq.Queue(j.queue),
 		asynq.TaskID(id),

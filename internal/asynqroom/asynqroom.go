@@ -151,6 +151,13 @@ func (g *Gauge) Free(ctx context.Context, queues []string) (int, error) {
 // PendingEvery; in between the gauge counts what it let through. An error
 // reading it says no: the job waits in its line, where a pump finds it.
 func (g *Gauge) Take(ctx context.Context, queue string) bool {
+	return g.Spare(ctx, queue) > 0
+}
+
+// Spare is how many more jobs queue's pending list has room for, counting
+// the one asked for, which it takes when there is room (as Take does):
+// 1 is the last place, 0 none.
+func (g *Gauge) Spare(ctx context.Context, queue string) int {
 	g.mu.Lock()
 	q := g.queues[queue]
 	if q == nil {
@@ -175,11 +182,11 @@ func (g *Gauge) Take(ctx context.Context, queue string) bool {
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if q.free > 0 {
+	n := q.free
+	if n > 0 {
 		q.free--
-		return true
 	}
-	return false
+	return max(n, 0)
 }
 
 // handoverChunk is the most tasks one handover.lua call moves.
@@ -261,5 +268,74 @@ func Tasks(inspector *asynq.Inspector) throttle.TaskLookup {
 			}
 		}
 		return out, nil
+	}
+}
+
+// Bounds of one Repark call.
+const (
+	reparkChunk = 500
+	// ReparkMax is the most parked tasks of a queue one sweep looks at.
+	ReparkMax = 5000
+)
+
+// Repark returns the waiting room's push of parked tasks' fallbacks
+// (throttle.Repark) over asynq's Redis client: of the tasks in queue's
+// schedule that come due within within (Redis time), earliest first and at
+// most ReparkMax of them, those queue.Client parked
+// (taskspec.ParkedHeader) for a tenant that has a line (inLine) are
+// scheduled again at by from now (lua/repark.lua). A task a producer
+// scheduled itself, or one parked for a tenant without a line (its job is
+// in no line: its fallback is what runs it), is left alone.
+func Repark(client redis.UniversalClient) throttle.Repark {
+	return func(ctx context.Context, queue string, within, by time.Duration, inLine func(tenant string) bool) (int, error) {
+		key := queuePrefix(queue) + "scheduled"
+		now, err := client.Time(ctx).Result()
+		if err != nil {
+			return 0, fmt.Errorf("repark tasks of queue %q: %w", queue, err)
+		}
+		max := strconv.FormatInt(now.Add(within).Unix(), 10)
+		pushed, skipped := 0, 0
+		for examined := 0; examined < ReparkMax; {
+			ids, err := client.ZRangeByScore(ctx, key, &redis.ZRangeBy{Min: "-inf", Max: max, Offset: int64(skipped), Count: reparkChunk}).Result()
+			if err != nil {
+				return pushed, fmt.Errorf("repark tasks of queue %q: %w", queue, err)
+			}
+			if len(ids) == 0 {
+				break
+			}
+			examined += len(ids)
+			keys := make([]string, 0, 1+len(ids))
+			args := make([]any, 0, 4+len(ids))
+			keys = append(keys, key)
+			args = append(args, "read", int64(within/time.Second), taskspec.TenantHeader, taskspec.ParkedHeader)
+			for _, id := range ids {
+				keys = append(keys, TaskKey(queue, id))
+				args = append(args, id)
+			}
+			res, err := lua.Repark.Run(ctx, client, keys, args...).StringSlice()
+			if err != nil || len(res) != len(ids) {
+				return pushed, fmt.Errorf("repark tasks of queue %q: read: unexpected reply %v (%v)", queue, res, err)
+			}
+			pkeys := []string{key}
+			pargs := []any{"push", int64(within / time.Second), int64(by / time.Second)}
+			for i, tenant := range res {
+				if tenant != "" && inLine(tenant) {
+					pkeys = append(pkeys, TaskKey(queue, ids[i]))
+					pargs = append(pargs, ids[i])
+				} else {
+					skipped++
+				}
+			}
+			if len(pkeys) > 1 {
+				n, err := lua.Repark.Run(ctx, client, pkeys, pargs...).Int()
+				if err != nil {
+					return pushed, fmt.Errorf("repark tasks of queue %q: push: %w", queue, err)
+				}
+				pushed += n
+				// a task not pushed (run or promoted meanwhile) left the
+				// range, or is examined again: either way, on
+			}
+		}
+		return pushed, nil
 	}
 }

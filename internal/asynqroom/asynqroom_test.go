@@ -162,3 +162,53 @@ func TestHandoverPinsAsynqLayout(t *testing.T) {
 	require.Equal(t, int64(1), n, "not pushed twice")
 	require.Equal(t, 1, runs("parked"))
 }
+
+// TestReparkPushesOnlyParkedTasksInLines: of the tasks in a queue's
+// schedule, Repark pushes further out only those parked for a waiting job
+// (taskspec.ParkedHeader) of a tenant with a line, coming due within its
+// bound; a task a producer scheduled itself, one parked for a tenant
+// without a line, and one due later keep their times. asynq's Inspector
+// shows the new times (the layout is v0.26's).
+func TestReparkPushesOnlyParkedTasksInLines(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Client(t)
+	queue := "repark-" + redistest.Prefix(t)
+	ac := asynq.NewClientFromRedisClient(client)
+	insp := asynq.NewInspectorFromRedisClient(client)
+	soon := time.Now().Add(30 * time.Second)
+	enqueue := func(id, tenant string, parked bool, at time.Time) {
+		t.Helper()
+		h := map[string]string{taskspec.TenantHeader: tenant, "trace": id}
+		if parked {
+			h[taskspec.ParkedHeader] = "1"
+		}
+		_, err := ac.Enqueue(asynq.NewTaskWithHeaders("job", []byte("payload "+id), h), asynq.Queue(queue), asynq.TaskID(id), asynq.ProcessAt(at))
+		require.NoError(t, err)
+	}
+	enqueue("parked", "acme", true, soon)
+	enqueue("parked-2", "acme", true, soon)
+	enqueue("own", "acme", false, soon)
+	enqueue("no-line", "globex", true, soon)
+	enqueue("later", "acme", true, time.Now().Add(time.Hour))
+	inLine := func(tenant string) bool { return tenant == "acme" }
+	n, err := Repark(client)(ctx, queue, time.Minute, 2*time.Hour, inLine)
+	require.NoError(t, err)
+	require.Equal(t, 2, n)
+	at := func(id string) time.Time {
+		info, err := insp.GetTaskInfo(queue, id)
+		require.NoError(t, err)
+		require.Equal(t, asynq.TaskStateScheduled, info.State, id)
+		return info.NextProcessAt
+	}
+	for _, id := range []string{"parked", "parked-2"} {
+		require.WithinDuration(t, time.Now().Add(2*time.Hour), at(id), 5*time.Second, id)
+	}
+	for _, id := range []string{"own", "no-line"} {
+		require.WithinDuration(t, soon, at(id), time.Second, id)
+	}
+	require.WithinDuration(t, time.Now().Add(time.Hour), at("later"), 5*time.Second)
+	// nothing left to push
+	n, err = Repark(client)(ctx, queue, time.Minute, 2*time.Hour, inLine)
+	require.NoError(t, err)
+	require.Zero(t, n)
+}
