@@ -173,9 +173,12 @@ func (r *Room) Pump(ctx context.Context, cfg *PumpConfig) error {
 }
 
 type pump struct {
-	r         *Room
-	cfg       PumpConfig
-	changes   uint64 // the policy changes followed so far
+	r       *Room
+	cfg     PumpConfig
+	changes uint64 // the policy changes followed so far
+	// owed are the queues whose re-mark for a policy version this pump
+	// took and has not done yet (it failed)
+	owed      map[string]int64
 	lastSweep time.Time
 	wake      chan struct{}
 }
@@ -267,18 +270,25 @@ func (p *pump) remark(ctx context.Context) error {
 		return fmt.Errorf("re-mark waiting tenants: %w", err)
 	}
 	for _, q := range p.cfg.Queues {
-		first, err := p.r.l.client.SetNX(ctx, markAllKey(p.r.l.cfg.Prefix, q, version), 1, time.Minute).Result()
-		if err != nil {
-			return fmt.Errorf("re-mark waiting tenants: %w", err)
-		}
-		if !first {
-			continue
+		if p.owed[q] != version {
+			first, err := p.r.l.client.SetNX(ctx, markAllKey(p.r.l.cfg.Prefix, q, version), 1, time.Minute).Result()
+			if err != nil {
+				return fmt.Errorf("re-mark waiting tenants: %w", err)
+			}
+			if !first {
+				continue
+			}
 		}
 		if err := p.r.markAll(ctx, q); err != nil {
-			// another pump may take it up
-			_ = p.r.l.client.Del(context.WithoutCancel(ctx), markAllKey(p.r.l.cfg.Prefix, q, version)).Err()
+			// this pump took the change's re-mark: it owes it, and tries
+			// again next round
+			if p.owed == nil {
+				p.owed = map[string]int64{}
+			}
+			p.owed[q] = version
 			return err
 		}
+		delete(p.owed, q)
 	}
 	return nil
 }
@@ -358,7 +368,10 @@ func (p *pump) serve(ctx context.Context, queue string) (time.Duration, error) {
 	if len(all) > 0 {
 		crashpoint.Hit("room.promoted")
 	}
-	handed, gone := p.r.handOver(ctx, all, p.cfg.Handover)
+	handed, gone, herr := p.r.handOver(ctx, all, p.cfg.Handover)
+	if herr != nil {
+		p.report(herr)
+	}
 	for t, n := range gone {
 		// the gone jobs' promotions were taken back: the slots they took
 		// are free again, and the due time the turn computed after them
@@ -405,15 +418,19 @@ func (p *pump) serve(ctx context.Context, queue string) (time.Duration, error) {
 // engine does not have (an earlier promotion's retry only leaves the set:
 // the engine may have run it already). Jobs it could not hand over stay in
 // the handing sets, to be tried again. It returns, per tenant, how many
-// jobs were handed over and how many were gone.
-func (r *Room) handOver(ctx context.Context, jobs []Promoted, h Handover) (handed, gone map[string]int) {
+// jobs were handed over and how many were gone, and what went wrong (jobs
+// the engine could not be asked about, an undo or a confirmation that
+// failed: each is tried again by a later turn after the repair age).
+func (r *Room) handOver(ctx context.Context, jobs []Promoted, h Handover) (handed, gone map[string]int, err error) {
 	handed, gone = map[string]int{}, map[string]int{}
 	if len(jobs) == 0 {
-		return handed, gone
+		return handed, gone, nil
 	}
 	results := h(ctx, jobs)
 	crashpoint.Hit("room.handed-over")
 	done := map[string][]Promoted{}
+	failed := 0
+	var errs []error
 	for i, j := range jobs {
 		res := Failed
 		if i < len(results) {
@@ -429,11 +446,20 @@ func (r *Room) handOver(ctx context.Context, jobs []Promoted, h Handover) (hande
 		case res == Gone:
 			gone[j.Tenant]++
 			// an error leaves the entry to be tried again
-			_ = r.undo(ctx, j)
+			if err := r.undo(ctx, j); err != nil {
+				errs = append(errs, err)
+			}
+		default:
+			failed++
 		}
 	}
-	_ = r.handedMany(ctx, done)
-	return handed, gone
+	if err := r.handedMany(ctx, done); err != nil {
+		errs = append(errs, err)
+	}
+	if failed > 0 {
+		errs = append(errs, fmt.Errorf("hand %d of %d promoted jobs to the queue engine: it could not be asked; they are handed over again after %s", failed, len(jobs), RepairDefault))
+	}
+	return handed, gone, errors.Join(errs...)
 }
 
 // handedMany confirms hand-overs of several tenants in one round trip.
@@ -522,7 +548,12 @@ func (r *Room) Release(ctx context.Context, tenant, queue, id string, claim uint
 	}
 	if len(t.Promoted) > 0 {
 		crashpoint.Hit("room.released")
-		if _, gone := r.handOver(ctx, t.Promoted, h); gone[tenant] > 0 {
+		_, gone, herr := r.handOver(ctx, t.Promoted, h)
+		if herr != nil {
+			// the handing set keeps the job: a pump hands it over again
+			return fmt.Errorf("release tenant %q job %q: %w", tenant, id, herr)
+		}
+		if gone[tenant] > 0 {
 			// the job the slot went to was gone, its promotion taken back:
 			// the slot is free again, and a pump may have left the tenant
 			// due only at a lease's end

@@ -343,7 +343,8 @@ func TestRoomGoneAndRunningJobs(t *testing.T) {
 		}
 		return Handed
 	}}
-	handed, gone := room.handOver(ctx, turn.Promoted, g.handover)
+	handed, gone, err := room.handOver(ctx, turn.Promoted, g.handover)
+	require.NoError(t, err)
 	require.Equal(t, map[string]int{"acme": 1}, handed)
 	require.Equal(t, map[string]int{"acme": 1}, gone)
 	st, err := e.lim.Stats(ctx, "acme")
@@ -794,4 +795,58 @@ func TestRoomCostlyHeads(t *testing.T) {
 	// b gathers 5 and is held back by the rate (the bucket is empty) for
 	// 500ms; at its slot one turn serves it
 	require.Equal(t, 6, turns("b"), "5 turns to gather its cost, 1 at its slot")
+}
+
+// TestRoomPolicyChangeRemarksOnce: a pump's start is no policy change (the
+// store's watcher starting is not one), and a change re-marks the waiting
+// tenants once for the fleet, however many pumps run: one takes the
+// change's version and does it.
+func TestRoomPolicyChangeRemarksOnce(t *testing.T) {
+	t.Parallel()
+	e := setup(t, true, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	room := e.lim.Room()
+	// a tenant due in an hour: re-marked, it becomes due now
+	later := time.Now().Add(time.Hour)
+	require.NoError(t, room.markAt(ctx, DefaultQueue, "later", later))
+	score := func() float64 {
+		s, err := e.client.ZScore(ctx, dueKey(e.prefix, DefaultQueue), "later").Result()
+		if isNil(err) {
+			return 0
+		}
+		require.NoError(t, err)
+		return s
+	}
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_ = room.Pump(ctx, &PumpConfig{
+				Handover: (&engine{}).handover,
+				Queues:   []string{DefaultQueue},
+				Free:     func(context.Context, string) (int, error) { return 10, nil },
+			})
+		}()
+	}
+	defer func() {
+		cancel()
+		wg.Wait()
+	}()
+	// both pumps run (the sweep's lock is taken at a pump's first round)
+	// and the store's watcher has read the version once
+	eventually(t, 10*time.Second, func() bool {
+		n, err := e.client.Exists(ctx, sweepKey(e.prefix)).Result()
+		require.NoError(t, err)
+		return n == 1 && e.store.version.Load() >= 0
+	})
+	require.Equal(t, float64(later.UnixMicro()), score(), "a pump's start re-marks nothing")
+
+	e.policy(t, "acme", "rate=5/s")
+	version, err := e.store.readVersion(ctx)
+	require.NoError(t, err)
+	eventually(t, 10*time.Second, func() bool { return score() < float64(later.UnixMicro()) }) // re-marked
+	n, err := e.client.Exists(ctx, markAllKey(e.prefix, DefaultQueue, version)).Result()
+	require.NoError(t, err)
+	require.Equal(t, int64(1), n, "one pump took the change's re-mark")
 }

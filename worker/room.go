@@ -187,6 +187,10 @@ func (g *Gate) sampleLines(ctx context.Context, queues []string) {
 		}
 		lines, err := g.room.Lines(ctx, queues...)
 		if err != nil {
+			if ctx.Err() == nil {
+				g.m.err(errRoom)
+				g.warn(errRoom, "sluice: could not sample the waiting room's lines for sluice_room_waiting; it tries again", "err", err)
+			}
 			continue
 		}
 		now := time.Now()
