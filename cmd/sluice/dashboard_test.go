@@ -524,3 +524,27 @@ func TestBoardExplainsWaitingJobs(t *testing.T) {
 	require.Equal(t, http.StatusNotFound, e.get(t, "/api/jobs/nope?queue="+qname, &missing))
 	require.Contains(t, missing["error"], `no task "nope"`)
 }
+
+// TestScrapeRoomErrors: the waiting room's errors (kinds room, recover and
+// asynq_layout of sluice_worker_errors_total) are read beside the
+// decisions, and the fleet's decisions say the room is failing while they
+// grow; the gate's other errors are not the room's.
+func TestScrapeRoomErrors(t *testing.T) {
+	t.Parallel()
+	text := `# TYPE sluice_worker_errors_total counter
+sluice_worker_errors_total{kind="room"} 3
+sluice_worker_errors_total{kind="asynq_layout"} 1
+sluice_worker_errors_total{kind="redis"} 5
+`
+	got, _, err := parseDecisions(strings.NewReader(text))
+	require.NoError(t, err, "a worker whose room fails before it decided anything")
+	require.Equal(t, map[decisionKey]float64{
+		{"", verdictRoomError, "room"}: 3, {"", verdictRoomError, "asynq_layout"}: 1,
+	}, got)
+
+	r := decisionRates{perSec: map[decisionKey]float64{{"", verdictRoomError, "room"}: 0.5, {"", "allowed", ""}: 10}}
+	d := r.fleet()
+	require.Equal(t, map[string]float64{"room": 0.5}, d.RoomErrors)
+	require.Equal(t, 10.0, d.Allowed)
+	require.Nil(t, decisionRates{perSec: map[decisionKey]float64{{"", "allowed", ""}: 10}}.fleet().RoomErrors, "a working room shows nothing")
+}

@@ -134,6 +134,17 @@ func parseDecisions(r io.Reader) (map[decisionKey]float64, bool, error) {
 	}
 	out := map[decisionKey]float64{}
 	labelled := false
+	// the waiting room's errors (the pump's, the recoverer's, an asynq
+	// layout the room does not know), counted beside the decisions
+	if ef, ok := families[errorsMetric]; ok {
+		for _, m := range ef.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "kind" && roomErrorKinds[l.GetValue()] {
+					out[decisionKey{verdict: verdictRoomError, rule: l.GetValue()}] += m.GetCounter().GetValue() + m.GetUntyped().GetValue()
+				}
+			}
+		}
+	}
 	f, ok := families[decisionsMetric]
 	if !ok {
 		// A worker that has decided nothing yet has no series of it.
@@ -165,17 +176,36 @@ func parseDecisions(r io.Reader) (map[decisionKey]float64, bool, error) {
 	return out, labelled, nil
 }
 
+// errorsMetric counts the workers' errors by kind; roomErrorKinds are the
+// waiting room's, which the dashboard shows as a failing room.
+const (
+	errorsMetric     = "sluice_worker_errors_total"
+	verdictRoomError = "room_error"
+)
+
+var roomErrorKinds = map[string]bool{"room": true, "recover": true, "asynq_layout": true}
+
 // decisionsJSON is decisions per second, summed over the workers scraped:
 // allowed, admitted because Redis failed and the policy fails open, and
-// denied by rule (rate[0], window, quota, concurrency, cooldown, …).
+// denied by rule (rate[0], window, quota, concurrency, cooldown, …); and
+// the waiting room's errors per second by kind (room, recover,
+// asynq_layout: the room is off), nonzero while the room is failing.
 type decisionsJSON struct {
-	Allowed  float64            `json:"allowed_per_s"`
-	FailOpen float64            `json:"fail_open_per_s"`
-	Denied   map[string]float64 `json:"denied_per_s"`
+	Allowed    float64            `json:"allowed_per_s"`
+	FailOpen   float64            `json:"fail_open_per_s"`
+	Denied     map[string]float64 `json:"denied_per_s"`
+	RoomErrors map[string]float64 `json:"room_errors_per_s,omitempty"`
 }
 
 func (d *decisionsJSON) add(verdict, rule string, v float64) {
 	switch verdict {
+	case verdictRoomError:
+		if v > 0 {
+			if d.RoomErrors == nil {
+				d.RoomErrors = map[string]float64{}
+			}
+			d.RoomErrors[rule] += v
+		}
 	case "allowed":
 		d.Allowed += v
 	case "fail_open":
@@ -202,7 +232,7 @@ func (r decisionRates) byTenant() map[string]*decisionsJSON {
 	}
 	out := map[string]*decisionsJSON{}
 	for k, v := range r.perSec {
-		if k.tenant == "" {
+		if k.tenant == "" || k.verdict == verdictRoomError {
 			continue
 		}
 		d := out[k.tenant]

@@ -54,7 +54,15 @@ function showDecisions(doc) {
     sources.append(s.ok ? el("span", {}, s.url) : el("span", { class: "err", title: s.error }, s.url + " (" + s.error + ")"));
   });
   if (!doc.tenant_labels) sources.append(" · per tenant when the workers run with --tenant-labels");
-  box.replaceChildren(el("div", { class: "decisions" }, total > 0 ? stack : el("div", { class: "stack" }), legend, sources));
+  const failing = [];
+  for (const [kind, v] of Object.entries(d.room_errors_per_s || {})) {
+    if (v > 0) failing.push(kind + " " + rate(v) + "/s");
+  }
+  const banner = failing.length
+    ? el("p", { class: "err", id: "room-failing" }, "The waiting room is failing: errors " + failing.join(", ") +
+        " (the workers' logs say why; sluice_worker_errors_total counts them)")
+    : "";
+  box.replaceChildren(el("div", { class: "decisions" }, banner, total > 0 ? stack : el("div", { class: "stack" }), legend, sources));
 }
 
 function sparkline(values, limit) {
