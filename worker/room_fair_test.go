@@ -63,7 +63,7 @@ func TestRoomFreedSlotWaitsItsTurn(t *testing.T) {
 	for _, w := range waits {
 		require.Less(t, w, 1500*time.Millisecond, "the quiet tenant's job waits for its turn, not for the hog's line")
 	}
-	require.LessOrEqual(t, rec.maxRun["hog"], 8)
+	require.LessOrEqual(t, rec.maxRunOf("hog"), 8)
 }
 
 // TestRoomWeightsHoldAtSaturation: two tenants with long lines, weight=10
@@ -152,7 +152,7 @@ func TestRoomParkedTasksOutliveTheirFallback(t *testing.T) {
 	denied := metric(t, g, "sluice_worker_decisions_total", map[string]string{"verdict": "denied"})
 	running := metric(t, g, "sluice_room_skipped_total", map[string]string{"reason": "running"})
 	t.Logf("%d jobs of 1.2 s under concurrency=1, parked with a 3 s fallback, ran in %s; %.0f denied at the gate, %.0f line entries found running", n, time.Since(start).Round(10*time.Millisecond), denied, running)
-	require.LessOrEqual(t, rec.maxRun["slow"], 1)
+	require.LessOrEqual(t, rec.maxRunOf("slow"), 1)
 	require.Zero(t, denied, "no job came to the gate through its fallback")
 	require.Zero(t, running, "no job ran before its turn")
 	mu.Lock()

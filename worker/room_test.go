@@ -71,6 +71,13 @@ func (r *tenantRecorder) admittedOf(tenant string) []time.Time {
 }
 
 // done is how many distinct jobs ran.
+// maxRunOf is the most jobs of tenant that ran at once so far.
+func (r *tenantRecorder) maxRunOf(tenant string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.maxRun[tenant]
+}
+
 func (r *tenantRecorder) done() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -131,12 +138,12 @@ func TestRoomTenantAfterTenant(t *testing.T) {
 		starts := rec.startsOf(tn.name)
 		require.Len(t, starts, tn.jobs, tn.name)
 		first := starts[0].Sub(start)
-		t.Logf("%s: first start after %s, last after %s, at most %d running", tn.name, first.Round(time.Millisecond), starts[len(starts)-1].Sub(start).Round(time.Millisecond), rec.maxRun[tn.name])
+		t.Logf("%s: first start after %s, last after %s, at most %d running", tn.name, first.Round(time.Millisecond), starts[len(starts)-1].Sub(start).Round(time.Millisecond), rec.maxRunOf(tn.name))
 		require.Less(t, first, time.Second, "tenant %s's first job started %s after the start", tn.name, first)
 		admitted := rec.admittedOf(tn.name)
 		require.Empty(t, nonConformingTol(admitted, tn.rate, tn.burst, throttle.ToleranceDefault), "admissions of %s beyond GCRA(%v/s, burst %d)", tn.name, tn.rate, tn.burst)
 		require.Zero(t, nonConforming(starts, tn.rate, tn.burst+1), "handler starts of %s beyond GCRA(%v/s, burst %d) and a worker's scheduling", tn.name, tn.rate, tn.burst)
-		require.LessOrEqual(t, rec.maxRun[tn.name], tn.cap, "tenant %s ran more than its cap at once", tn.name)
+		require.LessOrEqual(t, rec.maxRunOf(tn.name), tn.cap, "tenant %s ran more than its cap at once", tn.name)
 	}
 	for id, n := range rec.runs {
 		require.Equal(t, 1, n, "job %s ran %d times", id, n)
@@ -179,7 +186,7 @@ func TestRoomHandsAFreedSlotOn(t *testing.T) {
 		require.NoError(t, res.Err)
 	}
 	eventually(t, 60*time.Second, func() bool { return rec.done() == n }, "all %d jobs done", n)
-	require.LessOrEqual(t, rec.maxRun["pool"], 2)
+	require.LessOrEqual(t, rec.maxRunOf("pool"), 2)
 
 	var delivered, denied, promoted float64
 	for _, srv := range servers {
@@ -327,11 +334,11 @@ func TestRoomDecidesOnce(t *testing.T) {
 	asked := metric(t, g, "sluice_worker_tickets_total", map[string]string{"result": "asked"})
 	denied := metric(t, g, "sluice_worker_decisions_total", map[string]string{"verdict": "denied"})
 	t.Logf("%d jobs: %.0f started on the room's decision, %.0f decided anew (late for their slots), %.0f denied at the gate; at most %d running",
-		n, redeemed, asked, denied, rec.maxRun["roomy"])
+		n, redeemed, asked, denied, rec.maxRunOf("roomy"))
 	require.Equal(t, float64(n), redeemed+asked, "every job carried its decision")
 	require.Greater(t, redeemed, float64(n)/2, "most start on it")
 	require.Zero(t, denied, "a job decided anew is admitted at once: its charge at its slot is taken back")
-	require.LessOrEqual(t, rec.maxRun["roomy"], 8)
+	require.LessOrEqual(t, rec.maxRunOf("roomy"), 8)
 	for id, runs := range rec.runs {
 		require.Equal(t, 1, runs, "job %s ran %d times", id, runs)
 	}
@@ -361,7 +368,7 @@ func TestRoomServesACostlyHead(t *testing.T) {
 	require.NoError(t, srv.Start())
 	eventually(t, 15*time.Second, func() bool { return rec.done() == len(ids) }, "all %d jobs ran (%d did)", len(ids), rec.done())
 	t.Logf("a line headed by a job of cost 1,000,000 under concurrency=2: %d jobs ran in %s", len(ids), time.Since(start).Round(time.Millisecond))
-	require.LessOrEqual(t, rec.maxRun["pool"], 2)
+	require.LessOrEqual(t, rec.maxRunOf("pool"), 2)
 }
 
 func waitingOf(t *testing.T, e *env, tenant string) int64 {
