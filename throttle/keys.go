@@ -33,7 +33,7 @@ import (
 // PREFIX:{p}:learned (the learned limits' version) and the pub/sub channel
 // PREFIX:policies:changed. The waiting room's due
 // index of a queue is PREFIX:{r}:due:QUEUE (zset: tenant -> due time, µs).
-// The fleet's registry of worker processes (fleet.go) is PREFIX:{r}:fleet
+// The fleet's registry of worker processes (internal/fleet) is PREFIX:{r}:fleet
 // (zset: process -> lease end, ms), PREFIX:{r}:w:PROCESS (hash: the asynq
 // task ids a process runs -> queue), PREFIX:{r}:queues (set) and the
 // recoverer's lock PREFIX:{r}:recover.
@@ -128,12 +128,6 @@ func wakeChannel(prefix string) string { return prefix + ":{r}:wake" }
 func markAllKey(prefix, queue string, version int64) string {
 	return prefix + ":{r}:markall:" + queue + ":" + strconv.FormatInt(version, 10)
 }
-
-// The fleet's registry of worker processes (fleet.go), in the {r} slot.
-func fleetKey(prefix string) string           { return prefix + ":{r}:fleet" }
-func recoverLockKey(prefix string) string     { return prefix + ":{r}:recover" }
-func fleetQueuesKey(prefix string) string     { return prefix + ":{r}:queues" }
-func fleetJobsKey(prefix, proc string) string { return prefix + ":{r}:w:" + proc }
 
 // The policy hash and its version share a hash tag so one MULTI updates both.
 func policiesKey(prefix string) string        { return prefix + ":{p}:policies" }

@@ -16,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/internal/asynqroom"
+	"github.com/sluicehq/sluice/internal/fleet"
 	"github.com/sluicehq/sluice/throttle"
 )
 
@@ -23,7 +24,7 @@ import (
 // queues within about a lease, where asynq's own recoverer takes one to
 // two minutes (a 30 s lease, swept every minute) and counts a retry.
 //
-// Each Server registers its process in Redis (throttle.Fleet) with a lease
+// Each Server registers its process in Redis (internal/fleet, through throttle.Limiter.Fleet) with a lease
 // (Config.RecoverLease) it renews every lease/3, and records the asynq
 // task ids it runs (and their queues) as jobs enter and leave the gate.
 // One process of the fleet at a time, the holder of a lock in Redis,
@@ -76,7 +77,7 @@ const errRecover = "recover"
 // a nil recoverer (a gate used without Server records nothing).
 type recoverer struct {
 	g      *Gate
-	fleet  *throttle.Fleet
+	fleet  *fleet.Registry
 	asynq  redis.UniversalClient
 	id     string
 	lease  time.Duration

@@ -1,4 +1,4 @@
-package throttle
+package fleet
 
 import (
 	"context"
@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/sluicehq/sluice/internal/redistest"
 )
 
 // TestFleetRegistry walks fleet.lua's ops: beats register a process and
@@ -17,8 +19,7 @@ import (
 func TestFleetRegistry(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	e := setup(t, true, nil)
-	f := e.lim.Fleet()
+	f := New(redistest.UniversalClient(t), redistest.Prefix(t))
 	const lease, lock = 10 * time.Second, 5 * time.Second
 
 	rejoined, leader, err := f.Beat(ctx, "a", lease, lock, []string{"q1"})
@@ -98,3 +99,5 @@ func TestFleetRegistry(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, leader, "the lock a gave back is the next beat's")
 }
+
+func TestMain(m *testing.M) { redistest.Main(m) }

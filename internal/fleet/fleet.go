@@ -1,4 +1,12 @@
-package throttle
+// Package fleet is the registry of a fleet's worker processes
+// (lua/fleet.lua): each process holds a lease it renews by beating, and
+// records the jobs it runs (their asynq task ids and queues), so that when
+// a process dies its jobs can be given back to the queue as soon as its
+// lease runs out. One process at a time, the holder of the recoverer's
+// lock, looks for lapsed processes. It is the worker package's plumbing
+// (its recoverer), reached through throttle.Limiter.Fleet; no application
+// calls it.
+package fleet
 
 import (
 	"context"
@@ -11,25 +19,28 @@ import (
 	"github.com/sluicehq/sluice/lua"
 )
 
-// Fleet is the registry of a fleet's worker processes (lua/fleet.lua):
-// each process holds a lease it renews by beating, and records the jobs
-// it runs (their asynq task ids and queues), so that when a process dies
-// its jobs can be given back to the queue as soon as its lease runs out.
-// One process at a time, the holder of the recoverer's lock, looks for
-// lapsed processes. It is the worker package's plumbing (worker's
-// recoverer); an application has no need to call it.
-//
-// Every time is Redis's. A Fleet is safe for concurrent use.
-type Fleet struct {
-	l *Limiter
+// Registry is the fleet's registry under one key prefix. Every time is
+// Redis's. A Registry is safe for concurrent use.
+type Registry struct {
+	client redis.UniversalClient
+	pfx    string
 }
 
-// Fleet returns the fleet registry under the limiter's prefix.
-func (l *Limiter) Fleet() *Fleet { return &Fleet{l: l} }
+// New returns the registry of the fleet whose keys start with prefix.
+func New(client redis.UniversalClient, prefix string) *Registry {
+	return &Registry{client: client, pfx: prefix}
+}
 
-func (f *Fleet) prefix() string { return f.l.cfg.Prefix }
+// The registry's keys, in the {r} slot of sluice's keys (throttle/keys.go
+// names the rest).
+func fleetKey(prefix string) string           { return prefix + ":{r}:fleet" }
+func recoverLockKey(prefix string) string     { return prefix + ":{r}:recover" }
+func fleetQueuesKey(prefix string) string     { return prefix + ":{r}:queues" }
+func fleetJobsKey(prefix, proc string) string { return prefix + ":{r}:w:" + proc }
 
-func (f *Fleet) keys(proc string) []string {
+func (f *Registry) prefix() string { return f.pfx }
+
+func (f *Registry) keys(proc string) []string {
 	p := f.prefix()
 	return []string{fleetKey(p), recoverLockKey(p), fleetJobsKey(p, proc), fleetQueuesKey(p)}
 }
@@ -43,28 +54,33 @@ const jobsTTL = 24 * time.Hour
 // rejoined reports that proc was not registered: its first beat, or it
 // had been taken for dead (its jobs may have been given back). leader
 // reports that proc holds the lock.
-func (f *Fleet) Beat(ctx context.Context, proc string, lease, lock time.Duration, queues []string) (rejoined, leader bool, err error) {
+func (f *Registry) Beat(ctx context.Context, proc string, lease, lock time.Duration, queues []string) (rejoined, leader bool, err error) {
 	args := []any{"beat", proc, lease.Milliseconds(), lock.Milliseconds(), jobsTTL.Milliseconds()}
 	for _, q := range queues {
 		args = append(args, q)
 	}
-	res, err := lua.Fleet.Run(ctx, f.l.client, f.keys(proc), args...).Result()
+	res, err := lua.Fleet.Run(ctx, f.client, f.keys(proc), args...).Result()
 	if err != nil {
 		return false, false, fmt.Errorf("fleet beat: %w", err)
 	}
-	v, err := int64s(res, 2)
-	if err != nil {
-		return false, false, fmt.Errorf("fleet beat: %w", err)
+	arr, ok := res.([]any)
+	if !ok || len(arr) != 2 {
+		return false, false, fmt.Errorf("fleet beat: unexpected reply %v", res)
 	}
-	return v[0] == 1, v[1] == 1, nil
+	a, okA := arr[0].(int64)
+	b, okB := arr[1].(int64)
+	if !okA || !okB {
+		return false, false, fmt.Errorf("fleet beat: unexpected reply %v", res)
+	}
+	return a == 1, b == 1, nil
 }
 
 // Check extends proc's hold of the recoverer's lock (for lock) and
 // returns up to limit processes whose lease ran out, earliest first;
 // leader is false, and nothing is returned, when proc does not hold the
 // lock.
-func (f *Fleet) Check(ctx context.Context, proc string, lock time.Duration, limit int) (leader bool, lapsed []string, err error) {
-	res, err := lua.Fleet.Run(ctx, f.l.client, f.keys(proc)[:2], "check", proc, lock.Milliseconds(), limit).Result()
+func (f *Registry) Check(ctx context.Context, proc string, lock time.Duration, limit int) (leader bool, lapsed []string, err error) {
+	res, err := lua.Fleet.Run(ctx, f.client, f.keys(proc)[:2], "check", proc, lock.Milliseconds(), limit).Result()
 	if err != nil {
 		return false, nil, fmt.Errorf("fleet check: %w", err)
 	}
@@ -88,9 +104,9 @@ func (f *Fleet) Check(ctx context.Context, proc string, lock time.Duration, limi
 // Drop forgets the lapsed process dead, its record included, once its
 // jobs were given back; proc must hold the lock. It reports false, and
 // changes nothing, when proc lost the lock or dead beat again meanwhile.
-func (f *Fleet) Drop(ctx context.Context, proc, dead string) (bool, error) {
+func (f *Registry) Drop(ctx context.Context, proc, dead string) (bool, error) {
 	k := f.keys(dead)
-	n, err := lua.Fleet.Run(ctx, f.l.client, []string{k[0], k[1], k[2]}, "drop", proc, dead).Int64()
+	n, err := lua.Fleet.Run(ctx, f.client, []string{k[0], k[1], k[2]}, "drop", proc, dead).Int64()
 	if err != nil {
 		return false, fmt.Errorf("fleet drop %s: %w", dead, err)
 	}
@@ -99,8 +115,8 @@ func (f *Fleet) Drop(ctx context.Context, proc, dead string) (bool, error) {
 
 // Leave forgets proc (a graceful shutdown) and gives back the lock if it
 // holds it.
-func (f *Fleet) Leave(ctx context.Context, proc string) error {
-	if err := lua.Fleet.Run(ctx, f.l.client, f.keys(proc)[:3], "leave", proc).Err(); err != nil {
+func (f *Registry) Leave(ctx context.Context, proc string) error {
+	if err := lua.Fleet.Run(ctx, f.client, f.keys(proc)[:3], "leave", proc).Err(); err != nil {
 		return fmt.Errorf("fleet leave: %w", err)
 	}
 	return nil
@@ -108,9 +124,9 @@ func (f *Fleet) Leave(ctx context.Context, proc string) error {
 
 // Record records that proc runs the jobs of run (asynq task id -> queue)
 // and no longer runs those of done, in one round trip.
-func (f *Fleet) Record(ctx context.Context, proc string, run map[string]string, done []string) error {
+func (f *Registry) Record(ctx context.Context, proc string, run map[string]string, done []string) error {
 	key := fleetJobsKey(f.prefix(), proc)
-	pipe := f.l.client.Pipeline()
+	pipe := f.client.Pipeline()
 	if len(run) > 0 {
 		args := make([]any, 0, 2*len(run))
 		for id, q := range run {
@@ -128,8 +144,8 @@ func (f *Fleet) Record(ctx context.Context, proc string, run map[string]string, 
 }
 
 // Jobs returns the jobs proc recorded: asynq task id -> queue.
-func (f *Fleet) Jobs(ctx context.Context, proc string) (map[string]string, error) {
-	m, err := f.l.client.HGetAll(ctx, fleetJobsKey(f.prefix(), proc)).Result()
+func (f *Registry) Jobs(ctx context.Context, proc string) (map[string]string, error) {
+	m, err := f.client.HGetAll(ctx, fleetJobsKey(f.prefix(), proc)).Result()
 	if err != nil {
 		return nil, fmt.Errorf("fleet jobs of %s: %w", proc, err)
 	}
@@ -137,8 +153,8 @@ func (f *Fleet) Jobs(ctx context.Context, proc string) (map[string]string, error
 }
 
 // Members returns every registered process, lapsed or not.
-func (f *Fleet) Members(ctx context.Context) ([]string, error) {
-	m, err := f.l.client.ZRange(ctx, fleetKey(f.prefix()), 0, -1).Result()
+func (f *Registry) Members(ctx context.Context) ([]string, error) {
+	m, err := f.client.ZRange(ctx, fleetKey(f.prefix()), 0, -1).Result()
 	if err != nil {
 		return nil, fmt.Errorf("fleet members: %w", err)
 	}
@@ -146,8 +162,8 @@ func (f *Fleet) Members(ctx context.Context) ([]string, error) {
 }
 
 // Queues returns the queues the fleet's processes said they serve.
-func (f *Fleet) Queues(ctx context.Context) ([]string, error) {
-	q, err := f.l.client.SMembers(ctx, fleetQueuesKey(f.prefix())).Result()
+func (f *Registry) Queues(ctx context.Context) ([]string, error) {
+	q, err := f.client.SMembers(ctx, fleetQueuesKey(f.prefix())).Result()
 	if err != nil {
 		return nil, fmt.Errorf("fleet queues: %w", err)
 	}
@@ -156,12 +172,12 @@ func (f *Fleet) Queues(ctx context.Context) ([]string, error) {
 
 // Held returns which of ids any of procs has recorded as running: one
 // HMGET per process, in one round trip.
-func (f *Fleet) Held(ctx context.Context, procs, ids []string) (map[string]bool, error) {
+func (f *Registry) Held(ctx context.Context, procs, ids []string) (map[string]bool, error) {
 	held := map[string]bool{}
 	if len(procs) == 0 || len(ids) == 0 {
 		return held, nil
 	}
-	pipe := f.l.client.Pipeline()
+	pipe := f.client.Pipeline()
 	cmds := make([]*redis.SliceCmd, len(procs))
 	for i, p := range procs {
 		cmds[i] = pipe.HMGet(ctx, fleetJobsKey(f.prefix(), p), ids...)
