@@ -50,7 +50,7 @@ func testRecoverWorkerKilled(t *testing.T, bin string) {
 	f.env.policy(t, "acme", fmt.Sprintf("concurrency=%d lease=30s", limit))
 	procs := []*proc{f.start(t), f.start(t), f.start(t)}
 	var ids []string
-	ids = append(ids, f.enqueueBatch(t, "acme", 40, `{"ms":700}`, asynq.MaxRetry(3))...)
+	ids = append(ids, f.enqueueBatch(t, "acme", 100, `{"ms":700}`, asynq.MaxRetry(3))...)
 	// At their retry limit: asynq's recoverer would archive them.
 	ids = append(ids, f.enqueueBatch(t, "acme", 20, `{"ms":700}`, asynq.MaxRetry(0))...)
 
