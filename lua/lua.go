@@ -40,12 +40,41 @@ var (
 	clockSrc string
 	//go:embed slot.lua
 	slotSrc string
+	//go:embed phases.lua
+	phasesSrc string
+	//go:embed window.lua
+	windowSrc string
+	//go:embed quota.lua
+	quotaSrc string
+	//go:embed concurrency.lua
+	concurrencySrc string
+	//go:embed twostep.lua
+	twostepSrc string
+	//go:embed roomops.lua
+	roomopsSrc string
+	//go:embed quick.lua
+	quickSrc string
 )
+
+// admitScript is admit.lua with its parts: the rule kinds' functions, the
+// phases, the two-scope steps, the waiting room's ops and the quick path,
+// each a file of its own, and the pieces it shares with other scripts.
+func admitScript() string {
+	s := admitSrc
+	for _, p := range []struct{ name, src string }{
+		{"window", windowSrc}, {"quota", quotaSrc}, {"concurrency", concurrencySrc},
+		{"phases", phasesSrc}, {"twostep", twostepSrc}, {"roomops", roomopsSrc}, {"quick", quickSrc},
+		{"clock", clockSrc}, {"slot", slotSrc}, {"release_slot", releaseSrc},
+	} {
+		s = include(s, p.src, p.name)
+	}
+	return s
+}
 
 var (
 	// Admit decides whether jobs may start, all rules of all scopes at once;
 	// on Cluster it also runs the steps of a two-scope admission.
-	Admit = redis.NewScript(include(include(include(admitSrc, clockSrc, "clock"), slotSrc, "slot"), releaseSrc, "release_slot"))
+	Admit = redis.NewScript(admitScript())
 	// Release gives back concurrency slots, or says that jobs wait for
 	// them (admit.lua's release op then hands them on).
 	Release = redis.NewScript(include(include(releaseSrc, clockSrc, "clock"), slotSrc, "slot"))

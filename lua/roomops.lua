@@ -1,0 +1,220 @@
+-- roomops.lua: the waiting room's ops of admit.lua (arrive, promote,
+-- release; docs/architecture.md). A job its tenant cannot start now waits
+-- in the tenant's line of its queue, charged nothing, and is promoted (its
+-- slot taken, its concurrency slot held) when it may start; a release
+-- hands its slot to the line's head.
+
+-- @begin roomops
+-- The waiting room's ops (arrive, promote, release), made only when an op
+-- asks for them. bases are the op's local scopes, the tenant's first: each
+-- {pol, k}.
+local function room_functions(ts)
+  if E.room then return E.room end
+  E.room = {}
+  -- @include release_slot (the release of one scope's slot, from release.lua)
+  -- a local scope read afresh for a job of cost c
+  local function scope_at(base, c)
+    local pol = base.pol
+    local sc = scope(pol, c)
+    read_state(sc, base.k, true)
+    return sc
+  end
+  -- a line entry: LINED_MS, COST (empty: 1), QUEUE (empty: default), ID,
+  -- separated by the byte 31
+  local SEP = string.char(31)
+  local function parse(m)
+    local a1 = m:find(SEP, 1, true)
+    local a2 = m:find(SEP, a1 + 1, true)
+    local a3 = m:find(SEP, a2 + 1, true)
+    return num(m:sub(1, a1 - 1)), num(m:sub(a1 + 1, a2 - 1)) or 1, m:sub(a3 + 1)
+  end
+
+  -- does the job hold a live concurrency slot in one of the scopes (it is
+  -- running, or handed to asynq already)?
+  local function running(scopes)
+    for s = 1, #scopes do
+      local sc = scopes[s]
+      if sc.pol.clim > 0 and sc.hend and sc.hend > now then return true end
+    end
+    return false
+  end
+
+  -- Promote from the line's head while the job may start (its slot due
+  -- within the lead, a concurrency slot free), the tenant's deficit covers
+  -- its cost and the budget lasts: each takes its slot and its concurrency
+  -- slot and moves to the handing set. A job that holds a live slot
+  -- already (it runs, brought by asynq's fallback) leaves the line and is
+  -- counted, whatever it costs. The deficit (deficit round robin) counts
+  -- cost where a rule of the tenant's scopes counts it (rate, window,
+  -- quota: a job's cost is bounded by them), and each job as one where
+  -- none does (concurrency only, or no rule: a cost is unbounded there);
+  -- it carries over while the head's cost exceeds it, so a costly head is
+  -- served within cost / quantum turns, and a head its rules hold back
+  -- keeps what it is owed (up to its cost). Returns the promoted jobs,
+  -- the handovers to retry, when the tenant is next due (-1: never), how
+  -- many wait, when the head was lined (ms; -1: none) and how many
+  -- entries were skipped.
+  E.room.promote = function(bases, line, handing, qset, queue, budget, quantum, repair, noexpire, base_claim)
+    local st = KEYS[bases[1].k + 1]
+    local out, retries = {}, {}
+    -- handovers not confirmed in time are handed over again (and held a
+    -- while, so that one pump does it)
+    local stale = call('ZRANGEBYSCORE', handing, '-inf', fmt(now - repair), 'LIMIT', '0', '100')
+    for i = 1, #stale do
+      retries[i] = stale[i]
+      call('ZADD', handing, 'XX', fmt(now), stale[i])
+    end
+    -- a tenant whose scopes have no rules is charged nothing: its jobs
+    -- leave the line in turn, unless it cools down
+    local plain, costed = true, false
+    for s = 1, #bases do
+      local pol = bases[s].pol
+      if pol.nr + pol.wlim + pol.qlim + pol.clim > 0 then plain = false end
+      if pol.nr + pol.wlim + pol.qlim > 0 then costed = true end
+    end
+    local dfield = 'd:' .. queue
+    local v = call('HMGET', st, dfield, 'cd')
+    -- a negative deficit is a turn the budget (the fleet's room) cut
+    -- short: it goes on with what is left, without a new quantum
+    local dq0 = num(v[1]) or 0
+    local resumed = dq0 < 0
+    if resumed then dq0 = -dq0 end
+    local dq = resumed and dq0 or dq0 + quantum
+    local midturn = false
+    local due, head = -1, -1
+    local np, skipped = 0, 0
+    local cd = plain and num(v[2]) or 0
+    if cd > now + E.lead then
+      budget = 0
+      due = cd - E.lead
+    end
+    while true do
+      local m = call('LINDEX', line, '0')
+      if not m then
+        dq = 0
+        call('SREM', qset, queue)
+        break
+      end
+      local lined, c, jid = parse(m)
+      local rc = costed and c or 1
+      head = lined
+      local scopes, run = false, false
+      if np < budget and not plain then
+        E.id, E.cost, E.claim = jid, c, fmt(base_claim + np)
+        E.rkey, E.hkey = 'r:' .. jid, 'h:' .. jid
+        E.reserve, E.hold, E.dry, E.plan, E.not_before, E.promote = true, true, false, false, 0, true
+        scopes = {}
+        for s = 1, #bases do scopes[s] = scope_at(bases[s], c) end
+        run = running(scopes)
+      end
+      if not run and (np >= budget or rc > dq) then
+        -- the deficit carries over only what a costly head is owed, or
+        -- the rest of a turn the budget cut short
+        if np >= budget and rc <= dq and not run then
+          midturn = true
+        elseif np >= budget then
+          dq = min(dq, quantum)
+        end
+        if due < 0 then due = now end
+        break
+      end
+      if plain then
+        call('LPOP', line)
+        call('ZADD', handing, fmt(now), m)
+        dq = dq - rc
+        np = np + 1
+        out[np] = { m, now, 0, {}, -1, 0 }
+      else
+        if run then
+          call('LPOP', line)
+          skipped = skipped + 1
+        else
+          local ok, wait, slot, write = decide(scopes)
+          if not ok then
+            -- held back by its own limits: it keeps what it is owed
+            due, dq = now + wait, min(dq, rc)
+            break
+          end
+          for s = 1, #scopes do ts.remember(scopes[s]) end
+          apply(scopes, write, slot, noexpire)
+          local recs = {}
+          for s = 1, #scopes do recs[s] = ts.record(scopes[s]) end
+          call('LPOP', line)
+          call('ZADD', handing, fmt(now), m)
+          dq = dq - rc
+          np = np + 1
+          out[np] = { m, slot, num(E.claim), recs, E.late, E.slack }
+        end
+      end
+      head = -1
+    end
+    E.promote = false
+    -- a handover not confirmed yet keeps the tenant due for its retry
+    local first = call('ZRANGE', handing, '0', '0', 'WITHSCORES')
+    if first[2] then
+      local r = num(first[2]) + repair
+      if due < 0 or r < due then due = r end
+    end
+    if dq > 0 then
+      call('HSET', st, dfield, fmt(midturn and -dq or dq))
+    elseif dq0 > 0 then
+      call('HDEL', st, dfield)
+    end
+    return out, retries, due, call('LLEN', line), head, skipped, midturn and 1 or 0
+  end
+
+  -- A new job, not yet in asynq: may it go straight to asynq's pending
+  -- list? Only when the tenant's line is empty, the fleet has room
+  -- (may_go) and the job may start within the lead; then it takes its slot
+  -- and its concurrency slot now. Returns the verdict (1 straight, 0 it
+  -- waits, -1 the line is at its cap), the slot, how many wait and, for a
+  -- job sent straight, its undo records.
+  E.room.arrive = function(scopes, line, may_go, cap)
+    local waiting = call('LLEN', line)
+    if cap > 0 and waiting >= cap then
+      return -1, 0, waiting, {}, -1, 0
+    end
+    if waiting > 0 or not may_go then
+      return 0, 0, waiting, {}, -1, 0
+    end
+    E.promote = true
+    local ok, _, slot, write = decide(scopes)
+    E.promote = false
+    if not ok then
+      return 0, 0, waiting, {}, -1, 0
+    end
+    if running(scopes) then
+      -- the same job admitted already: it is not sent again
+      return 0, 0, waiting, {}, -1, 0
+    end
+    local plain = true
+    for s = 1, #scopes do
+      local pol = scopes[s].pol
+      if pol.nr + pol.wlim + pol.qlim + pol.clim > 0 then plain = false end
+    end
+    if plain then
+      return 1, now, 0, {}, -1, 0
+    end
+    for s = 1, #scopes do ts.remember(scopes[s]) end
+    apply(scopes, write, slot, false)
+    local recs = {}
+    for s = 1, #scopes do recs[s] = ts.record(scopes[s]) end
+    return 1, slot, 0, recs, E.late, E.slack
+  end
+
+  -- Give back the job's concurrency slots under its claim (0: whichever
+  -- admission holds them); the hash of a scope whose last slot goes lives
+  -- only as long as the rest of its state needs (y).
+  E.room.release = function(bases, noexpire)
+    local released, lost = 0, 0
+    for s = 1, #bases do
+      if bases[s].pol.clim > 0 then
+        local r = release_slot(KEYS[bases[s].k + 1], E.hkey, E.claim, noexpire)
+        if r > 0 then released = released + 1 elseif r < 0 then lost = lost + 1 end
+      end
+    end
+    return released, lost
+  end
+  return E.room
+end
+-- @end roomops
