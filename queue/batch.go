@@ -3,12 +3,11 @@ package queue
 import (
 	"context"
 	"fmt"
+	"github.com/sluicehq/sluice/internal/waitroom"
 	"sync"
 	"time"
 
 	"github.com/hibiken/asynq"
-
-	"github.com/sluicehq/sluice/throttle"
 )
 
 // Job is one item of EnqueueBatch: the arguments of one Enqueue call.
@@ -117,7 +116,7 @@ func (c *Client) EnqueueBatch(ctx context.Context, jobs []Job) []Result {
 	}
 	c.parallel(len(lines), func(n int) {
 		idx := byLine[lines[n]]
-		waiters := make([]throttle.Waiter, len(idx))
+		waiters := make([]waitroom.Waiter, len(idx))
 		for k, i := range idx {
 			waiters[k] = prepared[i].waiter()
 		}

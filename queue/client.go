@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/sluicehq/sluice/internal/waitroom"
 	"log/slog"
 	"maps"
 	"strconv"
@@ -76,7 +77,7 @@ func (c Config) validate() error {
 
 // Client enqueues jobs for tenants: it wraps an asynq.Client and sets the
 // tenant and cost headers the workers' gate reads, and it brings every job
-// to the waiting room (throttle.Room). A job its tenant may start now, when
+// to the waiting room (waitroom.Room). A job its tenant may start now, when
 // the fleet has room for it, goes straight to asynq's pending list, having
 // taken its slot; any other waits in its tenant's line in Redis, parked in
 // asynq's schedule, until a worker promotes it: at its slot, or when a
@@ -89,7 +90,7 @@ type Client struct {
 	cfg        Config
 	lim        *throttle.Limiter
 	ownLimiter bool
-	room       *throttle.Room
+	room       waitroom.Room
 	gauge      *asynqroom.Gauge
 	asynq      *asynq.Client
 	inspector  *asynq.Inspector
@@ -153,7 +154,7 @@ type job struct {
 	opts     options
 	id       string
 	policies *throttle.Resolved // resolved once per job
-	arrived  throttle.Arrived
+	arrived  waitroom.Arrived
 	skipRoom bool // the room is off (see Client.roomOn)
 }
 
@@ -298,7 +299,7 @@ func (c *Client) sendLater(ctx context.Context, j *job) (*asynq.TaskInfo, error)
 
 // arrive brings the job to the waiting room: straight through, or to wait.
 func (c *Client) arrive(ctx context.Context, j *job) error {
-	a, err := c.room.Arrive(ctx, throttle.Arrival{
+	a, err := c.room.Arrive(ctx, waitroom.Arrival{
 		Tenant: j.tenant, ID: j.id, Queue: j.opts.queue, Cost: j.opts.cost,
 		MayGo: c.gauge.Take(ctx, j.opts.queue), Policies: j.policies,
 	})
@@ -424,8 +425,8 @@ func (c *Client) unpark(ctx context.Context, j *job, err error) error {
 	return err
 }
 
-func (j *job) waiter() throttle.Waiter {
-	return throttle.Waiter{ID: j.id, Queue: j.opts.queue, Cost: j.opts.cost}
+func (j *job) waiter() waitroom.Waiter {
+	return waitroom.Waiter{ID: j.id, Queue: j.opts.queue, Cost: j.opts.cost}
 }
 
 // enqueue hands the task to asynq with opts.

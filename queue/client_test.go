@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/sluicehq/sluice/internal/waitroom"
 	"strings"
 	"testing"
 	"time"
@@ -179,9 +180,9 @@ func TestLongLinesParkLonger(t *testing.T) {
 	e := setup(t, nil)
 	ctx := context.Background()
 	e.policy(t, "slow", "rate=1/min")
-	var ws []throttle.Waiter
+	var ws []waitroom.Waiter
 	for i := 0; i < 100; i++ {
-		ws = append(ws, throttle.Waiter{ID: fmt.Sprint("w", i), Queue: e.queue})
+		ws = append(ws, waitroom.Waiter{ID: fmt.Sprint("w", i), Queue: e.queue})
 	}
 	_, _, err := e.lim.Room().Join(ctx, "slow", 0, ws...)
 	require.NoError(t, err)
@@ -460,7 +461,7 @@ func TestEnqueueBatchLongLine(t *testing.T) {
 func orphan(t *testing.T, e *env, tenant, id string) {
 	t.Helper()
 	ctx := context.Background()
-	a, err := e.lim.Room().Arrive(ctx, throttle.Arrival{Tenant: tenant, ID: id, Queue: e.queue})
+	a, err := e.lim.Room().Arrive(ctx, waitroom.Arrival{Tenant: tenant, ID: id, Queue: e.queue})
 	require.NoError(t, err)
 	require.False(t, a.Straight)
 	task := asynq.NewTaskWithHeaders("email", nil, map[string]string{taskspec.TenantHeader: tenant})
@@ -487,7 +488,7 @@ func TestEnqueueRetryJoinsAnOrphan(t *testing.T) {
 	require.Equal(t, asynq.TaskStateScheduled, info.State)
 	ws, err := e.lim.Room().WaitingIDs(ctx, "acme", 0)
 	require.NoError(t, err)
-	require.Equal(t, []throttle.Waiter{{ID: "lost", Queue: e.queue, Cost: 1}}, ws, "the retry put the job in its line")
+	require.Equal(t, []waitroom.Waiter{{ID: "lost", Queue: e.queue, Cost: 1}}, ws, "the retry put the job in its line")
 
 	// a second retry: the job waits in its line now
 	_, err = e.q.Enqueue(ctx, "acme", asynq.NewTask("email", nil), asynq.Queue(e.queue), asynq.TaskID("lost"))
@@ -525,7 +526,7 @@ func TestEnqueueRetryJoinsAnOrphan(t *testing.T) {
 	require.Equal(t, asynq.TaskStateScheduled, info.State)
 	ws, err = e.lim.Room().WaitingIDs(ctx, "solo", 0)
 	require.NoError(t, err)
-	require.Equal(t, []throttle.Waiter{{ID: "lost2", Queue: e.queue, Cost: 1}}, ws)
+	require.Equal(t, []waitroom.Waiter{{ID: "lost2", Queue: e.queue, Cost: 1}}, ws)
 	st, err := e.lim.Stats(ctx, "solo")
 	require.NoError(t, err)
 	require.Zero(t, st.Reservations, "the straight arrival's slot was given back")

@@ -3,6 +3,7 @@ package throttle
 import (
 	"context"
 	"fmt"
+	"github.com/sluicehq/sluice/internal/waitroom"
 	"sync"
 	"testing"
 	"time"
@@ -57,7 +58,7 @@ func TestClusterTenantsSpread(t *testing.T) {
 		d, err = e.lim.Do(ctx, Request{Tenant: tenant, ID: "j2", Reserve: true})
 		require.NoError(t, err)
 		require.True(t, d.Allowed || d.Reserved, tenant)
-		_, _, err = e.lim.Room().Join(ctx, tenant, 0, Waiter{ID: "j3"})
+		_, _, err = e.lim.room().Join(ctx, tenant, 0, waitroom.Waiter{ID: "j3"})
 		require.NoError(t, err)
 	}
 
@@ -77,7 +78,7 @@ func TestClusterTenantsSpread(t *testing.T) {
 	perMaster := map[string]int{}
 	keyMaster := map[string]string{} // key -> the master it must live on
 	for _, tenant := range tenants {
-		keys := append(keysFor(e.prefix, tenant).all(), keysFor(e.prefix, tenant).line(DefaultQueue))
+		keys := append(keysFor(e.prefix, tenant).all(), keysFor(e.prefix, tenant).line(waitroom.DefaultQueue))
 		slot, err := cc.ClusterKeySlot(ctx, keys[0]).Result()
 		require.NoError(t, err)
 		require.Equal(t, int64(keySlot(keys[0])), slot, tenant)
@@ -112,7 +113,7 @@ func TestClusterTenantsSpread(t *testing.T) {
 	}))
 	for _, tenant := range tenants {
 		k := keysFor(e.prefix, tenant)
-		for _, key := range []string{k.state, k.planned, k.line(DefaultQueue)} {
+		for _, key := range []string{k.state, k.planned, k.line(waitroom.DefaultQueue)} {
 			require.Contains(t, found, key)
 		}
 	}

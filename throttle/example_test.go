@@ -3,6 +3,7 @@ package throttle_test
 import (
 	"context"
 	"fmt"
+	"github.com/sluicehq/sluice/internal/waitroom"
 	"log"
 	"time"
 
@@ -394,7 +395,7 @@ func ExampleLimiter_ExplainLine() {
 		log.Fatal(err)
 	}
 	// Three jobs wait in acme's line (queue.Client puts them there).
-	if _, _, err := lim.Room().Join(ctx, "acme", 0, throttle.Waiter{ID: "job-1"}, throttle.Waiter{ID: "job-2"}, throttle.Waiter{ID: "job-3", Cost: 2}); err != nil {
+	if _, _, err := lim.Room().Join(ctx, "acme", 0, waitroom.Waiter{ID: "job-1"}, waitroom.Waiter{ID: "job-2"}, waitroom.Waiter{ID: "job-3", Cost: 2}); err != nil {
 		log.Fatal(err)
 	}
 	xs, err := lim.ExplainLine(ctx, "acme", "", 0)

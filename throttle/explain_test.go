@@ -1,6 +1,7 @@
 package throttle
 
 import (
+	"github.com/sluicehq/sluice/internal/waitroom"
 	"testing"
 	"time"
 
@@ -45,13 +46,13 @@ func TestExplainHolds(t *testing.T) {
 	} {
 		st := c.st
 		st.Tenant, st.Now = "acme", now
-		x := explainAt(&st, nil, lineEntry{id: "j", queue: DefaultQueue, cost: 1}, c.ahead, c.units-1)
+		x := explainAt(&st, nil, lineEntry{id: "j", queue: waitroom.DefaultQueue, cost: 1}, c.ahead, c.units-1)
 		require.Equal(t, c.want, want{x.HeldBy, x.Expected.Sub(now), x.RunningFirst}, c.name)
 	}
 	// @global's holds are named so
 	st := Stats{Tenant: "acme", Now: now}
 	gst := Stats{Tenant: GlobalPolicy, Now: now, Rates: []RateStats{rate("1/s", 0)}}
-	x := explainAt(&st, &gst, lineEntry{id: "j", queue: DefaultQueue, cost: 1}, 2, 2)
+	x := explainAt(&st, &gst, lineEntry{id: "j", queue: waitroom.DefaultQueue, cost: 1}, 2, 2)
 	require.Equal(t, "@global rate[0]", x.HeldBy)
 	require.Equal(t, 2*time.Second, x.Expected.Sub(now))
 }

@@ -3,6 +3,7 @@ package throttle
 import (
 	"context"
 	"fmt"
+	"github.com/sluicehq/sluice/internal/waitroom"
 	"sort"
 	"strings"
 	"sync"
@@ -136,7 +137,7 @@ func TestBadInputs(t *testing.T) {
 		{"not UTF-8", func() error { _, err := e.lim.Admit(ctx, "a\xffb", "j"); return err }, []string{`"a\xffb"`, "UTF-8"}},
 		{"empty tenant cooldown", func() error { _, err := e.lim.Cooldown(ctx, "", time.Second); return err }, []string{"empty"}},
 		{"empty tenant stats", func() error { _, err := e.lim.Stats(ctx, ""); return err }, []string{"empty"}},
-		{"empty tenant line", func() error { _, _, err := e.lim.Room().Join(ctx, "", 0, Waiter{ID: "j"}); return err }, []string{"empty"}},
+		{"empty tenant line", func() error { _, _, err := e.lim.room().Join(ctx, "", 0, waitroom.Waiter{ID: "j"}); return err }, []string{"empty"}},
 		{"empty tenant policy", func() error { return e.store.Set(ctx, "", &Policy{}) }, []string{"empty"}},
 		{"long tenant release", func() error { return e.lim.Release(ctx, long, "j", 0) }, []string{"257 bytes"}},
 		{"long tenant renew", func() error { return e.lim.Renew(ctx, long, "j", 0) }, []string{"257 bytes"}},

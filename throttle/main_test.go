@@ -2,6 +2,7 @@ package throttle
 
 import (
 	"context"
+	"github.com/sluicehq/sluice/internal/waitroom"
 	"sync"
 	"testing"
 	"time"
@@ -74,7 +75,7 @@ func (e *env) redeem(t *testing.T, tenant, id string) Decision {
 }
 
 // keep records the tickets of promoted jobs.
-func (e *env) keep(jobs []Promoted) {
+func (e *env) keep(jobs []waitroom.Promoted) {
 	for _, p := range jobs {
 		if p.Ticket != "" {
 			e.tickets.Store(p.ID, p.Ticket)

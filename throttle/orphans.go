@@ -3,6 +3,7 @@ package throttle
 import (
 	"context"
 	"fmt"
+	"github.com/sluicehq/sluice/internal/waitroom"
 	"strconv"
 	"time"
 
@@ -16,27 +17,6 @@ import (
 // after it both fail, leaves the intent. The pumps' sweep finds intents
 // older than intentAge and puts their jobs in their lines when the tasks
 // are still parked, or drops them.
-
-// TaskState is what the queue engine holds of a job whose intent the sweep
-// found.
-type TaskState int
-
-const (
-	// TaskParked: the job's task waits in the engine's schedule, as its
-	// producer parked it: the job joins its line.
-	TaskParked TaskState = iota
-	// TaskElsewhere: the engine holds the task otherwise (ready, running,
-	// done, or another tenant's): the intent goes.
-	TaskElsewhere
-	// TaskMissing: the engine has no such task: the intent goes once it is
-	// old enough that its producer cannot be about to park it
-	// (intentGoneAge).
-	TaskMissing
-)
-
-// A TaskLookup tells, for each job in order, what the queue engine holds
-// of its task.
-type TaskLookup func(ctx context.Context, tenant string, jobs []Waiter) ([]TaskState, error)
 
 const (
 	// intentAge is how old an intent is before the sweep takes its job for
@@ -57,7 +37,7 @@ func intentKeyPattern(prefix string) string {
 // sweepOrphans puts in their lines the jobs of intents older than
 // intentAge whose tasks lookup finds parked, and drops the intents of jobs
 // it finds elsewhere or (after intentGoneAge) missing.
-func (r *Room) sweepOrphans(ctx context.Context, lookup TaskLookup) error {
+func (r *room) sweepOrphans(ctx context.Context, lookup waitroom.TaskLookup) error {
 	if lookup == nil {
 		return nil
 	}
@@ -88,7 +68,7 @@ func (r *Room) sweepOrphans(ctx context.Context, lookup TaskLookup) error {
 	return nil
 }
 
-func (r *Room) sweepTenantOrphans(ctx context.Context, tenant string, now time.Time, lookup TaskLookup) error {
+func (r *room) sweepTenantOrphans(ctx context.Context, tenant string, now time.Time, lookup waitroom.TaskLookup) error {
 	key := keysFor(r.l.cfg.Prefix, tenant).intents
 	max := strconv.FormatInt(now.Add(-intentAge).UnixMicro(), 10)
 	gone := now.Add(-intentGoneAge).UnixMicro()
@@ -97,7 +77,7 @@ func (r *Room) sweepTenantOrphans(ctx context.Context, tenant string, now time.T
 		if err != nil {
 			return fmt.Errorf("sweep intents of tenant %q: %w", tenant, err)
 		}
-		jobs := make([]Waiter, 0, len(zs))
+		jobs := make([]waitroom.Waiter, 0, len(zs))
 		scores := make([]int64, 0, len(zs))
 		var bad []any
 		for _, z := range zs {
@@ -122,13 +102,13 @@ func (r *Room) sweepTenantOrphans(ctx context.Context, tenant string, now time.T
 			if len(states) != len(jobs) {
 				return fmt.Errorf("sweep intents of tenant %q: the lookup answered %d of %d jobs", tenant, len(states), len(jobs))
 			}
-			parked := map[string][]Waiter{}
-			var drop []Waiter
+			parked := map[string][]waitroom.Waiter{}
+			var drop []waitroom.Waiter
 			for i, w := range jobs {
 				switch {
-				case states[i] == TaskParked:
+				case states[i] == waitroom.TaskParked:
 					parked[queueOf(w.Queue)] = append(parked[queueOf(w.Queue)], w)
-				case states[i] == TaskElsewhere, states[i] == TaskMissing && scores[i] <= gone:
+				case states[i] == waitroom.TaskElsewhere, states[i] == waitroom.TaskMissing && scores[i] <= gone:
 					drop = append(drop, w)
 				}
 			}
@@ -154,10 +134,10 @@ func (r *Room) sweepTenantOrphans(ctx context.Context, tenant string, now time.T
 
 // parseLineTail reads a line entry without its time, COST␟QUEUE␟ID, back
 // into a Waiter.
-func parseLineTail(m string) (Waiter, bool) {
+func parseLineTail(m string) (waitroom.Waiter, bool) {
 	e, ok := parseLineEntry("0" + lineSep + m)
 	if !ok {
-		return Waiter{}, false
+		return waitroom.Waiter{}, false
 	}
-	return Waiter{ID: e.id, Queue: e.queue, Cost: e.cost}, true
+	return waitroom.Waiter{ID: e.id, Queue: e.queue, Cost: e.cost}, true
 }

@@ -1,10 +1,10 @@
 package throttle
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"github.com/sluicehq/sluice/internal/waitroom"
 	"sync"
 	"time"
 
@@ -17,117 +17,9 @@ import (
 // their lines to the queue engine when they may start and the fleet has
 // room for them, serving the due tenants in turn.
 
-// HandoverResult is what the queue engine made of one promoted job.
-type HandoverResult int
-
-const (
-	// Handed: the engine has the job to run now (or had it already,
-	// pending or running).
-	Handed HandoverResult = iota
-	// Gone: the engine has no such job, or holds it in a state it does
-	// not run from (archived, completed): the job leaves the room and
-	// what its promotion took is given back.
-	Gone
-	// Failed: the engine could not be asked; the hand-over is tried again
-	// later.
-	Failed
-)
-
-// A Handover gives promoted jobs to the queue engine and reports, for each
-// in order, what became of it.
-type Handover func(ctx context.Context, jobs []Promoted) []HandoverResult
-
-// Defaults of PumpConfig.
-const (
-	PumpIntervalDefault = 20 * time.Millisecond
-	PumpIdleDefault     = time.Second
-	PumpTenantsDefault  = 256
-	sweepEvery          = 30 * time.Second
-)
-
-// PumpConfig configures a pump.
-type PumpConfig struct {
-	// Queues are the queues whose lines the pump serves (those of the
-	// workers it runs with). Required.
-	Queues []string
-	// Handover gives promoted jobs to the queue engine. Required.
-	Handover Handover
-	// Free is how many more jobs of queue the fleet can take now: the room
-	// in the queue engine's pending list, so that it stays short and a
-	// tenant arriving later is not served after everything already
-	// admitted. Required.
-	Free func(ctx context.Context, queue string) (int, error)
-	// Interval is how often the pump looks again while the fleet has no
-	// room for the lines that are due. PumpIntervalDefault when zero.
-	Interval time.Duration
-	// Idle is the longest the pump sleeps while no line is due: it wakes
-	// for the next due line, and at once when a line begins or a release
-	// makes one due sooner (the index's wake channel), so Idle only bounds
-	// what a lost wake-up costs. PumpIdleDefault when zero.
-	Idle time.Duration
-	// Tenants is the most tenants served in one round. PumpTenantsDefault
-	// when zero.
-	Tenants int
-	// OnTurn, when set, is told of every tenant's turn: the turn, how many
-	// of its jobs were handed over and how many were gone.
-	OnTurn func(tenant string, t Turn, handed, gone int)
-	// OnError, when set, is told of errors the pump goes on after.
-	OnError func(err error)
-	// Tasks, when set, tells the sweep what the queue engine holds of the
-	// tasks of jobs that arrived to wait and joined no line (their
-	// producer died between parking them and joining them): those parked
-	// join their lines. Without it such a job waits for its fallback.
-	Tasks TaskLookup
-	// Repark, when set, is how the sweep keeps waiting jobs' parked tasks
-	// from reaching their fallback while the pumps run: those coming due
-	// within ReparkWithin are pushed to ReparkBy from now. Without it a
-	// line that outlives its fallback comes out of the queue engine's
-	// schedule at that time.
-	Repark Repark
-}
-
-// A Repark pushes the fallback of the queue engine's parked tasks of queue
-// that come due within within, for tenants with a line there (inLine), to
-// by from now; it returns how many it pushed (internal/asynqroom.Repark).
-type Repark func(ctx context.Context, queue string, within, by time.Duration, inLine func(tenant string) bool) (int, error)
-
-// The sweep's push of parked tasks (PumpConfig.Repark): every sweep (every
-// half minute, one pump of the fleet) pushes the tasks parked for waiting
-// jobs that come due within ReparkWithin to ReparkBy from now. Should no
-// sluice process run, a parked job reaches a worker by asynq's own
-// forwarder at most ReparkBy after the last sweep.
-const (
-	// 40 sweeps of up to asynqroom.ReparkMax tasks a queue before a
-	// task comes due: parked tasks of a burst of 200,000 jobs, all with
-	// one fallback, are pushed in time
-	ReparkWithin = 20 * time.Minute
-	ReparkBy     = time.Hour
-)
-
-func (c PumpConfig) withDefaults() PumpConfig {
-	c.Interval = cmp.Or(c.Interval, PumpIntervalDefault)
-	c.Idle = cmp.Or(c.Idle, PumpIdleDefault)
-	c.Tenants = cmp.Or(c.Tenants, PumpTenantsDefault)
-	return c
-}
-
-func (c PumpConfig) validate() error {
-	switch {
-	case len(c.Queues) == 0:
-		return errors.New("pump config: Queues is required")
-	case c.Handover == nil:
-		return errors.New("pump config: Handover is required")
-	case c.Free == nil:
-		return errors.New("pump config: Free is required")
-	case c.Interval < time.Millisecond:
-		return fmt.Errorf("pump config: Interval %s: must be at least 1ms", c.Interval)
-	case c.Idle < c.Interval:
-		return fmt.Errorf("pump config: Idle %s: must be at least Interval %s", c.Idle, c.Interval)
-	case c.Tenants < 1:
-		return fmt.Errorf("pump config: Tenants %d: must be at least 1", c.Tenants)
-	}
-	return nil
-}
+// sweepEvery is how often one pump of the fleet sweeps for lines missing
+// from the index and for orphans.
+const sweepEvery = 30 * time.Second
 
 // Pump runs the waiting room's pump until ctx ends: while the fleet has
 // room it takes the due tenants from the index, oldest first, gives each
@@ -142,13 +34,13 @@ func (c PumpConfig) validate() error {
 // half minute one pump looks for lines missing from the index (a producer
 // that died between its line and the index). Several pumps share the
 // work: a tenant taken by one is held from the others for a few seconds.
-func (r *Room) Pump(ctx context.Context, cfg *PumpConfig) error {
-	var c PumpConfig
+func (r *room) Pump(ctx context.Context, cfg *waitroom.PumpConfig) error {
+	var c waitroom.PumpConfig
 	if cfg != nil {
 		c = *cfg
 	}
-	c = c.withDefaults()
-	if err := c.validate(); err != nil {
+	c = c.WithDefaults()
+	if err := c.Validate(); err != nil {
 		return err
 	}
 	p := &pump{r: r, cfg: c, wake: make(chan struct{}, 1)}
@@ -173,8 +65,8 @@ func (r *Room) Pump(ctx context.Context, cfg *PumpConfig) error {
 }
 
 type pump struct {
-	r       *Room
-	cfg     PumpConfig
+	r       *room
+	cfg     waitroom.PumpConfig
 	changes uint64 // the policy changes followed so far
 	// owed are the queues whose re-mark for a policy version this pump
 	// took and has not done yet (it failed)
@@ -303,7 +195,7 @@ func (p *pump) serve(ctx context.Context, queue string) (time.Duration, error) {
 	if free <= 0 {
 		return p.cfg.Interval, nil
 	}
-	taken, held, next, err := p.r.takeDue(ctx, queue, min(free, p.cfg.Tenants), HoldDefault)
+	taken, held, next, err := p.r.takeDue(ctx, queue, min(free, p.cfg.Tenants), waitroom.HoldDefault)
 	if err != nil {
 		return p.cfg.Interval, err
 	}
@@ -337,7 +229,7 @@ func (p *pump) serve(ctx context.Context, queue string) (time.Duration, error) {
 		left -= budgets[i]
 	}
 	tenants := make([]string, len(taken))
-	turns := make([]Turn, len(taken))
+	turns := make([]waitroom.Turn, len(taken))
 	errs := make([]error, len(taken))
 	var wg sync.WaitGroup
 	for i, d := range taken {
@@ -353,7 +245,7 @@ func (p *pump) serve(ctx context.Context, queue string) (time.Duration, error) {
 	}
 	wg.Wait()
 	due := make(map[string]time.Time, len(taken))
-	var all []Promoted
+	var all []waitroom.Promoted
 	for i, t := range tenants {
 		if errs[i] != nil {
 			// due again when the hold ends
@@ -397,7 +289,7 @@ func (p *pump) serve(ctx context.Context, queue string) (time.Duration, error) {
 		at, ok := due[d.tenant]
 		switch {
 		case errs[i] != nil:
-		case !ok || turns[i].midTurn && !at.IsZero() && !at.After(now):
+		case !ok || turns[i].MidTurn && !at.IsZero() && !at.After(now):
 			settled = append(settled, d)
 		case at.Equal(dueNow) || !at.IsZero() && !at.After(now):
 			ended = append(ended, dueTenant{d.tenant, 0})
@@ -421,29 +313,29 @@ func (p *pump) serve(ctx context.Context, queue string) (time.Duration, error) {
 // jobs were handed over and how many were gone, and what went wrong (jobs
 // the engine could not be asked about, an undo or a confirmation that
 // failed: each is tried again by a later turn after the repair age).
-func (r *Room) handOver(ctx context.Context, jobs []Promoted, h Handover) (handed, gone map[string]int, err error) {
+func (r *room) handOver(ctx context.Context, jobs []waitroom.Promoted, h waitroom.Handover) (handed, gone map[string]int, err error) {
 	handed, gone = map[string]int{}, map[string]int{}
 	if len(jobs) == 0 {
 		return handed, gone, nil
 	}
 	results := h(ctx, jobs)
 	crashpoint.Hit("room.handed-over")
-	done := map[string][]Promoted{}
+	done := map[string][]waitroom.Promoted{}
 	failed := 0
 	var errs []error
 	for i, j := range jobs {
-		res := Failed
+		res := waitroom.Failed
 		if i < len(results) {
 			res = results[i]
 		}
 		switch {
-		case res == Handed:
+		case res == waitroom.Handed:
 			handed[j.Tenant]++
 			done[j.Tenant] = append(done[j.Tenant], j)
-		case res == Gone && j.Retry:
+		case res == waitroom.Gone && j.Retry:
 			gone[j.Tenant]++
 			done[j.Tenant] = append(done[j.Tenant], j)
-		case res == Gone:
+		case res == waitroom.Gone:
 			gone[j.Tenant]++
 			// an error leaves the entry to be tried again
 			if err := r.undo(ctx, j); err != nil {
@@ -457,13 +349,13 @@ func (r *Room) handOver(ctx context.Context, jobs []Promoted, h Handover) (hande
 		errs = append(errs, err)
 	}
 	if failed > 0 {
-		errs = append(errs, fmt.Errorf("hand %d of %d promoted jobs to the queue engine: it could not be asked; they are handed over again after %s", failed, len(jobs), RepairDefault))
+		errs = append(errs, fmt.Errorf("hand %d of %d promoted jobs to the queue engine: it could not be asked; they are handed over again after %s", failed, len(jobs), waitroom.RepairDefault))
 	}
 	return handed, gone, errors.Join(errs...)
 }
 
 // handedMany confirms hand-overs of several tenants in one round trip.
-func (r *Room) handedMany(ctx context.Context, done map[string][]Promoted) error {
+func (r *room) handedMany(ctx context.Context, done map[string][]waitroom.Promoted) error {
 	if len(done) == 0 {
 		return nil
 	}
@@ -471,7 +363,7 @@ func (r *Room) handedMany(ctx context.Context, done map[string][]Promoted) error
 	for t, jobs := range done {
 		members := make([]any, len(jobs))
 		for i, p := range jobs {
-			members[i] = p.member
+			members[i] = p.Entry
 		}
 		pipe.ZRem(ctx, keysFor(r.l.cfg.Prefix, t).handing, members...)
 	}
@@ -480,11 +372,6 @@ func (r *Room) handedMany(ctx context.Context, done map[string][]Promoted) error
 	}
 	return nil
 }
-
-// Spare tells how many more jobs of queue the fleet can take now, counting
-// the one it is asked for, which it takes (internal/asynqroom's
-// Gauge.Spare): 1 is the last place.
-type Spare func(ctx context.Context, queue string) int
 
 // Release gives back the concurrency slots job id of tenant holds under
 // claim (as Limiter.Release does) and, in the same script run, hands the
@@ -499,7 +386,7 @@ type Spare func(ctx context.Context, queue string) int
 // shutting down) nothing is handed on: the slots are given back and the
 // tenant is made due now, so that the fleet's pumps serve its line. It
 // returns ErrClaimLost as Limiter.Release does.
-func (r *Room) Release(ctx context.Context, tenant, queue, id string, claim uint64, h Handover, spare Spare) error {
+func (r *room) Release(ctx context.Context, tenant, queue, id string, claim uint64, h waitroom.Handover, spare waitroom.Spare) error {
 	if h == nil {
 		err := r.l.Release(ctx, tenant, id, claim)
 		if tenant != "" && (err == nil || errors.Is(err, ErrClaimLost)) {
@@ -570,7 +457,7 @@ func (r *Room) Release(ctx context.Context, tenant, queue, id string, claim uint
 			return err
 		}
 	}
-	if others && !t.midTurn {
+	if others && !t.MidTurn {
 		// its turn ended here: the tenants due behind it go first
 		if err := r.requeue(ctx, queueOf(queue), tenant); err != nil {
 			return err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/sluicehq/sluice/internal/waitroom"
 	"sort"
 	"strconv"
 	"strings"
@@ -16,23 +17,12 @@ import (
 	"github.com/sluicehq/sluice/lua"
 )
 
-// Room is the waiting room (docs/architecture.md, "The waiting room"): the
-// tenants' lines of jobs that may not start yet, the promotion of a line's
-// head when it may, and the index of which lines are due when. sluice owns
-// the waiting; the queue engine (asynq) owns the execution: the queue
-// package brings jobs in (Arrive, Join), the worker package runs the pump
-// (Pump) and hands a finished job's slot to the next in line (Release).
-// Applications use those packages; Room is what they share.
-//
-// A job waiting in a line is charged nothing, so a policy change reaches it
-// at once. When it is promoted it takes its slot (a reservation) and its
-// concurrency slot, and the worker's gate starts it on them.
-//
-// On Redis Cluster the room decides on the tenant's rules alone: @global
-// lives in another slot, and the gate applies it when the job starts.
-//
-// A Room is safe for concurrent use.
-type Room struct {
+// room is the waiting room (docs/architecture.md, "The waiting room"),
+// waitroom.Room: the tenants' lines of jobs that may not start yet, the
+// promotion of a line's head when it may, and the index of which lines
+// are due when. It decides with the limiter's engine, in admit.lua's
+// arrive, promote and release ops.
+type room struct {
 	l *Limiter
 
 	// alone remembers, for a short while (aloneFor), the tenants of a
@@ -43,75 +33,23 @@ type Room struct {
 	alone map[string]time.Time
 }
 
-// Room returns the limiter's waiting room.
-func (l *Limiter) Room() *Room { return &Room{l: l} }
+// Room returns the limiter's waiting room, which sluice's queue and worker
+// packages drive (an application enqueues and runs jobs with them, and
+// never calls the room itself).
+func (l *Limiter) Room() waitroom.Room { return l.room() }
+
+// room is the limiter's waiting room as its own type.
+func (l *Limiter) room() *room { return &room{l: l} }
+
+var _ waitroom.Room = (*room)(nil)
 
 // aloneFor is how long a release trusts that no other tenant was due: a
 // tenant that becomes due meanwhile waits at most that much longer for a
 // slot.
 const aloneFor = 50 * time.Millisecond
 
-// Defaults of the waiting room.
-const (
-	// RepairDefault is how long a promoted job may go unconfirmed by the
-	// queue engine before its hand-over is tried again (a pump or worker
-	// died in between).
-	RepairDefault = 5 * time.Second
-	// HoldDefault is how long a pump holds the tenants it takes from the
-	// due index: no other pump serves them meanwhile, and if it dies they
-	// are due again after it.
-	HoldDefault = 5 * time.Second
-)
-
 // lineSep separates the fields of a line entry; a queue name may not hold it.
 const lineSep = "\x1f"
-
-// Arrival is a new job at the waiting room: it goes straight to the queue
-// engine or waits in its tenant's line.
-type Arrival struct {
-	Tenant string
-	// ID is the job's asynq task id.
-	ID string
-	// Queue is the job's queue ("" for asynq's default).
-	Queue string
-	// Cost is what the job weighs on rate, window and quota rules; 0 means 1.
-	Cost int64
-	// MayGo reports that the fleet has room for the job now: without it
-	// the job waits in its line even if its rules allow it, so that a
-	// saturated fleet serves tenants in turn.
-	MayGo bool
-	// Policies, when set, are the job's policies as PolicyStore.Resolve
-	// returned them; nil: the room resolves them.
-	Policies *Resolved
-}
-
-// Arrived is what the room made of an arrival.
-type Arrived struct {
-	// Straight reports that the job may start now: it took its slot (and
-	// its concurrency slot, under Claim) and goes straight to the queue
-	// engine's pending list. Otherwise it is to wait in its tenant's line
-	// (Join).
-	Straight bool
-	Slot     time.Time
-	Claim    uint64
-	// Ticket is the decision to carry with a straight job
-	// (taskspec.DecidedHeader): the worker's gate starts the job on it
-	// (Limiter.Redeem) without deciding again. Empty when the gate must
-	// decide (on a Cluster with @global rules, which the room does not see).
-	Ticket string
-	// Waiting is how many jobs of the tenant wait in its line.
-	Waiting int64
-	// Backlog is the cap of the tenant's line (its policy's backlog=); 0
-	// when there is none.
-	Backlog int64
-	// Earlier reports, for a job to wait, that an earlier arrival of the
-	// same job (its task id) left its intent, which joining its line takes
-	// back: its task may be parked in no line (its producer died before
-	// joining it), and Rejoin puts it there.
-	Earlier bool
-
-	op *admitOp // to take a straight arrival back
-}
 
 // Arrive decides whether a new job goes straight to the queue engine: when
 // its tenant's line is empty, a.MayGo and every rule lets it start now. A
@@ -121,26 +59,26 @@ type Arrived struct {
 // joins. A tenant whose line holds its backlog cap
 // already gets a *BacklogError (ErrBacklogFull), and a cost no rule can
 // ever admit a *CostError, with nothing written.
-func (r *Room) Arrive(ctx context.Context, a Arrival) (Arrived, error) {
+func (r *room) Arrive(ctx context.Context, a waitroom.Arrival) (waitroom.Arrived, error) {
 	if err := ValidateTenant(a.Tenant); err != nil {
-		return Arrived{}, err
+		return waitroom.Arrived{}, err
 	}
 	if strings.Contains(a.Queue, lineSep) {
-		return Arrived{}, fmt.Errorf("arrival of tenant %q: queue %q holds the byte 0x1f, which sluice keeps for itself; rename the queue", a.Tenant, a.Queue)
+		return waitroom.Arrived{}, fmt.Errorf("arrival of tenant %q: queue %q holds the byte 0x1f, which sluice keeps for itself; rename the queue", a.Tenant, a.Queue)
 	}
 	cost := max(a.Cost, 1)
-	res := a.Policies
+	res, _ := a.Policies.(*Resolved)
 	if res == nil {
 		rs, err := r.l.resolved(ctx, a.Tenant)
 		if err != nil {
-			return Arrived{}, fmt.Errorf("arrival of tenant %q: %w", a.Tenant, err)
+			return waitroom.Arrived{}, fmt.Errorf("arrival of tenant %q: %w", a.Tenant, err)
 		}
 		res = &rs
 	}
 	scopes := r.scopes(a.Tenant, *res)
 	for _, s := range scopes {
 		if f := s.facts; f.maxCost >= 0 && cost > f.maxCost {
-			return Arrived{}, &CostError{Tenant: a.Tenant, Cost: cost, Max: f.maxCost, Rule: s.name + " " + f.maxCostRule}
+			return waitroom.Arrived{}, &CostError{Tenant: a.Tenant, Cost: cost, Max: f.maxCost, Rule: s.name + " " + f.maxCostRule}
 		}
 	}
 	var backlog int64
@@ -158,16 +96,16 @@ func (r *Room) Arrive(ctx context.Context, a Arrival) (Arrived, error) {
 	}
 	k := keysFor(r.l.cfg.Prefix, a.Tenant)
 	op.roomKeys = []string{k.line(queueOf(a.Queue)), k.intents}
-	op.roomArgs = []any{boolInt(a.MayGo), backlog, micros(r.l.cfg.PromoteLead), lineTail(Waiter{ID: a.ID, Queue: a.Queue, Cost: cost})}
+	op.roomArgs = []any{boolInt(a.MayGo), backlog, micros(r.l.cfg.PromoteLead), lineTail(waitroom.Waiter{ID: a.ID, Queue: a.Queue, Cost: cost})}
 	raw, err := r.l.runRaw(ctx, op, -1)
 	if err != nil {
-		return Arrived{}, fmt.Errorf("arrival of tenant %q: %w", a.Tenant, err)
+		return waitroom.Arrived{}, fmt.Errorf("arrival of tenant %q: %w", a.Tenant, err)
 	}
 	rep, err := decodeArrive(raw)
 	if err != nil {
-		return Arrived{}, err
+		return waitroom.Arrived{}, err
 	}
-	d := Arrived{Waiting: rep.waiting, Backlog: backlog, Earlier: rep.earlier}
+	d := waitroom.Arrived{Waiting: rep.waiting, Backlog: backlog, Earlier: rep.earlier}
 	switch rep.verdict {
 	case arriveFull:
 		return d, &BacklogError{Tenant: a.Tenant, Backlog: rep.waiting, Limit: backlog}
@@ -177,7 +115,7 @@ func (r *Room) Arrive(ctx context.Context, a Arrival) (Arrived, error) {
 		if len(rep.undo) > 0 {
 			// the charges to take back if the job never reaches the engine
 			op.undo = rep.undo
-			d.op = op
+			d.Undo = op
 			if lease > 0 {
 				d.Claim = op.claim
 			}
@@ -206,7 +144,7 @@ func leaseOf(scopes []scope) time.Duration {
 // alone. A window or a quota is decided again when the job starts (on the
 // reservation the room takes), since a job late for its slot would be
 // charged twice there.
-func (r *Room) decidesAll(res Resolved) bool {
+func (r *room) decidesAll(res Resolved) bool {
 	if r.l.cluster && res.Global.HasRules() {
 		return false
 	}
@@ -221,11 +159,12 @@ func (r *Room) decidesAll(res Resolved) bool {
 // TakeBack gives back what a straight arrival took (its slot and its
 // concurrency slot), for a job the queue engine refused. A slot another
 // admission of the job has taken over since is left to it.
-func (r *Room) TakeBack(ctx context.Context, d Arrived) error {
-	if d.op == nil {
+func (r *room) TakeBack(ctx context.Context, d waitroom.Arrived) error {
+	op0, _ := d.Undo.(*admitOp)
+	if op0 == nil {
 		return nil
 	}
-	op := *d.op
+	op := *op0
 	op.flags = flagUndoOnly | r.l.noTTLFlag()
 	op.roomKeys, op.roomArgs = nil, nil
 	if _, err := r.l.run(ctx, &op, -1); err != nil {
@@ -238,19 +177,12 @@ func (r *Room) TakeBack(ctx context.Context, d Arrived) error {
 // (even without rules: its line's turn is kept there), and @global's where
 // one script sees both (not on a Cluster, where @global is left to the
 // gate when the job starts).
-func (r *Room) scopes(tenant string, res Resolved) []scope {
+func (r *room) scopes(tenant string, res Resolved) []scope {
 	scopes := r.l.scopesOf(tenant, res)
 	if r.l.cluster && len(scopes) > 1 {
 		scopes = scopes[:1]
 	}
 	return scopes
-}
-
-// Waiter is a job to put in its tenant's line.
-type Waiter struct {
-	ID    string
-	Queue string // "" for asynq's default
-	Cost  int64  // 0 means 1
 }
 
 // Join puts jobs of one queue in tenant's line of that queue, in order,
@@ -261,7 +193,7 @@ type Waiter struct {
 // joinChunk at a time, one line.lua call each (a batch of any length joins
 // in bounded memory); the cap holds across the calls, and on an error the
 // first joined jobs are in the line.
-func (r *Room) Join(ctx context.Context, tenant string, backlog int64, jobs ...Waiter) (joined int, waiting int64, err error) {
+func (r *room) Join(ctx context.Context, tenant string, backlog int64, jobs ...waitroom.Waiter) (joined int, waiting int64, err error) {
 	return r.join(ctx, tenant, backlog, joinAll, jobs)
 }
 
@@ -269,7 +201,7 @@ func (r *Room) Join(ctx context.Context, tenant string, backlog int64, jobs ...W
 // one's intent, which its joining takes back. A job whose intent is gone
 // is in its line already (Rejoin took it: its producer seemed to have died
 // before joining it) and counts as joined without joining twice.
-func (r *Room) JoinArrived(ctx context.Context, tenant string, backlog int64, jobs ...Waiter) (joined int, waiting int64, err error) {
+func (r *room) JoinArrived(ctx context.Context, tenant string, backlog int64, jobs ...waitroom.Waiter) (joined int, waiting int64, err error) {
 	return r.join(ctx, tenant, backlog, joinArrived, jobs)
 }
 
@@ -280,7 +212,7 @@ func (r *Room) JoinArrived(ctx context.Context, tenant string, backlog int64, jo
 // job without an intent (it joined, or another Rejoin took it) is left
 // out: joined counts those that joined now. The line's backlog cap does
 // not apply: the jobs' tasks exist.
-func (r *Room) Rejoin(ctx context.Context, tenant string, jobs ...Waiter) (joined int, err error) {
+func (r *room) Rejoin(ctx context.Context, tenant string, jobs ...waitroom.Waiter) (joined int, err error) {
 	joined, _, err = r.join(ctx, tenant, 0, joinIntended, jobs)
 	return joined, err
 }
@@ -288,7 +220,7 @@ func (r *Room) Rejoin(ctx context.Context, tenant string, jobs ...Waiter) (joine
 // Forget drops the intents of jobs Arrive told to wait that will not
 // join their line (the queue engine refused their tasks, or took them out
 // again), so that the sweep does not look for them.
-func (r *Room) Forget(ctx context.Context, tenant string, jobs ...Waiter) error {
+func (r *room) Forget(ctx context.Context, tenant string, jobs ...waitroom.Waiter) error {
 	if err := ValidateTenant(tenant); err != nil {
 		return err
 	}
@@ -312,7 +244,7 @@ const (
 	joinIntended = 2
 )
 
-func (r *Room) join(ctx context.Context, tenant string, backlog int64, mode int, jobs []Waiter) (joined int, waiting int64, err error) {
+func (r *room) join(ctx context.Context, tenant string, backlog int64, mode int, jobs []waitroom.Waiter) (joined int, waiting int64, err error) {
 	if err := ValidateTenant(tenant); err != nil {
 		return 0, 0, err
 	}
@@ -367,97 +299,47 @@ const joinChunk = 1000
 // queueOf names the default queue.
 func queueOf(q string) string {
 	if q == "" {
-		return DefaultQueue
+		return waitroom.DefaultQueue
 	}
 	return q
 }
 
 // lineTail is a line entry after its time: COST␟QUEUE␟ID, the cost empty
 // for 1 and the queue for the default.
-func lineTail(j Waiter) string {
+func lineTail(j waitroom.Waiter) string {
 	cost := ""
 	if j.Cost > 1 {
 		cost = strconv.FormatInt(j.Cost, 10)
 	}
 	q := j.Queue
-	if q == DefaultQueue {
+	if q == waitroom.DefaultQueue {
 		q = ""
 	}
 	return cost + lineSep + q + lineSep + j.ID
-}
-
-// DefaultQueue is asynq's default queue, written as "" in line entries.
-const DefaultQueue = "default"
-
-// Promoted is a job the room promoted from its line: it took its slot and
-// its concurrency slot (under Claim), and is to be handed to the queue
-// engine.
-type Promoted struct {
-	Tenant string
-	Queue  string
-	ID     string
-	Cost   int64
-	Slot   time.Time
-	Claim  uint64
-	Lined  time.Time // when it joined the line
-	// Retry reports a promotion made earlier whose hand-over was not
-	// confirmed: the engine may have it already.
-	Retry bool
-	// Ticket is the decision the job is to carry (see Arrived.Ticket);
-	// empty for a retry, or when the gate must decide.
-	Ticket string
-
-	member string
-	undo   [][]int64 // per scope, to take the promotion back
-	scopes []scope   // the scopes it was promoted in
-}
-
-// Turn is what one turn of a tenant's line did.
-type Turn struct {
-	// Promoted are the jobs to hand over, in line order, then the earlier
-	// promotions to hand over again (Retry).
-	Promoted []Promoted
-	// Due is when the tenant's line may next be promoted; zero when it is
-	// empty and nothing is being handed over.
-	Due time.Time
-	// Waiting is how many jobs wait in the line after the turn, and Oldest
-	// when the one at its head joined it (zero when none waits).
-	Waiting int64
-	Oldest  time.Time
-	// Skipped counts line entries dropped because their job runs already.
-	Skipped int
-	// Released and Lost are, for Release, how many scopes gave back the
-	// job's slot and how many held none under its claim.
-	Released, Lost int
-
-	// midTurn: the budget (the fleet's room) ended the turn while the
-	// tenant's deficit still covered its head: its turn goes on next time,
-	// ahead of the tenants behind it.
-	midTurn bool
 }
 
 // promote gives tenant's line of queue a turn: its head jobs are promoted
 // while they may start, at most budget of them, and as much cost as
 // quantum plus what the tenant is owed from earlier turns (deficit round
 // robin).
-func (r *Room) promote(ctx context.Context, tenant, queue string, budget int, quantum int64) (Turn, error) {
+func (r *room) promote(ctx context.Context, tenant, queue string, budget int, quantum int64) (waitroom.Turn, error) {
 	return r.turn(ctx, tenant, queue, "", 0, budget, quantum, flagPromote)
 }
 
 // release gives back the concurrency slots job id holds under claim and in
 // the same run promotes at most budget jobs from the head of the tenant's
 // line of queue into them.
-func (r *Room) release(ctx context.Context, tenant, queue, id string, claim uint64, budget int) (Turn, error) {
+func (r *room) release(ctx context.Context, tenant, queue, id string, claim uint64, budget int) (waitroom.Turn, error) {
 	return r.turn(ctx, tenant, queue, id, claim, budget, int64(budget), flagRelease)
 }
 
-func (r *Room) turn(ctx context.Context, tenant, queue, id string, claim uint64, budget int, quantum int64, kind int) (Turn, error) {
+func (r *room) turn(ctx context.Context, tenant, queue, id string, claim uint64, budget int, quantum int64, kind int) (waitroom.Turn, error) {
 	if err := ValidateTenant(tenant); err != nil {
-		return Turn{}, err
+		return waitroom.Turn{}, err
 	}
 	res, err := r.l.resolved(ctx, tenant)
 	if err != nil {
-		return Turn{}, fmt.Errorf("turn of tenant %q: %w", tenant, err)
+		return waitroom.Turn{}, fmt.Errorf("turn of tenant %q: %w", tenant, err)
 	}
 	// A release here hands the slot on (Room.Release gave back what no line
 	// waits for with release.lua): on a Cluster it is the tenant's slot
@@ -479,7 +361,7 @@ func (r *Room) turn(ctx context.Context, tenant, queue, id string, claim uint64,
 	for _, s := range scopes {
 		op.scopes = append(op.scopes, opScope{scope: s})
 	}
-	op.roomArgs = []any{budget, quantum, micros(RepairDefault), micros(r.l.cfg.PromoteLead)}
+	op.roomArgs = []any{budget, quantum, micros(waitroom.RepairDefault), micros(r.l.cfg.PromoteLead)}
 	if budget > 0 {
 		k := keysFor(r.l.cfg.Prefix, tenant)
 		op.roomKeys = []string{k.line(queueOf(queue)), k.handing, k.queues}
@@ -487,20 +369,27 @@ func (r *Room) turn(ctx context.Context, tenant, queue, id string, claim uint64,
 	}
 	raw, err := r.l.runRaw(ctx, op, -1)
 	if err != nil {
-		return Turn{}, fmt.Errorf("turn of tenant %q: %w", tenant, err)
+		return waitroom.Turn{}, fmt.Errorf("turn of tenant %q: %w", tenant, err)
 	}
 	return decodeTurn(tenant, raw, scopes, once, leaseOf(scopes), res.fingerprint())
 }
 
+// promotion is what a promotion took, per scope, to take it back
+// (waitroom.Promoted.Undo).
+type promotion struct {
+	undo   [][]int64
+	scopes []scope
+}
+
 // handed confirms that the queue engine has the promoted jobs: they leave
 // the handing set.
-func (r *Room) handed(ctx context.Context, tenant string, jobs []Promoted) error {
+func (r *room) handed(ctx context.Context, tenant string, jobs []waitroom.Promoted) error {
 	if len(jobs) == 0 {
 		return nil
 	}
 	members := make([]any, len(jobs))
 	for i, p := range jobs {
-		members[i] = p.member
+		members[i] = p.Entry
 	}
 	if err := r.l.client.ZRem(ctx, keysFor(r.l.cfg.Prefix, tenant).handing, members...).Err(); err != nil {
 		return fmt.Errorf("handed jobs of tenant %q: %w", tenant, err)
@@ -511,28 +400,28 @@ func (r *Room) handed(ctx context.Context, tenant string, jobs []Promoted) error
 // undo takes a promotion back, for a job the queue engine does not have
 // (deleted, archived, or gone while it waited): what it took is given back
 // as far as nothing took it over since, and it leaves the handing set.
-func (r *Room) undo(ctx context.Context, p Promoted) error {
-	if len(p.undo) > 0 && len(p.undo) == len(p.scopes) {
-		op := &admitOp{id: p.ID, cost: max(p.Cost, 1), flags: flagUndoOnly | r.l.noTTLFlag(), undo: p.undo}
-		for _, s := range p.scopes {
+func (r *room) undo(ctx context.Context, p waitroom.Promoted) error {
+	if u, _ := p.Undo.(*promotion); u != nil && len(u.undo) > 0 && len(u.undo) == len(u.scopes) {
+		op := &admitOp{id: p.ID, cost: max(p.Cost, 1), flags: flagUndoOnly | r.l.noTTLFlag(), undo: u.undo}
+		for _, s := range u.scopes {
 			op.scopes = append(op.scopes, opScope{scope: s})
 		}
 		if _, err := r.l.run(ctx, op, -1); err != nil {
 			return fmt.Errorf("undo the promotion of job %q: %w", p.ID, err)
 		}
 	}
-	return r.handed(ctx, p.Tenant, []Promoted{p})
+	return r.handed(ctx, p.Tenant, []waitroom.Promoted{p})
 }
 
 // The due index (lua/room.lua).
 
 // roomArgs are room.lua's arguments for op on queue's index, then args.
-func (r *Room) roomArgs(op, queue string, args ...any) []any {
+func (r *room) roomArgs(op, queue string, args ...any) []any {
 	return append([]any{r.l.clockArg(), op, wakeChannel(r.l.cfg.Prefix), queue}, args...)
 }
 
 // runRoom runs room.lua's op on queue's index.
-func (r *Room) runRoom(ctx context.Context, queue string, args []any) (any, error) {
+func (r *room) runRoom(ctx context.Context, queue string, args []any) (any, error) {
 	return r.l.batch.run(ctx, lua.Room, []string{dueKey(r.l.cfg.Prefix, queue)}, args)
 }
 
@@ -540,7 +429,7 @@ func (r *Room) runRoom(ctx context.Context, queue string, args []any) (any, erro
 // first, holding them for hold; held is the score they got (settle
 // compares it). When none is due, next is the earliest due time of the
 // index (zero: no line is due at all).
-func (r *Room) take(ctx context.Context, queue string, n int, hold time.Duration) (tenants []string, held int64, next time.Time, err error) {
+func (r *room) take(ctx context.Context, queue string, n int, hold time.Duration) (tenants []string, held int64, next time.Time, err error) {
 	due, held, next, err := r.takeDue(ctx, queue, n, hold)
 	for _, d := range due {
 		tenants = append(tenants, d.tenant)
@@ -557,7 +446,7 @@ type dueTenant struct {
 
 // takeDue is take, which also says when each tenant it took was due: a
 // tenant given that time back keeps its place in the index.
-func (r *Room) takeDue(ctx context.Context, queue string, n int, hold time.Duration) (due []dueTenant, held int64, next time.Time, err error) {
+func (r *room) takeDue(ctx context.Context, queue string, n int, hold time.Duration) (due []dueTenant, held int64, next time.Time, err error) {
 	res, err := r.runRoom(ctx, queue, r.roomArgs("take", queue, n, micros(hold)))
 	if err != nil {
 		return nil, 0, time.Time{}, fmt.Errorf("take due tenants: %w", err)
@@ -597,7 +486,7 @@ func (r *Room) takeDue(ctx context.Context, queue string, n int, hold time.Durat
 // settle sets the next due time of tenants a pump took from queue's index
 // at held (zero: out of the index; dueNow: now, in Redis time), unless
 // someone marked them meanwhile.
-func (r *Room) settle(ctx context.Context, queue string, held int64, due map[string]time.Time) error {
+func (r *room) settle(ctx context.Context, queue string, held int64, due map[string]time.Time) error {
 	ts := make([]string, 0, len(due))
 	for t := range due {
 		ts = append(ts, t)
@@ -619,7 +508,7 @@ func (r *Room) settle(ctx context.Context, queue string, held int64, due map[str
 }
 
 // settleDue is settle in order: the tenants due now keep the order given.
-func (r *Room) settleDue(ctx context.Context, queue string, held int64, due []dueTenant) error {
+func (r *room) settleDue(ctx context.Context, queue string, held int64, due []dueTenant) error {
 	if len(due) == 0 {
 		return nil
 	}
@@ -637,7 +526,7 @@ func (r *Room) settleDue(ctx context.Context, queue string, held int64, due []du
 // turnOf reports whether it is tenant's turn in queue's index to take a
 // slot a job of it freed (no other tenant is due before it), and whether
 // another tenant is due now.
-func (r *Room) turnOf(ctx context.Context, queue, tenant string) (first, others bool, err error) {
+func (r *room) turnOf(ctx context.Context, queue, tenant string) (first, others bool, err error) {
 	key := queue + lineSep + tenant
 	r.mu.Lock()
 	until, ok := r.alone[key]
@@ -669,7 +558,7 @@ func (r *Room) turnOf(ctx context.Context, queue, tenant string) (first, others 
 
 // requeue puts tenant, due now or earlier in queue's index, behind the
 // tenants due before it: its turn ended.
-func (r *Room) requeue(ctx context.Context, queue, tenant string) error {
+func (r *room) requeue(ctx context.Context, queue, tenant string) error {
 	if _, err := r.runRoom(ctx, queue, r.roomArgs("requeue", queue, tenant)); err != nil {
 		return fmt.Errorf("requeue tenant %q: %w", tenant, err)
 	}
@@ -682,7 +571,7 @@ var dueNow = time.UnixMicro(0)
 
 // mark makes tenants due now in queue's index (or keeps an earlier due
 // time).
-func (r *Room) mark(ctx context.Context, queue string, tenants ...string) error {
+func (r *room) mark(ctx context.Context, queue string, tenants ...string) error {
 	args := make([]any, 0, len(tenants))
 	for _, t := range tenants {
 		args = append(args, t)
@@ -695,7 +584,7 @@ func (r *Room) mark(ctx context.Context, queue string, tenants ...string) error 
 
 // markAt makes tenant due in queue's index at the given time, or keeps an
 // earlier due time.
-func (r *Room) markAt(ctx context.Context, queue, tenant string, at time.Time) error {
+func (r *room) markAt(ctx context.Context, queue, tenant string, at time.Time) error {
 	if _, err := r.runRoom(ctx, queue, r.roomArgs("markat", queue, tenant, at.UnixMicro())); err != nil {
 		return fmt.Errorf("mark tenant %q due: %w", tenant, err)
 	}
@@ -704,7 +593,7 @@ func (r *Room) markAt(ctx context.Context, queue, tenant string, at time.Time) e
 
 // markAll makes every tenant in queue's index due now: a policy change
 // may have moved their lines' due times.
-func (r *Room) markAll(ctx context.Context, queue string) error {
+func (r *room) markAll(ctx context.Context, queue string) error {
 	if _, err := r.runRoom(ctx, queue, r.roomArgs("markall", queue)); err != nil {
 		return fmt.Errorf("mark every tenant due: %w", err)
 	}
@@ -719,7 +608,7 @@ func (r *Room) markAll(ctx context.Context, queue string) error {
 // line and the index leaves the one, a producer that died between parking
 // a job and its line the other, and a line longer than the fallback would
 // otherwise come out of the queue engine's schedule at once.
-func (r *Room) sweep(ctx context.Context, tasks TaskLookup, repark Repark) error {
+func (r *room) sweep(ctx context.Context, tasks waitroom.TaskLookup, repark waitroom.Repark) error {
 	ok, err := r.l.client.SetNX(ctx, sweepKey(r.l.cfg.Prefix), 1, sweepEvery-time.Second).Result()
 	if err != nil || !ok {
 		return err
@@ -747,7 +636,7 @@ func (r *Room) sweep(ctx context.Context, tasks TaskLookup, repark Repark) error
 			for _, t := range tenants {
 				inLine[t] = true
 			}
-			if _, err := repark(ctx, queue, ReparkWithin, ReparkBy, func(t string) bool { return inLine[t] }); err != nil {
+			if _, err := repark(ctx, queue, waitroom.ReparkWithin, waitroom.ReparkBy, func(t string) bool { return inLine[t] }); err != nil {
 				errs = append(errs, fmt.Errorf("sweep parked tasks: %w", err))
 			}
 		}
@@ -757,7 +646,7 @@ func (r *Room) sweep(ctx context.Context, tasks TaskLookup, repark Repark) error
 
 // next is the earliest due time in queue's index and the Redis time it
 // was read at; ok is false when no line is due at all.
-func (r *Room) next(ctx context.Context, queue string) (due, now time.Time, ok bool, err error) {
+func (r *room) next(ctx context.Context, queue string) (due, now time.Time, ok bool, err error) {
 	res, err := r.runRoom(ctx, queue, r.roomArgs("next", queue))
 	if err != nil {
 		return time.Time{}, time.Time{}, false, fmt.Errorf("next due tenant: %w", err)
@@ -774,7 +663,7 @@ func (r *Room) next(ctx context.Context, queue string) (due, now time.Time, ok b
 
 // Waiting is how many of tenant's jobs wait in its lines, and when the
 // longest waiting head joined its line (zero when none waits).
-func (r *Room) Waiting(ctx context.Context, tenant string) (int64, time.Time, error) {
+func (r *room) Waiting(ctx context.Context, tenant string) (int64, time.Time, error) {
 	if err := ValidateTenant(tenant); err != nil {
 		return 0, time.Time{}, err
 	}
@@ -794,7 +683,7 @@ func (r *Room) Waiting(ctx context.Context, tenant string) (int64, time.Time, er
 }
 
 // queuesOf are the queues tenant has a line in.
-func (r *Room) queuesOf(ctx context.Context, tenant string) ([]string, error) {
+func (r *room) queuesOf(ctx context.Context, tenant string) ([]string, error) {
 	qs, err := r.l.client.SMembers(ctx, keysFor(r.l.cfg.Prefix, tenant).queues).Result()
 	if err != nil {
 		return nil, fmt.Errorf("lines of tenant %q: %w", tenant, err)
@@ -804,7 +693,7 @@ func (r *Room) queuesOf(ctx context.Context, tenant string) ([]string, error) {
 }
 
 // linesOf reads tenant's lines.
-func (r *Room) linesOf(ctx context.Context, tenant string) ([]Line, error) {
+func (r *room) linesOf(ctx context.Context, tenant string) ([]waitroom.Line, error) {
 	qs, err := r.queuesOf(ctx, tenant)
 	if err != nil {
 		return nil, err
@@ -814,7 +703,7 @@ func (r *Room) linesOf(ctx context.Context, tenant string) ([]Line, error) {
 
 // readLines reads the lines of tenants (one tenant for all the queues, or
 // a tenant per queue) in one round trip per slot; empty ones are left out.
-func (r *Room) readLines(ctx context.Context, tenant string, queues []string, tenants ...string) ([]Line, error) {
+func (r *room) readLines(ctx context.Context, tenant string, queues []string, tenants ...string) ([]waitroom.Line, error) {
 	pipe := r.l.client.Pipeline()
 	type read struct {
 		tenant, queue string
@@ -836,10 +725,10 @@ func (r *Room) readLines(ctx context.Context, tenant string, queues []string, te
 	if _, err := pipe.Exec(ctx); err != nil && !isNil(err) {
 		return nil, fmt.Errorf("read the waiting room's lines: %w", err)
 	}
-	out := make([]Line, 0, len(reads))
+	out := make([]waitroom.Line, 0, len(reads))
 	for _, rd := range reads {
 		if n := rd.n.Val(); n > 0 {
-			l := Line{Tenant: rd.tenant, Queue: rd.queue, Waiting: n}
+			l := waitroom.Line{Tenant: rd.tenant, Queue: rd.queue, Waiting: n}
 			if e, ok := parseLineEntry(rd.head.Val()); ok {
 				l.Oldest = e.lined
 			}
@@ -849,21 +738,12 @@ func (r *Room) readLines(ctx context.Context, tenant string, queues []string, te
 	return out, nil
 }
 
-// Line is one tenant's line of one queue: how many jobs wait in it and
-// when the one at its head joined it.
-type Line struct {
-	Tenant  string
-	Queue   string
-	Waiting int64
-	Oldest  time.Time
-}
-
 // maxLines bounds how many lines Lines reads.
 const maxLines = 10_000
 
 // Lines reads the lines of queues of the tenants in the queues' due
 // indexes (at most 10,000 of them). Empty lines are left out.
-func (r *Room) Lines(ctx context.Context, queues ...string) ([]Line, error) {
+func (r *room) Lines(ctx context.Context, queues ...string) ([]waitroom.Line, error) {
 	var ts, qs []string
 	for _, q := range queues {
 		tenants, err := r.l.client.ZRange(ctx, dueKey(r.l.cfg.Prefix, q), 0, maxLines-1).Result()
@@ -882,7 +762,7 @@ func (r *Room) Lines(ctx context.Context, queues ...string) ([]Line, error) {
 
 // WaitingIDs lists the task ids of up to n jobs (0: every job) at the head
 // of each of tenant's lines, in line order, with their queues.
-func (r *Room) WaitingIDs(ctx context.Context, tenant string, n int64) ([]Waiter, error) {
+func (r *room) WaitingIDs(ctx context.Context, tenant string, n int64) ([]waitroom.Waiter, error) {
 	if err := ValidateTenant(tenant); err != nil {
 		return nil, err
 	}
@@ -890,7 +770,7 @@ func (r *Room) WaitingIDs(ctx context.Context, tenant string, n int64) ([]Waiter
 	if err != nil {
 		return nil, err
 	}
-	var out []Waiter
+	var out []waitroom.Waiter
 	for _, q := range qs {
 		ms, err := r.l.client.LRange(ctx, keysFor(r.l.cfg.Prefix, tenant).line(q), 0, n-1).Result()
 		if err != nil {
@@ -898,7 +778,7 @@ func (r *Room) WaitingIDs(ctx context.Context, tenant string, n int64) ([]Waiter
 		}
 		for _, m := range ms {
 			if e, ok := parseLineEntry(m); ok {
-				out = append(out, Waiter{ID: e.id, Queue: e.queue, Cost: e.cost})
+				out = append(out, waitroom.Waiter{ID: e.id, Queue: e.queue, Cost: e.cost})
 			}
 		}
 	}
@@ -928,7 +808,7 @@ func parseLineEntry(m string) (lineEntry, bool) {
 		}
 	}
 	if e.queue == "" {
-		e.queue = DefaultQueue
+		e.queue = waitroom.DefaultQueue
 	}
 	return e, true
 }

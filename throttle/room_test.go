@@ -3,6 +3,7 @@ package throttle
 import (
 	"context"
 	"fmt"
+	"github.com/sluicehq/sluice/internal/waitroom"
 	"sync"
 	"testing"
 	"time"
@@ -14,20 +15,20 @@ import (
 // jobs handed to it and answers what the test tells it to.
 type engine struct {
 	mu     sync.Mutex
-	handed []Promoted
-	answer func(p Promoted) HandoverResult // nil: Handed
+	handed []waitroom.Promoted
+	answer func(p waitroom.Promoted) waitroom.HandoverResult // nil: Handed
 }
 
-func (g *engine) handover(_ context.Context, jobs []Promoted) []HandoverResult {
+func (g *engine) handover(_ context.Context, jobs []waitroom.Promoted) []waitroom.HandoverResult {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	out := make([]HandoverResult, len(jobs))
+	out := make([]waitroom.HandoverResult, len(jobs))
 	for i, j := range jobs {
-		out[i] = Handed
+		out[i] = waitroom.Handed
 		if g.answer != nil {
 			out[i] = g.answer(j)
 		}
-		if out[i] == Handed {
+		if out[i] == waitroom.Handed {
 			g.handed = append(g.handed, j)
 		}
 	}
@@ -44,9 +45,9 @@ func (g *engine) ids() []string {
 	return out
 }
 
-func arrive(t *testing.T, e *env, tenant, id string, mayGo bool) Arrived {
+func arrive(t *testing.T, e *env, tenant, id string, mayGo bool) waitroom.Arrived {
 	t.Helper()
-	a, err := e.lim.Room().Arrive(context.Background(), Arrival{Tenant: tenant, ID: id, MayGo: mayGo})
+	a, err := e.lim.room().Arrive(context.Background(), waitroom.Arrival{Tenant: tenant, ID: id, MayGo: mayGo})
 	require.NoError(t, err)
 	if a.Ticket != "" {
 		e.tickets.Store(id, a.Ticket)
@@ -64,7 +65,7 @@ func line(t *testing.T, e *env, tenant string, ids ...string) (straight []string
 			straight = append(straight, id)
 			continue
 		}
-		joined, _, err := e.lim.Room().Join(context.Background(), tenant, a.Backlog, Waiter{ID: id})
+		joined, _, err := e.lim.room().Join(context.Background(), tenant, a.Backlog, waitroom.Waiter{ID: id})
 		require.NoError(t, err)
 		require.Equal(t, 1, joined)
 	}
@@ -76,7 +77,7 @@ func TestRoomArrival(t *testing.T) {
 	e := setup(t, false, nil)
 	ctx := context.Background()
 	e.policy(t, "acme", "rate=10/s burst=2 concurrency=1 backlog=2")
-	room := e.lim.Room()
+	room := e.lim.room()
 
 	// the line is empty, the fleet has room and the rules allow it: straight
 	a := arrive(t, e, "acme", "j1", true)
@@ -95,11 +96,11 @@ func TestRoomArrival(t *testing.T) {
 	require.True(t, arrive(t, e, "other", "o1", true).Straight, "another tenant is not held back")
 
 	// a line that holds jobs keeps newcomers behind them
-	joined, waiting, err := room.Join(ctx, "acme", 2, Waiter{ID: "j2"}, Waiter{ID: "j3"}, Waiter{ID: "j4"})
+	joined, waiting, err := room.Join(ctx, "acme", 2, waitroom.Waiter{ID: "j2"}, waitroom.Waiter{ID: "j3"}, waitroom.Waiter{ID: "j4"})
 	require.NoError(t, err)
 	require.Equal(t, 2, joined, "backlog=2 caps the line")
 	require.Equal(t, int64(2), waiting)
-	_, err = room.Arrive(ctx, Arrival{Tenant: "acme", ID: "j5", MayGo: true})
+	_, err = room.Arrive(ctx, waitroom.Arrival{Tenant: "acme", ID: "j5", MayGo: true})
 	var be *BacklogError
 	require.ErrorAs(t, err, &be)
 	require.ErrorIs(t, err, ErrBacklogFull)
@@ -112,7 +113,7 @@ func TestRoomArrival(t *testing.T) {
 	require.Equal(t, int64(1), st.Rates[0].Available, "waiting jobs are charged nothing")
 	ids, err := room.WaitingIDs(ctx, "acme", 10)
 	require.NoError(t, err)
-	require.Equal(t, []Waiter{{ID: "j2", Queue: DefaultQueue, Cost: 1}, {ID: "j3", Queue: DefaultQueue, Cost: 1}}, ids)
+	require.Equal(t, []waitroom.Waiter{{ID: "j2", Queue: waitroom.DefaultQueue, Cost: 1}, {ID: "j3", Queue: waitroom.DefaultQueue, Cost: 1}}, ids)
 
 	// a straight job the engine refused gives back what it took
 	require.NoError(t, room.TakeBack(ctx, a))
@@ -123,12 +124,12 @@ func TestRoomArrival(t *testing.T) {
 	require.Equal(t, int64(2), st.Rates[0].Available)
 
 	// bad input changes nothing
-	_, err = room.Arrive(ctx, Arrival{Tenant: "acme", ID: "x", Queue: "a\x1fb", MayGo: true})
+	_, err = room.Arrive(ctx, waitroom.Arrival{Tenant: "acme", ID: "x", Queue: "a\x1fb", MayGo: true})
 	require.ErrorContains(t, err, "0x1f")
-	_, err = room.Arrive(ctx, Arrival{Tenant: "*", ID: "x"})
+	_, err = room.Arrive(ctx, waitroom.Arrival{Tenant: "*", ID: "x"})
 	require.ErrorIs(t, err, ErrInvalidTenant)
 	e.policy(t, "costly", "rate=10/s burst=3")
-	_, err = room.Arrive(ctx, Arrival{Tenant: "costly", ID: "x", Cost: 4, MayGo: true})
+	_, err = room.Arrive(ctx, waitroom.Arrival{Tenant: "costly", ID: "x", Cost: 4, MayGo: true})
 	var ce *CostError
 	require.ErrorAs(t, err, &ce)
 }
@@ -142,31 +143,31 @@ func TestRoomPromotesAtEachSlot(t *testing.T) {
 	e := setup(t, false, &Config{PromoteLead: 10 * time.Millisecond})
 	ctx := context.Background()
 	e.policy(t, "acme", "rate=10/s")
-	room := e.lim.Room()
+	room := e.lim.room()
 	require.Equal(t, []string{"j1"}, line(t, e, "acme", "j1", "j2", "j3", "j4"))
 
 	start := e.clock.Now()
-	turn, err := room.promote(ctx, "acme", DefaultQueue, 10, 10)
+	turn, err := room.promote(ctx, "acme", waitroom.DefaultQueue, 10, 10)
 	require.NoError(t, err)
 	require.Empty(t, turn.Promoted, "j2's slot is 100ms away")
 	require.Equal(t, start.Add(90*time.Millisecond).UnixMicro(), turn.Due.UnixMicro(), "due at the slot less the lead")
 	require.Equal(t, int64(3), turn.Waiting)
 
 	e.clock.Advance(90 * time.Millisecond)
-	turn, err = room.promote(ctx, "acme", DefaultQueue, 10, 10)
+	turn, err = room.promote(ctx, "acme", waitroom.DefaultQueue, 10, 10)
 	require.NoError(t, err)
 	require.Len(t, turn.Promoted, 1)
 	p := turn.Promoted[0]
 	require.Equal(t, "j2", p.ID)
-	require.Equal(t, DefaultQueue, p.Queue)
+	require.Equal(t, waitroom.DefaultQueue, p.Queue)
 	require.Equal(t, start.Add(100*time.Millisecond).UnixMicro(), p.Slot.UnixMicro())
 	require.Equal(t, start.Add(190*time.Millisecond).UnixMicro(), turn.Due.UnixMicro())
 	require.Equal(t, int64(2), turn.Waiting)
 
 	// until handed over, the job is in the handing set: a turn after the
 	// repair age hands it over again
-	e.clock.Advance(RepairDefault)
-	turn, err = room.promote(ctx, "acme", DefaultQueue, 10, 10)
+	e.clock.Advance(waitroom.RepairDefault)
+	turn, err = room.promote(ctx, "acme", waitroom.DefaultQueue, 10, 10)
 	require.NoError(t, err)
 	var retried []string
 	for _, p := range turn.Promoted {
@@ -191,7 +192,7 @@ func TestRoomPromotesAtEachSlot(t *testing.T) {
 	// concurrency: the line waits for a slot, a release hands it on
 	e.policy(t, "pool", "concurrency=1")
 	require.Equal(t, []string{"p1"}, line(t, e, "pool", "p1", "p2", "p3"))
-	turn, err = room.promote(ctx, "pool", DefaultQueue, 10, 10)
+	turn, err = room.promote(ctx, "pool", waitroom.DefaultQueue, 10, 10)
 	require.NoError(t, err)
 	require.Empty(t, turn.Promoted)
 	lease := LeaseDefault
@@ -200,7 +201,7 @@ func TestRoomPromotesAtEachSlot(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, d.Allowed)
 	g = &engine{}
-	require.NoError(t, room.Release(ctx, "pool", DefaultQueue, "p1", d.Claim, g.handover, nil))
+	require.NoError(t, room.Release(ctx, "pool", waitroom.DefaultQueue, "p1", d.Claim, g.handover, nil))
 	require.Equal(t, []string{"p2"}, g.ids(), "the freed slot went to the head of the line")
 	st, err := e.lim.Stats(ctx, "pool")
 	require.NoError(t, err)
@@ -208,24 +209,24 @@ func TestRoomPromotesAtEachSlot(t *testing.T) {
 	require.Equal(t, "p2", st.Concurrency.Holders[0].ID)
 	require.Equal(t, int64(1), st.Waiting)
 	// a second release of the same claim changes nothing and says so
-	require.ErrorIs(t, room.Release(ctx, "pool", DefaultQueue, "p1", d.Claim, g.handover, nil), ErrClaimLost)
+	require.ErrorIs(t, room.Release(ctx, "pool", waitroom.DefaultQueue, "p1", d.Claim, g.handover, nil), ErrClaimLost)
 	require.Equal(t, []string{"p2"}, g.ids())
 }
 
 // pumpTurn is one pump's turn in the default queue, as Pump takes it, when
 // tenant alone is due: it is taken from the index, its line promoted, the
 // promoted jobs handed over and its next due time settled.
-func pumpTurn(t *testing.T, e *env, tenant string) Turn {
+func pumpTurn(t *testing.T, e *env, tenant string) waitroom.Turn {
 	t.Helper()
-	ctx, room := context.Background(), e.lim.Room()
-	tenants, held, _, err := room.take(ctx, DefaultQueue, 10, HoldDefault)
+	ctx, room := context.Background(), e.lim.room()
+	tenants, held, _, err := room.take(ctx, waitroom.DefaultQueue, 10, waitroom.HoldDefault)
 	require.NoError(t, err)
 	require.Equal(t, []string{tenant}, tenants)
-	turn, err := room.promote(ctx, tenant, DefaultQueue, 10, 10)
+	turn, err := room.promote(ctx, tenant, waitroom.DefaultQueue, 10, 10)
 	require.NoError(t, err)
 	e.keep(turn.Promoted)
 	room.handOver(ctx, turn.Promoted, (&engine{}).handover)
-	require.NoError(t, room.settle(ctx, DefaultQueue, held, map[string]time.Time{tenant: turn.Due}))
+	require.NoError(t, room.settle(ctx, waitroom.DefaultQueue, held, map[string]time.Time{tenant: turn.Due}))
 	return turn
 }
 
@@ -237,7 +238,7 @@ func TestRoomReleaseWithoutHandingOn(t *testing.T) {
 	e := setup(t, false, nil)
 	ctx := context.Background()
 	e.policy(t, "pool", "concurrency=1")
-	room := e.lim.Room()
+	room := e.lim.room()
 	require.Equal(t, []string{"p1"}, line(t, e, "pool", "p1", "p2"))
 	d, err := e.lim.Admit(ctx, "pool", "p1")
 	require.NoError(t, err)
@@ -246,19 +247,19 @@ func TestRoomReleaseWithoutHandingOn(t *testing.T) {
 	require.Empty(t, turn.Promoted)
 	require.Equal(t, e.clock.Now().Add(LeaseDefault).UnixMicro(), turn.Due.UnixMicro())
 
-	require.NoError(t, room.Release(ctx, "pool", DefaultQueue, "p1", d.Claim, nil, nil))
+	require.NoError(t, room.Release(ctx, "pool", waitroom.DefaultQueue, "p1", d.Claim, nil, nil))
 	st, err := e.lim.Stats(ctx, "pool")
 	require.NoError(t, err)
 	require.Zero(t, st.Concurrency.InFlight, "the slot is given back")
 	require.Equal(t, int64(1), st.Waiting, "and not handed on")
-	due, now, ok, err := room.next(ctx, DefaultQueue)
+	due, now, ok, err := room.next(ctx, waitroom.DefaultQueue)
 	require.NoError(t, err)
 	require.True(t, ok)
 	require.Equal(t, now.UnixMicro(), due.UnixMicro(), "due now")
 	turn = pumpTurn(t, e, "pool")
 	require.Len(t, turn.Promoted, 1)
 	require.Equal(t, "p2", turn.Promoted[0].ID)
-	require.ErrorIs(t, room.Release(ctx, "pool", DefaultQueue, "p1", d.Claim, nil, nil), ErrClaimLost)
+	require.ErrorIs(t, room.Release(ctx, "pool", waitroom.DefaultQueue, "p1", d.Claim, nil, nil), ErrClaimLost)
 }
 
 // TestRoomReleaseKeepsTheLineDue: a release that frees a slot but cannot
@@ -271,9 +272,9 @@ func TestRoomReleaseKeepsTheLineDue(t *testing.T) {
 	e := setup(t, false, &Config{PromoteLead: 10 * time.Millisecond})
 	ctx := context.Background()
 	e.policy(t, "both", "rate=10/s concurrency=2")
-	room := e.lim.Room()
+	room := e.lim.room()
 	start := e.clock.Now()
-	pumpTurn := func() Turn { return pumpTurn(t, e, "both") }
+	pumpTurn := func() waitroom.Turn { return pumpTurn(t, e, "both") }
 	claim := func(id string) uint64 {
 		t.Helper()
 		d, err := e.lim.Do(ctx, Request{Tenant: "both", ID: id, Reserve: true})
@@ -296,12 +297,12 @@ func TestRoomReleaseKeepsTheLineDue(t *testing.T) {
 	// b1 ends: its slot goes to b3, which takes the rate slot; b2 ends 10ms
 	// later, when b4's slot is 100ms away
 	g := &engine{}
-	require.NoError(t, room.Release(ctx, "both", DefaultQueue, "b1", c1, g.handover, nil))
+	require.NoError(t, room.Release(ctx, "both", waitroom.DefaultQueue, "b1", c1, g.handover, nil))
 	require.Equal(t, []string{"b3"}, g.ids())
 	e.clock.Advance(10 * time.Millisecond)
-	require.NoError(t, room.Release(ctx, "both", DefaultQueue, "b2", c2, g.handover, nil))
+	require.NoError(t, room.Release(ctx, "both", waitroom.DefaultQueue, "b2", c2, g.handover, nil))
 	require.Equal(t, []string{"b3"}, g.ids(), "b4's slot is 100ms away")
-	due, _, ok, err := room.next(ctx, DefaultQueue)
+	due, _, ok, err := room.next(ctx, waitroom.DefaultQueue)
 	require.NoError(t, err)
 	require.True(t, ok, "the tenant stays in the index")
 	require.Equal(t, start.Add(290*time.Millisecond).UnixMicro(), due.UnixMicro(),
@@ -322,14 +323,14 @@ func TestRoomGoneAndRunningJobs(t *testing.T) {
 	e := setup(t, false, nil)
 	ctx := context.Background()
 	e.policy(t, "acme", "rate=10/s burst=5 concurrency=5")
-	room := e.lim.Room()
-	_, _, err := room.Join(ctx, "acme", 0, Waiter{ID: "gone"}, Waiter{ID: "ran"}, Waiter{ID: "ok"})
+	room := e.lim.room()
+	_, _, err := room.Join(ctx, "acme", 0, waitroom.Waiter{ID: "gone"}, waitroom.Waiter{ID: "ran"}, waitroom.Waiter{ID: "ok"})
 	require.NoError(t, err)
 	d, err := e.lim.Admit(ctx, "acme", "ran") // the fallback brought it
 	require.NoError(t, err)
 	require.True(t, d.Allowed)
 
-	turn, err := room.promote(ctx, "acme", DefaultQueue, 10, 10)
+	turn, err := room.promote(ctx, "acme", waitroom.DefaultQueue, 10, 10)
 	require.NoError(t, err)
 	require.Equal(t, 1, turn.Skipped, "the running job")
 	var ids []string
@@ -337,11 +338,11 @@ func TestRoomGoneAndRunningJobs(t *testing.T) {
 		ids = append(ids, p.ID)
 	}
 	require.Equal(t, []string{"gone", "ok"}, ids)
-	g := &engine{answer: func(p Promoted) HandoverResult {
+	g := &engine{answer: func(p waitroom.Promoted) waitroom.HandoverResult {
 		if p.ID == "gone" {
-			return Gone
+			return waitroom.Gone
 		}
-		return Handed
+		return waitroom.Handed
 	}}
 	handed, gone, err := room.handOver(ctx, turn.Promoted, g.handover)
 	require.NoError(t, err)
@@ -367,11 +368,11 @@ func TestRoomPump(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	e.policy(t, "heavy", "weight=3")
-	room := e.lim.Room()
+	room := e.lim.room()
 	for _, tenant := range []string{"heavy", "light1", "light2"} {
-		var ws []Waiter
+		var ws []waitroom.Waiter
 		for i := range 30 {
-			ws = append(ws, Waiter{ID: fmt.Sprintf("%s-%d", tenant, i)})
+			ws = append(ws, waitroom.Waiter{ID: fmt.Sprintf("%s-%d", tenant, i)})
 		}
 		_, _, err := room.Join(ctx, tenant, 0, ws...)
 		require.NoError(t, err)
@@ -383,14 +384,14 @@ func TestRoomPump(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		_ = room.Pump(ctx, &PumpConfig{
-			Handover: func(ctx context.Context, jobs []Promoted) []HandoverResult {
+		_ = room.Pump(ctx, &waitroom.PumpConfig{
+			Handover: func(ctx context.Context, jobs []waitroom.Promoted) []waitroom.HandoverResult {
 				mu.Lock()
 				free -= len(jobs)
 				mu.Unlock()
 				return g.handover(ctx, jobs)
 			},
-			Queues: []string{DefaultQueue},
+			Queues: []string{waitroom.DefaultQueue},
 			Free: func(context.Context, string) (int, error) {
 				mu.Lock()
 				defer mu.Unlock()
@@ -447,13 +448,13 @@ func TestRoomSweepFindsLostLines(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	// the line alone, as line.lua leaves it
-	_, err := e.client.RPush(ctx, keysFor(e.prefix, "lost").line(DefaultQueue), "1\x1f\x1f\x1flost-1").Result()
+	_, err := e.client.RPush(ctx, keysFor(e.prefix, "lost").line(waitroom.DefaultQueue), "1\x1f\x1f\x1flost-1").Result()
 	require.NoError(t, err)
 	g := &engine{}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		_ = e.lim.Room().Pump(ctx, &PumpConfig{Queues: []string{DefaultQueue}, Handover: g.handover, Free: func(context.Context, string) (int, error) { return 10, nil }})
+		_ = e.lim.room().Pump(ctx, &waitroom.PumpConfig{Queues: []string{waitroom.DefaultQueue}, Handover: g.handover, Free: func(context.Context, string) (int, error) { return 10, nil }})
 	}()
 	waitFor(t, 5*time.Second, func() bool { return len(g.ids()) == 1 })
 	require.Equal(t, []string{"lost-1"}, g.ids())
@@ -469,9 +470,9 @@ func TestRoomDrainsUnderTheDefault(t *testing.T) {
 	ctx := context.Background()
 	e.policy(t, "acme", "rate=1/h")
 	e.policy(t, DefaultPolicy, "rate=10/s")
-	room := e.lim.Room()
+	room := e.lim.room()
 	require.Equal(t, []string{"j1"}, line(t, e, "acme", "j1", "j2", "j3"))
-	turn, err := room.promote(ctx, "acme", DefaultQueue, 10, 10)
+	turn, err := room.promote(ctx, "acme", waitroom.DefaultQueue, 10, 10)
 	require.NoError(t, err)
 	require.Empty(t, turn.Promoted, "1/h: the next slot is an hour away")
 	_, err = e.store.Delete(ctx, "acme")
@@ -479,16 +480,16 @@ func TestRoomDrainsUnderTheDefault(t *testing.T) {
 	e.lim.policies.invalidate()
 	// the meter j1 charged at 1/h is re-timed to 10/s: the unit it held
 	// ahead (all but the moment that passed) is 100ms now, not an hour
-	turn, err = room.promote(ctx, "acme", DefaultQueue, 10, 10)
+	turn, err = room.promote(ctx, "acme", waitroom.DefaultQueue, 10, 10)
 	require.NoError(t, err)
 	require.Empty(t, turn.Promoted)
 	require.WithinDuration(t, e.clock.Now().Add(100*time.Millisecond), turn.Due, time.Millisecond)
 	e.clock.Advance(100 * time.Millisecond)
-	turn, err = room.promote(ctx, "acme", DefaultQueue, 10, 10)
+	turn, err = room.promote(ctx, "acme", waitroom.DefaultQueue, 10, 10)
 	require.NoError(t, err)
 	require.Len(t, turn.Promoted, 1, "under * (10/s) the head may go 100ms after the change")
 	e.clock.Advance(100 * time.Millisecond)
-	turn, err = room.promote(ctx, "acme", DefaultQueue, 10, 10)
+	turn, err = room.promote(ctx, "acme", waitroom.DefaultQueue, 10, 10)
 	require.NoError(t, err)
 	require.Len(t, turn.Promoted, 1)
 	require.Zero(t, turn.Waiting)
@@ -502,10 +503,10 @@ func TestRoomLineMemory(t *testing.T) {
 	e := setup(t, true, nil)
 	ctx := context.Background()
 	const n = 200_000
-	room := e.lim.Room()
-	batch := make([]Waiter, 0, 1000)
+	room := e.lim.room()
+	batch := make([]waitroom.Waiter, 0, 1000)
 	for i := 0; i < n; i++ {
-		batch = append(batch, Waiter{ID: fmt.Sprintf("%08x-0000-4000-8000-%012x", i, i)})
+		batch = append(batch, waitroom.Waiter{ID: fmt.Sprintf("%08x-0000-4000-8000-%012x", i, i)})
 		if len(batch) == cap(batch) {
 			_, _, err := room.Join(ctx, "burst", 0, batch...)
 			require.NoError(t, err)
@@ -516,7 +517,7 @@ func TestRoomLineMemory(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, int64(n), n2)
 	require.False(t, oldest.IsZero())
-	bytes, err := e.client.MemoryUsage(ctx, keysFor(e.prefix, "burst").line(DefaultQueue), 0).Result()
+	bytes, err := e.client.MemoryUsage(ctx, keysFor(e.prefix, "burst").line(waitroom.DefaultQueue), 0).Result()
 	require.NoError(t, err)
 	per := float64(bytes) / n
 	t.Logf("a line of %d waiting jobs (UUID task ids): %d bytes, %.1f bytes per job", n, bytes, per)
@@ -629,17 +630,17 @@ func TestRoomJoinMillion(t *testing.T) {
 	e := setup(t, true, nil)
 	ctx := context.Background()
 	const n = 1_000_000
-	ws := make([]Waiter, n)
+	ws := make([]waitroom.Waiter, n)
 	for i := range ws {
-		ws[i] = Waiter{ID: fmt.Sprintf("j%07d", i)}
+		ws[i] = waitroom.Waiter{ID: fmt.Sprintf("j%07d", i)}
 	}
 	start := time.Now()
-	joined, waiting, err := e.lim.Room().Join(ctx, "huge", 0, ws...)
+	joined, waiting, err := e.lim.room().Join(ctx, "huge", 0, ws...)
 	took := time.Since(start)
 	require.NoError(t, err)
 	require.Equal(t, n, joined)
 	require.Equal(t, int64(n), waiting)
-	key := keysFor(e.prefix, "huge").line(DefaultQueue)
+	key := keysFor(e.prefix, "huge").line(waitroom.DefaultQueue)
 	t.Cleanup(func() { e.client.Del(context.Background(), key) })
 	t.Logf("%d jobs joined one line in %s", n, took.Round(time.Millisecond))
 	for _, i := range []int64{0, n / 2, n - 1} {
@@ -657,17 +658,17 @@ func TestRoomIndexManyTenants(t *testing.T) {
 	t.Parallel()
 	e := setup(t, true, nil)
 	ctx := context.Background()
-	room := e.lim.Room()
+	room := e.lim.room()
 	tenants := make([]string, 9000)
 	for i := range tenants {
 		tenants[i] = fmt.Sprint("t", i)
 	}
-	require.NoError(t, room.mark(ctx, DefaultQueue, tenants...))
-	taken, _, _, err := room.take(ctx, DefaultQueue, len(tenants), HoldDefault)
+	require.NoError(t, room.mark(ctx, waitroom.DefaultQueue, tenants...))
+	taken, _, _, err := room.take(ctx, waitroom.DefaultQueue, len(tenants), waitroom.HoldDefault)
 	require.NoError(t, err)
 	require.Len(t, taken, len(tenants))
-	require.NoError(t, room.markAll(ctx, DefaultQueue))
-	taken, _, _, err = room.take(ctx, DefaultQueue, len(tenants), HoldDefault)
+	require.NoError(t, room.markAll(ctx, waitroom.DefaultQueue))
+	taken, _, _, err = room.take(ctx, waitroom.DefaultQueue, len(tenants), waitroom.HoldDefault)
 	require.NoError(t, err)
 	require.Len(t, taken, len(tenants), "every tenant due again")
 }
@@ -682,7 +683,7 @@ func TestRoomSweepJoinsOrphans(t *testing.T) {
 	t.Parallel()
 	e := setup(t, false, nil)
 	ctx := context.Background()
-	room := e.lim.Room()
+	room := e.lim.room()
 	e.policy(t, "acme", "rate=1/s")
 	intents := keysFor(e.prefix, "acme").intents
 	count := func() int64 {
@@ -696,11 +697,11 @@ func TestRoomSweepJoinsOrphans(t *testing.T) {
 		require.False(t, arrive(t, e, "acme", id, true).Straight)
 	}
 	require.Equal(t, int64(4), count())
-	state := map[string]TaskState{"o1": TaskParked, "o2": TaskParked, "missing": TaskMissing, "ran": TaskElsewhere}
+	state := map[string]waitroom.TaskState{"o1": waitroom.TaskParked, "o2": waitroom.TaskParked, "missing": waitroom.TaskMissing, "ran": waitroom.TaskElsewhere}
 	var looked []string
-	lookup := func(_ context.Context, tenant string, jobs []Waiter) ([]TaskState, error) {
+	lookup := func(_ context.Context, tenant string, jobs []waitroom.Waiter) ([]waitroom.TaskState, error) {
 		require.Equal(t, "acme", tenant)
-		out := make([]TaskState, len(jobs))
+		out := make([]waitroom.TaskState, len(jobs))
 		for i, j := range jobs {
 			looked = append(looked, j.ID)
 			out[i] = state[j.ID]
@@ -726,9 +727,9 @@ func TestRoomSweepJoinsOrphans(t *testing.T) {
 	// a producer's join after the sweep took its job counts it, once
 	require.False(t, arrive(t, e, "acme", "late", true).Straight)
 	e.clock.Advance(intentAge)
-	state["late"] = TaskParked
+	state["late"] = waitroom.TaskParked
 	require.NoError(t, room.sweepOrphans(ctx, lookup))
-	joined, waiting, err := room.JoinArrived(ctx, "acme", 0, Waiter{ID: "late"})
+	joined, waiting, err := room.JoinArrived(ctx, "acme", 0, waitroom.Waiter{ID: "late"})
 	require.NoError(t, err)
 	require.Equal(t, 1, joined)
 	require.Equal(t, int64(4), waiting, "in its line once")
@@ -741,8 +742,8 @@ func TestRoomCostlyHeads(t *testing.T) {
 	t.Parallel()
 	e := setup(t, false, &Config{PromoteLead: time.Millisecond})
 	ctx := context.Background()
-	room := e.lim.Room()
-	ids := func(turn Turn) []string {
+	room := e.lim.room()
+	ids := func(turn waitroom.Turn) []string {
 		var out []string
 		for _, p := range turn.Promoted {
 			out = append(out, p.ID)
@@ -752,21 +753,21 @@ func TestRoomCostlyHeads(t *testing.T) {
 
 	// concurrency only: a job is one in the round robin, whatever its cost
 	e.policy(t, "pool", "concurrency=3")
-	_, _, err := room.Join(ctx, "pool", 0, Waiter{ID: "big", Cost: 1_000_000}, Waiter{ID: "small"})
+	_, _, err := room.Join(ctx, "pool", 0, waitroom.Waiter{ID: "big", Cost: 1_000_000}, waitroom.Waiter{ID: "small"})
 	require.NoError(t, err)
-	turn, err := room.promote(ctx, "pool", DefaultQueue, 10, 2)
+	turn, err := room.promote(ctx, "pool", waitroom.DefaultQueue, 10, 2)
 	require.NoError(t, err)
 	require.Equal(t, []string{"big", "small"}, ids(turn), "a quantum of 2 serves two jobs")
 
 	// a running head leaves the line at once, though its cost exceeds
 	// the deficit
 	e.policy(t, "acme", "rate=100/s burst=100 concurrency=5")
-	_, _, err = room.Join(ctx, "acme", 0, Waiter{ID: "ran", Cost: 50}, Waiter{ID: "ok"})
+	_, _, err = room.Join(ctx, "acme", 0, waitroom.Waiter{ID: "ran", Cost: 50}, waitroom.Waiter{ID: "ok"})
 	require.NoError(t, err)
 	d, err := e.lim.Admit(ctx, "acme", "ran") // the fallback brought it
 	require.NoError(t, err)
 	require.True(t, d.Allowed)
-	turn, err = room.promote(ctx, "acme", DefaultQueue, 10, 1)
+	turn, err = room.promote(ctx, "acme", waitroom.DefaultQueue, 10, 1)
 	require.NoError(t, err)
 	require.Equal(t, 1, turn.Skipped, "the running head")
 	require.Equal(t, []string{"ok"}, ids(turn))
@@ -774,11 +775,11 @@ func TestRoomCostlyHeads(t *testing.T) {
 	// a head its rate holds back keeps what it is owed: it goes at its
 	// slot, in one turn, not after gathering its cost again
 	e.policy(t, "meter", "rate=10/s burst=10")
-	_, _, err = room.Join(ctx, "meter", 0, Waiter{ID: "a", Cost: 10}, Waiter{ID: "b", Cost: 5})
+	_, _, err = room.Join(ctx, "meter", 0, waitroom.Waiter{ID: "a", Cost: 10}, waitroom.Waiter{ID: "b", Cost: 5})
 	require.NoError(t, err)
 	turns := func(id string) int {
 		for n := 1; n <= 100; n++ {
-			turn, err := room.promote(ctx, "meter", DefaultQueue, 10, 1)
+			turn, err := room.promote(ctx, "meter", waitroom.DefaultQueue, 10, 1)
 			require.NoError(t, err)
 			if len(turn.Promoted) > 0 {
 				require.Equal(t, []string{id}, ids(turn))
@@ -805,12 +806,12 @@ func TestRoomPolicyChangeRemarksOnce(t *testing.T) {
 	t.Parallel()
 	e := setup(t, true, nil)
 	ctx, cancel := context.WithCancel(context.Background())
-	room := e.lim.Room()
+	room := e.lim.room()
 	// a tenant due in an hour: re-marked, it becomes due now
 	later := time.Now().Add(time.Hour)
-	require.NoError(t, room.markAt(ctx, DefaultQueue, "later", later))
+	require.NoError(t, room.markAt(ctx, waitroom.DefaultQueue, "later", later))
 	score := func() float64 {
-		s, err := e.client.ZScore(ctx, dueKey(e.prefix, DefaultQueue), "later").Result()
+		s, err := e.client.ZScore(ctx, dueKey(e.prefix, waitroom.DefaultQueue), "later").Result()
 		if isNil(err) {
 			return 0
 		}
@@ -822,9 +823,9 @@ func TestRoomPolicyChangeRemarksOnce(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_ = room.Pump(ctx, &PumpConfig{
+			_ = room.Pump(ctx, &waitroom.PumpConfig{
 				Handover: (&engine{}).handover,
-				Queues:   []string{DefaultQueue},
+				Queues:   []string{waitroom.DefaultQueue},
 				Free:     func(context.Context, string) (int, error) { return 10, nil },
 			})
 		}()
@@ -846,7 +847,7 @@ func TestRoomPolicyChangeRemarksOnce(t *testing.T) {
 	version, err := e.store.readVersion(ctx)
 	require.NoError(t, err)
 	eventually(t, 10*time.Second, func() bool { return score() < float64(later.UnixMicro()) }) // re-marked
-	n, err := e.client.Exists(ctx, markAllKey(e.prefix, DefaultQueue, version)).Result()
+	n, err := e.client.Exists(ctx, markAllKey(e.prefix, waitroom.DefaultQueue, version)).Result()
 	require.NoError(t, err)
 	require.Equal(t, int64(1), n, "one pump took the change's re-mark")
 }

@@ -87,7 +87,7 @@ func (l *Limiter) Stats(ctx context.Context, tenant string) (*Stats, error) {
 	}
 	keys := []string{k.state, k.planned, k.started}
 	if tenant != GlobalPolicy {
-		qs, err := l.Room().queuesOf(ctx, tenant)
+		qs, err := l.room().queuesOf(ctx, tenant)
 		if err != nil {
 			return nil, err
 		}

@@ -2,6 +2,7 @@ package throttle
 
 import (
 	"context"
+	"github.com/sluicehq/sluice/internal/waitroom"
 	"testing"
 	"time"
 
@@ -37,7 +38,7 @@ func TestStats(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, time.Duration(i+1)*100*time.Millisecond, d.Slot.Sub(now))
 	}
-	joined, _, err := e.lim.Room().Join(ctx, stepTenant, 100, Waiter{ID: "b1"}, Waiter{ID: "b2"}, Waiter{ID: "b3"})
+	joined, _, err := e.lim.room().Join(ctx, stepTenant, 100, waitroom.Waiter{ID: "b1"}, waitroom.Waiter{ID: "b2"}, waitroom.Waiter{ID: "b3"})
 	require.NoError(t, err)
 	require.Equal(t, 3, joined)
 	until, err := e.lim.Cooldown(ctx, stepTenant, 5*time.Second)

@@ -2,6 +2,7 @@ package throttle
 
 import (
 	"context"
+	"github.com/sluicehq/sluice/internal/waitroom"
 	"strings"
 	"testing"
 	"time"
@@ -57,7 +58,7 @@ func TestTenants(t *testing.T) {
 		require.NoError(t, err)
 		require.True(t, d.Allowed)
 	}
-	_, _, err = e.lim.Room().Join(ctx, "waiting-only", 0, Waiter{ID: "job-1"})
+	_, _, err = e.lim.room().Join(ctx, "waiting-only", 0, waitroom.Waiter{ID: "job-1"})
 	require.NoError(t, err)
 	_, err = e.lim.Cooldown(ctx, "cooling", time.Minute)
 	require.NoError(t, err)

@@ -2,6 +2,7 @@ package throttle
 
 import (
 	"context"
+	"github.com/sluicehq/sluice/internal/waitroom"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -16,8 +17,8 @@ func TestUndoOfALargeWindowCharge(t *testing.T) {
 	e := setup(t, false, nil)
 	ctx := context.Background()
 	e.policy(t, "bulk", "window=20000/min")
-	room := e.lim.Room()
-	a, err := room.Arrive(ctx, Arrival{Tenant: "bulk", ID: "big", Cost: 10_000, MayGo: true})
+	room := e.lim.room()
+	a, err := room.Arrive(ctx, waitroom.Arrival{Tenant: "bulk", ID: "big", Cost: 10_000, MayGo: true})
 	require.NoError(t, err)
 	require.True(t, a.Straight)
 	st, err := e.lim.Stats(ctx, "bulk")

@@ -2,6 +2,7 @@ package throttle
 
 import (
 	"fmt"
+	"github.com/sluicehq/sluice/internal/waitroom"
 	"strconv"
 	"strings"
 	"time"
@@ -475,18 +476,18 @@ func roomOpReply(raw any, n int) ([]any, int64, error) {
 // job {entry, slot, claim, {undo records}, late, slack}; scopes are the op's. With
 // once, each promoted job gets its ticket (it holds its concurrency slots
 // for lease; fp is its policies' fingerprint).
-func decodeTurn(tenant string, raw any, scopes []scope, once bool, lease time.Duration, fp uint32) (Turn, error) {
+func decodeTurn(tenant string, raw any, scopes []scope, once bool, lease time.Duration, fp uint32) (waitroom.Turn, error) {
 	op, now, err := roomOpReply(raw, 9)
 	if err != nil {
-		return Turn{}, err
+		return waitroom.Turn{}, err
 	}
 	promoted, ok1 := op[0].([]any)
 	retries, ok2 := op[1].([]any)
 	v, err := int64s(op[2:], 7)
 	if !ok1 || !ok2 || err != nil {
-		return Turn{}, fmt.Errorf("admit.lua: unexpected turn %v", op)
+		return waitroom.Turn{}, fmt.Errorf("admit.lua: unexpected turn %v", op)
 	}
-	t := Turn{Waiting: max(v[1], 0), Skipped: int(v[3]), Released: int(v[4]), Lost: int(v[5]), midTurn: v[6] == 1}
+	t := waitroom.Turn{Waiting: max(v[1], 0), Skipped: int(v[3]), Released: int(v[4]), Lost: int(v[5]), MidTurn: v[6] == 1}
 	if v[0] >= 0 {
 		t.Due = time.UnixMicro(v[0])
 	}
@@ -496,7 +497,7 @@ func decodeTurn(tenant string, raw any, scopes []scope, once bool, lease time.Du
 	for _, x := range promoted {
 		p, ok := x.([]any)
 		if !ok || len(p) != 6 {
-			return Turn{}, fmt.Errorf("admit.lua: unexpected promoted job %v", x)
+			return waitroom.Turn{}, fmt.Errorf("admit.lua: unexpected promoted job %v", x)
 		}
 		m, ok := p[0].(string)
 		late, okLate := p[4].(int64)
@@ -504,17 +505,17 @@ func decodeTurn(tenant string, raw any, scopes []scope, once bool, lease time.Du
 		ok = ok && okLate && okSlack
 		nums, err := int64s(p[1:3], 2)
 		if !ok || err != nil {
-			return Turn{}, fmt.Errorf("admit.lua: unexpected promoted job %v", x)
+			return waitroom.Turn{}, fmt.Errorf("admit.lua: unexpected promoted job %v", x)
 		}
 		undo, err := int64Lists(p[3])
 		if err != nil {
-			return Turn{}, fmt.Errorf("admit.lua: promoted job's undo records: %w", err)
+			return waitroom.Turn{}, fmt.Errorf("admit.lua: promoted job's undo records: %w", err)
 		}
 		j, err := promotedFrom(tenant, m)
 		if err != nil {
-			return Turn{}, err
+			return waitroom.Turn{}, err
 		}
-		j.Slot, j.Claim, j.undo, j.scopes = time.UnixMicro(nums[0]), uint64(nums[1]), undo, scopes
+		j.Slot, j.Claim, j.Undo = time.UnixMicro(nums[0]), uint64(nums[1]), &promotion{undo: undo, scopes: scopes}
 		if once || late == lateReserved {
 			j.Ticket = ticketFor(nums[0], late, slack, now, lease, j.Claim, fp)
 		}
@@ -523,11 +524,11 @@ func decodeTurn(tenant string, raw any, scopes []scope, once bool, lease time.Du
 	for _, x := range retries {
 		m, ok := x.(string)
 		if !ok {
-			return Turn{}, fmt.Errorf("admit.lua: unexpected handover %v", x)
+			return waitroom.Turn{}, fmt.Errorf("admit.lua: unexpected handover %v", x)
 		}
 		j, err := promotedFrom(tenant, m)
 		if err != nil {
-			return Turn{}, err
+			return waitroom.Turn{}, err
 		}
 		j.Retry = true
 		t.Promoted = append(t.Promoted, j)
@@ -535,10 +536,10 @@ func decodeTurn(tenant string, raw any, scopes []scope, once bool, lease time.Du
 	return t, nil
 }
 
-func promotedFrom(tenant, member string) (Promoted, error) {
+func promotedFrom(tenant, member string) (waitroom.Promoted, error) {
 	e, ok := parseLineEntry(member)
 	if !ok {
-		return Promoted{}, fmt.Errorf("line entry %q of tenant %q is not LINED_MS␟COST␟QUEUE␟ID", member, tenant)
+		return waitroom.Promoted{}, fmt.Errorf("line entry %q of tenant %q is not LINED_MS␟COST␟QUEUE␟ID", member, tenant)
 	}
-	return Promoted{Tenant: tenant, Queue: e.queue, ID: e.id, Cost: e.cost, Lined: e.lined, member: member}, nil
+	return waitroom.Promoted{Tenant: tenant, Queue: e.queue, ID: e.id, Cost: e.cost, Lined: e.lined, Entry: member}, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/sluicehq/sluice/internal/waitroom"
 	"log/slog"
 	"math/rand/v2"
 	"strconv"
@@ -52,8 +53,8 @@ type Gate struct {
 	gatherer  prometheus.Gatherer
 	asynq     *asynq.Client
 	inspector *asynq.Inspector
-	room      *throttle.Room
-	handover  throttle.Handover
+	room      waitroom.Room
+	handover  waitroom.Handover
 	gauge     *asynqroom.Gauge
 	// asynqRedis is the client of asynq's queues; registration counts the
 	// worker in the fleet's capacity while its pump runs

@@ -3,13 +3,12 @@ package worker
 import (
 	"context"
 	"errors"
+	"github.com/sluicehq/sluice/internal/waitroom"
 	"runtime"
 	"sort"
 	"time"
 
 	"github.com/hibiken/asynq"
-
-	"github.com/sluicehq/sluice/throttle"
 )
 
 // Configure sets the asynq.Config hooks the gate needs, keeping the
@@ -39,7 +38,7 @@ func queuesOf(cfg asynq.Config) []string {
 		queues = append(queues, q)
 	}
 	if len(queues) == 0 {
-		queues = []string{throttle.DefaultQueue}
+		queues = []string{waitroom.DefaultQueue}
 	}
 	sort.Strings(queues)
 	return queues

@@ -3,15 +3,15 @@ package worker
 import (
 	"context"
 	"errors"
+	"github.com/sluicehq/sluice/internal/waitroom"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice/internal/asynqroom"
-	"github.com/sluicehq/sluice/throttle"
 )
 
-// The worker's part in the waiting room (throttle.Room): the pump that
+// The worker's part in the waiting room (waitroom.Room): the pump that
 // moves waiting jobs to asynq when they may start and the fleet has room,
 // and its metrics. A finished job's slot is handed to the next in its
 // tenant's line by the gate's release (gate.go).
@@ -59,13 +59,13 @@ func newRoomMetrics(reg prometheus.Registerer, tenants bool) (*roomMetrics, erro
 
 // handOn hands to asynq the job a release promoted into the slot it freed,
 // and counts it in the room's metrics as the pump's turns count theirs.
-func (g *Gate) handOn(ctx context.Context, jobs []throttle.Promoted) []throttle.HandoverResult {
+func (g *Gate) handOn(ctx context.Context, jobs []waitroom.Promoted) []waitroom.HandoverResult {
 	res := g.handover(ctx, jobs)
 	for _, r := range res {
 		switch r {
-		case throttle.Handed:
+		case waitroom.Handed:
 			g.rm.promoted.Inc()
-		case throttle.Gone:
+		case waitroom.Gone:
 			g.rm.skipped.WithLabelValues("gone").Inc()
 		}
 	}
@@ -74,7 +74,7 @@ func (g *Gate) handOn(ctx context.Context, jobs []throttle.Promoted) []throttle.
 
 // handing is the hand-over of jobs a release promotes: none while the
 // room is off.
-func (g *Gate) handing() throttle.Handover {
+func (g *Gate) handing() waitroom.Handover {
 	if g.roomOff.Load() {
 		return nil
 	}
@@ -124,7 +124,7 @@ func (g *Gate) layoutOK(ctx context.Context) bool {
 const sampleEvery = 5 * time.Second
 
 // startPump runs the waiting room's pump for queues (see
-// throttle.Room.Pump) until Stop: it moves jobs that producers
+// waitroom.Room.Pump) until Stop: it moves jobs that producers
 // (queue.Client) parked in their tenants' lines to asynq's pending lists,
 // when they may start and the fleet serving queues has room for them. A
 // gate runs one pump; later calls do nothing.
@@ -151,7 +151,7 @@ func (g *Gate) startPump(queues []string, concurrency int) {
 			if !g.layoutOK(ctx) {
 				return
 			}
-			_ = g.room.Pump(ctx, &throttle.PumpConfig{
+			_ = g.room.Pump(ctx, &waitroom.PumpConfig{
 				Queues:   queues,
 				Handover: g.handover,
 				Tasks:    asynqroom.Tasks(g.inspector),
@@ -159,7 +159,7 @@ func (g *Gate) startPump(queues []string, concurrency int) {
 				Free: func(ctx context.Context, queue string) (int, error) {
 					return g.gauge.Free(ctx, []string{queue})
 				},
-				OnTurn: func(_ string, t throttle.Turn, handed, gone int) {
+				OnTurn: func(_ string, t waitroom.Turn, handed, gone int) {
 					g.rm.promoted.Add(float64(handed))
 					g.rm.skipped.WithLabelValues("gone").Add(float64(gone))
 					g.rm.skipped.WithLabelValues("running").Add(float64(t.Skipped))

@@ -15,6 +15,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/sluicehq/sluice/internal/waitroom"
 	"strconv"
 	"sync"
 	"time"
@@ -24,7 +25,6 @@ import (
 
 	"github.com/sluicehq/sluice/lua"
 	"github.com/sluicehq/sluice/taskspec"
-	"github.com/sluicehq/sluice/throttle"
 )
 
 // asynq v0.26's key layout: every key of a queue carries its name as hash
@@ -196,9 +196,9 @@ const handoverChunk = 100
 // client: each promoted job's task moves from asynq's schedule (where it
 // was parked) or its retry set to the pending list of its queue, in one
 // script call per queue and chunk.
-func Handover(client redis.UniversalClient) throttle.Handover {
-	return func(ctx context.Context, jobs []throttle.Promoted) []throttle.HandoverResult {
-		out := make([]throttle.HandoverResult, len(jobs))
+func Handover(client redis.UniversalClient) waitroom.Handover {
+	return func(ctx context.Context, jobs []waitroom.Promoted) []waitroom.HandoverResult {
+		out := make([]waitroom.HandoverResult, len(jobs))
 		byQueue := map[string][]int{}
 		var order []string
 		for i, j := range jobs {
@@ -224,18 +224,18 @@ func Handover(client redis.UniversalClient) throttle.Handover {
 				arr, ok := res.([]any)
 				if err != nil || !ok || len(arr) != len(chunk) {
 					for _, i := range chunk {
-						out[i] = throttle.Failed
+						out[i] = waitroom.Failed
 					}
 					continue
 				}
 				for k, i := range chunk {
 					switch v, _ := arr[k].(int64); v {
 					case 1, 2:
-						out[i] = throttle.Handed
+						out[i] = waitroom.Handed
 					case 0, 3:
-						out[i] = throttle.Gone
+						out[i] = waitroom.Gone
 					default:
-						out[i] = throttle.Failed
+						out[i] = waitroom.Failed
 					}
 				}
 			}
@@ -245,12 +245,12 @@ func Handover(client redis.UniversalClient) throttle.Handover {
 }
 
 // Tasks returns the waiting room's lookup of the tasks of jobs that arrived
-// to wait and joined no line (throttle.TaskLookup), through asynq's
+// to wait and joined no line (waitroom.TaskLookup), through asynq's
 // Inspector: a task is parked when asynq's schedule holds it with the
 // job's tenant in its header (as queue.Client parks it).
-func Tasks(inspector *asynq.Inspector) throttle.TaskLookup {
-	return func(ctx context.Context, tenant string, jobs []throttle.Waiter) ([]throttle.TaskState, error) {
-		out := make([]throttle.TaskState, len(jobs))
+func Tasks(inspector *asynq.Inspector) waitroom.TaskLookup {
+	return func(ctx context.Context, tenant string, jobs []waitroom.Waiter) ([]waitroom.TaskState, error) {
+		out := make([]waitroom.TaskState, len(jobs))
 		for i, j := range jobs {
 			if err := ctx.Err(); err != nil {
 				return nil, err
@@ -258,13 +258,13 @@ func Tasks(inspector *asynq.Inspector) throttle.TaskLookup {
 			info, err := inspector.GetTaskInfo(j.Queue, j.ID)
 			switch {
 			case errors.Is(err, asynq.ErrTaskNotFound), errors.Is(err, asynq.ErrQueueNotFound):
-				out[i] = throttle.TaskMissing
+				out[i] = waitroom.TaskMissing
 			case err != nil:
 				return nil, fmt.Errorf("look up task %q of queue %q: %w", j.ID, j.Queue, err)
 			case info.State == asynq.TaskStateScheduled && info.Headers[taskspec.TenantHeader] == tenant:
-				out[i] = throttle.TaskParked
+				out[i] = waitroom.TaskParked
 			default:
-				out[i] = throttle.TaskElsewhere
+				out[i] = waitroom.TaskElsewhere
 			}
 		}
 		return out, nil
@@ -279,14 +279,14 @@ const (
 )
 
 // Repark returns the waiting room's push of parked tasks' fallbacks
-// (throttle.Repark) over asynq's Redis client: of the tasks in queue's
+// (waitroom.Repark) over asynq's Redis client: of the tasks in queue's
 // schedule that come due within within (Redis time), earliest first and at
 // most ReparkMax of them, those queue.Client parked
 // (taskspec.ParkedHeader) for a tenant that has a line (inLine) are
 // scheduled again at by from now (lua/repark.lua). A task a producer
 // scheduled itself, or one parked for a tenant without a line (its job is
 // in no line: its fallback is what runs it), is left alone.
-func Repark(client redis.UniversalClient) throttle.Repark {
+func Repark(client redis.UniversalClient) waitroom.Repark {
 	return func(ctx context.Context, queue string, within, by time.Duration, inLine func(tenant string) bool) (int, error) {
 		key := queuePrefix(queue) + "scheduled"
 		now, err := client.Time(ctx).Result()

@@ -3,6 +3,7 @@ package asynqroom
 import (
 	"context"
 	"errors"
+	"github.com/sluicehq/sluice/internal/waitroom"
 	"strings"
 	"sync"
 	"testing"
@@ -13,7 +14,6 @@ import (
 
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/taskspec"
-	"github.com/sluicehq/sluice/throttle"
 )
 
 func TestMain(m *testing.M) { redistest.Main(m) }
@@ -114,15 +114,15 @@ func TestHandoverPinsAsynqLayout(t *testing.T) {
 	// "parked", whose length takes two bytes of protobuf's varint), "retry"
 	// none
 	decided := map[string]string{"parked": strings.Repeat("d", 200), "retry": ""}
-	promoted := func(ids ...string) []throttle.Promoted {
-		out := make([]throttle.Promoted, len(ids))
+	promoted := func(ids ...string) []waitroom.Promoted {
+		out := make([]waitroom.Promoted, len(ids))
 		for i, id := range ids {
-			out[i] = throttle.Promoted{Tenant: "acme", Queue: queue, ID: id, Ticket: decided[id]}
+			out[i] = waitroom.Promoted{Tenant: "acme", Queue: queue, ID: id, Ticket: decided[id]}
 		}
 		return out
 	}
 	res := Handover(client)(ctx, promoted("parked", "retry", "archived", "grouped", "missing"))
-	require.Equal(t, []throttle.HandoverResult{throttle.Handed, throttle.Handed, throttle.Gone, throttle.Gone, throttle.Gone}, res)
+	require.Equal(t, []waitroom.HandoverResult{waitroom.Handed, waitroom.Handed, waitroom.Gone, waitroom.Gone, waitroom.Gone}, res)
 
 	// asynq runs what was handed over, once each, and leaves the rest
 	waitFor("the handed-over tasks to run", func() bool { return runs("parked") == 1 && runs("retry") == 2 })
@@ -156,7 +156,7 @@ func TestHandoverPinsAsynqLayout(t *testing.T) {
 	require.Equal(t, int64(qi.Pending), n)
 	require.Equal(t, int64(1), n)
 	res = Handover(client)(ctx, promoted("pending"))
-	require.Equal(t, []throttle.HandoverResult{throttle.Handed}, res)
+	require.Equal(t, []waitroom.HandoverResult{waitroom.Handed}, res)
 	n, err = client.LLen(ctx, PendingKey(queue)).Result()
 	require.NoError(t, err)
 	require.Equal(t, int64(1), n, "not pushed twice")

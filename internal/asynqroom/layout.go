@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/sluicehq/sluice/internal/waitroom"
 	"runtime/debug"
 	"slices"
 	"strings"
@@ -14,8 +15,6 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
-
-	"github.com/sluicehq/sluice/throttle"
 )
 
 // asynqModule is asynq's module path, as build info names it.
@@ -175,11 +174,11 @@ func (l *Layout) probe(ctx context.Context) (err error) {
 	case parked.Err() != nil:
 		return &LayoutError{Reason: fmt.Sprintf("a parked task is not in the schedule %sscheduled", queuePrefix(queue))}
 	}
-	res := Handover(l.client)(ctx, []throttle.Promoted{{Queue: queue, ID: id}})
-	if res[0] == throttle.Failed {
+	res := Handover(l.client)(ctx, []waitroom.Promoted{{Queue: queue, ID: id}})
+	if res[0] == waitroom.Failed {
 		return fmt.Errorf("probe asynq's layout: the hand-over failed (Redis)")
 	}
-	if res[0] != throttle.Handed {
+	if res[0] != waitroom.Handed {
 		return &LayoutError{Reason: "the hand-over did not find the parked task where it expects it"}
 	}
 	info, err := l.inspector.GetTaskInfo(queue, id)

@@ -1,0 +1,349 @@
+// Package waitroom is the waiting room's face inside sluice: the types the
+// queue and worker packages (and sluice's commands) exchange with the
+// room, and Room, what they call. The room itself is the throttle
+// package's (throttle.Limiter.Room): it decides with the limiter's engine,
+// in the same script runs. Applications never use this package: they
+// enqueue with queue and run jobs with worker, which drive the room.
+//
+// The room keeps the tenants' lines of jobs that may not start yet,
+// promotes a line's head when it may, and keeps the index of which lines
+// are due when. sluice owns the waiting; the queue engine (asynq) owns the
+// execution: the queue package brings jobs in (Arrive, Join), the worker
+// package runs the pump (Pump) and hands a finished job's slot to the next
+// in line (Release). docs/architecture.md walks a job through it.
+package waitroom
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Room is the waiting room. A job waiting in a line is charged nothing, so
+// a policy change reaches it at once. When it is promoted it takes its
+// slot (or a decision it starts on, Promoted.Ticket) and its concurrency
+// slot, and the worker's gate starts it on them. On Redis Cluster the room
+// decides on the tenant's rules alone: @global lives in another slot, and
+// the gate applies it when the job starts. A Room is safe for concurrent
+// use.
+type Room interface {
+	// Arrive decides whether a new job goes straight to the queue engine:
+	// when its tenant's line is empty, a.MayGo and every rule lets it
+	// start now. A job that does not goes to the engine parked (scheduled
+	// far ahead) and then joins its line (JoinArrived); Arrive records its
+	// intent meanwhile, so that the pumps' sweep finds it should its
+	// producer die before it joins. A tenant whose line holds its backlog
+	// cap already gets a *throttle.BacklogError (throttle.ErrBacklogFull),
+	// and a cost no rule can ever admit a *throttle.CostError, with
+	// nothing written.
+	Arrive(ctx context.Context, a Arrival) (Arrived, error)
+	// TakeBack gives back what a straight arrival took (its task could
+	// not be enqueued).
+	TakeBack(ctx context.Context, d Arrived) error
+	// Join puts jobs of one queue in tenant's line of that queue, in
+	// order, once their tasks are in the queue engine (parked). When the
+	// line holds backlog jobs (0: no cap) the rest do not join: joined
+	// counts those that did; a caller takes the others out of the engine
+	// again. A line that begins here makes its tenant due in the queue's
+	// index at once. On an error the first joined jobs are in the line.
+	Join(ctx context.Context, tenant string, backlog int64, jobs ...Waiter) (joined int, waiting int64, err error)
+	// JoinArrived is Join for jobs that arrived to wait (Arrive): it also
+	// takes their intents back.
+	JoinArrived(ctx context.Context, tenant string, backlog int64, jobs ...Waiter) (joined int, waiting int64, err error)
+	// Rejoin puts jobs an earlier arrival left parked in no line
+	// (Arrived.Earlier) in their line, whatever its cap, unless they are
+	// in it already.
+	Rejoin(ctx context.Context, tenant string, jobs ...Waiter) (joined int, err error)
+	// Forget drops the intents of jobs that will not join a line (their
+	// tasks could not be parked).
+	Forget(ctx context.Context, tenant string, jobs ...Waiter) error
+	// Waiting is how many jobs of tenant wait in its lines, and when the
+	// oldest joined.
+	Waiting(ctx context.Context, tenant string) (int64, time.Time, error)
+	// Lines reads the lines of queues of the tenants in the queues' due
+	// indexes (at most 10,000 of them). Empty lines are left out.
+	Lines(ctx context.Context, queues ...string) ([]Line, error)
+	// WaitingIDs lists the first n jobs of each of tenant's lines.
+	WaitingIDs(ctx context.Context, tenant string, n int64) ([]Waiter, error)
+	// Pump runs the waiting room's pump until ctx ends (see PumpConfig).
+	Pump(ctx context.Context, cfg *PumpConfig) error
+	// Release gives back the concurrency slots job id of tenant holds
+	// under claim and, in the same script run, hands the freed slot to the
+	// next job in the tenant's line of queue when it is the tenant's turn
+	// (spare; nil: the fleet's room is not known and the slot is handed
+	// on). With h nil (a worker shutting down) nothing is handed on. It
+	// returns throttle.ErrClaimLost as throttle.Limiter.Release does.
+	Release(ctx context.Context, tenant, queue, id string, claim uint64, h Handover, spare Spare) error
+}
+
+// Defaults of the waiting room.
+const (
+	// RepairDefault is how long a promoted job may go unconfirmed by the
+	// queue engine before its hand-over is tried again (a pump or worker
+	// died in between).
+	RepairDefault = 5 * time.Second
+	// HoldDefault is how long a pump holds the tenants it takes from the
+	// due index: no other pump serves them meanwhile, and if it dies they
+	// are due again after it.
+	HoldDefault = 5 * time.Second
+)
+
+// DefaultQueue is asynq's default queue, written as "" in line entries.
+const DefaultQueue = "default"
+
+// Arrival is a new job at the waiting room: it goes straight to the queue
+// engine or waits in its tenant's line.
+type Arrival struct {
+	Tenant string
+	// ID is the job's asynq task id.
+	ID string
+	// Queue is the job's queue ("" for asynq's default).
+	Queue string
+	// Cost is what the job weighs on rate, window and quota rules; 0 means 1.
+	Cost int64
+	// MayGo reports that the fleet has room for the job now: without it
+	// the job waits in its line even if its rules allow it, so that a
+	// saturated fleet serves tenants in turn.
+	MayGo bool
+	// Policies, when set, are the job's policies as
+	// throttle.PolicyStore.Resolve returned them (a throttle.Resolved);
+	// nil: the room resolves them.
+	Policies any
+}
+
+// Arrived is what the room made of an arrival.
+type Arrived struct {
+	// Straight reports that the job may start now: it took its slot (and
+	// its concurrency slot, under Claim) and goes straight to the queue
+	// engine's pending list. Otherwise it is to wait in its tenant's line
+	// (Join).
+	Straight bool
+	Slot     time.Time
+	Claim    uint64
+	// Ticket is the decision to carry with a straight job
+	// (taskspec.DecidedHeader): the worker's gate starts the job on it
+	// (throttle.Limiter.Redeem) without deciding again. Empty when the
+	// gate must decide (on a Cluster with @global rules, which the room
+	// does not see).
+	Ticket string
+	// Waiting is how many jobs of the tenant wait in its line.
+	Waiting int64
+	// Backlog is the cap of the tenant's line (its policy's backlog=); 0
+	// when there is none.
+	Backlog int64
+	// Earlier reports, for a job to wait, that an earlier arrival of the
+	// same job (its task id) left its intent, which joining its line takes
+	// back: its task may be parked in no line (its producer died before
+	// joining it), and Rejoin puts it there.
+	Earlier bool
+
+	// Undo is the room's own record of what a straight arrival took
+	// (TakeBack gives it back); callers pass it along untouched.
+	Undo any
+}
+
+// Waiter is a job to put in its tenant's line.
+type Waiter struct {
+	ID    string
+	Queue string // "" for asynq's default
+	Cost  int64  // 0 means 1
+}
+
+// Promoted is a job the room promoted from its line: it took its slot and
+// its concurrency slot (under Claim), and is to be handed to the queue
+// engine.
+type Promoted struct {
+	Tenant string
+	Queue  string
+	ID     string
+	Cost   int64
+	Slot   time.Time
+	Claim  uint64
+	Lined  time.Time // when it joined the line
+	// Retry reports a promotion made earlier whose hand-over was not
+	// confirmed: the engine may have it already.
+	Retry bool
+	// Ticket is the decision the job is to carry (see Arrived.Ticket);
+	// empty for a retry, or when the gate must decide.
+	Ticket string
+
+	// Entry is the job's line entry, and Undo the room's record of what
+	// its promotion took (to take it back when the engine does not have
+	// the job); callers pass them along untouched.
+	Entry string
+	Undo  any
+}
+
+// Turn is what one turn of a tenant's line did.
+type Turn struct {
+	// Promoted are the jobs to hand over, in line order, then the earlier
+	// promotions to hand over again (Retry).
+	Promoted []Promoted
+	// Due is when the tenant's line may next be promoted; zero when it is
+	// empty and nothing is being handed over.
+	Due time.Time
+	// Waiting is how many jobs wait in the line after the turn, and Oldest
+	// when the one at its head joined it (zero when none waits).
+	Waiting int64
+	Oldest  time.Time
+	// Skipped counts line entries dropped because their job runs already.
+	Skipped int
+	// Released and Lost are, for Release, how many scopes gave back the
+	// job's slot and how many held none under its claim.
+	Released, Lost int
+	// MidTurn: the budget (the fleet's room) ended the turn while the
+	// tenant's deficit still covered its head: its turn goes on next time,
+	// ahead of the tenants behind it.
+	MidTurn bool
+}
+
+// Line is one tenant's line of one queue: how many jobs wait in it and
+// when the one at its head joined it.
+type Line struct {
+	Tenant  string
+	Queue   string
+	Waiting int64
+	Oldest  time.Time
+}
+
+// HandoverResult is what the queue engine made of one promoted job.
+type HandoverResult int
+
+const (
+	// Handed: the engine has the job to run now (or had it already,
+	// pending or running).
+	Handed HandoverResult = iota
+	// Gone: the engine has no such job, or holds it in a state it does
+	// not run from (archived, completed): the job leaves the room and
+	// what its promotion took is given back.
+	Gone
+	// Failed: the engine could not be asked; the hand-over is tried again
+	// later.
+	Failed
+)
+
+// A Handover gives promoted jobs to the queue engine and reports, for each
+// in order, what became of it.
+type Handover func(ctx context.Context, jobs []Promoted) []HandoverResult
+
+// Spare tells how many more jobs of queue the fleet can take now, counting
+// the one it is asked for, which it takes (internal/asynqroom's
+// Gauge.Spare): 1 is the last place.
+type Spare func(ctx context.Context, queue string) int
+
+// A Repark pushes the fallback of the queue engine's parked tasks of queue
+// that come due within within, for tenants with a line there (inLine), to
+// by from now; it returns how many it pushed (internal/asynqroom.Repark).
+type Repark func(ctx context.Context, queue string, within, by time.Duration, inLine func(tenant string) bool) (int, error)
+
+// The sweep's push of parked tasks (PumpConfig.Repark): every sweep (every
+// half minute, one pump of the fleet) pushes the tasks parked for waiting
+// jobs that come due within ReparkWithin to ReparkBy from now. Should no
+// sluice process run, a parked job reaches a worker by asynq's own
+// forwarder at most ReparkBy after the last sweep.
+const (
+	// 40 sweeps of up to asynqroom.ReparkMax tasks a queue before a
+	// task comes due: parked tasks of a burst of 200,000 jobs, all with
+	// one fallback, are pushed in time
+	ReparkWithin = 20 * time.Minute
+	ReparkBy     = time.Hour
+)
+
+// TaskState is what the queue engine holds of a job whose intent the
+// pumps' sweep found (its producer died between parking its task and
+// joining its line).
+type TaskState int
+
+const (
+	// TaskParked: the job's task waits in the engine's schedule, as its
+	// producer parked it: the job joins its line.
+	TaskParked TaskState = iota
+	// TaskElsewhere: the engine holds the task otherwise (ready, running,
+	// done, or another tenant's): the intent goes.
+	TaskElsewhere
+	// TaskMissing: the engine has no such task: the intent goes once it is
+	// old enough that its producer cannot be about to park it.
+	TaskMissing
+)
+
+// A TaskLookup tells, for each job in order, what the queue engine holds
+// of its task.
+type TaskLookup func(ctx context.Context, tenant string, jobs []Waiter) ([]TaskState, error)
+
+// Defaults of PumpConfig.
+const (
+	PumpIntervalDefault = 20 * time.Millisecond
+	PumpIdleDefault     = time.Second
+	PumpTenantsDefault  = 256
+)
+
+// PumpConfig configures a pump.
+type PumpConfig struct {
+	// Queues are the queues whose lines the pump serves (those of the
+	// workers it runs with). Required.
+	Queues []string
+	// Handover gives promoted jobs to the queue engine. Required.
+	Handover Handover
+	// Free is how many more jobs of queue the fleet can take now: the room
+	// in the queue engine's pending list, so that it stays short and a
+	// tenant arriving later is not served after everything already
+	// admitted. Required.
+	Free func(ctx context.Context, queue string) (int, error)
+	// Interval is how often the pump looks again while the fleet has no
+	// room for the lines that are due. PumpIntervalDefault when zero.
+	Interval time.Duration
+	// Idle is the longest the pump sleeps while no line is due: it wakes
+	// for the next due line, and at once when a line begins or a release
+	// makes one due sooner (the index's wake channel), so Idle only bounds
+	// what a lost wake-up costs. PumpIdleDefault when zero.
+	Idle time.Duration
+	// Tenants is the most tenants served in one round. PumpTenantsDefault
+	// when zero.
+	Tenants int
+	// OnTurn, when set, is told of every tenant's turn: the turn, how many
+	// of its jobs were handed over and how many were gone.
+	OnTurn func(tenant string, t Turn, handed, gone int)
+	// OnError, when set, is told of errors the pump goes on after.
+	OnError func(err error)
+	// Tasks, when set, tells the sweep what the queue engine holds of the
+	// tasks of jobs that arrived to wait and joined no line (their
+	// producer died between parking them and joining them): those parked
+	// join their lines. Without it such a job waits for its fallback.
+	Tasks TaskLookup
+	// Repark, when set, is how the sweep keeps waiting jobs' parked tasks
+	// from reaching their fallback while the pumps run: those coming due
+	// within ReparkWithin are pushed to ReparkBy from now. Without it a
+	// line that outlives its fallback comes out of the queue engine's
+	// schedule at that time.
+	Repark Repark
+}
+
+// WithDefaults is c with its zero durations and counts set to their
+// defaults.
+func (c PumpConfig) WithDefaults() PumpConfig {
+	c.Interval = cmp.Or(c.Interval, PumpIntervalDefault)
+	c.Idle = cmp.Or(c.Idle, PumpIdleDefault)
+	c.Tenants = cmp.Or(c.Tenants, PumpTenantsDefault)
+	return c
+}
+
+// Validate says what is missing or out of range in c.
+func (c PumpConfig) Validate() error {
+	switch {
+	case len(c.Queues) == 0:
+		return errors.New("pump config: Queues is required")
+	case c.Handover == nil:
+		return errors.New("pump config: Handover is required")
+	case c.Free == nil:
+		return errors.New("pump config: Free is required")
+	case c.Interval < time.Millisecond:
+		return fmt.Errorf("pump config: Interval %s: must be at least 1ms", c.Interval)
+	case c.Idle < c.Interval:
+		return fmt.Errorf("pump config: Idle %s: must be at least Interval %s", c.Idle, c.Interval)
+	case c.Tenants < 1:
+		return fmt.Errorf("pump config: Tenants %d: must be at least 1", c.Tenants)
+	}
+	return nil
+}
