@@ -29,11 +29,13 @@
 --
 -- KEYS: for every op, per local scope in order its state hash [1] and,
 --   when its policy has a window rule, the window zsets [2] and [3]; then
---   for an arrive op the tenant's line of the job's queue and its intents
---   (zset: line entries without their time -> when they arrived to wait,
---   µs: the jobs to be parked that no line holds yet), and for promote
---   and release ops with a budget the line, the handing set and the set of
---   queues with lines:
+--   for an arrive op the tenant's line of the job's queue (its list of
+--   normal priority), the intents of the job's priority level (zset: line
+--   entries without their time -> when they arrived to wait, µs: the jobs
+--   to be parked that no line holds yet), then the line's lists of high
+--   and of low priority; and for promote and release ops with a budget the
+--   line (normal), the handing set, the set of queues with lines, and the
+--   line's lists of high and low priority:
 --   [1] state hash: cd cooldown end; s jobs started; x the expiry last given
 --     to the hash; y the expiry its state needs without running jobs (a
 --     second or more past the need: release.lua cuts it to ms as text); rn
@@ -44,7 +46,8 @@
 --   [2] planned window zset, [3] started window zset (score: start time)
 --   line: a list of waiting jobs, each "LINED_MS<US>COST<US>QUEUE<US>ID"
 --     (<US> is the byte 31; COST empty for 1, QUEUE for the default queue),
---     first in, first out; handing: a zset of the entries taken from the
+--     first in, first out (a line is its three lists: its head is the
+--     head of the highest priority that has jobs); handing: a zset of the entries taken from the
 --     tenant's lines and not yet confirmed in asynq (score: when taken);
 --     queues: a set of the queues the tenant has a line in
 -- ARGV:
@@ -404,13 +407,14 @@ for o = 1, nops do
   end
 
   if is_arrive then
-    local line, intents = KEYS[k + 1], KEYS[k + 2]
-    k = k + 2
+    local intents = KEYS[k + 2]
+    local lines = { KEYS[k + 3], KEYS[k + 1], KEYS[k + 4] }
+    k = k + 4
     local may_go, cap = next_int() == 1, next_int()
     E.lead = next_int()
     local entry = ARGV[E.a]
     E.a = E.a + 1
-    local verdict, slot, waiting, recs, late, slack = rm.arrive(scopes, line, may_go, cap)
+    local verdict, slot, waiting, recs, late, slack = rm.arrive(scopes, lines, may_go, cap)
     -- a job that waits is parked next, then joins its line (line.lua takes
     -- its intent back): should its producer die in between, the sweep
     -- finds the intent; one an earlier arrival left is kept
@@ -420,12 +424,13 @@ for o = 1, nops do
   elseif roomop then
     local budget, quantum, repair = next_int(), next_int(), next_int()
     E.lead = next_int()
-    local line, handing, qset, queue
+    local lines, handing, qset, queue
     if budget > 0 then
-      line, handing, qset = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3]
+      lines = { KEYS[k + 4], KEYS[k + 1], KEYS[k + 5] }
+      handing, qset = KEYS[k + 2], KEYS[k + 3]
       queue = ARGV[E.a]
       E.a = E.a + 1
-      k = k + 3
+      k = k + 5
     end
     local released, lost = 0, 0
     if is_release then
@@ -433,7 +438,7 @@ for o = 1, nops do
     end
     if budget > 0 then
       local promoted, retries, due, waiting, head, skipped, midturn =
-        rm.promote(bases, line, handing, qset, queue, budget, quantum, repair, noexpire, num(E.claim) + 1)
+        rm.promote(bases, lines, handing, qset, queue, budget, quantum, repair, noexpire, num(E.claim) + 1)
       out[o] = { promoted, retries, due, waiting, head, skipped, released, lost, midturn }
     else
       out[o] = { {}, {}, -1, -1, -1, 0, released, lost, 0 }

@@ -1,11 +1,14 @@
 -- line.lua: jobs join their tenant's line in the waiting room, after their
 -- asynq tasks exist (parked in asynq's schedule), first in, first out.
 --
--- KEYS[1] -> the tenant's line of the jobs' queue (list)
+-- KEYS[1] -> the tenant's line of the jobs' queue: its list of the jobs'
+--   priority level (every job of a call has the same)
 -- KEYS[2] -> the set of the queues the tenant has a line in
--- KEYS[3] -> the tenant's intents (zset: "COST<US>QUEUE<US>ID" -> when the
---   job arrived to wait, µs): jobs parked, or about to be, that no line
---   holds yet
+-- KEYS[3] -> the tenant's intents of that priority level (zset:
+--   "COST<US>QUEUE<US>ID" -> when the job arrived to wait, µs): jobs
+--   parked, or about to be, that no line holds yet
+-- KEYS[4], KEYS[5] -> the line's lists of the other two priority levels:
+--   the cap and was_empty count the whole line
 -- ARGV[1] -> clock: the current time in µs, or -1 for Redis TIME
 -- ARGV[2] -> cap: the most jobs the line may hold (0: no cap)
 -- ARGV[3] -> the queue
@@ -20,7 +23,7 @@
 -- Returns: {joined, waiting, was_empty}: the jobs join in order until the
 --   cap is reached, so the first `joined` of them are in the line (in mode
 --   2, `joined` of them joined); a job that joins leaves the intents;
---   waiting is the line's length afterwards; was_empty is 1 when the line
+--   waiting is the line's length afterwards (every level); was_empty is 1 when the line
 --   was empty before and a job joined (the tenant must be made due in the
 --   room's index).
 --   Each entry is stored as "LINED_MS<US>" followed by the job, LINED_MS the
@@ -37,8 +40,12 @@ else
 end
 local mode = ARGV[4]
 local sep = string.char(31)
--- the line's length is read only to hold a cap: otherwise RPUSH tells it
-local waiting = cap > 0 and redis.call('LLEN', KEYS[1]) or false
+-- the jobs of the other priority levels, always counted: they are part of
+-- the line (they make it non-empty, and count towards its cap)
+local others = 0
+for i = 4, #KEYS do others = others + redis.call('LLEN', KEYS[i]) end
+-- the level's length is read only to hold a cap: otherwise RPUSH tells it
+local waiting = cap > 0 and redis.call('LLEN', KEYS[1]) + others or false
 local before = waiting
 local pushed, taken = 0, 0
 local add, gone = {}, {}
@@ -46,7 +53,7 @@ local add, gone = {}, {}
 -- entries
 local function flush()
   if #add > 0 then
-    waiting = redis.call('RPUSH', KEYS[1], unpack(add))
+    waiting = redis.call('RPUSH', KEYS[1], unpack(add)) + others
     pushed = pushed + #add
   end
   if #gone > 0 then redis.call('ZREM', KEYS[3], unpack(gone)) end
@@ -67,7 +74,7 @@ for i = 5, #ARGV do
   end
 end
 flush()
-if not waiting then waiting = redis.call('LLEN', KEYS[1]) end
+if not waiting then waiting = redis.call('LLEN', KEYS[1]) + others end
 if not before then before = waiting - pushed end
 local was_empty = 0
 if before == 0 and pushed > 0 then

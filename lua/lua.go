@@ -40,6 +40,8 @@ var (
 	clockSrc string
 	//go:embed slot.lua
 	slotSrc string
+	//go:embed prioritize.lua
+	prioritizeSrc string
 	//go:embed phases.lua
 	phasesSrc string
 	//go:embed window.lua
@@ -97,13 +99,15 @@ var (
 	Fleet = redis.NewScript(fleetSrc)
 	// Recover gives asynq tasks nobody runs back to their pending list.
 	Recover = redis.NewScript(recoverSrc)
+	// Prioritize moves a waiting job to another priority level of its line.
+	Prioritize = redis.NewScript(prioritizeSrc)
 	// Repark pushes the fallback of the waiting room's parked asynq tasks
 	// further out.
 	Repark = redis.NewScript(reparkSrc)
 )
 
 // All lists every script, for loading them into a server ahead of pipelines.
-var All = []*redis.Script{Admit, Release, Renew, Cooldown, Stats, Room, Line, Handover, Capacity, Fleet, Recover, Repark}
+var All = []*redis.Script{Admit, Release, Renew, Cooldown, Stats, Room, Line, Handover, Capacity, Fleet, Recover, Repark, Prioritize}
 
 // include puts the part of from between "-- @begin NAME" and "-- @end NAME"
 // into src at the line "-- @include NAME": a piece scripts share is written

@@ -13,13 +13,14 @@
 -- same run. So the common release, with nobody waiting, stays small.
 --
 -- KEYS: per op, the state hash of each of its scopes, then, when the op
---   says so, the tenant's line the slot may go to
+--   says so, the lists of the tenant's line the slot may go to (one per
+--   priority level)
 -- ARGV:
 --   [1] clock: current time in µs, or -1 for Redis TIME
 --   [2] number of ops
 --   [3] 1 to leave expiries alone (tests), else 0
 --   per op: job id, claim token (0: whichever claim holds the slot), number
---     of scopes, 1 when a line key follows, else 0
+--     of scopes, how many line keys follow (0: none)
 -- Returns: per op released + 256 * lost + 65536 * waiting (one number: a
 --   reply's every element costs a conversion): released is how many of its
 --   scopes gave back a slot held under the claim, lost how many held none
@@ -81,11 +82,11 @@ local out = {}
 for op = 1, nops do
   local id, claim = ARGV[a], ARGV[a + 1]
   local n = tonumber(ARGV[a + 2])
-  local line = ARGV[a + 3] == '1'
+  local nlines = tonumber(ARGV[a + 3])
   a = a + 4
   local waiting = 0
-  if line then
-    waiting = call('LLEN', KEYS[k + n + 1])
+  for i = 1, nlines do
+    waiting = waiting + call('LLEN', KEYS[k + n + i])
   end
   local released, lost = 0, 0
   if waiting == 0 then
@@ -95,8 +96,7 @@ for op = 1, nops do
       if r > 0 then released = released + 1 elseif r < 0 then lost = lost + 1 end
     end
   end
-  k = k + n
-  if line then k = k + 1 end
+  k = k + n + nlines
   out[op] = released + 256 * lost + 65536 * waiting
 end
 return out

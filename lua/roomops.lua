@@ -53,8 +53,10 @@ local function room_functions(ts)
   -- keeps what it is owed (up to its cost). Returns the promoted jobs,
   -- the handovers to retry, when the tenant is next due (-1: never), how
   -- many wait, when the head was lined (ms; -1: none) and how many
-  -- entries were skipped.
-  E.room.promote = function(bases, line, handing, qset, queue, budget, quantum, repair, noexpire, base_claim)
+  -- entries were skipped. lines are the line's lists, highest priority
+  -- first: the head is the first entry of the first list that has one,
+  -- so a turn takes its tenant's jobs of high priority first.
+  E.room.promote = function(bases, lines, handing, qset, queue, budget, quantum, repair, noexpire, base_claim)
     local st = KEYS[bases[1].k + 1]
     local out, retries = {}, {}
     -- handovers not confirmed in time are handed over again (and held a
@@ -88,8 +90,15 @@ local function room_functions(ts)
       budget = 0
       due = cd - E.lead
     end
+    local lv = 1
     while true do
-      local m = call('LINDEX', line, '0')
+      local m = false
+      while lv <= #lines do
+        m = call('LINDEX', lines[lv], '0')
+        if m then break end
+        lv = lv + 1
+      end
+      local line = lines[lv]
       if not m then
         dq = 0
         call('SREM', qset, queue)
@@ -160,17 +169,21 @@ local function room_functions(ts)
     elseif dq0 > 0 then
       call('HDEL', st, dfield)
     end
-    return out, retries, due, call('LLEN', line), head, skipped, midturn and 1 or 0
+    local waiting = 0
+    for i = 1, #lines do waiting = waiting + call('LLEN', lines[i]) end
+    return out, retries, due, waiting, head, skipped, midturn and 1 or 0
   end
 
   -- A new job, not yet in asynq: may it go straight to asynq's pending
   -- list? Only when the tenant's line is empty, the fleet has room
   -- (may_go) and the job may start within the lead; then it takes its slot
-  -- and its concurrency slot now. Returns the verdict (1 straight, 0 it
+  -- and its concurrency slot now (lines are the line's lists, one per
+  -- priority level: it is empty when all are). Returns the verdict (1 straight, 0 it
   -- waits, -1 the line is at its cap), the slot, how many wait and, for a
   -- job sent straight, its undo records.
-  E.room.arrive = function(scopes, line, may_go, cap)
-    local waiting = call('LLEN', line)
+  E.room.arrive = function(scopes, lines, may_go, cap)
+    local waiting = 0
+    for i = 1, #lines do waiting = waiting + call('LLEN', lines[i]) end
     if cap > 0 and waiting >= cap then
       return -1, 0, waiting, {}, -1, 0
     end

@@ -160,7 +160,7 @@ type job struct {
 
 // Enqueue enqueues task for tenant. opts are asynq's options (Queue,
 // MaxRetry, TaskID, ProcessAt, ProcessIn, Timeout, Deadline, Retention,
-// Unique) and Cost. Options given to asynq.NewTask are not carried: asynq
+// Unique), Cost and Priority. Options given to asynq.NewTask are not carried: asynq
 // keeps them private and Client builds a new task to add its headers, so
 // they are lost (a MaxRetry(0) given there leaves asynq's default of 25).
 // Pass them here instead.
@@ -228,12 +228,15 @@ func (c *Client) prepare(tenant string, task *asynq.Task, opts []asynq.Option, n
 	}
 	// sluice's own headers describe one job's identity; a task built from
 	// another job's (a handler fanning out) starts a new job.
-	for _, h := range []string{taskspec.IDHeader, taskspec.GenHeader, taskspec.CostHeader, taskspec.DecidedHeader, taskspec.ParkedHeader} {
+	for _, h := range []string{taskspec.IDHeader, taskspec.GenHeader, taskspec.CostHeader, taskspec.DecidedHeader, taskspec.ParkedHeader, taskspec.PriorityHeader} {
 		delete(headers, h)
 	}
 	headers[taskspec.TenantHeader] = tenant
 	if o.cost != 1 {
 		headers[taskspec.CostHeader] = strconv.FormatInt(o.cost, 10)
+	}
+	if o.priority != taskspec.PriorityNormal {
+		headers[taskspec.PriorityHeader] = o.priority.String()
 	}
 	id := o.taskID
 	if id == "" {
@@ -300,7 +303,7 @@ func (c *Client) sendLater(ctx context.Context, j *job) (*asynq.TaskInfo, error)
 // arrive brings the job to the waiting room: straight through, or to wait.
 func (c *Client) arrive(ctx context.Context, j *job) error {
 	a, err := c.room.Arrive(ctx, waitroom.Arrival{
-		Tenant: j.tenant, ID: j.id, Queue: j.opts.queue, Cost: j.opts.cost,
+		Tenant: j.tenant, ID: j.id, Queue: j.opts.queue, Cost: j.opts.cost, Priority: int(j.opts.priority),
 		MayGo: c.gauge.Take(ctx, j.opts.queue), Policies: j.policies,
 	})
 	if err != nil {
@@ -426,7 +429,7 @@ func (c *Client) unpark(ctx context.Context, j *job, err error) error {
 }
 
 func (j *job) waiter() waitroom.Waiter {
-	return waitroom.Waiter{ID: j.id, Queue: j.opts.queue, Cost: j.opts.cost}
+	return waitroom.Waiter{ID: j.id, Queue: j.opts.queue, Cost: j.opts.cost, Priority: int(j.opts.priority)}
 }
 
 // enqueue hands the task to asynq with opts.

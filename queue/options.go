@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+
+	"github.com/sluicehq/sluice/taskspec"
 )
 
 // ErrInvalid is matched (errors.Is) by every error about a job that cannot
@@ -54,8 +56,39 @@ func (n costOption) String() string         { return fmt.Sprintf("Cost(%d)", int
 func (n costOption) Type() asynq.OptionType { return costOptType }
 func (n costOption) Value() any             { return int64(n) }
 
+// priorityOptType is the asynq.OptionType of Priority.
+const priorityOptType asynq.OptionType = 1<<16 + 1
+
+type priorityOption taskspec.Priority
+
+// The priority levels of a job in its tenant's line (Priority).
+const (
+	High   = taskspec.PriorityHigh
+	Normal = taskspec.PriorityNormal
+	Low    = taskspec.PriorityLow
+)
+
+// Priority is an option of Client.Enqueue: the job's level in its tenant's
+// line of the waiting room, High, Normal (the default) or Low. While the
+// tenant's jobs wait, those of high priority start first, then normal,
+// then low, each level in the order they came; a job that may start at
+// once starts at once whatever its level. It orders one tenant's jobs
+// only: the fleet's fair share across tenants is the same whatever their
+// jobs' priorities. A waiting job's priority can be changed
+// (sluice jobs prioritize). Client removes the option before the task
+// reaches asynq (the job carries taskspec.PriorityHeader instead); given
+// to asynq.Client directly it has no effect.
+func Priority(p taskspec.Priority) asynq.Option { return priorityOption(p) }
+
+func (p priorityOption) String() string {
+	return fmt.Sprintf("Priority(%s)", taskspec.Priority(p))
+}
+func (p priorityOption) Type() asynq.OptionType { return priorityOptType }
+func (p priorityOption) Value() any             { return taskspec.Priority(p) }
+
 // options is what Enqueue needs to know of the options given.
 type options struct {
+	priority  taskspec.Priority
 	cost      int64
 	queue     string
 	taskID    string
@@ -81,8 +114,15 @@ func parseOptions(opts []asynq.Option, now time.Time) (options, error) {
 			o.cost = int64(c)
 			continue
 		}
+		if p, ok := opt.(priorityOption); ok {
+			if !taskspec.Priority(p).Valid() {
+				return o, &InvalidError{Field: "priority", Value: fmt.Sprint(int(p)), Reason: "must be queue.High, queue.Normal or queue.Low"}
+			}
+			o.priority = taskspec.Priority(p)
+			continue
+		}
 		if reflect.TypeOf(opt).PkgPath() != asynqPkg {
-			return o, &InvalidError{Field: "option", Value: fmt.Sprintf("%T", opt), Reason: "unknown option: asynq would ignore it; use asynq's options (asynq.Queue, asynq.MaxRetry, …) or queue.Cost"}
+			return o, &InvalidError{Field: "option", Value: fmt.Sprintf("%T", opt), Reason: "unknown option: asynq would ignore it; use asynq's options (asynq.Queue, asynq.MaxRetry, …), queue.Cost or queue.Priority"}
 		}
 		switch opt.Type() {
 		case asynq.QueueOpt:

@@ -11,7 +11,11 @@
 //		map[string]string{taskspec.TenantHeader: "acme"})
 package taskspec
 
-import "time"
+import (
+	"fmt"
+	"strings"
+	"time"
+)
 
 // Task headers sluice reads and writes. Producers set TenantHeader and
 // CostHeader (queue.Client does); the other headers are sluice's own and are
@@ -41,6 +45,11 @@ const (
 	// further out while they wait (a task a producer scheduled itself has
 	// no such header, and runs at its time).
 	ParkedHeader = "sluice-parked"
+	// PriorityHeader carries the job's priority in its tenant's line when
+	// it is not normal: "high" or "low" (Priority.String). queue.Client
+	// sets it; the room orders a line by it, and sluice jobs explain shows
+	// it.
+	PriorityHeader = "sluice-priority"
 	// BacklogHeader was "1" on a job counted in its tenant's backlog by
 	// versions before the waiting room.
 	//
@@ -65,4 +74,48 @@ const LeadDefault = 300 * time.Millisecond
 // asynq's own reading of the clock cannot move the job to the next second.
 func ScheduleFor(slot time.Time, lead time.Duration) time.Time {
 	return slot.Add(-lead).Truncate(time.Second).Add(time.Second / 2)
+}
+
+// Priority is a job's level in its tenant's line of the waiting room: the
+// line's jobs of high priority leave it first, then those of normal, then
+// those of low priority, each level first in, first out. It orders one
+// tenant's jobs only: fair share across tenants does not look at it, so a
+// tenant gains no share by raising its jobs' priority.
+type Priority int
+
+// The priority levels.
+const (
+	PriorityLow    Priority = -1
+	PriorityNormal Priority = 0
+	PriorityHigh   Priority = 1
+)
+
+// String names the level: "high", "normal" or "low".
+func (p Priority) String() string {
+	switch p {
+	case PriorityHigh:
+		return "high"
+	case PriorityNormal:
+		return "normal"
+	case PriorityLow:
+		return "low"
+	}
+	return fmt.Sprintf("Priority(%d)", int(p))
+}
+
+// Valid reports whether p is one of the levels.
+func (p Priority) Valid() bool { return p >= PriorityLow && p <= PriorityHigh }
+
+// ParsePriority reads a level by its name ("high", "normal", "low"; "" is
+// normal), as PriorityHeader and the command line give it.
+func ParsePriority(s string) (Priority, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "high":
+		return PriorityHigh, nil
+	case "normal", "":
+		return PriorityNormal, nil
+	case "low":
+		return PriorityLow, nil
+	}
+	return PriorityNormal, fmt.Errorf("priority %q: must be high, normal or low", s)
 }

@@ -49,6 +49,9 @@ type Explanation struct {
 	// cost; Cost is its own, Lined when it joined the line.
 	Ahead, CostAhead, Cost int64
 	Lined                  time.Time
+	// Priority is its level in the line: 1 high, 0 normal, -1 low (the
+	// jobs of higher levels are all ahead of it).
+	Priority int
 	// Expected is when it is expected to start: the latest time any hold
 	// gives, Now when none holds it.
 	Expected time.Time
@@ -96,27 +99,34 @@ func (l *Limiter) Explain(ctx context.Context, tenant, queue, id string) (*Expla
 		return nil, err
 	}
 	queue = queueOf(queue)
-	key := keysFor(l.cfg.Prefix, tenant).line(queue)
 	var ahead []lineEntry
 	var found *lineEntry
+	level := 0
 	const page = 1000
-	for start := int64(0); found == nil && start < maxExplainScan; start += page {
-		ms, err := l.client.LRange(ctx, key, start, start+page-1).Result()
-		if err != nil {
-			return nil, fmt.Errorf("explain job %s of tenant %q: %w", id, tenant, err)
-		}
-		for _, m := range ms {
-			e, ok := parseLineEntry(m)
-			if !ok {
-				continue
+	// the line's levels in the order they leave it: every job of a higher
+	// level is ahead
+	for i, key := range keysFor(l.cfg.Prefix, tenant).lines(queue) {
+		for start := int64(0); found == nil && int64(len(ahead)) < maxExplainScan; start += page {
+			ms, err := l.client.LRange(ctx, key, start, start+page-1).Result()
+			if err != nil {
+				return nil, fmt.Errorf("explain job %s of tenant %q: %w", id, tenant, err)
 			}
-			if e.id == id {
-				found = &e
+			for _, m := range ms {
+				e, ok := parseLineEntry(m)
+				if !ok {
+					continue
+				}
+				if e.id == id {
+					found, level = &e, priorities[i]
+					break
+				}
+				ahead = append(ahead, e)
+			}
+			if len(ms) < page {
 				break
 			}
-			ahead = append(ahead, e)
 		}
-		if len(ms) < page {
+		if found != nil {
 			break
 		}
 	}
@@ -133,6 +143,7 @@ func (l *Limiter) Explain(ctx context.Context, tenant, queue, id string) (*Expla
 		costAhead += e.cost
 	}
 	x := explainAt(st, gst, *found, int64(len(ahead)), costAhead)
+	x.Priority = level
 	return &x, nil
 }
 
@@ -143,22 +154,20 @@ func (l *Limiter) ExplainLine(ctx context.Context, tenant, queue string, n int64
 		return nil, err
 	}
 	queue = queueOf(queue)
-	ms, err := l.client.LRange(ctx, keysFor(l.cfg.Prefix, tenant).line(queue), 0, n-1).Result()
+	es, levels, err := l.lineJobs(ctx, tenant, queue, n)
 	if err != nil {
-		return nil, fmt.Errorf("explain the line of tenant %q: %w", tenant, err)
+		return nil, fmt.Errorf("explain the line: %w", err)
 	}
 	st, gst, err := l.explainStats(ctx, tenant)
 	if err != nil {
 		return nil, err
 	}
-	out := make([]Explanation, 0, len(ms))
+	out := make([]Explanation, 0, len(es))
 	var ahead, costAhead int64
-	for _, m := range ms {
-		e, ok := parseLineEntry(m)
-		if !ok {
-			continue
-		}
-		out = append(out, explainAt(st, gst, e, ahead, costAhead))
+	for i, e := range es {
+		x := explainAt(st, gst, e, ahead, costAhead)
+		x.Priority = levels[i]
+		out = append(out, x)
 		ahead++
 		costAhead += e.cost
 	}

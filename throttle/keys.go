@@ -17,11 +17,13 @@ import (
 //	PREFIX:{t:TENANT}:w   zset: planned window entries (score = start time, µs)
 //	PREFIX:{t:TENANT}:a   zset: started window entries
 //	PREFIX:{t:TENANT}:l:QUEUE  list: the tenant's line of jobs of QUEUE in the
-//	                      waiting room
+//	                      waiting room (its jobs of normal priority; lh:QUEUE
+//	                      and ll:QUEUE hold those of high and low priority)
 //	PREFIX:{t:TENANT}:q   set: the queues the tenant has a line in
 //	PREFIX:{t:TENANT}:g   zset: jobs taken from a line, being handed to asynq
 //	PREFIX:{t:TENANT}:j   zset: intents, jobs that arrived to wait and are in
-//	                      no line yet (their tasks parked, or about to be)
+//	                      no line yet (their tasks parked, or about to be);
+//	                      jh and jl those of high and low priority
 //	PREFIX:{t:TENANT}:d   string: the limit learned from the downstream (JSON),
 //	                      expiring when it lapses
 //
@@ -50,8 +52,46 @@ type scopeKeys struct {
 	base                    string // of the lines
 }
 
-// line is the scope's line of jobs of queue in the waiting room.
+// line is the scope's line of jobs of queue in the waiting room: the list
+// of its jobs of normal priority.
 func (k scopeKeys) line(queue string) string { return k.base + "l:" + queue }
+
+// A line has a list per priority level (waitroom.Waiter.Priority): its
+// head is the head of the highest level that has jobs.
+const (
+	priorityLow    = -1
+	priorityNormal = 0
+	priorityHigh   = 1
+)
+
+// priorities are the levels, highest first: the order of a line's lists.
+var priorities = [3]int{priorityHigh, priorityNormal, priorityLow}
+
+// levelSuffix names a priority level in its keys ("" for normal).
+func levelSuffix(p int) string {
+	switch {
+	case p > 0:
+		return "h"
+	case p < 0:
+		return "l"
+	}
+	return ""
+}
+
+// lineAt is the list of the scope's line of queue that holds jobs of
+// priority p.
+func (k scopeKeys) lineAt(queue string, p int) string {
+	return k.base + "l" + levelSuffix(p) + ":" + queue
+}
+
+// lines are the lists of the scope's line of queue, highest priority
+// first.
+func (k scopeKeys) lines(queue string) []string {
+	return []string{k.lineAt(queue, priorityHigh), k.lineAt(queue, priorityNormal), k.lineAt(queue, priorityLow)}
+}
+
+// intentsAt is the scope's intents of jobs of priority p.
+func (k scopeKeys) intentsAt(p int) string { return k.intents + levelSuffix(p) }
 
 // admitKeys are a scope's keys admit.lua may touch.
 func (k scopeKeys) admitKeys() []string {
@@ -111,7 +151,7 @@ func keysFor(prefix, scope string) scopeKeys {
 
 // all are the scope's keys but its lines (which name their queues).
 func (k scopeKeys) all() []string {
-	return []string{k.state, k.planned, k.started, k.queues, k.handing, k.intents}
+	return []string{k.state, k.planned, k.started, k.queues, k.handing, k.intents, k.intentsAt(priorityHigh), k.intentsAt(priorityLow)}
 }
 
 // The waiting room's keys, in a slot of their own: a queue's due index,
@@ -152,9 +192,10 @@ func scopeKeyPattern(prefix string) string {
 	return globEscape(prefix) + ":{[tg]*}:[swaqgljd]*"
 }
 
-// lineKeyPattern is a SCAN MATCH pattern for every tenant's lines.
+// lineKeyPattern is a SCAN MATCH pattern for every tenant's lines (the
+// lists of every priority level).
 func lineKeyPattern(prefix string) string {
-	return globEscape(prefix) + ":{t:*}:l:*"
+	return globEscape(prefix) + ":{t:*}:l*:*"
 }
 
 func globEscape(s string) string {
@@ -182,8 +223,20 @@ func scopeAndQueue(prefix, key string) (scope, queue string, ok bool) {
 	if !ok {
 		return "", "", false
 	}
-	if i := strings.Index(rest, "}:l:"); i > 0 {
-		rest, queue = rest[:i+1]+":l", rest[i+4:]
+	// a line's key (of any priority level): the first marker is the
+	// tag's end (a queue's name may hold one too)
+	at, mark := -1, ""
+	for _, m := range []string{"}:l:", "}:lh:", "}:ll:"} {
+		if i := strings.Index(rest, m); i > 0 && (at < 0 || i < at) {
+			at, mark = i, m
+		}
+	}
+	if at > 0 {
+		rest, queue = rest[:at+1]+":l", rest[at+len(mark):]
+	}
+	// a priority level's intents (jh, jl) belong to the scope as j does
+	if strings.HasSuffix(rest, "}:jh") || strings.HasSuffix(rest, "}:jl") {
+		rest = rest[:len(rest)-1]
 	}
 	if len(rest) < 4 || rest[len(rest)-2:len(rest)-1] != ":" {
 		return "", "", false

@@ -31,7 +31,7 @@ const (
 
 // intentKeyPattern is a SCAN MATCH pattern for every tenant's intents.
 func intentKeyPattern(prefix string) string {
-	return globEscape(prefix) + ":{t:*}:j"
+	return globEscape(prefix) + ":{t:*}:j*"
 }
 
 // sweepOrphans puts in their lines the jobs of intents older than
@@ -52,8 +52,10 @@ func (r *room) sweepOrphans(ctx context.Context, lookup waitroom.TaskLookup) err
 		now = t
 	}
 	var tenants []string
+	seen := map[string]bool{}
 	err := r.l.scan(ctx, intentKeyPattern(r.l.cfg.Prefix), func(key string) {
-		if t, ok := scopeFromKey(r.l.cfg.Prefix, key); ok && t != GlobalPolicy {
+		if t, ok := scopeFromKey(r.l.cfg.Prefix, key); ok && t != GlobalPolicy && !seen[t] {
+			seen[t] = true
 			tenants = append(tenants, t)
 		}
 	})
@@ -61,15 +63,19 @@ func (r *room) sweepOrphans(ctx context.Context, lookup waitroom.TaskLookup) err
 		return fmt.Errorf("sweep intents: %w", err)
 	}
 	for _, t := range tenants {
-		if err := r.sweepTenantOrphans(ctx, t, now, lookup); err != nil {
-			return err
+		for _, p := range priorities {
+			if err := r.sweepTenantOrphans(ctx, t, p, now, lookup); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
 }
 
-func (r *room) sweepTenantOrphans(ctx context.Context, tenant string, now time.Time, lookup waitroom.TaskLookup) error {
-	key := keysFor(r.l.cfg.Prefix, tenant).intents
+// sweepTenantOrphans sweeps tenant's intents of priority level p: the jobs
+// it joins join that level.
+func (r *room) sweepTenantOrphans(ctx context.Context, tenant string, p int, now time.Time, lookup waitroom.TaskLookup) error {
+	key := keysFor(r.l.cfg.Prefix, tenant).intentsAt(p)
 	max := strconv.FormatInt(now.Add(-intentAge).UnixMicro(), 10)
 	gone := now.Add(-intentGoneAge).UnixMicro()
 	for offset := int64(0); ; offset += orphansPerCall {
@@ -83,6 +89,7 @@ func (r *room) sweepTenantOrphans(ctx context.Context, tenant string, now time.T
 		for _, z := range zs {
 			m, _ := z.Member.(string)
 			w, ok := parseLineTail(m)
+			w.Priority = p
 			if !ok {
 				bad = append(bad, m)
 				continue

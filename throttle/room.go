@@ -66,6 +66,9 @@ func (r *room) Arrive(ctx context.Context, a waitroom.Arrival) (waitroom.Arrived
 	if strings.Contains(a.Queue, lineSep) {
 		return waitroom.Arrived{}, fmt.Errorf("arrival of tenant %q: queue %q holds the byte 0x1f, which sluice keeps for itself; rename the queue", a.Tenant, a.Queue)
 	}
+	if err := checkPriority(a.Priority); err != nil {
+		return waitroom.Arrived{}, fmt.Errorf("arrival of tenant %q: %w", a.Tenant, err)
+	}
 	cost := max(a.Cost, 1)
 	res, _ := a.Policies.(*Resolved)
 	if res == nil {
@@ -95,7 +98,8 @@ func (r *room) Arrive(ctx context.Context, a waitroom.Arrival) (waitroom.Arrived
 		op.scopes = append(op.scopes, opScope{scope: s})
 	}
 	k := keysFor(r.l.cfg.Prefix, a.Tenant)
-	op.roomKeys = []string{k.line(queueOf(a.Queue)), k.intents}
+	q := queueOf(a.Queue)
+	op.roomKeys = []string{k.line(q), k.intentsAt(a.Priority), k.lineAt(q, priorityHigh), k.lineAt(q, priorityLow)}
 	op.roomArgs = []any{boolInt(a.MayGo), backlog, micros(r.l.cfg.PromoteLead), lineTail(waitroom.Waiter{ID: a.ID, Queue: a.Queue, Cost: cost})}
 	raw, err := r.l.runRaw(ctx, op, -1)
 	if err != nil {
@@ -227,11 +231,17 @@ func (r *room) Forget(ctx context.Context, tenant string, jobs ...waitroom.Waite
 	if len(jobs) == 0 {
 		return nil
 	}
-	members := make([]any, len(jobs))
-	for i, j := range jobs {
-		members[i] = lineTail(j)
+	k := keysFor(r.l.cfg.Prefix, tenant)
+	members := map[string][]any{}
+	for _, j := range jobs {
+		key := k.intentsAt(j.Priority)
+		members[key] = append(members[key], lineTail(j))
 	}
-	if err := r.l.client.ZRem(ctx, keysFor(r.l.cfg.Prefix, tenant).intents, members...).Err(); err != nil {
+	pipe := r.l.client.Pipeline()
+	for key, ms := range members {
+		pipe.ZRem(ctx, key, ms...)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
 		return fmt.Errorf("forget the intents of tenant %q: %w", tenant, err)
 	}
 	return nil
@@ -259,17 +269,32 @@ func (r *room) join(ctx context.Context, tenant string, backlog int64, mode int,
 		if strings.Contains(j.Queue, lineSep) {
 			return 0, 0, fmt.Errorf("line of tenant %q: queue %q holds the byte 0x1f, which sluice keeps for itself; rename the queue", tenant, j.Queue)
 		}
+		if err := checkPriority(j.Priority); err != nil {
+			return 0, 0, fmt.Errorf("line of tenant %q: job %q: %w", tenant, j.ID, err)
+		}
 	}
 	k := keysFor(r.l.cfg.Prefix, tenant)
 	for len(jobs) > 0 {
-		chunk := jobs[:min(len(jobs), joinChunk)]
+		// a call joins jobs of one priority level: a run of them, in order
+		n := 1
+		for n < min(len(jobs), joinChunk) && jobs[n].Priority == jobs[0].Priority {
+			n++
+		}
+		chunk := jobs[:n]
 		jobs = jobs[len(chunk):]
 		args := make([]any, 0, 4+len(chunk))
 		args = append(args, r.l.clockArg(), backlog, queue, mode)
 		for _, j := range chunk {
 			args = append(args, lineTail(j))
 		}
-		res, err := lua.Line.Run(ctx, r.l.client, []string{k.line(queue), k.queues, k.intents}, args...).Result()
+		p := chunk[0].Priority
+		keys := []string{k.lineAt(queue, p), k.queues, k.intentsAt(p)}
+		for _, o := range priorities {
+			if o != p {
+				keys = append(keys, k.lineAt(queue, o))
+			}
+		}
+		res, err := lua.Line.Run(ctx, r.l.client, keys, args...).Result()
 		if err != nil {
 			return joined, waiting, fmt.Errorf("line of tenant %q: %w", tenant, err)
 		}
@@ -291,6 +316,14 @@ func (r *room) join(ctx context.Context, tenant string, backlog int64, mode int,
 		}
 	}
 	return joined, waiting, nil
+}
+
+// checkPriority says what is wrong with a job's priority level.
+func checkPriority(p int) error {
+	if p < priorityLow || p > priorityHigh {
+		return fmt.Errorf("priority %d: must be 1 (high), 0 (normal) or -1 (low)", p)
+	}
+	return nil
 }
 
 // joinChunk is how many jobs one line.lua call puts in a line.
@@ -364,7 +397,8 @@ func (r *room) turn(ctx context.Context, tenant, queue, id string, claim uint64,
 	op.roomArgs = []any{budget, quantum, micros(waitroom.RepairDefault), micros(r.l.cfg.PromoteLead)}
 	if budget > 0 {
 		k := keysFor(r.l.cfg.Prefix, tenant)
-		op.roomKeys = []string{k.line(queueOf(queue)), k.handing, k.queues}
+		q := queueOf(queue)
+		op.roomKeys = []string{k.line(q), k.handing, k.queues, k.lineAt(q, priorityHigh), k.lineAt(q, priorityLow)}
 		op.roomArgs = append(op.roomArgs, queueOf(queue))
 	}
 	raw, err := r.l.runRaw(ctx, op, -1)
@@ -707,8 +741,8 @@ func (r *room) readLines(ctx context.Context, tenant string, queues []string, te
 	pipe := r.l.client.Pipeline()
 	type read struct {
 		tenant, queue string
-		n             *redis.IntCmd
-		head          *redis.StringCmd
+		n             [len(priorities)]*redis.IntCmd
+		head          [len(priorities)]*redis.StringCmd
 	}
 	var reads []read
 	for i, q := range queues {
@@ -716,8 +750,11 @@ func (r *room) readLines(ctx context.Context, tenant string, queues []string, te
 		if tenants != nil {
 			t = tenants[i]
 		}
-		k := keysFor(r.l.cfg.Prefix, t).line(q)
-		reads = append(reads, read{t, q, pipe.LLen(ctx, k), pipe.LIndex(ctx, k, 0)})
+		rd := read{tenant: t, queue: q}
+		for l, key := range keysFor(r.l.cfg.Prefix, t).lines(q) {
+			rd.n[l], rd.head[l] = pipe.LLen(ctx, key), pipe.LIndex(ctx, key, 0)
+		}
+		reads = append(reads, rd)
 	}
 	if len(reads) == 0 {
 		return nil, nil
@@ -727,11 +764,17 @@ func (r *room) readLines(ctx context.Context, tenant string, queues []string, te
 	}
 	out := make([]waitroom.Line, 0, len(reads))
 	for _, rd := range reads {
-		if n := rd.n.Val(); n > 0 {
-			l := waitroom.Line{Tenant: rd.tenant, Queue: rd.queue, Waiting: n}
-			if e, ok := parseLineEntry(rd.head.Val()); ok {
-				l.Oldest = e.lined
+		l := waitroom.Line{Tenant: rd.tenant, Queue: rd.queue}
+		for i := range priorities {
+			if n := rd.n[i].Val(); n > 0 {
+				l.Waiting += n
+				// the line's longest waiting job heads one of its levels
+				if e, ok := parseLineEntry(rd.head[i].Val()); ok && (l.Oldest.IsZero() || e.lined.Before(l.Oldest)) {
+					l.Oldest = e.lined
+				}
 			}
+		}
+		if l.Waiting > 0 {
 			out = append(out, l)
 		}
 	}
@@ -772,17 +815,83 @@ func (r *room) WaitingIDs(ctx context.Context, tenant string, n int64) ([]waitro
 	}
 	var out []waitroom.Waiter
 	for _, q := range qs {
-		ms, err := r.l.client.LRange(ctx, keysFor(r.l.cfg.Prefix, tenant).line(q), 0, n-1).Result()
+		es, levels, err := r.l.lineJobs(ctx, tenant, q, n)
 		if err != nil {
-			return nil, fmt.Errorf("waiting jobs of tenant %q: %w", tenant, err)
+			return nil, err
 		}
-		for _, m := range ms {
-			if e, ok := parseLineEntry(m); ok {
-				out = append(out, waitroom.Waiter{ID: e.id, Queue: e.queue, Cost: e.cost})
-			}
+		for i, e := range es {
+			out = append(out, waitroom.Waiter{ID: e.id, Queue: e.queue, Cost: e.cost, Priority: levels[i]})
 		}
 	}
 	return out, nil
+}
+
+// Prioritize moves job id, waiting in tenant's line of queue, to priority
+// level p, at the end of that level's jobs; it reports whether the job was
+// waiting there. The line is read in pages to find the job (as Explain
+// does), then one script moves it, unless it left the line meanwhile.
+func (r *room) Prioritize(ctx context.Context, tenant, queue, id string, p int) (bool, error) {
+	if err := ValidateTenant(tenant); err != nil {
+		return false, err
+	}
+	if err := checkPriority(p); err != nil {
+		return false, fmt.Errorf("prioritize job %s of tenant %q: %w", id, tenant, err)
+	}
+	queue = queueOf(queue)
+	k := keysFor(r.l.cfg.Prefix, tenant)
+	const page = 1000
+	for _, from := range priorities {
+		key := k.lineAt(queue, from)
+		for start := int64(0); start < maxExplainScan; start += page {
+			ms, err := r.l.client.LRange(ctx, key, start, start+page-1).Result()
+			if err != nil {
+				return false, fmt.Errorf("prioritize job %s of tenant %q: %w", id, tenant, err)
+			}
+			for _, m := range ms {
+				if e, ok := parseLineEntry(m); !ok || e.id != id {
+					continue
+				}
+				if from == p {
+					return true, nil
+				}
+				moved, err := lua.Prioritize.Run(ctx, r.l.client, []string{key, k.lineAt(queue, p)}, m).Int()
+				if err != nil {
+					return false, fmt.Errorf("prioritize job %s of tenant %q: %w", id, tenant, err)
+				}
+				return moved == 1, nil
+			}
+			if len(ms) < page {
+				break
+			}
+		}
+	}
+	return false, nil
+}
+
+// lineJobs are the first n jobs (0: all) of tenant's line of queue, in the
+// order they leave it (high priority first), with their levels.
+func (l *Limiter) lineJobs(ctx context.Context, tenant, queue string, n int64) ([]lineEntry, []int, error) {
+	pipe := l.client.Pipeline()
+	var cmds []*redis.StringSliceCmd
+	for _, key := range keysFor(l.cfg.Prefix, tenant).lines(queueOf(queue)) {
+		cmds = append(cmds, pipe.LRange(ctx, key, 0, n-1))
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !isNil(err) {
+		return nil, nil, fmt.Errorf("waiting jobs of tenant %q: %w", tenant, err)
+	}
+	var out []lineEntry
+	var levels []int
+	for i, c := range cmds {
+		for _, m := range c.Val() {
+			if n > 0 && int64(len(out)) >= n {
+				return out, levels, nil
+			}
+			if e, ok := parseLineEntry(m); ok {
+				out, levels = append(out, e), append(levels, priorities[i])
+			}
+		}
+	}
+	return out, levels, nil
 }
 
 // lineEntry is a line entry read back: LINED_MS␟COST␟QUEUE␟ID.

@@ -61,9 +61,9 @@ func (l *Limiter) release(ctx context.Context, tenant, queue, id string, claim u
 	if r.global != nil && r.global.Concurrency != nil {
 		globalKeys = []string{keysFor(l.cfg.Prefix, GlobalPolicy).state}
 	}
-	line := ""
+	var lines []string
 	if queue != "" && tenant != "" {
-		line = keysFor(l.cfg.Prefix, tenant).line(queueOf(queue))
+		lines = keysFor(l.cfg.Prefix, tenant).lines(queueOf(queue))
 	}
 	var groups [][]string
 	if l.cluster {
@@ -84,10 +84,10 @@ func (l *Limiter) release(ctx context.Context, tenant, queue, id string, claim u
 			noTTL = 1
 		}
 		args := []any{l.clockArg(), 1, noTTL, id, claim, len(keys), 0}
-		if line != "" && i == 0 && tenantKeys != nil {
+		if lines != nil && i == 0 && tenantKeys != nil {
 			// the tenant's group comes first and shares its slot with the line
-			keys = append(keys[:len(keys):len(keys)], line)
-			args[6] = 1
+			keys = append(keys[:len(keys):len(keys)], lines...)
+			args[6] = len(lines)
 		}
 		// every group is tried: a scope that cannot be reached keeps its
 		// slot until the lease runs out, the others are given back now

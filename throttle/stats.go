@@ -92,7 +92,7 @@ func (l *Limiter) Stats(ctx context.Context, tenant string) (*Stats, error) {
 			return nil, err
 		}
 		for _, q := range qs {
-			keys = append(keys, k.line(q))
+			keys = append(keys, k.lines(q)...)
 		}
 	}
 	res, err := l.batch.run(ctx, lua.Stats, keys, []any{l.clockArg(), wdur, micros(l.cfg.Grace)})

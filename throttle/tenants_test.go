@@ -21,11 +21,13 @@ func TestTenantsKeyRoundTrip(t *testing.T) {
 			require.True(t, ok, k)
 			require.Equal(t, tenant, got)
 		}
-		for _, q := range []string{"default", "a:b", "x}:l:y"} {
-			got, queue, ok := scopeAndQueue("sluice", keysFor("sluice", tenant).line(q))
-			require.True(t, ok, q)
-			require.Equal(t, tenant, got)
-			require.Equal(t, q, queue)
+		for _, q := range []string{"default", "a:b", "x}:l:y", "x}:lh:y"} {
+			for _, key := range keysFor("sluice", tenant).lines(q) {
+				got, queue, ok := scopeAndQueue("sluice", key)
+				require.True(t, ok, key)
+				require.Equal(t, tenant, got)
+				require.Equal(t, q, queue)
+			}
 		}
 	}
 	for _, key := range []string{
@@ -36,7 +38,7 @@ func TestTenantsKeyRoundTrip(t *testing.T) {
 		require.False(t, ok, key)
 	}
 	require.Equal(t, `p\*\?\[x\]\\:{[tg]*}:[swaqgljd]*`, scopeKeyPattern(`p*?[x]\`))
-	require.Equal(t, `p\*:{t:*}:l:*`, lineKeyPattern(`p*`))
+	require.Equal(t, `p\*:{t:*}:l*:*`, lineKeyPattern(`p*`))
 }
 
 func TestTenants(t *testing.T) {

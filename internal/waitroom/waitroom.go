@@ -65,8 +65,14 @@ type Room interface {
 	// Lines reads the lines of queues of the tenants in the queues' due
 	// indexes (at most 10,000 of them). Empty lines are left out.
 	Lines(ctx context.Context, queues ...string) ([]Line, error)
-	// WaitingIDs lists the first n jobs of each of tenant's lines.
+	// WaitingIDs lists the first n jobs of each of tenant's lines, in the
+	// order they leave it.
 	WaitingIDs(ctx context.Context, tenant string, n int64) ([]Waiter, error)
+	// Prioritize moves job id, waiting in tenant's line of queue, to
+	// priority p: it goes to the end of that level's jobs. It reports
+	// whether the job was waiting there (false: it is not, nothing
+	// changed).
+	Prioritize(ctx context.Context, tenant, queue, id string, p int) (bool, error)
 	// Pump runs the waiting room's pump until ctx ends (see PumpConfig).
 	Pump(ctx context.Context, cfg *PumpConfig) error
 	// Release gives back the concurrency slots job id of tenant holds
@@ -103,6 +109,11 @@ type Arrival struct {
 	Queue string
 	// Cost is what the job weighs on rate, window and quota rules; 0 means 1.
 	Cost int64
+	// Priority is the job's level in its tenant's line: 1 high, 0 normal,
+	// -1 low (taskspec.Priority). A line's jobs of high priority leave it
+	// first, then those of normal, then of low priority, each level first
+	// in, first out.
+	Priority int
 	// MayGo reports that the fleet has room for the job now: without it
 	// the job waits in its line even if its rules allow it, so that a
 	// saturated fleet serves tenants in turn.
@@ -146,9 +157,10 @@ type Arrived struct {
 
 // Waiter is a job to put in its tenant's line.
 type Waiter struct {
-	ID    string
-	Queue string // "" for asynq's default
-	Cost  int64  // 0 means 1
+	ID       string
+	Queue    string // "" for asynq's default
+	Cost     int64  // 0 means 1
+	Priority int    // 1 high, 0 normal, -1 low (see Arrival.Priority)
 }
 
 // Promoted is a job the room promoted from its line: it took its slot and
