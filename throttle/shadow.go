@@ -215,7 +215,9 @@ func (s *shadower) loop(l *Limiter, done chan struct{}) {
 			s.mu.Lock()
 			s.closed = true
 			s.mu.Unlock()
+			// the last decisions, then their counts
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			s.flush(ctx, l, true)
 			s.flush(ctx, l, true)
 			cancel()
 			s.mu.Lock()
