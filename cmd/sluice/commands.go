@@ -113,7 +113,8 @@ func init() {
 				"until interrupted (with --once, one): {\"time\", \"interval_ms\", \"stale\",\n" +
 				"\"error\", \"tenants\": [{\"tenant\", \"starts_per_s\", \"limit\", \"in_flight\",\n" +
 				"\"concurrency\", \"reserved\", \"cooldown_ms\", \"waiting\", \"backlog_cap\",\n" +
-				"\"policy\"}]}.",
+				"\"policy\", \"shadow\"}]}. A tenant with a shadow policy (policy set --shadow)\n" +
+				"shows what it would deny: the share of its starts over the interval.",
 			flags: func(fs *flag.FlagSet, o *opts) {
 				o.interval = durationFlag(time.Second)
 				fs.BoolVar(&o.once, "once", false, "")

@@ -104,3 +104,41 @@ func testShadow(t *testing.T, c *cli) {
 	require.Equal(t, "rate=100/s\n", c.mustRun(t, "policy", "get", "acme"))
 	require.NotContains(t, c.mustRun(t, "stats", "acme"), "shadow")
 }
+
+// TestTopShadow: top shows what a tenant's shadow would deny over the
+// interval, in a column of its own only when a tenant shown has a shadow.
+func TestTopShadow(t *testing.T) {
+	t.Parallel()
+	t0 := time.Unix(1_700_000_000, 0)
+	t1 := t0.Add(2 * time.Second)
+	p, err := throttle.ParsePolicy("rate=5/s")
+	require.NoError(t, err)
+	shadow := func(decisions, denied int64) *throttle.ShadowStats {
+		return &throttle.ShadowStats{Name: "@shadow:acme", Policy: p, Decisions: decisions, Denied: denied}
+	}
+	prev := topSample{
+		"acme":   {Tenant: "acme", Now: t0, Started: 100, Shadow: shadow(100, 60)},
+		"quiet":  {Tenant: "quiet", Now: t0, Started: 5, Shadow: shadow(5, 0)},
+		"globex": {Tenant: "globex", Now: t0, Started: 10},
+	}
+	cur := topSample{
+		"acme":   {Tenant: "acme", Policy: "acme", Now: t1, Started: 140, Shadow: shadow(140, 90)},
+		"quiet":  {Tenant: "quiet", Policy: "quiet", Now: t1, Started: 5, Shadow: shadow(5, 0)},
+		"globex": {Tenant: "globex", Policy: "globex", Now: t1, Started: 12},
+	}
+	rows := topRows(prev, cur)
+	var b strings.Builder
+	require.NoError(t, writeTop(&b, rows, 0, "\n"))
+	// acme: 40 starts in 2 s, 30 of which the shadow would have denied
+	require.Equal(t, `TENANT  STARTS/S  LIMIT  IN FLIGHT  RESERVED  COOLDOWN  WAITING  POLICY  SHADOW WOULD DENY
+acme    20.0      -      -          0         -         0        acme    75% of 20.0/s
+globex  1.0       -      -          0         -         0        globex  -
+quiet   0.0       -      -          0         -         0        quiet   no starts
+`, b.String())
+	b.Reset()
+	require.NoError(t, writeTop(&b, rows[1:2], 0, "\n"))
+	require.NotContains(t, b.String(), "SHADOW", "no shadow shown, no column")
+	doc := topDocOf(cur, rows, 2*time.Second, 0, nil)
+	require.Equal(t, &topShadowJSON{Name: "@shadow:acme", Rules: "rate=5/s", DecisionsPerSec: 20, DeniedPerSec: 15, Decisions: 140, Denied: 90}, doc.Tenants[0].Shadow)
+	require.Nil(t, doc.Tenants[1].Shadow)
+}
