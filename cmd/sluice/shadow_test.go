@@ -3,12 +3,14 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/throttle"
 )
 
@@ -141,4 +143,34 @@ quiet   0.0       -      -          0         -         0        quiet   no star
 	doc := topDocOf(cur, rows, 2*time.Second, 0, nil)
 	require.Equal(t, &topShadowJSON{Name: "@shadow:acme", Rules: "rate=5/s", DecisionsPerSec: 20, DeniedPerSec: 15, Decisions: 140, Denied: 90}, doc.Tenants[0].Shadow)
 	require.Nil(t, doc.Tenants[1].Shadow)
+}
+
+// TestBoardShowsShadow: a tenant's shadow policy is on its dashboard row
+// (what it would have denied, in all and over the last interval) and in
+// its state.
+func TestBoardShowsShadow(t *testing.T) {
+	t.Parallel()
+	e := newBoardEnv(t, boardConfig{readOnly: true})
+	setPolicy(t, e.cn, "acme", "rate=100/s")
+	setPolicy(t, e.cn, throttle.ShadowPrefix+"acme", "rate=5/s")
+	_, row := e.row(t, "acme", "listed with its shadow", func(_ tenantsDoc, r rowJSON) bool { return r.Shadow != nil })
+	require.Equal(t, "would have denied none yet", row.Shadow.Text)
+
+	lim, err := throttle.NewLimiter(redistest.Client(t), &throttle.Config{Prefix: e.cn.prefix})
+	require.NoError(t, err)
+	for i := range 10 {
+		lim.Shadow(throttle.Request{Tenant: "acme", ID: fmt.Sprint("job-", i)}, time.Time{}, nil)()
+	}
+	require.NoError(t, lim.Close()) // sends what waits
+	_, row = e.row(t, "acme", "the shadow's decisions", func(_ tenantsDoc, r rowJSON) bool { return r.Shadow.Decisions == 10 })
+	require.Equal(t, "@shadow:acme", row.Shadow.Name)
+	require.Equal(t, "rate=5/s", row.Shadow.Rules)
+	require.Equal(t, int64(9), row.Shadow.Denied)
+	require.Equal(t, map[string]int64{"rate[0]": 9}, row.Shadow.DeniedBy)
+	require.Equal(t, "would have denied 9 of 10 (90%)", row.Shadow.Text)
+
+	var detail tenantDoc
+	require.Equal(t, http.StatusOK, e.get(t, "/api/tenants/acme", &detail))
+	require.NotNil(t, detail.Stats.Shadow)
+	require.Equal(t, int64(9), detail.Stats.Shadow.Denied)
 }
