@@ -79,6 +79,15 @@ func (l *Limiter) Shadow(req Request, at time.Time, counted func(Decision, error
 	if res.Shadow == nil || req.Tenant == "" {
 		return noShadow
 	}
+	fail := func(err error) func() {
+		if counted != nil {
+			counted(Decision{}, fmt.Errorf("shadow of tenant %q: %w", req.Tenant, err))
+		}
+		return noShadow
+	}
+	if err := ValidateTenant(req.Tenant); err != nil {
+		return fail(err)
+	}
 	if at.IsZero() {
 		at = l.estimatedNow()
 	}
@@ -94,7 +103,10 @@ func (l *Limiter) Shadow(req Request, at time.Time, counted func(Decision, error
 		sc:      scope{name: res.ShadowName, keys: shadowKeysFor(l.cfg.Prefix, req.Tenant), policy: res.Shadow, facts: facts},
 		counted: counted,
 	}
-	if facts.lease > 0 && req.ID != "" {
+	if facts.lease > 0 {
+		if req.ID == "" {
+			return fail(fmt.Errorf("the shadow %q has a concurrency rule, which needs the job's id to hold a slot", res.ShadowName))
+		}
 		e.claim, e.lease = newClaim(), facts.lease
 	}
 	if !l.shadows.add(l, e) || e.claim == 0 {

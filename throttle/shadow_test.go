@@ -201,3 +201,68 @@ func TestShadowCountsEqualEnforcement(t *testing.T) {
 		})
 	}
 }
+
+// A tenant without a shadow costs nothing: Shadow returns at once and
+// nothing is queued. Bad input is refused and counted as an error.
+func TestShadowNothingToDoAndBadInput(t *testing.T) {
+	t.Parallel()
+	e := setup(t, false, nil)
+	e.policy(t, "acme", "rate=10/s")
+	e.policy(t, ShadowPrefix+"globex", "concurrency=1")
+	e.policy(t, ShadowPrefix+"*", "rate=1/s") // tried on a tenant that follows the default
+	var errs []error
+	counted := func(_ Decision, err error) { errs = append(errs, err) }
+	e.lim.Shadow(Request{Tenant: "acme", ID: "job-1"}, time.Time{}, counted)()
+	e.lim.shadows.mu.Lock()
+	require.Empty(t, e.lim.shadows.pending, "no shadow, nothing queued")
+	require.False(t, e.lim.shadows.running, "no loop started")
+	e.lim.shadows.mu.Unlock()
+	require.Empty(t, errs)
+
+	e.lim.Shadow(Request{Tenant: "globex"}, time.Time{}, counted)()
+	e.lim.Shadow(Request{Tenant: "@bad", ID: "job-1"}, time.Time{}, counted)()
+	require.Len(t, errs, 2)
+	require.ErrorContains(t, errs[0], `shadow of tenant "globex": the shadow "@shadow:globex" has a concurrency rule, which needs the job's id`)
+	require.ErrorIs(t, errs[1], ErrInvalidTenant)
+	e.lim.shadows.mu.Lock()
+	require.Empty(t, e.lim.shadows.pending)
+	e.lim.shadows.mu.Unlock()
+}
+
+// A process that dies while its job runs leaves the job's shadow slot to
+// its lease: the slot frees itself, as an enforced one does.
+func TestShadowSlotOfADeadProcessFreesAtItsLease(t *testing.T) {
+	t.Parallel()
+	e := setup(t, false, nil)
+	e.policy(t, ShadowPrefix+"acme", "concurrency=1 lease=2s")
+	var mu sync.Mutex
+	var got []Decision
+	counted := func(d Decision, err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if err == nil {
+			got = append(got, d)
+		}
+	}
+	e.lim.Shadow(Request{Tenant: "acme", ID: "job-1"}, time.Time{}, counted) // never ends
+	flushShadows(t, e.lim)
+	require.NoError(t, e.lim.Close()) // the process is gone: no renewal, no end
+
+	// another process of the fleet
+	lim, err := NewLimiter(e.client, &Config{Prefix: e.prefix, Policies: e.store})
+	require.NoError(t, err)
+	lim.clock = e.clock.Now
+	defer lim.Close()
+	e.clock.Advance(1900 * time.Millisecond)
+	lim.Shadow(Request{Tenant: "acme", ID: "job-2"}, time.Time{}, counted)()
+	flushShadows(t, lim)
+	e.clock.Advance(200 * time.Millisecond)
+	lim.Shadow(Request{Tenant: "acme", ID: "job-3"}, time.Time{}, counted)()
+	flushShadows(t, lim)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, got, 3)
+	require.True(t, got[0].Allowed)
+	require.Equal(t, "concurrency", got[1].Rule, "job-1's slot is held within its lease")
+	require.True(t, got[2].Allowed, "and free past it")
+}
