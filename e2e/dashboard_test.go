@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -61,6 +62,8 @@ func TestDashboardInChromium(t *testing.T) {
 	sluice("policy", "set", "initech", "concurrency=2")
 	sluice("policy", "set", "umbrella", "quota=10000/day tz=UTC")
 	sluice("policy", "set", "@global", "concurrency=50")
+	// a limit tried on acme's live traffic: half its rate, not enforced
+	sluice("policy", "set", "acme", "rate=10/s burst=2", "--shadow")
 
 	admin := startWorker(ctx, t, bin, srv.URL())
 	base := startDashboard(ctx, t, bin, srv.URL(), "--metrics", admin+"/metrics")
@@ -94,6 +97,13 @@ func TestDashboardInChromium(t *testing.T) {
 	waitPage(t, base+"api/tenants", "the fleet's decisions by rule", func() bool {
 		return strings.Contains(text(t, bctx, "#decisions"), "allowed")
 	})
+	// the shadow panel: acme runs at its enforced 20/s, and its shadow of
+	// 10/s counts the starts it would have denied
+	waitPage(t, base+"api/tenants", "acme's shadow counting denials", func() bool {
+		return regexp.MustCompile(`^[1-9][0-9,]* of [0-9,]+ \([0-9.]+%\)$`).MatchString(text(t, bctx, `#shadows tr[data-tenant="acme"] td[data-field="shadow-denied"]`))
+	})
+	require.Contains(t, text(t, bctx, `#shadows tr[data-tenant="acme"]`), "rate=10/s burst=2")
+	require.Empty(t, text(t, bctx, `#shadows tr[data-tenant="globex"]`), "only tenants with a shadow are in the panel")
 	// A screenshot worth looking at: a few tens of seconds of sparkline.
 	waitPage(t, base+"api/tenants", "half a minute of acme's history", func() bool {
 		n, err := chromedp.Run(bctx, chromedp.Evaluate[int](`document.querySelector('tr[data-tenant="acme"] polyline')?.points.length ?? 0`))
@@ -111,6 +121,9 @@ func TestDashboardInChromium(t *testing.T) {
 		chromedp.WaitVisible(chromedp.CSS(`#chart-decisions path[data-series="allowed"]`)),
 	))
 	require.Equal(t, "acme", text(t, bctx, "#tenant-name"))
+	waitPage(t, base+"api/tenants/acme", "acme's shadow in its state", func() bool {
+		return strings.Contains(text(t, bctx, "#detail"), "would have denied") && strings.Contains(text(t, bctx, `[data-card="shadow"]`), "%")
+	})
 	waitPage(t, base+"api/tenants", "acme's starts plotted", func() bool {
 		n, err := chromedp.Run(bctx, chromedp.Evaluate[int](`document.querySelector('#chart-starts path[data-series="starts/s"]').getAttribute("d").split(/[LMHV]/).length`))
 		require.NoError(t, err)

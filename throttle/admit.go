@@ -222,7 +222,8 @@ func (l *Limiter) resolved(ctx context.Context, tenant string) (Resolved, error)
 	if err != nil {
 		return Resolved{}, err
 	}
-	return Resolved{Policy: r.tenant, Name: r.tenantName, Global: r.global, facts: r.tenantFacts, globalFacts: r.globalFacts}, nil
+	return Resolved{Policy: r.tenant, Name: r.tenantName, Global: r.global, Shadow: r.shadow, ShadowName: r.shadowName,
+		facts: r.tenantFacts, globalFacts: r.globalFacts, shadowFacts: r.shadowFacts}, nil
 }
 
 // noTTLFlag is flagNoTTL for tests that keep keys from expiring.

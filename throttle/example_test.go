@@ -410,3 +410,62 @@ func ExampleLimiter_ExplainLine() {
 	// job-2 1 rate[0] 1m0s
 	// job-3 2 rate[0] 3m0s
 }
+
+// A shadow policy is tried on a tenant's jobs as they start: decided and
+// counted as if it were enforced, holding nothing back. The worker's gate
+// records every start this way; here the jobs are admitted by hand.
+func ExampleLimiter_Shadow() {
+	client, prefix := redistest.ExampleClient()
+	defer client.Close()
+	ctx := context.Background()
+
+	lim, err := throttle.NewLimiter(client, &throttle.Config{Prefix: prefix})
+	if err != nil {
+		log.Fatal(err)
+	}
+	enforced, _ := throttle.ParsePolicy("rate=100/s burst=100")
+	tried, _ := throttle.ParsePolicy("rate=2/min burst=2")
+	if err := lim.Policies().Set(ctx, "acme", enforced); err != nil {
+		log.Fatal(err)
+	}
+	// stored as "@shadow:acme", beside acme's enforced policy
+	if err := lim.Policies().Set(ctx, throttle.ShadowPrefix+"acme", tried); err != nil {
+		log.Fatal(err)
+	}
+
+	for _, job := range []string{"job-1", "job-2", "job-3"} {
+		d, err := lim.Admit(ctx, "acme", job)
+		if err != nil || !d.Allowed {
+			log.Fatal("the enforced policy lets every job start")
+		}
+		end := lim.Shadow(throttle.Request{Tenant: "acme", ID: job}, d.Now, func(s throttle.Decision, err error) {
+			if err != nil {
+				log.Fatal(err)
+			}
+			if s.Allowed {
+				fmt.Println(job, "started; the shadow would have let it")
+			} else {
+				fmt.Println(job, "started; the shadow would have denied it by", s.Rule, "for", s.RetryAfter.Round(time.Second))
+			}
+		})
+		// ... the job runs ...
+		end()
+	}
+	lim.Close() // sends the shadow decisions still on their way
+
+	reader, err := throttle.NewLimiter(client, &throttle.Config{Prefix: prefix})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer reader.Close()
+	st, err := reader.Stats(ctx, "acme")
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("%s (%s) would have denied %d of %d starts: %v\n", st.Shadow.Name, st.Shadow.Policy, st.Shadow.Denied, st.Shadow.Decisions, st.Shadow.DeniedBy)
+	// Output:
+	// job-1 started; the shadow would have let it
+	// job-2 started; the shadow would have let it
+	// job-3 started; the shadow would have denied it by rate[0] for 30s
+	// @shadow:acme (rate=2/min burst=2) would have denied 1 of 3 starts: map[rate[0]:1]
+}

@@ -26,6 +26,10 @@ import (
 //	                      jh and jl those of high and low priority
 //	PREFIX:{t:TENANT}:d   string: the limit learned from the downstream (JSON),
 //	                      expiring when it lapses
+//	PREFIX:{t:TENANT}:xs, :xw, :xa  the shadow scope: the state hash and window
+//	                      zsets of the tenant's shadow policy (as :s, :w, :a)
+//	PREFIX:{t:TENANT}:xn:FP  hash: the shadow's decisions counted, for the
+//	                      shadow policy whose fingerprint is FP
 //
 // TENANT is escaped so that braces, colons, spaces and percent signs never
 // reach the key: a tenant cannot move its keys to another slot or collide
@@ -147,6 +151,21 @@ func keysFor(prefix, scope string) scopeKeys {
 		learned: base + "d",
 		base:    base,
 	}
+}
+
+// shadowKeysFor are the keys of tenant's shadow scope: admit.lua decides
+// a shadow's ops over them as over any scope's, under the tenant's hash
+// tag. They match neither scopeKeyPattern nor scopeAndQueue: a shadow's
+// state lists no tenant.
+func shadowKeysFor(prefix, tenant string) scopeKeys {
+	base := prefix + ":" + hashTag(tenant) + ":x"
+	return scopeKeys{state: base + "s", planned: base + "w", started: base + "a", base: base}
+}
+
+// shadowCountsKey holds the counts of tenant's shadow decisions under the
+// shadow policy whose fingerprint is fp: a changed shadow counts afresh.
+func shadowCountsKey(prefix, tenant string, fp uint32) string {
+	return prefix + ":" + hashTag(tenant) + ":xn:" + strconv.FormatUint(uint64(fp), 16)
 }
 
 // all are the scope's keys but its lines (which name their queues).

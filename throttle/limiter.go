@@ -125,6 +125,8 @@ type Limiter struct {
 	// (split.go), so that they never take back each other's charges.
 	splitLocks [splitStripes]chan struct{}
 
+	shadows shadower // shadow decisions on their way (shadow.go)
+
 	late      sync.WaitGroup // releaseLate's goroutines
 	closing   chan struct{}
 	closeOnce sync.Once
@@ -170,6 +172,7 @@ func (l *Limiter) Policies() *PolicyStore { return l.policies }
 func (l *Limiter) Close() error {
 	l.closeOnce.Do(func() { close(l.closing) })
 	l.late.Wait()
+	l.shadows.close()
 	l.batch.close()
 	if l.ownStore {
 		return l.policies.Close()

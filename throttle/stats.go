@@ -44,6 +44,9 @@ type Stats struct {
 	// alive (it starts again from 0 once the tenant has been idle); the
 	// difference between two snapshots gives starts per second.
 	Started int64
+	// Shadow is what the tenant's shadow policy would have done to its
+	// jobs (Limiter.Shadow), nil when it has none.
+	Shadow *ShadowStats
 	// Leftovers counts the charges a two-step admission on Redis Cluster
 	// could not take back exactly, because another process admitted a job
 	// of the tenant in the same moment: each left a started rate meter at
@@ -56,6 +59,7 @@ type Stats struct {
 func (l *Limiter) Stats(ctx context.Context, tenant string) (*Stats, error) {
 	var p, stored *Policy
 	var learned *LearnedLimit
+	var shadow resolved
 	name := ""
 	if tenant == GlobalPolicy {
 		r, err := l.policies.resolve(ctx, "")
@@ -76,6 +80,7 @@ func (l *Limiter) Stats(ctx context.Context, tenant string) (*Stats, error) {
 		if r.tenant != nil {
 			p, name, stored, learned = r.tenant, r.tenantName, r.stored, r.learned
 		}
+		shadow = r
 	}
 	if p == nil {
 		p = &Policy{}
@@ -152,6 +157,11 @@ func (l *Limiter) Stats(ctx context.Context, tenant string) (*Stats, error) {
 	for _, k := range kinds {
 		if k != nil {
 			k.stats(p, raw, s)
+		}
+	}
+	if shadow.shadow != nil {
+		if s.Shadow, err = l.shadowStats(ctx, tenant, shadow.shadowName, shadow.shadow, shadow.shadowFacts.fp); err != nil {
+			return nil, err
 		}
 	}
 	return s, nil

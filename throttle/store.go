@@ -172,6 +172,9 @@ func (s *PolicyStore) Apply(ctx context.Context, policies map[string]*Policy, pr
 		if err := p.Validate(); err != nil {
 			return fmt.Errorf("policy %q: %w", name, err)
 		}
+		if of, ok := shadowOf(name); ok && !p.HasRules() {
+			return fmt.Errorf("shadow policy %q has no rules: a shadow tries rules (rate, window, quota, concurrency) on %s's jobs; give at least one, or delete the shadow", name, of)
+		}
 		texts[i] = p.String()
 	}
 	changed := false
@@ -368,6 +371,11 @@ type resolved struct {
 	global      *Policy // nil when @global has no policy
 	tenantFacts *policyFacts
 	globalFacts *policyFacts
+	// the shadow tried on the tenant's jobs (nil: none), its name
+	// (ShadowPrefix and the tenant or *) and facts
+	shadow      *Policy
+	shadowName  string
+	shadowFacts *policyFacts
 }
 
 // resolve returns the policies that apply to tenant ("" for jobs without
@@ -385,15 +393,20 @@ func (s *PolicyStore) resolve(ctx context.Context, tenant string) (resolved, err
 	d, dok := s.cache[DefaultPolicy]
 	g, gok := s.cache[GlobalPolicy]
 	le, lok := s.learned[tenant]
+	// the shadows: the tenant's own and the default's
+	shadowName := ShadowPrefix + tenant
+	st, stok := s.cache[shadowName]
+	sd, sdok := s.cache[ShadowPrefix+DefaultPolicy]
 	s.mu.RUnlock()
 	if tenant == "" {
 		t, tok = cachedPolicy{}, true
+		st, stok = cachedPolicy{}, true
 		lok = true
 	}
 	if lok && le.lapsed(time.Now()) {
 		lok = false
 	}
-	if !(tok && dok && gok && lok) {
+	if !(tok && dok && gok && lok && stok && sdok) {
 		// Read only what is missing, in one round trip; the default and
 		// @global stay the same objects for every tenant that uses them.
 		epoch := s.epoch.Load()
@@ -406,6 +419,12 @@ func (s *PolicyStore) resolve(ctx context.Context, tenant string) (resolved, err
 		}
 		if !tok {
 			fields = append(fields, tenant)
+		}
+		if !stok {
+			fields = append(fields, shadowName)
+		}
+		if !sdok {
+			fields = append(fields, ShadowPrefix+DefaultPolicy)
 		}
 		learnedOf := ""
 		if !lok {
@@ -429,6 +448,10 @@ func (s *PolicyStore) resolve(ctx context.Context, tenant string) (resolved, err
 				d = c
 			case GlobalPolicy:
 				g = c
+			case ShadowPrefix + DefaultPolicy:
+				sd = c
+			case shadowName:
+				st = c
 			}
 			if name == tenant {
 				t = c
@@ -446,6 +469,10 @@ func (s *PolicyStore) resolve(ctx context.Context, tenant string) (resolved, err
 					s.cache[name] = d
 				case GlobalPolicy:
 					s.cache[name] = g
+				case ShadowPrefix + DefaultPolicy:
+					s.cache[name] = sd
+				case shadowName:
+					s.cache[name] = st
 				default:
 					s.cache[name] = t
 				}
@@ -468,6 +495,15 @@ func (s *PolicyStore) resolve(ctx context.Context, tenant string) (resolved, err
 			r.tenant, r.tenantName, r.tenantFacts = d.policy, DefaultPolicy, d.facts
 		}
 		r.stored = r.tenant
+		// A shadow is the tenant's own, or the default's for a tenant
+		// that follows the default. One that cannot be read is left out:
+		// it must not stop the tenant's jobs.
+		switch {
+		case st.policy != nil:
+			r.shadow, r.shadowName, r.shadowFacts = st.policy, shadowName, st.facts
+		case st.err == nil && t.policy == nil && t.err == nil && sd.policy != nil:
+			r.shadow, r.shadowName, r.shadowFacts = sd.policy, ShadowPrefix+DefaultPolicy, sd.facts
+		}
 		if le != nil && le.ll != nil {
 			if r.tenant == nil {
 				r.tenantName = tenant
@@ -538,8 +574,13 @@ type Resolved struct {
 	// none is in place; Policy includes it as its last rate rule when it
 	// is applied (Learned.Rule).
 	Learned *LearnedLimit
+	// Shadow is the policy tried on the tenant's jobs without being
+	// enforced (Limiter.Shadow), nil when none is; ShadowName is the name
+	// it is stored under: ShadowPrefix and the tenant, or "*".
+	Shadow     *Policy
+	ShadowName string
 
-	facts, globalFacts *policyFacts // worked out when cached
+	facts, globalFacts, shadowFacts *policyFacts // worked out when cached
 }
 
 // Resolve returns the policies that apply to tenant's jobs ("" for jobs
@@ -547,7 +588,14 @@ type Resolved struct {
 // with one round trip.
 func (s *PolicyStore) Resolve(ctx context.Context, tenant string) (Resolved, error) {
 	r, err := s.resolve(ctx, tenant)
-	return Resolved{Policy: r.tenant, Name: r.tenantName, Global: r.global, Learned: r.learned, facts: r.tenantFacts, globalFacts: r.globalFacts}, err
+	return r.public(), err
+}
+
+// public is r as Resolve answers it.
+func (r resolved) public() Resolved {
+	return Resolved{Policy: r.tenant, Name: r.tenantName, Global: r.global, Learned: r.learned,
+		Shadow: r.shadow, ShadowName: r.shadowName,
+		facts: r.tenantFacts, globalFacts: r.globalFacts, shadowFacts: r.shadowFacts}
 }
 
 // watch drops the cache whenever a change is announced or the version moves.

@@ -49,14 +49,40 @@ func controlAt(s string) int {
 	return -1
 }
 
+// ShadowPrefix starts the name of a shadow policy: "@shadow:acme" is tried
+// on acme's jobs as they start, decided and counted as if it were enforced,
+// holding nothing back (Limiter.Shadow, Stats.Shadow); "@shadow:*" is tried
+// on the tenants that follow the default policy and have no shadow of their
+// own. A shadow stands beside the enforced policy, which keeps working.
+const ShadowPrefix = "@shadow:"
+
 // ValidatePolicyName checks the name of a policy: a tenant (see
-// ValidateTenant), * (the default policy) or @global.
+// ValidateTenant), * (the default policy), @global, or ShadowPrefix and a
+// tenant or * (a shadow policy).
 func ValidatePolicyName(name string) error {
 	if name == DefaultPolicy || name == GlobalPolicy {
 		return nil
 	}
+	if of, ok := strings.CutPrefix(name, ShadowPrefix); ok {
+		switch {
+		case of == DefaultPolicy:
+			return nil
+		case of == GlobalPolicy:
+			return fmt.Errorf("%w: policy name %q: @global has no shadow (shadows are tried per tenant); try the limit as a tenant's shadow, or as the default's (%s*)", ErrInvalidTenant, name, ShadowPrefix)
+		}
+		if err := ValidateTenant(of); err != nil {
+			return fmt.Errorf("shadow policy %q: %w", name, err)
+		}
+		return nil
+	}
 	if strings.HasPrefix(name, "@") {
-		return fmt.Errorf("%w: policy name %q: the only names starting with @ are @global; * is the default policy", ErrInvalidTenant, name)
+		return fmt.Errorf("%w: policy name %q: the only names starting with @ are @global and %sTENANT (a shadow); * is the default policy", ErrInvalidTenant, name, ShadowPrefix)
 	}
 	return ValidateTenant(name)
+}
+
+// shadowOf is the tenant (or *) whose shadow the policy name is; false for
+// any other name.
+func shadowOf(name string) (string, bool) {
+	return strings.CutPrefix(name, ShadowPrefix)
 }

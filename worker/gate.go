@@ -579,6 +579,11 @@ func (g *Gate) run(ctx context.Context, j *job, a Admission, next asynq.Handler)
 	if lease > 0 {
 		stopRenew = g.renew(j, lease, a.Decision.Claim)
 	}
+	if j.policies != nil && j.policies.Shadow != nil {
+		// the start, decided by the tenant's shadow policy in the
+		// background; nothing waits for it
+		defer g.lim.Shadow(throttle.Request{Tenant: j.tenant, ID: j.id, Cost: j.cost, Policies: j.policies}, a.Decision.Now, g.shadowCounted(j.tenant))()
+	}
 	returned := false
 	defer func() {
 		if stopRenew != nil {
@@ -593,6 +598,21 @@ func (g *Gate) run(ctx context.Context, j *job, a Admission, next asynq.Handler)
 	herr := next.ProcessTask(ctx, j.task)
 	returned = true
 	return g.after(ctx, j, herr)
+}
+
+// shadowCounted counts a shadow decision of a job of tenant.
+func (g *Gate) shadowCounted(tenant string) func(throttle.Decision, error) {
+	return func(d throttle.Decision, err error) {
+		switch {
+		case err != nil:
+			g.m.err(errShadow)
+			g.warn(errShadow, "sluice: a shadow decision could not be made; the job ran, its start is not counted", "tenant", tenant, "err", err)
+		case d.Allowed:
+			g.m.shadows.WithLabelValues(tenant, verdictAllowed, "").Inc()
+		default:
+			g.m.shadows.WithLabelValues(tenant, verdictDenied, d.Rule).Inc()
+		}
+	}
 }
 
 // after classifies the handler's result: the error to give asynq.

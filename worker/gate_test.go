@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -508,12 +509,19 @@ func TestRenewalsAreCoalesced(t *testing.T) {
 // scriptCalls counts the script calls (EVALSHA and EVAL) Redis has served.
 func scriptCalls(tb testing.TB, client *redis.Client) int64 {
 	tb.Helper()
+	return commandCalls(tb, client, "evalsha", "eval")
+}
+
+// commandCalls counts the calls of the commands (lower case) Redis has
+// served.
+func commandCalls(tb testing.TB, client *redis.Client, commands ...string) int64 {
+	tb.Helper()
 	info, err := client.Info(context.Background(), "commandstats").Result()
 	require.NoError(tb, err)
 	var n int64
 	for _, line := range strings.Split(info, "\n") {
 		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
-		if !ok || (name != "cmdstat_evalsha" && name != "cmdstat_eval") {
+		if !ok || !slices.Contains(commands, strings.TrimPrefix(name, "cmdstat_")) {
 			continue
 		}
 		calls, _, _ := strings.Cut(strings.TrimPrefix(rest, "calls="), ",")

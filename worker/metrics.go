@@ -29,6 +29,7 @@ const (
 	errRelease    = "release"
 	errCooldown   = "cooldown"
 	errRoom       = "room"
+	errShadow     = "shadow"
 
 	outcomeSuccess  = "success"
 	outcomeError    = "error"
@@ -53,6 +54,9 @@ type metrics struct {
 	outcomes  *prometheus.CounterVec
 	// unknownTypes counts the jobs of types no handler takes (Server only).
 	unknownTypes *prometheus.CounterVec
+	// shadows counts the decisions of tenants' shadow policies, always
+	// by tenant: only tenants with a shadow have any.
+	shadows *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer, tenants bool) (*metrics, error) {
@@ -95,7 +99,7 @@ func newMetrics(reg prometheus.Registerer, tenants bool) (*metrics, error) {
 		}, []string{"result"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_worker_errors_total",
-			Help: "Errors of the gate, by kind (redis, policy, cost, tenant_header, no_tenant, cost_header, id_header, copy, release, cooldown, room, recover, asynq_layout: the waiting room is off, downstream).",
+			Help: "Errors of the gate, by kind (redis, policy, cost, tenant_header, no_tenant, cost_header, id_header, copy, release, cooldown, room, shadow, recover, asynq_layout: the waiting room is off, downstream).",
 		}, []string{"kind"}),
 		outcomes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_worker_handler_outcomes_total",
@@ -105,8 +109,12 @@ func newMetrics(reg prometheus.Registerer, tenants bool) (*metrics, error) {
 			Name: "sluice_worker_unknown_types_total",
 			Help: "Jobs of a type no handler of the worker is registered for (archived at once unless RetryUnknownTypes), by type; past 100 types, as (other).",
 		}, []string{"type"}),
+		shadows: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_shadow_decisions_total",
+			Help: "Decisions of tenants' shadow policies on the jobs this worker started, by tenant, verdict (allowed, denied: the shadow would have held the job back) and the rule that denied; nothing is held back.",
+		}, []string{"tenant", "verdict", "rule"}),
 	}
-	for _, c := range []prometheus.Collector{m.decisions, m.deferrals, m.drops, m.wait, m.inFlight, m.renewals, m.tickets, m.errors, m.outcomes, m.unknownTypes} {
+	for _, c := range []prometheus.Collector{m.decisions, m.deferrals, m.drops, m.wait, m.inFlight, m.renewals, m.tickets, m.errors, m.outcomes, m.unknownTypes, m.shadows} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -101,6 +101,19 @@ type rowJSON struct {
 	// Spark is the starts per second of the last points, oldest first
 	// (tenants list only).
 	Spark []float64 `json:"spark,omitempty"`
+	// Shadow is what the tenant's shadow policy would have denied; absent
+	// when it has none.
+	Shadow *boardShadowJSON `json:"shadow,omitempty"`
+}
+
+// boardShadowJSON is a tenant's shadow policy on the dashboard: its totals
+// (as stats --json shows them), the rates of the last interval, and the
+// sentence the page shows.
+type boardShadowJSON struct {
+	shadowJSON
+	DecisionsPerS float64 `json:"decisions_per_s"`
+	DeniedPerS    float64 `json:"denied_per_s"`
+	Text          string  `json:"text"`
 }
 
 // point is one sample of a tenant's history.
@@ -368,6 +381,11 @@ func newRow(s *throttle.Stats, r topRow) rowJSON {
 	}
 	if rt, perSec, ok := tightestRate(s); ok {
 		row.Limit, row.LimitPerS = limitText(rt), perSec
+	}
+	if sh := s.Shadow; sh != nil {
+		row.Shadow = &boardShadowJSON{shadowJSON: *toJSON(&throttle.Stats{Shadow: sh}).Shadow,
+			DecisionsPerS: round2(r.shadowPerSec), DeniedPerS: round2(r.shadowDeniedPerSec),
+			Text: "would have denied " + shadowCell(sh)}
 	}
 	return row
 }

@@ -84,6 +84,7 @@ type opts struct {
 	interval durationFlag
 	limit    int
 	invalid  bool
+	shadow   bool
 	state    string
 	queue    string
 

@@ -73,6 +73,7 @@ func TestCLI(t *testing.T) {
 		"Jobs":                 testJobs,
 		"Learned":              testLearned,
 		"JobsExplain":          testJobsExplain,
+		"Shadow":               testShadow,
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -134,8 +135,8 @@ func testHelp(t *testing.T, c *cli) {
 
 	group := c.runWith(t, nil, nil, "help", "policy")
 	require.Equal(t, 0, group.code)
-	require.Contains(t, group.stdout, "  sluice policy set TENANT 'RULES'\n")
-	require.Contains(t, group.stdout, "  sluice policy delete TENANT|--invalid\n")
+	require.Contains(t, group.stdout, "  sluice policy set TENANT 'RULES' [--shadow]\n")
+	require.Contains(t, group.stdout, "  sluice policy delete TENANT [--shadow] | --invalid\n")
 	require.Equal(t, group, c.runWith(t, nil, nil, "policy", "--help"))
 
 	// No command at all: the usage, on stderr, exit 2.
@@ -232,25 +233,25 @@ func testBadUsage(t *testing.T, c *cli) {
 		{args: []string{"--bogus", "policy", "list"}, wantMsg: "unknown flag --bogus", usage: "sluice [--redis URL] [--prefix PREFIX] COMMAND [ARGS]"},
 		{args: []string{"policy"}, wantMsg: "policy needs a subcommand: set, get, list, delete, apply", usage: "sluice policy set|get|list|delete|apply ..."},
 		{args: []string{"policy", "sett", "acme", "rate=1/s"}, wantMsg: `unknown subcommand "sett" of policy; use one of: set, get, list, delete, apply`, usage: "sluice policy set|get|list|delete|apply ..."},
-		{args: []string{"policy", "list", "--jsn"}, wantMsg: "policy list: unknown flag --jsn", usage: "sluice policy list [--json]"},
-		{args: []string{"policy", "list", "extra"}, wantMsg: `policy list: unexpected argument "extra"`, usage: "sluice policy list [--json]"},
-		{args: []string{"policy", "set", "acme", "rate=abc"}, wantMsg: "policy set acme: rate=abc: ", usage: "sluice policy set TENANT 'RULES'"},
-		{args: []string{"policy", "set", "acme", "rate=10/s bogus=1"}, wantMsg: "policy set acme: bogus=1: unknown option; known: rate burst window quota", usage: "sluice policy set TENANT 'RULES'"},
-		{args: []string{"policy", "set", "acme", "=5"}, wantMsg: `policy set acme: "=5": no option name before =; options are written key=value`, usage: "sluice policy set TENANT 'RULES'"},
-		{args: []string{"policy", "set", "acme", "rate=1/s burst=10000000000000"}, wantMsg: "policy set acme: rate[0] 1/s burst 10000000000000: a full bucket spans 10000000000000 × 1s = 317098 years; the engine computes exactly only up to 2^52 µs (about 142 years): give burst 4503599627 or less", usage: "sluice policy set TENANT 'RULES'"},
-		{args: []string{"policy", "set", "acme", "rate=1/h burst=3000000000"}, wantMsg: "policy set acme: rate[0] 1/h burst 3000000000: a full bucket spans 3000000000 × 1h = 342466 years; ", usage: "sluice policy set TENANT 'RULES'"},
-		{args: []string{"policy", "set", "acme", "rate=1/day burst=200000000"}, wantMsg: "policy set acme: rate[0] 1/day burst 200000000: ", usage: "sluice policy set TENANT 'RULES'"},
-		{args: []string{"policy", "set", "acme", "burst=5"}, wantMsg: "policy set acme: burst=5: burst belongs to a rate", usage: "sluice policy set TENANT 'RULES'"},
-		{args: []string{"policy", "set"}, wantMsg: "policy set: missing TENANT", usage: "sluice policy set TENANT 'RULES'"},
-		{args: []string{"policy", "set", "acme"}, wantMsg: "policy set: missing RULES (quote them: sluice policy set acme 'rate=100/s burst=20'; '' for no limits)", usage: "sluice policy set TENANT 'RULES'"},
-		{args: []string{"policy", "set", "@foo", "rate=1/s"}, wantMsg: `invalid tenant: policy name "@foo": the only names starting with @ are @global`, usage: "sluice policy set TENANT 'RULES'"},
-		{args: []string{"policy", "get"}, wantMsg: "policy get: missing TENANT", usage: "sluice policy get TENANT [--json]"},
-		{args: []string{"policy", "get", "a", "b"}, wantMsg: `policy get: unexpected argument "b"`, usage: "sluice policy get TENANT [--json]"},
-		{args: []string{"policy", "delete", strings.Repeat("x", 300)}, wantMsg: "invalid tenant: tenant", usage: "sluice policy delete TENANT|--invalid"},
-		{args: []string{"policy", "delete", "acme", "--invalid"}, wantMsg: "policy delete: give TENANT or --invalid, not both", usage: "sluice policy delete TENANT|--invalid"},
-		{args: []string{"policy", "set", "a\nb", "rate=1/s"}, wantMsg: `invalid tenant: tenant "a\nb" has a control character (U+000A) at byte 1`, usage: "sluice policy set TENANT 'RULES'"},
-		{args: []string{"policy", "set", "tab\there", "rate=1/s"}, wantMsg: `invalid tenant: tenant "tab\there" has a control character (U+0009)`, usage: "sluice policy set TENANT 'RULES'"},
-		{args: []string{"policy", "get", "\x1b[31mred"}, wantMsg: `invalid tenant: tenant "\x1b[31mred" has a control character (U+001B) at byte 0`, usage: "sluice policy get TENANT [--json]"},
+		{args: []string{"policy", "list", "--jsn"}, wantMsg: "policy list: unknown flag --jsn", usage: "sluice policy list [--shadow] [--json]"},
+		{args: []string{"policy", "list", "extra"}, wantMsg: `policy list: unexpected argument "extra"`, usage: "sluice policy list [--shadow] [--json]"},
+		{args: []string{"policy", "set", "acme", "rate=abc"}, wantMsg: "policy set acme: rate=abc: ", usage: "sluice policy set TENANT 'RULES' [--shadow]"},
+		{args: []string{"policy", "set", "acme", "rate=10/s bogus=1"}, wantMsg: "policy set acme: bogus=1: unknown option; known: rate burst window quota", usage: "sluice policy set TENANT 'RULES' [--shadow]"},
+		{args: []string{"policy", "set", "acme", "=5"}, wantMsg: `policy set acme: "=5": no option name before =; options are written key=value`, usage: "sluice policy set TENANT 'RULES' [--shadow]"},
+		{args: []string{"policy", "set", "acme", "rate=1/s burst=10000000000000"}, wantMsg: "policy set acme: rate[0] 1/s burst 10000000000000: a full bucket spans 10000000000000 × 1s = 317098 years; the engine computes exactly only up to 2^52 µs (about 142 years): give burst 4503599627 or less", usage: "sluice policy set TENANT 'RULES' [--shadow]"},
+		{args: []string{"policy", "set", "acme", "rate=1/h burst=3000000000"}, wantMsg: "policy set acme: rate[0] 1/h burst 3000000000: a full bucket spans 3000000000 × 1h = 342466 years; ", usage: "sluice policy set TENANT 'RULES' [--shadow]"},
+		{args: []string{"policy", "set", "acme", "rate=1/day burst=200000000"}, wantMsg: "policy set acme: rate[0] 1/day burst 200000000: ", usage: "sluice policy set TENANT 'RULES' [--shadow]"},
+		{args: []string{"policy", "set", "acme", "burst=5"}, wantMsg: "policy set acme: burst=5: burst belongs to a rate", usage: "sluice policy set TENANT 'RULES' [--shadow]"},
+		{args: []string{"policy", "set"}, wantMsg: "policy set: missing TENANT", usage: "sluice policy set TENANT 'RULES' [--shadow]"},
+		{args: []string{"policy", "set", "acme"}, wantMsg: "policy set: missing RULES (quote them: sluice policy set acme 'rate=100/s burst=20'; '' for no limits)", usage: "sluice policy set TENANT 'RULES' [--shadow]"},
+		{args: []string{"policy", "set", "@foo", "rate=1/s"}, wantMsg: `invalid tenant: policy name "@foo": the only names starting with @ are @global`, usage: "sluice policy set TENANT 'RULES' [--shadow]"},
+		{args: []string{"policy", "get"}, wantMsg: "policy get: missing TENANT", usage: "sluice policy get TENANT [--shadow] [--json]"},
+		{args: []string{"policy", "get", "a", "b"}, wantMsg: `policy get: unexpected argument "b"`, usage: "sluice policy get TENANT [--shadow] [--json]"},
+		{args: []string{"policy", "delete", strings.Repeat("x", 300)}, wantMsg: "invalid tenant: tenant", usage: "sluice policy delete TENANT [--shadow] | --invalid"},
+		{args: []string{"policy", "delete", "acme", "--invalid"}, wantMsg: "policy delete: give TENANT (with --shadow for its shadow) or --invalid, not both", usage: "sluice policy delete TENANT [--shadow] | --invalid"},
+		{args: []string{"policy", "set", "a\nb", "rate=1/s"}, wantMsg: `invalid tenant: tenant "a\nb" has a control character (U+000A) at byte 1`, usage: "sluice policy set TENANT 'RULES' [--shadow]"},
+		{args: []string{"policy", "set", "tab\there", "rate=1/s"}, wantMsg: `invalid tenant: tenant "tab\there" has a control character (U+0009)`, usage: "sluice policy set TENANT 'RULES' [--shadow]"},
+		{args: []string{"policy", "get", "\x1b[31mred"}, wantMsg: `invalid tenant: tenant "\x1b[31mred" has a control character (U+001B) at byte 0`, usage: "sluice policy get TENANT [--shadow] [--json]"},
 		{args: []string{"stats", "a\u0085"}, wantMsg: `invalid tenant: tenant "a\u0085" has a control character (U+0085)`, usage: "sluice stats [TENANT] [--json]"},
 		{args: []string{"admit", "a\x7f", "--dry-run"}, wantMsg: `invalid tenant: tenant "a\x7f" has a control character (U+007F)`, usage: "sluice admit TENANT --dry-run [--cost N] [--id JOB] [--json]"},
 		{args: []string{"policy", "apply"}, wantMsg: "policy apply: missing -f FILE.yaml (- reads standard input)", usage: "sluice policy apply -f FILE.yaml [--prune] [--dry-run]"},
@@ -273,10 +274,10 @@ func testBadUsage(t *testing.T, c *cli) {
 		{args: []string{"dashboard", "extra"}, wantMsg: `dashboard: unexpected argument "extra"`, usage: "sluice dashboard [--listen 127.0.0.1:8080] [--metrics URL]... [--allow-write]"},
 		{args: []string{"version", "extra"}, wantMsg: `version takes no arguments, got "extra"`, usage: "sluice version"},
 		{args: []string{"help", "nope"}, wantMsg: `no command "nope"`, usage: "sluice [--redis URL] [--prefix PREFIX] COMMAND [ARGS]"},
-		{args: []string{"--redis", "foo", "policy", "list"}, wantMsg: `--redis: Redis URL "foo": no scheme; write it as a URL, e.g. redis://foo; accepted forms: redis://[USER:PASSWORD@]HOST:PORT[/DB], `, usage: "sluice policy list [--json]"},
-		{args: []string{"--redis", "redis://u:secret@h:1/x", "policy", "set", "acme", "rate=1/s"}, wantMsg: `--redis: Redis URL "redis://u:xxxxx@h:1/x": database "x": must be a number`, usage: "sluice policy set TENANT 'RULES'"},
-		{args: []string{"--prefix", "a{b}", "policy", "list"}, wantMsg: `--prefix "a{b}": must not contain { or }`, usage: "sluice policy list [--json]"},
-		{args: []string{"policy", "list"}, env: map[string]string{"SLUICE_REDIS_URL": "http://x"}, wantMsg: `SLUICE_REDIS_URL: Redis URL "http://x": unknown scheme "http"`, usage: "sluice policy list [--json]"},
+		{args: []string{"--redis", "foo", "policy", "list"}, wantMsg: `--redis: Redis URL "foo": no scheme; write it as a URL, e.g. redis://foo; accepted forms: redis://[USER:PASSWORD@]HOST:PORT[/DB], `, usage: "sluice policy list [--shadow] [--json]"},
+		{args: []string{"--redis", "redis://u:secret@h:1/x", "policy", "set", "acme", "rate=1/s"}, wantMsg: `--redis: Redis URL "redis://u:xxxxx@h:1/x": database "x": must be a number`, usage: "sluice policy set TENANT 'RULES' [--shadow]"},
+		{args: []string{"--prefix", "a{b}", "policy", "list"}, wantMsg: `--prefix "a{b}": must not contain { or }`, usage: "sluice policy list [--shadow] [--json]"},
+		{args: []string{"policy", "list"}, env: map[string]string{"SLUICE_REDIS_URL": "http://x"}, wantMsg: `SLUICE_REDIS_URL: Redis URL "http://x": unknown scheme "http"`, usage: "sluice policy list [--shadow] [--json]"},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {

@@ -16,38 +16,57 @@ var commands []*command
 func init() {
 	commands = []*command{
 		{
-			name: "policy set", usage: "policy set TENANT 'RULES'",
+			name: "policy set", usage: "policy set TENANT 'RULES' [--shadow]",
 			summary: "store TENANT's policy (* is the default, @global applies to every job)",
 			help: "Stores the policy of TENANT; workers use it within a second. The tenant's\n" +
-				"throttle state is kept. An empty RULES ('') is a policy that limits nothing.",
-			run: policySet,
+				"throttle state is kept. An empty RULES ('') is a policy that limits nothing.\n\n" +
+				"  --shadow   store the rules as TENANT's shadow policy (stored as\n" +
+				"             @shadow:TENANT), beside its enforced one: every job of TENANT\n" +
+				"             that starts is decided by it and counted as if it were enforced,\n" +
+				"             and nothing is held back; sluice stats TENANT shows what it would\n" +
+				"             have denied. A shadow of * is tried on the tenants that follow the\n" +
+				"             default policy; @global has none.",
+			flags: func(fs *flag.FlagSet, o *opts) { fs.BoolVar(&o.shadow, "shadow", false, "") },
+			run:   policySet,
 		},
 		{
-			name: "policy get", usage: "policy get TENANT [--json]",
+			name: "policy get", usage: "policy get TENANT [--shadow] [--json]",
 			summary: "print TENANT's policy",
 			help: "Prints the policy stored for TENANT in its text form (with --json as\n" +
 				"{\"name\": …, \"policy\": …}), or fails (exit 1) saying which policy the tenant\n" +
-				"follows instead.",
-			flags: func(fs *flag.FlagSet, o *opts) { fs.BoolVar(&o.json, "json", false, "") },
-			run:   policyGet,
+				"follows instead. --shadow prints TENANT's shadow policy instead.",
+			flags: func(fs *flag.FlagSet, o *opts) {
+				fs.BoolVar(&o.json, "json", false, "")
+				fs.BoolVar(&o.shadow, "shadow", false, "")
+			},
+			run: policyGet,
 		},
 		{
-			name: "policy list", usage: "policy list [--json]",
+			name: "policy list", usage: "policy list [--shadow] [--json]",
 			summary: "list every policy",
-			help:    "Lists every stored policy as a table of NAME and POLICY, or with --json as\n[{\"name\": …, \"policy\": …}] (\"error\" instead of \"policy\" for an unreadable one).",
-			flags:   func(fs *flag.FlagSet, o *opts) { fs.BoolVar(&o.json, "json", false, "") },
-			run:     policyList,
+			help: "Lists every stored policy as a table of NAME and POLICY, or with --json as\n[{\"name\": …, \"policy\": …}] (\"error\" instead of \"policy\" for an unreadable one).\n" +
+				"Shadow policies are listed as @shadow:TENANT (with --json also \"shadow_of\");\n" +
+				"--shadow lists only them.",
+			flags: func(fs *flag.FlagSet, o *opts) {
+				fs.BoolVar(&o.json, "json", false, "")
+				fs.BoolVar(&o.shadow, "shadow", false, "")
+			},
+			run: policyList,
 		},
 		{
-			name: "policy delete", usage: "policy delete TENANT|--invalid",
+			name: "policy delete", usage: "policy delete TENANT [--shadow] | --invalid",
 			summary: "remove TENANT's policy (its throttle state is kept)",
 			help: "Removes the policy of TENANT; the tenant then follows the default policy *.\n" +
 				"Deleting a policy that does not exist succeeds, says so and changes nothing.\n" +
+				"--shadow removes TENANT's shadow policy instead (its enforced one stays).\n" +
 				"--invalid removes every policy whose name is not a valid tenant (a control\n" +
 				"character, say: left by an older version or a writer that bypassed sluice;\n" +
 				"policy list marks them).",
-			flags: func(fs *flag.FlagSet, o *opts) { fs.BoolVar(&o.invalid, "invalid", false, "") },
-			run:   policyDelete,
+			flags: func(fs *flag.FlagSet, o *opts) {
+				fs.BoolVar(&o.invalid, "invalid", false, "")
+				fs.BoolVar(&o.shadow, "shadow", false, "")
+			},
+			run: policyDelete,
 		},
 		{
 			name: "policy apply", usage: "policy apply -f FILE.yaml [--prune] [--dry-run]",
@@ -62,7 +81,8 @@ func init() {
 				"    rate: [100/s burst 20, 5000/h]\n" +
 				"    quota: 10000/day\n" +
 				"    tz: America/Los_Angeles\n" +
-				"    concurrency: 5",
+				"    concurrency: 5\n" +
+				"  \"@shadow:acme\": rate=50/s    # acme's shadow policy (see policy set --shadow)",
 			flags: func(fs *flag.FlagSet, o *opts) {
 				fs.StringVar(&o.file, "f", "", "")
 				fs.StringVar(&o.file, "file", "", "")
@@ -93,7 +113,8 @@ func init() {
 				"until interrupted (with --once, one): {\"time\", \"interval_ms\", \"stale\",\n" +
 				"\"error\", \"tenants\": [{\"tenant\", \"starts_per_s\", \"limit\", \"in_flight\",\n" +
 				"\"concurrency\", \"reserved\", \"cooldown_ms\", \"waiting\", \"backlog_cap\",\n" +
-				"\"policy\"}]}.",
+				"\"policy\", \"shadow\"}]}. A tenant with a shadow policy (policy set --shadow)\n" +
+				"shows what it would deny: the share of its starts over the interval.",
 			flags: func(fs *flag.FlagSet, o *opts) {
 				o.interval = durationFlag(time.Second)
 				fs.BoolVar(&o.once, "once", false, "")

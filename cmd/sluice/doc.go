@@ -7,10 +7,12 @@
 //
 //	sluice [--redis URL] [--prefix PREFIX] COMMAND [ARGS]
 //
-//	policy set TENANT 'RULES'          store TENANT's policy (* is the default, @global applies to every job)
-//	policy get TENANT                  print TENANT's policy
-//	policy list [--json]               list every policy
-//	policy delete TENANT               remove TENANT's policy (its throttle state is kept)
+//	policy set TENANT 'RULES' [--shadow]
+//	                                   store TENANT's policy (* is the default, @global applies to every job);
+//	                                   --shadow: its shadow policy, counted and not enforced
+//	policy get TENANT [--shadow]       print TENANT's policy
+//	policy list [--shadow] [--json]    list every policy
+//	policy delete TENANT [--shadow]    remove TENANT's policy (its throttle state is kept)
 //	policy apply -f FILE.yaml [--prune] [--dry-run]
 //	                                   store every policy of a YAML file at once, all or nothing
 //	stats [TENANT] [--json]            throttle state of TENANT, or of every tenant with a policy or state

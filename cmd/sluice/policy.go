@@ -18,15 +18,15 @@ func newTable(w io.Writer) *tabwriter.Writer {
 	return tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 }
 
-func policySet(a *app, c *command, _ *opts, args []string) error {
+func policySet(a *app, c *command, o *opts, args []string) error {
 	if err := wantArgs(c, args, 1, -1, "TENANT"); err != nil {
 		return err
 	}
 	if len(args) < 2 {
 		return usagef(c, "policy set: missing RULES (quote them: sluice policy set %s 'rate=100/s burst=20'; '' for no limits)", args[0])
 	}
-	name := args[0]
-	if err := checkPolicyName(c, name); err != nil {
+	name, err := policyNameOf(c, args[0], o.shadow)
+	if err != nil {
 		return err
 	}
 	// The rules may come as one quoted argument or as several.
@@ -34,6 +34,10 @@ func policySet(a *app, c *command, _ *opts, args []string) error {
 	p, err := throttle.ParsePolicy(text)
 	if err != nil {
 		return usagef(c, "policy set %s: %v", name, err)
+	}
+	of, shadow := strings.CutPrefix(name, throttle.ShadowPrefix)
+	if shadow && !p.HasRules() {
+		return usagef(c, "policy set %s --shadow: a shadow policy needs at least one rule (rate, window, quota or concurrency) to try, e.g. sluice policy set %s 'rate=5/s' --shadow; nothing was changed", shellQuote(of), shellQuote(of))
 	}
 	if strings.Count(" "+text, " rate=") > len(p.Rates) {
 		fmt.Fprintln(a.stderr, "sluice: note: a rate given twice is one rule; it is kept once")
@@ -54,7 +58,37 @@ func policySet(a *app, c *command, _ *opts, args []string) error {
 	case oldErr == nil:
 		fmt.Fprintln(a.stdout, "  (unchanged)")
 	}
+	if shadow {
+		whose := shellQuote(of) + "'s jobs"
+		if of == throttle.DefaultPolicy {
+			whose = "the jobs of the tenants that follow the default policy *"
+		}
+		stats := "sluice stats " + shellQuote(of)
+		if of == throttle.DefaultPolicy {
+			stats = "sluice stats"
+		}
+		fmt.Fprintf(a.stdout, "  a shadow: tried on %s as they start and counted, not enforced; see what it would deny with: %s\n", whose, stats)
+	}
 	return nil
+}
+
+// policyNameOf is the name of the policy a command names: the tenant's (or
+// * or @global), or with shadow the tenant's shadow (ShadowPrefix+tenant).
+func policyNameOf(c *command, name string, shadow bool) (string, error) {
+	if shadow {
+		switch {
+		case strings.HasPrefix(name, throttle.ShadowPrefix):
+			// named in full already
+		case name == throttle.GlobalPolicy:
+			return "", usagef(c, "@global has no shadow policy: shadows are tried per tenant; give a tenant, or * for the tenants that follow the default policy")
+		default:
+			name = throttle.ShadowPrefix + name
+		}
+	}
+	if err := checkPolicyName(c, name); err != nil {
+		return "", err
+	}
+	return name, nil
 }
 
 func describeRules(p *throttle.Policy) string {
@@ -68,8 +102,8 @@ func policyGet(a *app, c *command, o *opts, args []string) error {
 	if err := wantArgs(c, args, 1, 1, "TENANT"); err != nil {
 		return err
 	}
-	name := args[0]
-	if err := checkPolicyName(c, name); err != nil {
+	name, err := policyNameOf(c, args[0], o.shadow)
+	if err != nil {
 		return err
 	}
 	cn, err := a.connect(c)
@@ -78,6 +112,9 @@ func policyGet(a *app, c *command, o *opts, args []string) error {
 	}
 	defer cn.Close()
 	p, err := cn.store.Get(a.ctx, name)
+	if of, shadow := strings.CutPrefix(name, throttle.ShadowPrefix); shadow && errors.Is(err, throttle.ErrNoPolicy) {
+		return noShadowError(a, cn, of)
+	}
 	if errors.Is(err, throttle.ErrNoPolicy) {
 		if name == throttle.DefaultPolicy || name == throttle.GlobalPolicy {
 			return fmt.Errorf("no policy %s; set one with: sluice policy set '%s' 'RULES'", name, name)
@@ -95,17 +132,40 @@ func policyGet(a *app, c *command, o *opts, args []string) error {
 		return err
 	}
 	if o.json {
-		return writeJSON(a.stdout, listEntry{Name: name, Policy: p.String()})
+		of, _ := strings.CutPrefix(name, throttle.ShadowPrefix)
+		if of == name {
+			of = ""
+		}
+		return writeJSON(a.stdout, listEntry{Name: name, Policy: p.String(), ShadowOf: of})
 	}
 	fmt.Fprintln(a.stdout, p.String())
 	return nil
+}
+
+// noShadowError says that tenant (or *) has no shadow policy of its own,
+// and which one it is tried under instead, if any.
+func noShadowError(a *app, cn *conn, of string) error {
+	set := fmt.Sprintf("set one with: sluice policy set %s 'RULES' --shadow", shellQuote(of))
+	if of == throttle.DefaultPolicy {
+		return fmt.Errorf("no shadow policy of the default policy *; %s", set)
+	}
+	r, err := cn.store.Resolve(a.ctx, of)
+	if err != nil {
+		return err
+	}
+	if r.Shadow != nil {
+		return fmt.Errorf("no shadow policy for %q of its own; it follows the default policy *, whose shadow is tried on its jobs: %s; %s", of, describeRules(r.Shadow), set)
+	}
+	return fmt.Errorf("no shadow policy for %q; %s", of, set)
 }
 
 // listEntry is one policy in `policy list --json`.
 type listEntry struct {
 	Name   string `json:"name"`
 	Policy string `json:"policy"`
-	Error  string `json:"error,omitempty"`
+	// ShadowOf is the tenant (or *) whose shadow policy this is.
+	ShadowOf string `json:"shadow_of,omitempty"`
+	Error    string `json:"error,omitempty"`
 	// NameError says why Name is not a valid policy name (a policy stored
 	// by an older version or by a writer that bypassed sluice).
 	NameError string `json:"name_error,omitempty"`
@@ -129,10 +189,22 @@ func policyList(a *app, c *command, o *opts, args []string) error {
 		return err
 	}
 	defer cn.Close()
+	if o.shadow {
+		shadows := list[:0]
+		for _, np := range list {
+			if strings.HasPrefix(np.Name, throttle.ShadowPrefix) {
+				shadows = append(shadows, np)
+			}
+		}
+		list = shadows
+	}
 	if o.json {
 		out := make([]listEntry, 0, len(list))
 		for _, np := range list {
 			e := listEntry{Name: np.Name, NameError: nameError(np.Name)}
+			if of, ok := strings.CutPrefix(np.Name, throttle.ShadowPrefix); ok {
+				e.ShadowOf = of
+			}
 			if np.Err != nil {
 				e.Error = np.Err.Error()
 			} else {
@@ -161,7 +233,10 @@ func policyList(a *app, c *command, o *opts, args []string) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	if len(list) == 0 {
+	switch {
+	case len(list) == 0 && o.shadow:
+		fmt.Fprintln(a.stderr, "no shadow policies; try one with: sluice policy set TENANT 'RULES' --shadow")
+	case len(list) == 0:
 		fmt.Fprintln(a.stderr, "no policies yet; set one with: sluice policy set TENANT 'RULES'")
 	}
 	if invalid > 0 {
@@ -181,16 +256,16 @@ func plural(n int, one, many string) string {
 
 func policyDelete(a *app, c *command, o *opts, args []string) error {
 	if o.invalid {
-		if len(args) > 0 {
-			return usagef(c, "policy delete: give TENANT or --invalid, not both")
+		if len(args) > 0 || o.shadow {
+			return usagef(c, "policy delete: give TENANT (with --shadow for its shadow) or --invalid, not both")
 		}
 		return policyDeleteInvalid(a, c)
 	}
 	if err := wantArgs(c, args, 1, 1, "TENANT"); err != nil {
 		return err
 	}
-	name := args[0]
-	if err := checkPolicyName(c, name); err != nil {
+	name, err := policyNameOf(c, args[0], o.shadow)
+	if err != nil {
 		return err
 	}
 	cn, err := a.connect(c)
@@ -202,9 +277,13 @@ func policyDelete(a *app, c *command, o *opts, args []string) error {
 	if err != nil {
 		return err
 	}
-	if existed {
+	of, shadow := strings.CutPrefix(name, throttle.ShadowPrefix)
+	switch {
+	case existed && shadow:
+		fmt.Fprintf(a.stdout, "deleted policy %s (the shadow of %s; its enforced policy is unchanged)\n", name, of)
+	case existed:
 		fmt.Fprintf(a.stdout, "deleted policy %s (its throttle state is kept)\n", name)
-	} else {
+	default:
 		fmt.Fprintf(a.stdout, "no policy %s; nothing deleted\n", name)
 	}
 	return nil

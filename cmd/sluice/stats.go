@@ -82,8 +82,12 @@ func (cn *conn) withPolicyNames(ctx context.Context, live []string) ([]string, e
 		return nil, err
 	}
 	for _, np := range list {
-		if np.Name != throttle.DefaultPolicy {
-			set[np.Name] = true
+		name := np.Name
+		if of, ok := strings.CutPrefix(name, throttle.ShadowPrefix); ok {
+			name = of // a tenant with a shadow is listed, not the shadow
+		}
+		if name != throttle.DefaultPolicy {
+			set[name] = true
 		}
 	}
 	names := make([]string, 0, len(set))
@@ -149,6 +153,22 @@ type tenantJSON struct {
 	// Learned is the limit learned from the tenant's downstream; absent
 	// when none is in place.
 	Learned *learnedJSON `json:"learned,omitempty"`
+	// Shadow is what the tenant's shadow policy would have denied; absent
+	// when it has none.
+	Shadow *shadowJSON `json:"shadow,omitempty"`
+}
+
+type shadowJSON struct {
+	Name      string `json:"name"` // @shadow:TENANT, or @shadow:* (the default's)
+	Rules     string `json:"rules"`
+	Decisions int64  `json:"decisions"`
+	Denied    int64  `json:"denied"`
+	// DeniedShare is Denied / Decisions (0 when none was made).
+	DeniedShare float64          `json:"denied_share"`
+	DeniedBy    map[string]int64 `json:"denied_by"`
+	// RetryAfterMS sums the waits the denials would have imposed.
+	RetryAfterMS float64    `json:"retry_after_ms"`
+	Since        *time.Time `json:"since"`
 }
 
 type learnedJSON struct {
@@ -233,6 +253,10 @@ func toJSON(s *throttle.Stats) tenantJSON {
 	}
 	if w := s.Window; w != nil {
 		j.Window = &windowJSON{Window: w.Window.String(), Limit: w.Window.Limit, PeriodMS: ms(w.Window.Period), Started: w.Started, Planned: w.Planned}
+	}
+	if sh := s.Shadow; sh != nil {
+		j.Shadow = &shadowJSON{Name: sh.Name, Rules: sh.Policy.String(), Decisions: sh.Decisions, Denied: sh.Denied,
+			DeniedShare: deniedShare(sh), DeniedBy: sh.DeniedBy, RetryAfterMS: ms(sh.RetryAfter), Since: timePtr(sh.Since)}
 	}
 	if l := s.Learned; l != nil {
 		j.Learned = &learnedJSON{Limit: l.Limit, WindowMS: ms(l.Window), Rate: l.Rate().String(), Rule: l.Rule, Note: l.Note,
@@ -352,12 +376,74 @@ func waitingCell(s *throttle.Stats) string {
 // short prints a duration rounded for people: 1.2s, 350ms, 4m10s.
 func short(d time.Duration) string { return human.Duration(d) }
 
+// deniedShare is the share of the shadow's decisions it denied.
+func deniedShare(sh *throttle.ShadowStats) float64 {
+	if sh.Decisions == 0 {
+		return 0
+	}
+	return float64(sh.Denied) / float64(sh.Decisions)
+}
+
+// shadowCell is what a tenant's shadow would have denied: "98 of 100 (98%)".
+func shadowCell(sh *throttle.ShadowStats) string {
+	if sh == nil {
+		return "-"
+	}
+	if sh.Decisions == 0 {
+		return "none yet"
+	}
+	return fmt.Sprintf("%d of %d (%s)", sh.Denied, sh.Decisions, percent(deniedShare(sh)))
+}
+
+// percent prints a share for people: 98%, 0.4%, 0%.
+func percent(f float64) string {
+	switch {
+	case f == 0 || f >= 0.1:
+		return fmt.Sprintf("%.0f%%", 100*f)
+	default:
+		return fmt.Sprintf("%.1f%%", 100*f)
+	}
+}
+
+// shadowText tells what a tenant's shadow policy would have done.
+func shadowText(sh *throttle.ShadowStats, now time.Time) string {
+	if sh.Decisions == 0 {
+		return describeRules(sh.Policy) + " (not enforced): no job has started since it was set"
+	}
+	text := fmt.Sprintf("%s (not enforced) would have denied %s starts in the last %s", describeRules(sh.Policy), shadowCell(sh), short(now.Sub(sh.Since)))
+	if sh.Denied > 0 {
+		rules := make([]string, 0, len(sh.DeniedBy))
+		for r := range sh.DeniedBy {
+			rules = append(rules, r)
+		}
+		sort.Strings(rules)
+		var by []string
+		for _, r := range rules {
+			by = append(by, fmt.Sprintf("%s %d", r, sh.DeniedBy[r]))
+		}
+		text += fmt.Sprintf("; by %s; each would have waited %s on average", strings.Join(by, ", "), short(sh.RetryAfter/time.Duration(sh.Denied)))
+	}
+	return text
+}
+
 func writeStatsTable(w io.Writer, all []*throttle.Stats) error {
 	tw := newTable(w)
-	fmt.Fprintln(tw, "TENANT\tPOLICY\tSTARTED\tRATE (FREE/BURST)\tWINDOW\tQUOTA\tIN FLIGHT\tRESERVED\tCOOLDOWN\tWAITING")
+	shadows := false
 	for _, s := range all {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", human.Text(s.Tenant), policyName(s), s.Started,
+		shadows = shadows || s.Shadow != nil
+	}
+	header := "TENANT\tPOLICY\tSTARTED\tRATE (FREE/BURST)\tWINDOW\tQUOTA\tIN FLIGHT\tRESERVED\tCOOLDOWN\tWAITING"
+	if shadows {
+		header += "\tSHADOW WOULD DENY"
+	}
+	fmt.Fprintln(tw, header)
+	for _, s := range all {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s", human.Text(s.Tenant), policyName(s), s.Started,
 			rateCell(s), windowCell(s), quotaCell(s), inFlightCell(s), reservedCell(s), cooldownCell(s), waitingCell(s))
+		if shadows {
+			fmt.Fprintf(tw, "\t%s", shadowCell(s.Shadow))
+		}
+		fmt.Fprintln(tw)
 	}
 	return tw.Flush()
 }
@@ -384,6 +470,9 @@ func writeDetail(w io.Writer, s *throttle.Stats) error {
 	}
 	if s.Learned != nil {
 		row("learned", "%s", learnedText(s))
+	}
+	if s.Shadow != nil {
+		row("shadow", "%s: %s", human.Text(s.Shadow.Name), shadowText(s.Shadow, s.Now))
 	}
 	if cs := s.Concurrency; cs != nil {
 		for _, h := range cs.Holders {

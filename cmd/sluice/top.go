@@ -122,6 +122,10 @@ type topRow struct {
 	waitingText string
 	policy      string
 	hasPolicy   bool
+	// shadow is the tenant's shadow (nil: none), and the rates of its
+	// decisions and denials over the interval
+	shadow                           *throttle.ShadowStats
+	shadowPerSec, shadowDeniedPerSec float64
 }
 
 // topRows compares two samples: starts per second come from the growth of
@@ -145,6 +149,13 @@ func topRows(prev, cur topSample) []topRow {
 		}
 		if elapsed > 0 {
 			r.perSec = float64(started) / elapsed.Seconds()
+		}
+		if r.shadow = s.Shadow; r.shadow != nil && elapsed > 0 {
+			decided, denied := r.shadow.Decisions, r.shadow.Denied
+			if p, ok := prev[name]; ok && p.Shadow != nil && p.Shadow.Name == r.shadow.Name && decided >= p.Shadow.Decisions {
+				decided, denied = decided-p.Shadow.Decisions, denied-p.Shadow.Denied
+			}
+			r.shadowPerSec, r.shadowDeniedPerSec = float64(decided)/elapsed.Seconds(), float64(denied)/elapsed.Seconds()
 		}
 		if rt, _, ok := tightestRate(s); ok {
 			r.limit = limitText(rt)
@@ -193,7 +204,15 @@ func tightestRate(s *throttle.Stats) (r throttle.Rate, perSec float64, ok bool) 
 func writeTop(w io.Writer, rows []topRow, limit int, eol string) error {
 	var b strings.Builder
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "TENANT\tSTARTS/S\tLIMIT\tIN FLIGHT\tRESERVED\tCOOLDOWN\tWAITING\tPOLICY")
+	shadows := false
+	for i, r := range rows {
+		shadows = shadows || (r.shadow != nil && (limit == 0 || i < limit))
+	}
+	header := "TENANT\tSTARTS/S\tLIMIT\tIN FLIGHT\tRESERVED\tCOOLDOWN\tWAITING\tPOLICY"
+	if shadows {
+		header += "\tSHADOW WOULD DENY"
+	}
+	fmt.Fprintln(tw, header)
 	for i, r := range rows {
 		if limit > 0 && i >= limit {
 			break
@@ -210,7 +229,11 @@ func writeTop(w io.Writer, rows []topRow, limit int, eol string) error {
 		if r.learned {
 			limit += " learned"
 		}
-		fmt.Fprintf(tw, "%s\t%.1f\t%s\t%s\t%d\t%s\t%s\t%s\n", human.Text(r.tenant), r.perSec, limit, inFlight, r.reserved, cool, r.waitingText, r.policy)
+		fmt.Fprintf(tw, "%s\t%.1f\t%s\t%s\t%d\t%s\t%s\t%s", human.Text(r.tenant), r.perSec, limit, inFlight, r.reserved, cool, r.waitingText, r.policy)
+		if shadows {
+			fmt.Fprintf(tw, "\t%s", topShadowCell(r))
+		}
+		fmt.Fprintln(tw)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -222,6 +245,18 @@ func writeTop(w io.Writer, rows []topRow, limit int, eol string) error {
 		fmt.Fprintf(w, "... and %d more tenants%s", len(rows)-limit, eol)
 	}
 	return nil
+}
+
+// topShadowCell is what the tenant's shadow would deny over the interval:
+// "90% of 12.0/s" (its denials of its decisions, and their rate).
+func topShadowCell(r topRow) string {
+	switch {
+	case r.shadow == nil:
+		return "-"
+	case r.shadowPerSec == 0:
+		return "no starts"
+	}
+	return fmt.Sprintf("%s of %.1f/s", percent(r.shadowDeniedPerSec/r.shadowPerSec), r.shadowPerSec)
 }
 
 // sampleTimeout bounds one refresh: a Redis that has not answered by then
@@ -301,6 +336,20 @@ type topTenantJSON struct {
 	// Learned describes the limit learned from the tenant's downstream;
 	// absent when none is in place.
 	Learned string `json:"learned,omitempty"`
+	// Shadow is what the tenant's shadow policy would deny; absent when
+	// it has none.
+	Shadow *topShadowJSON `json:"shadow,omitempty"`
+}
+
+// topShadowJSON is a shadow's decisions and denials per second over the
+// interval, and its totals (stats' shadow).
+type topShadowJSON struct {
+	Name            string  `json:"name"`
+	Rules           string  `json:"rules"`
+	DecisionsPerSec float64 `json:"decisions_per_s"`
+	DeniedPerSec    float64 `json:"denied_per_s"`
+	Decisions       int64   `json:"decisions"`
+	Denied          int64   `json:"denied"`
 }
 
 func topDocOf(cur topSample, rows []topRow, interval time.Duration, limit int, err error) topDoc {
@@ -328,6 +377,10 @@ func topDocOf(cur topSample, rows []topRow, interval time.Duration, limit int, e
 			}
 			if s.Learned != nil {
 				t.Learned = s.Learned.String()
+			}
+			if sh := s.Shadow; sh != nil {
+				t.Shadow = &topShadowJSON{Name: sh.Name, Rules: sh.Policy.String(), Decisions: sh.Decisions, Denied: sh.Denied,
+					DecisionsPerSec: math.Round(r.shadowPerSec*10) / 10, DeniedPerSec: math.Round(r.shadowDeniedPerSec*10) / 10}
 			}
 		}
 		d.Tenants = append(d.Tenants, t)

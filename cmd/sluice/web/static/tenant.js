@@ -27,6 +27,8 @@ function showSummary(doc) {
     card("Cooldown", t.cooldown_ms > 0 ? duration(t.cooldown_ms) : "none", t.cooldown_ms > 0 ? "left" : "", "cooldown"),
     card("Started", count(s.started), "while its state is alive", "started"),
     t.learned ? card("Learned limit", t.limit_learned ? t.limit : "not applied", t.learned, "learned") : null,
+    t.shadow ? card("Shadow would deny", t.shadow.decisions ? (100 * t.shadow.denied_share).toFixed(t.shadow.denied_share > 0 && t.shadow.denied_share < 0.1 ? 1 : 0) + "%" : "–",
+      t.shadow.rules + ", not enforced", "shadow") : null,
   ].filter(Boolean));
 }
 
@@ -86,6 +88,13 @@ function showDetail(doc) {
   for (const n of doc.next || []) {
     const when = n.held_by === "turn" ? "its turn" : n.held_by === "concurrency" ? `after ${n.running_first} end (concurrency)` : `in ${duration(n.expected_in_ms)} (${n.held_by})`;
     add(n.ahead === 0 ? "next out" : "", el("a", { href: "/api/jobs/" + encodeURIComponent(n.id) + "?queue=" + encodeURIComponent(n.queue) }, el("code", {}, n.id)), ` ${n.queue}: ${when}`);
+  }
+  if (s.shadow) {
+    const sh = s.shadow;
+    const by = Object.keys(sh.denied_by || {}).sort().map((r) => `${r} ${count(sh.denied_by[r])}`).join(", ");
+    add("shadow", el("code", {}, sh.rules), ` (${sh.name}, not enforced) — ` + (sh.decisions
+      ? `would have denied ${count(sh.denied)} of ${count(sh.decisions)} starts since ${clock(sh.since)}` + (by ? `; by ${by}` : "")
+      : "no job has started since it was set"));
   }
   if (s.learned) add("learned", el("code", {}, s.learned.rate), ` from ${s.learned.source || "the downstream"} until ${clock(s.learned.until)}` + (s.learned.rule ? `, applied as ${s.learned.rule}` : `, not applied: ${s.learned.note}`));
   document.querySelector("#detail tbody").replaceChildren(...rows);

@@ -135,10 +135,35 @@ function showTenants(doc) {
   }
 }
 
+// showShadows lists the tenants with a shadow policy: what it would have
+// denied since it was set, and in the last interval.
+function showShadows(doc) {
+  const list = doc.tenants.filter((t) => t.shadow).sort((a, b) => a.tenant.localeCompare(b.tenant));
+  document.getElementById("shadows-panel").hidden = list.length === 0;
+  document.querySelector("#shadows tbody").replaceChildren(...list.map((t) => {
+    const s = t.shadow;
+    const by = el("td", {});
+    const rules = Object.keys(s.denied_by || {}).sort();
+    if (!rules.length) by.append(el("span", { class: "none" }, "none"));
+    for (const r of rules) by.append(el("span", { class: "chip" }, `${r} ${count(s.denied_by[r])}`));
+    return el("tr", { "data-tenant": t.tenant },
+      el("td", {}, el("a", { class: "tenant-name", href: tenantURL(t.tenant) }, t.tenant)),
+      el("td", {}, el("code", {}, s.rules), s.name === "@shadow:*" ? el("span", { class: "rules" }, "the default's shadow") : null),
+      el("td", { class: "num", "data-field": "shadow-denied", title: s.text }, s.decisions ? `${count(s.denied)} of ${count(s.decisions)} (${share(s.denied_share)})` : "no starts yet"),
+      el("td", { class: "num", "data-field": "shadow-now" }, `${rate(s.denied_per_s)} of ${rate(s.decisions_per_s)}`),
+      by);
+  }));
+}
+
+function share(f) {
+  return f === 0 || f >= 0.1 ? (100 * f).toFixed(0) + "%" : (100 * f).toFixed(1) + "%";
+}
+
 function show(doc) {
   lastDoc = doc;
   showSummary(doc);
   showDecisions(doc);
+  showShadows(doc);
   showTenants(doc);
 }
 
