@@ -40,6 +40,8 @@ var (
 	clockSrc string
 	//go:embed slot.lua
 	slotSrc string
+	//go:embed adapt.lua
+	adaptSrc string
 )
 
 var (
@@ -71,10 +73,12 @@ var (
 	// Repark pushes the fallback of the waiting room's parked asynq tasks
 	// further out.
 	Repark = redis.NewScript(reparkSrc)
+	// Adapt takes one step of a tenant's adaptive limit.
+	Adapt = redis.NewScript(include(adaptSrc, clockSrc, "clock"))
 )
 
 // All lists every script, for loading them into a server ahead of pipelines.
-var All = []*redis.Script{Admit, Release, Renew, Cooldown, Stats, Room, Line, Handover, Capacity, Fleet, Recover, Repark}
+var All = []*redis.Script{Admit, Release, Renew, Cooldown, Stats, Room, Line, Handover, Capacity, Fleet, Recover, Repark, Adapt}
 
 // include puts the part of from between "-- @begin NAME" and "-- @end NAME"
 // into src at the line "-- @include NAME": a piece scripts share is written

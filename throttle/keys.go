@@ -24,6 +24,8 @@ import (
 //	                      no line yet (their tasks parked, or about to be)
 //	PREFIX:{t:TENANT}:d   string: the limit learned from the downstream (JSON),
 //	                      expiring when it lapses
+//	PREFIX:{t:TENANT}:e   hash: the adaptive rule's state (adapt.lua), expiring
+//	                      when no worker reported for a while
 //
 // TENANT is escaped so that braces, colons, spaces and percent signs never
 // reach the key: a tenant cannot move its keys to another slot or collide
@@ -47,6 +49,7 @@ type scopeKeys struct {
 	queues, handing         string
 	intents                 string
 	learned                 string
+	adapt                   string
 	base                    string // of the lines
 }
 
@@ -105,6 +108,7 @@ func keysFor(prefix, scope string) scopeKeys {
 		handing: base + "g",
 		intents: base + "j",
 		learned: base + "d",
+		adapt:   base + "e",
 		base:    base,
 	}
 }
@@ -149,7 +153,7 @@ func validatePrefix(p string) error {
 // scopeKeyPattern is a SCAN MATCH pattern for the keys of every scope
 // (tenants and @global) under prefix; scopeFromKey reads a match back.
 func scopeKeyPattern(prefix string) string {
-	return globEscape(prefix) + ":{[tg]*}:[swaqgljd]*"
+	return globEscape(prefix) + ":{[tg]*}:[swaqgljde]*"
 }
 
 // lineKeyPattern is a SCAN MATCH pattern for every tenant's lines.

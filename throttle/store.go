@@ -172,6 +172,9 @@ func (s *PolicyStore) Apply(ctx context.Context, policies map[string]*Policy, pr
 		if err := p.Validate(); err != nil {
 			return fmt.Errorf("policy %q: %w", name, err)
 		}
+		if err := adaptsGlobal(name, p); err != nil {
+			return err
+		}
 		texts[i] = p.String()
 	}
 	changed := false
@@ -364,6 +367,7 @@ type resolved struct {
 	tenant      *Policy // the tenant's own policy, or the default, with its learned limit; nil: none
 	stored      *Policy // the tenant's own policy, or the default, as stored
 	learned     *LearnedLimit
+	adaptive    *AdaptiveLimit
 	tenantName  string  // name of the policy in tenant: the tenant or "*"
 	global      *Policy // nil when @global has no policy
 	tenantFacts *policyFacts
@@ -468,11 +472,11 @@ func (s *PolicyStore) resolve(ctx context.Context, tenant string) (resolved, err
 			r.tenant, r.tenantName, r.tenantFacts = d.policy, DefaultPolicy, d.facts
 		}
 		r.stored = r.tenant
-		if le != nil && le.ll != nil {
+		if le != nil && (le.ll != nil || r.tenant.adaptIndex() >= 0) {
 			if r.tenant == nil {
 				r.tenantName = tenant
 			}
-			r.tenant, r.tenantFacts, r.learned = le.apply(r.tenant, r.tenantFacts)
+			r.tenant, r.tenantFacts, r.learned, r.adaptive = le.apply(r.tenant, r.tenantFacts)
 		}
 	}
 	return r, nil
@@ -538,6 +542,9 @@ type Resolved struct {
 	// none is in place; Policy includes it as its last rate rule when it
 	// is applied (Learned.Rule).
 	Learned *LearnedLimit
+	// Adaptive is the state of the policy's adaptive rule, nil when it has
+	// none; Policy holds the rule at its current limit.
+	Adaptive *AdaptiveLimit
 
 	facts, globalFacts *policyFacts // worked out when cached
 }
@@ -547,7 +554,7 @@ type Resolved struct {
 // with one round trip.
 func (s *PolicyStore) Resolve(ctx context.Context, tenant string) (Resolved, error) {
 	r, err := s.resolve(ctx, tenant)
-	return Resolved{Policy: r.tenant, Name: r.tenantName, Global: r.global, Learned: r.learned, facts: r.tenantFacts, globalFacts: r.globalFacts}, err
+	return Resolved{Policy: r.tenant, Name: r.tenantName, Global: r.global, Learned: r.learned, Adaptive: r.adaptive, facts: r.tenantFacts, globalFacts: r.globalFacts}, err
 }
 
 // watch drops the cache whenever a change is announced or the version moves.
