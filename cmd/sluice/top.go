@@ -112,6 +112,7 @@ type topRow struct {
 	perSec   float64
 	limit    string // tightest rate, "-" without one
 	learned  bool   // the tightest rate is a limit learned from the downstream
+	adaptive bool   // the tightest rate is an adaptive rule
 	inFlight int64
 	cap      int64 // -1 without a concurrency rule
 	reserved int64
@@ -149,6 +150,7 @@ func topRows(prev, cur topSample) []topRow {
 		if rt, _, ok := tightestRate(s); ok {
 			r.limit = limitText(rt)
 			r.learned = s.Learned != nil && s.Learned.Rule != "" && rt == s.Learned.Rate()
+			r.adaptive = !r.learned && s.Adaptive != nil && rt == s.Adaptive.Rate
 		}
 		if cs := s.Concurrency; cs != nil {
 			r.inFlight, r.cap = cs.InFlight, cs.Concurrency.Limit
@@ -209,6 +211,9 @@ func writeTop(w io.Writer, rows []topRow, limit int, eol string) error {
 		limit := r.limit
 		if r.learned {
 			limit += " learned"
+		}
+		if r.adaptive {
+			limit += " adaptive"
 		}
 		fmt.Fprintf(tw, "%s\t%.1f\t%s\t%s\t%d\t%s\t%s\t%s\n", human.Text(r.tenant), r.perSec, limit, inFlight, r.reserved, cool, r.waitingText, r.policy)
 	}
@@ -301,6 +306,9 @@ type topTenantJSON struct {
 	// Learned describes the limit learned from the tenant's downstream;
 	// absent when none is in place.
 	Learned string `json:"learned,omitempty"`
+	// Adaptive describes the adaptive rule ("37/s, 10..200/s, 4 up 2
+	// down"); absent when the policy has none.
+	Adaptive string `json:"adaptive,omitempty"`
 }
 
 func topDocOf(cur topSample, rows []topRow, interval time.Duration, limit int, err error) topDoc {
@@ -328,6 +336,9 @@ func topDocOf(cur topSample, rows []topRow, interval time.Duration, limit int, e
 			}
 			if s.Learned != nil {
 				t.Learned = s.Learned.String()
+			}
+			if a := s.Adaptive; a != nil {
+				t.Adaptive = fmt.Sprintf("%s, %d..%d, %d up %d down", limitText(a.Rate), a.Floor, a.Ceiling, a.Increases, a.Decreases)
 			}
 		}
 		d.Tenants = append(d.Tenants, t)

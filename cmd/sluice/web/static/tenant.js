@@ -27,6 +27,7 @@ function showSummary(doc) {
     card("Cooldown", t.cooldown_ms > 0 ? duration(t.cooldown_ms) : "none", t.cooldown_ms > 0 ? "left" : "", "cooldown"),
     card("Started", count(s.started), "while its state is alive", "started"),
     t.learned ? card("Learned limit", t.limit_learned ? t.limit : "not applied", t.learned, "learned") : null,
+    s.adaptive ? card("Adaptive limit", s.adaptive.rate, `${s.adaptive.floor}..${s.adaptive.ceiling}: ${s.adaptive.increases} up, ${s.adaptive.decreases} down`, "adaptive") : null,
   ].filter(Boolean));
 }
 
@@ -86,6 +87,15 @@ function showDetail(doc) {
   for (const n of doc.next || []) {
     const when = n.held_by === "turn" ? "its turn" : n.held_by === "concurrency" ? `after ${n.running_first} end (concurrency)` : `in ${duration(n.expected_in_ms)} (${n.held_by})`;
     add(n.ahead === 0 ? "next out" : "", el("a", { href: "/api/jobs/" + encodeURIComponent(n.id) + "?queue=" + encodeURIComponent(n.queue) }, el("code", {}, n.id)), ` ${n.queue}: ${when}`);
+  }
+  if (s.adaptive) {
+    const a = s.adaptive;
+    add("adaptive", el("code", {}, a.rate), ` now, between ${a.floor} and ${a.ceiling} per ${duration(a.period_ms)}: +${a.step} every ${duration(a.every_ms)} while answers are good, ×0.75 on 429/503` +
+      (a.until ? `; lapses at ${clock(a.until)} without reports` : "; not begun: the policy's rate"));
+    const why = { start: "began at the policy's rate", policy: "the policy changed", increase: "answers were good", throttled: "the downstream answered 429/503", latency: "answers were slow" };
+    const shown = 10;
+    for (const c of a.history.slice(-shown).reverse()) add("", `${clock(c.at)}: ${c.from} → ${c.to}, ${why[c.reason] || c.reason}`);
+    if (a.history.length > shown) add("", `and ${a.history.length - shown} earlier changes`);
   }
   if (s.learned) add("learned", el("code", {}, s.learned.rate), ` from ${s.learned.source || "the downstream"} until ${clock(s.learned.until)}` + (s.learned.rule ? `, applied as ${s.learned.rule}` : `, not applied: ${s.learned.note}`));
   document.querySelector("#detail tbody").replaceChildren(...rows);
