@@ -90,7 +90,7 @@ type adaptPhaseSpec struct {
 // strict token bucket (burst 2) and answers 429 with no header at all;
 // the real limit goes 40/s → 15/s → 60/s. In the settled part of each
 // phase (its second half) the achieved rate is within 70%..105% of the
-// real limit, the 429s are at most 15% of the requests, and the mean
+// real limit, the 429s are at most 20% of the requests, and the mean
 // adapted limit is within 0.6..1.5 times the real limit. Per second it
 // reports the achieved rate, the 429s and the adapted limit; with
 // -adapt-svg it draws them (make adapt-plot).
@@ -219,7 +219,9 @@ func TestAdaptiveConvergence(t *testing.T) {
 			i+1, p.limit, span, achieved, 100*achieved/p.limit, r, n+r, 100*frac, mean)
 		require.GreaterOrEqual(t, achieved, 0.7*p.limit, "phase %d: achieved rate at least 70%% of the real limit", i+1)
 		require.LessOrEqual(t, achieved, 1.05*p.limit+1, "phase %d: achieved rate at most the real limit", i+1)
-		require.LessOrEqual(t, frac, 0.15, "phase %d: 429s at most 15%% of the requests", i+1)
+		// 3-12% seen (the most at 15/s, where a step of 3 is a fifth of
+		// the limit); a rule that never cuts stays far above the limit
+		require.LessOrEqual(t, frac, 0.20, "phase %d: 429s at most 20%% of the requests", i+1)
 		require.InDelta(t, 1.05*p.limit, mean, 0.45*p.limit, "phase %d: adapted limit near the real one", i+1)
 	}
 
@@ -235,4 +237,60 @@ func TestAdaptiveConvergence(t *testing.T) {
 		require.NoError(t, os.WriteFile(*adaptSVG, []byte(plot.svg()), 0o644))
 		t.Logf("wrote %s", *adaptSVG)
 	}
+}
+
+// TestAdaptThroughTheGate: the gate reports an adaptive tenant's answers
+// (a bare 429 cuts its limit and does not pause it, where it pauses a
+// tenant that does not adapt), and counts what its reports changed.
+func TestAdaptThroughTheGate(t *testing.T) {
+	t.Parallel()
+	e := setup(t, nil)
+	e.policy(t, "acme", "rate=50/s adapt=10..100/s adapt_every=50ms")
+	e.policy(t, "plain", "rate=50/s")
+	var mu sync.Mutex
+	seen := map[string]bool{}
+	ds := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		first := !seen[r.URL.Path]
+		seen[r.URL.Path] = true
+		mu.Unlock()
+		if first {
+			w.WriteHeader(http.StatusTooManyRequests) // no header at all
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	}))
+	defer ds.Close()
+	srv := e.server(t, func(c *worker.Config) { c.Gate.TenantLabels = true })
+	worker.RegisterBuiltins(srv, ds.Client(), 0)
+	require.NoError(t, srv.Start())
+	ctx := context.Background()
+	enqueue := func(tenant string) {
+		p, err := json.Marshal(worker.HTTPRequest{URL: ds.URL + "/" + tenant})
+		require.NoError(t, err)
+		_, err = e.q.Enqueue(ctx, tenant, asynq.NewTask(worker.TypeHTTP, p), asynq.Queue(e.queue))
+		require.NoError(t, err)
+	}
+	enqueue("plain")
+	enqueue("acme")
+	g := srv.Gate().Gatherer()
+	eventually(t, 10*time.Second, func() bool {
+		return metric(t, g, "sluice_downstream_adaptations_total", map[string]string{"reason": "throttled", "tenant": "acme"}) == 1
+	}, "acme's limit cut by its 429")
+	st, err := e.lim.Stats(ctx, "acme")
+	require.NoError(t, err)
+	require.Equal(t, int64(37), st.Adaptive.Rate.Limit)
+	require.True(t, st.CooldownUntil.IsZero(), "a bare 429 does not pause an adaptive tenant")
+	require.Equal(t, float64(37), metric(t, g, "sluice_downstream_adapted_limit", map[string]string{"tenant": "acme"}))
+	eventually(t, 10*time.Second, func() bool {
+		ps, err := e.lim.Stats(ctx, "plain")
+		require.NoError(t, err)
+		return !ps.CooldownUntil.IsZero()
+	}, "a bare 429 pauses a tenant that does not adapt")
+	require.Nil(t, func() any { ps, _ := e.lim.Stats(ctx, "plain"); return ps.Adaptive }())
+	// both jobs run again after their second and succeed: acme reports it
+	eventually(t, 10*time.Second, func() bool {
+		return metric(t, g, "sluice_downstream_adapt_reports_total", map[string]string{"result": "ok"}) >= 2
+	}, "acme's good answer reported")
+	require.Zero(t, metric(t, g, "sluice_downstream_adapt_reports_total", map[string]string{"result": "error"}))
 }
