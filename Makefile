@@ -3,7 +3,7 @@ GO ?= go
 REDIS_SERVER ?= redis-server
 CHROMIUM ?= chromium
 
-.PHONY: test deps vet unit bench-unit e2e cluster test-cluster bench bench-engine bench-worker bench-fleet
+.PHONY: test deps vet unit bench-unit e2e cluster test-cluster bench bench-engine bench-worker bench-fleet adapt-plot
 
 # CLUSTER_PKGS run their suites a second time on a local three-master Redis
 # Cluster. A package opts in by taking redistest.UniversalClient in its
@@ -93,3 +93,9 @@ bench-fleet: deps
 
 bench-fleet-small: deps
 	@out=$$(mktemp -d) && cd bench && $(GO) run ./fleet -config small -out "$$out"
+
+# adapt-plot runs the adaptive limits' convergence test (worker's
+# TestAdaptiveConvergence) with 15-second phases instead of make test's
+# few seconds, and draws the run in docs/adaptive.svg.
+adapt-plot: deps
+	$(GO) test -count=1 -run 'TestAdaptiveConvergence$$' -v ./worker/ -args -adapt-phase=15s -adapt-svg=$(CURDIR)/docs/adaptive.svg

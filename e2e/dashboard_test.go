@@ -61,6 +61,7 @@ func TestDashboardInChromium(t *testing.T) {
 	sluice("policy", "set", "globex", "rate=4/s burst=2 backlog=500")
 	sluice("policy", "set", "initech", "concurrency=2")
 	sluice("policy", "set", "umbrella", "quota=10000/day tz=UTC")
+	sluice("policy", "set", "hooli", "rate=5/s adapt=2..50/s adapt_step=2 adapt_every=250ms")
 	sluice("policy", "set", "@global", "concurrency=50")
 	// a limit tried on acme's live traffic: half its rate, not enforced
 	sluice("policy", "set", "acme", "rate=10/s burst=2", "--shadow")
@@ -85,6 +86,7 @@ func TestDashboardInChromium(t *testing.T) {
 		"globex":   {count: 200, ms: 100},
 		"initech":  {count: 100, ms: 1000},
 		"umbrella": {count: 40, ms: 50},
+		"hooli":    {count: 400, ms: 20},
 	})
 
 	waitPage(t, base+"api/tenants", "acme's starts per second to move", func() bool { return cell(t, bctx, "acme", "starts") > 0 })
@@ -130,6 +132,17 @@ func TestDashboardInChromium(t *testing.T) {
 		return n >= 20
 	})
 	screenshot(t, bctx, filepath.Join(shots, "dashboard-tenant.png"))
+
+	// An adaptive tenant's page: its limit rising while its jobs succeed,
+	// and the changes.
+	require.NoError(t, chromedp.Do(bctx,
+		chromedp.Navigate(base+"tenants/hooli"),
+		chromedp.WaitVisible(chromedp.CSS(`[data-card="adaptive"]`)),
+	))
+	waitPage(t, base+"api/tenants", "hooli's adaptive limit raised", func() bool {
+		return strings.Contains(text(t, bctx, "#detail"), "answers were good")
+	})
+	require.Contains(t, text(t, bctx, `[data-card="adaptive"]`), "2..50")
 
 	// asynq's own pages, under /asynq/, list the queue.
 	require.NoError(t, chromedp.Do(bctx,

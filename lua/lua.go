@@ -56,6 +56,8 @@ var (
 	roomopsSrc string
 	//go:embed quick.lua
 	quickSrc string
+	//go:embed adapt.lua
+	adaptSrc string
 )
 
 // admitScript is admit.lua with its parts: the rule kinds' functions, the
@@ -104,10 +106,12 @@ var (
 	// Repark pushes the fallback of the waiting room's parked asynq tasks
 	// further out.
 	Repark = redis.NewScript(reparkSrc)
+	// Adapt takes one step of a tenant's adaptive limit.
+	Adapt = redis.NewScript(include(adaptSrc, clockSrc, "clock"))
 )
 
 // All lists every script, for loading them into a server ahead of pipelines.
-var All = []*redis.Script{Admit, Release, Renew, Cooldown, Stats, Room, Line, Handover, Capacity, Fleet, Recover, Repark, Prioritize}
+var All = []*redis.Script{Admit, Release, Renew, Cooldown, Stats, Room, Line, Handover, Capacity, Fleet, Recover, Repark, Prioritize, Adapt}
 
 // include puts the part of from between "-- @begin NAME" and "-- @end NAME"
 // into src at the line "-- @include NAME": a piece scripts share is written

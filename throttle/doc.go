@@ -40,7 +40,9 @@
 //   - [Limiter.Cooldown] pauses a tenant whose downstream is saturated;
 //     [Limiter.Learn] lowers a tenant's rate, fleet-wide, to a limit its
 //     downstream declared ([LearnedLimit]; learn=false pins a policy), until
-//     it lapses or [Limiter.Forget];
+//     it lapses or [Limiter.Forget]; [Limiter.Adapt] takes a worker's
+//     report of what the downstream answered to a tenant's adaptive rule
+//     ([AdaptRule], rate=50/s adapt=10..200/s), which the fleet follows;
 //     [Limiter.Explain] says what holds a job waiting in its line and when
 //     it is expected to start;
 //     [Limiter.Stats] and [Limiter.Tenants] read the state; [Limiter.Reset]

@@ -380,6 +380,45 @@ func ExampleLimiter_Learn() {
 	// cleared | rate=100/s burst=5 | true
 }
 
+func ExampleLimiter_Adapt() {
+	client, prefix := redistest.ExampleClient()
+	defer client.Close()
+	ctx := context.Background()
+
+	lim, err := throttle.NewLimiter(client, &throttle.Config{Prefix: prefix})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer lim.Close()
+	// acme starts at 50/s and adapts between 10/s and 200/s.
+	policy, err := throttle.ParsePolicy("rate=50/s adapt=10..200/s")
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := lim.Policies().Set(ctx, "acme", policy); err != nil {
+		log.Fatal(err)
+	}
+
+	// A worker saw 3 answers of 429 among 40 since its last report (the
+	// worker's gate reports by itself, at most once per adapt_every): the
+	// whole fleet's limit is cut to three quarters.
+	c, err := lim.Adapt(ctx, "acme", throttle.AdaptReport{OK: 37, Throttled: 3})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(c.From, "→", c.To, c.Reason)
+	r, _ := lim.Policies().Resolve(ctx, "acme")
+	fmt.Println(r.Policy, "|", r.Adaptive.Rule, r.Adaptive.Rate)
+
+	// More 429s in the same interval: cut once, not again.
+	c, _ = lim.Adapt(ctx, "acme", throttle.AdaptReport{Throttled: 5, Seq: r.Adaptive.Seq})
+	fmt.Printf("%d %q\n", c.To, c.Reason)
+	// Output:
+	// 50 → 37 throttled
+	// rate=37/s adapt=10..200/s | rate[0] 37/s
+	// 37 ""
+}
+
 func ExampleLimiter_ExplainLine() {
 	client, prefix := redistest.ExampleClient()
 	defer client.Close()

@@ -30,6 +30,8 @@ import (
 //	                      zsets of the tenant's shadow policy (as :s, :w, :a)
 //	PREFIX:{t:TENANT}:xn:FP  hash: the shadow's decisions counted, for the
 //	                      shadow policy whose fingerprint is FP
+//	PREFIX:{t:TENANT}:e   hash: the adaptive rule's state (adapt.lua), expiring
+//	                      when no worker reported for a while
 //
 // TENANT is escaped so that braces, colons, spaces and percent signs never
 // reach the key: a tenant cannot move its keys to another slot or collide
@@ -53,6 +55,7 @@ type scopeKeys struct {
 	queues, handing         string
 	intents                 string
 	learned                 string
+	adapt                   string
 	base                    string // of the lines
 }
 
@@ -149,6 +152,7 @@ func keysFor(prefix, scope string) scopeKeys {
 		handing: base + "g",
 		intents: base + "j",
 		learned: base + "d",
+		adapt:   base + "e",
 		base:    base,
 	}
 }
@@ -208,7 +212,7 @@ func validatePrefix(p string) error {
 // scopeKeyPattern is a SCAN MATCH pattern for the keys of every scope
 // (tenants and @global) under prefix; scopeFromKey reads a match back.
 func scopeKeyPattern(prefix string) string {
-	return globEscape(prefix) + ":{[tg]*}:[swaqgljd]*"
+	return globEscape(prefix) + ":{[tg]*}:[swaqgljde]*"
 }
 
 // lineKeyPattern is a SCAN MATCH pattern for every tenant's lines (the

@@ -191,6 +191,9 @@ func (l *Limiter) Forget(ctx context.Context, tenant string) (bool, error) {
 // longer than the slowest rate or window interval of p (any limit is below
 // a policy without those).
 func lowers(p *Policy, ll LearnedLimit) bool {
+	if p != nil {
+		p = p.atCeiling() // an adaptive rule may rise to its ceiling
+	}
 	pace := p.Pace()
 	return pace == 0 || ll.Rate().Interval() > pace
 }
@@ -218,11 +221,14 @@ func mergeLearned(base *Policy, ll LearnedLimit) (*Policy, *LearnedLimit) {
 	return p, &ll
 }
 
-// learnedEntry is a tenant's learned limit as cached (ll nil: none), with
-// the policy it was last merged into.
+// learnedEntry is what a tenant's downstream taught the fleet, as cached
+// beside its policy: its learned limit (ll nil: none) and its adaptive
+// rule's state (ad nil: none, or not begun), with the policy it was last
+// merged into.
 type learnedEntry struct {
 	ll    *LearnedLimit
-	until time.Time // local time it lapses; zero when none
+	until time.Time // local time ll lapses; zero when none
+	ad    *adaptState
 	memo  atomic.Pointer[learnedMemo]
 }
 
@@ -230,25 +236,31 @@ type learnedMemo struct {
 	base, merged *Policy
 	facts        *policyFacts
 	ll           *LearnedLimit
+	al           *AdaptiveLimit
 }
 
 func (e *learnedEntry) lapsed(now time.Time) bool {
-	return e != nil && e.ll != nil && !now.Before(e.until)
+	return e != nil && ((e.ll != nil && !now.Before(e.until)) || (e.ad != nil && !now.Before(e.ad.until)))
 }
 
-// apply merges the entry's limit into base (the tenant's policy), once
-// per base.
-func (e *learnedEntry) apply(base *Policy, baseFacts *policyFacts) (*Policy, *policyFacts, *LearnedLimit) {
+// apply merges the entry into base (the tenant's policy), once per base:
+// the adaptive rule at its current limit, then the learned limit as one
+// more rule (a declared limit below the adapted one still holds).
+func (e *learnedEntry) apply(base *Policy, baseFacts *policyFacts) (*Policy, *policyFacts, *LearnedLimit, *AdaptiveLimit) {
 	if m := e.memo.Load(); m != nil && m.base == base {
-		return m.merged, m.facts, m.ll
+		return m.merged, m.facts, m.ll, m.al
 	}
-	merged, ll := mergeLearned(base, *e.ll)
+	merged, al := mergeAdapt(base, e.ad)
+	var ll *LearnedLimit
+	if e.ll != nil {
+		merged, ll = mergeLearned(merged, *e.ll)
+	}
 	facts := baseFacts
 	if merged != base {
 		facts = factsOf(merged)
 	}
-	e.memo.Store(&learnedMemo{base: base, merged: merged, facts: facts, ll: ll})
-	return merged, facts, ll
+	e.memo.Store(&learnedMemo{base: base, merged: merged, facts: facts, ll: ll, al: al})
+	return merged, facts, ll, al
 }
 
 // decodeLearned reads a stored learned limit whose key lives ttl more.
@@ -264,41 +276,52 @@ func decodeLearned(raw string, ttl time.Duration, now time.Time) (*learnedEntry,
 	return &learnedEntry{ll: ll, until: ll.Until}, nil
 }
 
-// readLearned adds to pipe the reads of tenant's learned limit; the
-// function it returns decodes them once the pipeline ran. A learned limit
-// that cannot be read counts as none (it lapses by itself).
+// readLearned adds to pipe the reads of tenant's learned limit and
+// adaptive state; the function it returns decodes them once the pipeline
+// ran. What cannot be read counts as none (it lapses by itself).
 func (s *PolicyStore) readLearned(ctx context.Context, pipe redis.Pipeliner, tenant string) func(now time.Time) *learnedEntry {
-	key := keysFor(s.prefix, tenant).learned
-	get := pipe.Get(ctx, key)
-	ttl := pipe.PTTL(ctx, key)
+	k := keysFor(s.prefix, tenant)
+	get := pipe.Get(ctx, k.learned)
+	ttl := pipe.PTTL(ctx, k.learned)
+	adapt := readAdapt(ctx, pipe, k.adapt)
 	return func(now time.Time) *learnedEntry {
+		ad := adapt(now)
 		raw, err := get.Result()
 		d, terr := ttl.Result()
 		if err != nil || terr != nil || d <= 0 {
-			return &learnedEntry{}
+			return &learnedEntry{ad: ad}
 		}
 		e, err := decodeLearned(raw, d, now)
 		if err != nil {
-			return &learnedEntry{}
+			return &learnedEntry{ad: ad}
 		}
+		e.ad = ad
 		return e
 	}
 }
 
-// changeLearned runs write (a change of tenant's learned limit) with a
-// bump of the learned version, then announces it: every process drops its
-// cached entry of tenant.
+// changeLearned runs write (a change of tenant's learned limit), then
+// announces it (announceTenant).
 func (s *PolicyStore) changeLearned(ctx context.Context, tenant string, write func(redis.Pipeliner)) error {
-	var version *redis.IntCmd
 	if _, err := s.client.Pipelined(ctx, func(pipe redis.Pipeliner) error {
 		write(pipe)
-		version = pipe.Incr(ctx, learnedVersionKey(s.prefix))
 		return nil
 	}); err != nil {
 		return err
 	}
+	return s.announceTenant(ctx, tenant)
+}
+
+// announceTenant bumps the learned version and announces that what
+// tenant's downstream taught changed (a learned limit, an adaptive
+// limit): every process drops its cached entry of tenant.
+func (s *PolicyStore) announceTenant(ctx context.Context, tenant string) error {
+	version, err := s.client.Incr(ctx, learnedVersionKey(s.prefix)).Result()
 	s.invalidateTenant(tenant)
-	return s.client.Publish(ctx, policiesChannel(s.prefix), learnedMessage(version.Val(), tenant)).Err()
+	if err != nil {
+		return err
+	}
+	return s.client.Publish(ctx, policiesChannel(s.prefix), learnedMessage(version, tenant)).Err()
 }
 
 const learnedPrefix = "learned "

@@ -38,9 +38,11 @@ const (
 //
 //	rate=100/s burst=20 rate=5000/h window=600/min quota=10000/day tz=UTC
 //	concurrency=5 lease=30s overflow=wait max_wait=500ms backlog=50000
-//	weight=2 fail_open=false learn=false
+//	weight=2 fail_open=false learn=false adapt=10..200/s adapt_step=4
+//	adapt_every=1s adapt_latency=500ms
 //
-// burst applies to the rate before it; lease to concurrency; tz to quota.
+// burst applies to the rate before it; lease to concurrency; tz to quota;
+// adapt to the rate of its period (rate=50/s adapt=10..200/s).
 // shape=true, from before the waiting room, is accepted and has no effect:
 // the waiting room does for every job what it asked for.
 type Policy struct {
@@ -67,8 +69,12 @@ type Policy struct {
 	// NoLearn pins the policy's limits (text form learn=false): a limit
 	// the downstream declares (LearnedLimit) is recorded but not applied.
 	// The default, false, lets a declared limit below the policy's lower
-	// the tenant's rate until it lapses.
+	// the tenant's rate until it lapses. It does not stop an adaptive
+	// rule.
 	NoLearn bool
+	// Adapt, when set, makes the rate rule of its period adapt to what the
+	// downstream answers (text form adapt=10..200/s; see AdaptRule).
+	Adapt *AdaptRule
 }
 
 // MaxWaitDefault is how long overflow=wait holds a job when max_wait is not set.
@@ -132,12 +138,13 @@ func (p *Policy) String() string {
 	if p.NoLearn {
 		parts = append(parts, "learn=false")
 	}
+	parts = p.formatAdapt(parts)
 	return strings.Join(parts, " ")
 }
 
 // policyOptions are the options of a policy that are not rules, in text
 // form order.
-var policyOptions = []string{"overflow", "max_wait", "backlog", "weight", "shape", "fail_open", "learn"}
+var policyOptions = []string{"overflow", "max_wait", "backlog", "weight", "shape", "fail_open", "learn", "adapt", "adapt_step", "adapt_every", "adapt_latency"}
 
 // optionKind finds the rule kind an option belongs to; nil for a policy
 // option (or an unknown one).
@@ -230,6 +237,8 @@ func (p *Policy) parseOption(key, val string, seen map[string]bool) error {
 			return &PolicyError{key, val, fmt.Sprintf("must be a whole number from 1 to %d (the tenant's share in the waiting room's turns)", MaxWeight)}
 		}
 		p.Weight = n
+	case "adapt", "adapt_step", "adapt_every", "adapt_latency":
+		return p.parseAdapt(key, val)
 	case "shape", "fail_open", "learn":
 		b, err := strconv.ParseBool(val)
 		if err != nil {
@@ -273,7 +282,7 @@ func (p *Policy) Validate() error {
 	if p.Weight < 0 || p.Weight > MaxWeight {
 		return &PolicyError{"weight", strconv.FormatInt(p.Weight, 10), fmt.Sprintf("must be from 1 to %d", MaxWeight)}
 	}
-	return nil
+	return p.validateAdapt()
 }
 
 // weight is the tenant's share in the waiting room's turns (nil: 1).

@@ -3,6 +3,7 @@ package throttle
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"time"
@@ -35,6 +36,10 @@ type Stats struct {
 	// none is in place. Rules is the policy as stored; Rates includes the
 	// learned limit's rule (Learned.Rule) when it is applied.
 	Learned *LearnedLimit
+	// Adaptive is the state of the policy's adaptive rule with its last
+	// changes, nil when the policy has none. Rates holds the rule at its
+	// current limit; Rules the policy as stored.
+	Adaptive *AdaptiveLimit
 	// Waiting is how many of the tenant's jobs wait in its line in the
 	// waiting room, and WaitingSince when the one at its head joined it
 	// (zero when none waits).
@@ -60,6 +65,7 @@ func (l *Limiter) Stats(ctx context.Context, tenant string) (*Stats, error) {
 	var p, stored *Policy
 	var learned *LearnedLimit
 	var shadow resolved
+	var adaptive bool
 	name := ""
 	if tenant == GlobalPolicy {
 		r, err := l.policies.resolve(ctx, "")
@@ -78,7 +84,7 @@ func (l *Limiter) Stats(ctx context.Context, tenant string) (*Stats, error) {
 			return nil, err
 		}
 		if r.tenant != nil {
-			p, name, stored, learned = r.tenant, r.tenantName, r.stored, r.learned
+			p, name, stored, learned, adaptive = r.tenant, r.tenantName, r.stored, r.learned, r.adaptive != nil
 		}
 		shadow = r
 	}
@@ -143,6 +149,19 @@ func (l *Limiter) Stats(ctx context.Context, tenant string) (*Stats, error) {
 		if name == tenant && stored == nil {
 			s.Policy = "" // no policy of its own: the learned limit alone
 		}
+	}
+	if adaptive {
+		// the rule at its limit read now (the cache may be a moment old)
+		if s.Adaptive, err = l.adaptive(ctx, tenant, stored); err != nil {
+			return nil, err
+		}
+		pp := *stored
+		pp.Rates = slices.Clone(stored.Rates)
+		pp.Rates[stored.adaptIndex()] = s.Adaptive.Rate
+		if learned != nil && learned.Rule != "" {
+			pp.Rates = append(pp.Rates, learned.Rate())
+		}
+		p, s.Rules = &pp, stored
 	}
 	if ints[10] > 0 {
 		s.WaitingSince = time.UnixMilli(ints[10])

@@ -175,6 +175,9 @@ func (s *PolicyStore) Apply(ctx context.Context, policies map[string]*Policy, pr
 		if of, ok := shadowOf(name); ok && !p.HasRules() {
 			return fmt.Errorf("shadow policy %q has no rules: a shadow tries rules (rate, window, quota, concurrency) on %s's jobs; give at least one, or delete the shadow", name, of)
 		}
+		if err := adaptsGlobal(name, p); err != nil {
+			return err
+		}
 		texts[i] = p.String()
 	}
 	changed := false
@@ -367,6 +370,7 @@ type resolved struct {
 	tenant      *Policy // the tenant's own policy, or the default, with its learned limit; nil: none
 	stored      *Policy // the tenant's own policy, or the default, as stored
 	learned     *LearnedLimit
+	adaptive    *AdaptiveLimit
 	tenantName  string  // name of the policy in tenant: the tenant or "*"
 	global      *Policy // nil when @global has no policy
 	tenantFacts *policyFacts
@@ -504,11 +508,11 @@ func (s *PolicyStore) resolve(ctx context.Context, tenant string) (resolved, err
 		case st.err == nil && t.policy == nil && t.err == nil && sd.policy != nil:
 			r.shadow, r.shadowName, r.shadowFacts = sd.policy, ShadowPrefix+DefaultPolicy, sd.facts
 		}
-		if le != nil && le.ll != nil {
+		if le != nil && (le.ll != nil || r.tenant.adaptIndex() >= 0) {
 			if r.tenant == nil {
 				r.tenantName = tenant
 			}
-			r.tenant, r.tenantFacts, r.learned = le.apply(r.tenant, r.tenantFacts)
+			r.tenant, r.tenantFacts, r.learned, r.adaptive = le.apply(r.tenant, r.tenantFacts)
 		}
 	}
 	return r, nil
@@ -579,6 +583,9 @@ type Resolved struct {
 	// it is stored under: ShadowPrefix and the tenant, or "*".
 	Shadow     *Policy
 	ShadowName string
+	// Adaptive is the state of the policy's adaptive rule, nil when it has
+	// none; Policy holds the rule at its current limit.
+	Adaptive *AdaptiveLimit
 
 	facts, globalFacts, shadowFacts *policyFacts // worked out when cached
 }
@@ -594,7 +601,7 @@ func (s *PolicyStore) Resolve(ctx context.Context, tenant string) (Resolved, err
 // public is r as Resolve answers it.
 func (r resolved) public() Resolved {
 	return Resolved{Policy: r.tenant, Name: r.tenantName, Global: r.global, Learned: r.learned,
-		Shadow: r.shadow, ShadowName: r.shadowName,
+		Shadow: r.shadow, ShadowName: r.shadowName, Adaptive: r.adaptive,
 		facts: r.tenantFacts, globalFacts: r.globalFacts, shadowFacts: r.shadowFacts}
 }
 

@@ -37,7 +37,7 @@ func TestTenantsKeyRoundTrip(t *testing.T) {
 		_, ok := scopeFromKey("sluice", key)
 		require.False(t, ok, key)
 	}
-	require.Equal(t, `p\*\?\[x\]\\:{[tg]*}:[swaqgljd]*`, scopeKeyPattern(`p*?[x]\`))
+	require.Equal(t, `p\*\?\[x\]\\:{[tg]*}:[swaqgljde]*`, scopeKeyPattern(`p*?[x]\`))
 	require.Equal(t, `p\*:{t:*}:l*:*`, lineKeyPattern(`p*`))
 }
 

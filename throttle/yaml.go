@@ -66,6 +66,9 @@ func ParsePolicyFile(data []byte) (map[string]*Policy, error) {
 			return nil, fmt.Errorf("policy file line %d, %q: %v", v.Line, name, err)
 		}
 		p, err := ParsePolicy(text)
+		if err == nil {
+			err = adaptsGlobal(name, p)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("policy file line %d, %q: %v", fieldLine(v, err), name, err)
 		}

@@ -92,6 +92,12 @@ type downstream struct {
 	mu      sync.Mutex
 	paused  map[string]time.Time // tenant -> end of the pause this worker set
 	learned map[string]time.Time // tenant -> when what this worker learned lapses
+
+	// adaptive limits (adapt.go)
+	adapt       adapter
+	reports     *prometheus.CounterVec
+	adaptations *prometheus.CounterVec
+	adapted     *prometheus.GaugeVec // per tenant, with tenant labels
 }
 
 // Downstream actions, the action label of sluice_downstream_actions_total
@@ -128,10 +134,22 @@ func newDownstream(reg prometheus.Registerer, tenants bool) (*downstream, error)
 		}),
 		paused:  map[string]time.Time{},
 		learned: map[string]time.Time{},
+		reports: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_downstream_adapt_reports_total",
+			Help: "Reports of what a tenant's downstream answered sent to its adaptive limit (at most one per tenant and interval), by result (ok, error).",
+		}, []string{"result"}),
+		adaptations: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_downstream_adaptations_total",
+			Help: "Changes of adaptive limits this worker's reports made, by reason (increase; throttled, latency: decreases; start, policy).",
+		}, append([]string{"reason"}, labels...)),
+		adapted: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "sluice_downstream_adapted_limit",
+			Help: "The rate (per second) the tenant's adaptive limit holds it to, as of this worker's last report.",
+		}, labels),
 	}
-	cs := []prometheus.Collector{d.signals, d.actions, d.count}
+	cs := []prometheus.Collector{d.signals, d.actions, d.count, d.reports, d.adaptations}
 	if tenants {
-		cs = append(cs, d.limits)
+		cs = append(cs, d.limits, d.adapted)
 	}
 	for _, c := range cs {
 		if err := reg.Register(c); err != nil {

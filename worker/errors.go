@@ -15,6 +15,10 @@ import (
 type RetryAfterError struct {
 	Delay time.Duration
 	Err   error
+	// guessed: the downstream named no delay (the built-in http handler's
+	// 429 or 503 without Retry-After or a used-up quota), Delay is
+	// RetryAfterDefault; a tenant whose policy adapts is not paused then
+	guessed bool
 }
 
 // RetryAfter returns the error a handler returns to pause its tenant for d

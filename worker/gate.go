@@ -160,6 +160,7 @@ func (g *Gate) Stop() {
 			g.stopPump()
 		}
 		g.pumpWG.Wait()
+		g.down.stopAdapting()
 		if g.registration != nil {
 			ctx, cancel := context.WithTimeout(context.Background(), g.cfg.CallTimeout)
 			if err := g.registration.Close(ctx); err != nil {
@@ -595,8 +596,10 @@ func (g *Gate) run(ctx context.Context, j *job, a Admission, next asynq.Handler)
 		}
 		g.release(ctx, j, a.Decision.Claim)
 	}()
+	began := time.Now()
 	herr := next.ProcessTask(ctx, j.task)
 	returned = true
+	g.down.record(g, j, herr, time.Since(began))
 	return g.after(ctx, j, herr)
 }
 
@@ -628,6 +631,11 @@ func (g *Gate) after(ctx context.Context, j *job, err error) error {
 		scope := j.tenant
 		if scope == "" {
 			scope = throttle.GlobalPolicy
+		}
+		if ra.guessed && j.adapts() {
+			// the downstream named no delay: the adaptive rule's cut
+			// answers it, not a pause of the whole tenant
+			return g.deferJob(ctx, j, &DeferError{Reason: ReasonCooldown, RetryAfter: d, At: time.Now().Add(d), Err: err})
 		}
 		// The pause starts before the slot is released, so no other job of
 		// the tenant starts in between.

@@ -51,7 +51,9 @@ type SleepRequest struct {
 // completes the job; 429 and 503 pause the tenant for the Retry-After the
 // downstream asked for (seconds or an HTTP date; else the quota's reset
 // when the response says none remains; else RetryAfterDefault) and defer
-// the job (RetryAfter); other 5xx answers and network errors are retried
+// the job (RetryAfter) — except that a tenant whose policy adapts
+// (adapt=) is not paused when the downstream named no delay: its adaptive
+// limit's cut answers the 429 instead; other 5xx answers and network errors are retried
 // as usual; other answers (4xx, unfollowed 3xx) archive the job
 // (asynq.SkipRetry), as does a payload that cannot be read.
 //
@@ -119,7 +121,7 @@ func (h *HTTPHandler) ProcessTask(ctx context.Context, task *asynq.Task) error {
 	case code >= 200 && code <= 299:
 		return nil
 	case code == http.StatusTooManyRequests || code == http.StatusServiceUnavailable:
-		return RetryAfter(sig.RetryDelay(), errors.New(status))
+		return &RetryAfterError{Delay: sig.RetryDelay(), Err: errors.New(status), guessed: sig.RetryAfter < 0 && !sig.Exhausted()}
 	case code >= 500:
 		return errors.New(status)
 	default:

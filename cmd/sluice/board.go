@@ -95,6 +95,11 @@ type rowJSON struct {
 	// none is in place. LimitLearned says Limit is that limit.
 	Learned      string `json:"learned,omitempty"`
 	LimitLearned bool   `json:"limit_learned,omitempty"`
+	// Adaptive describes the policy's adaptive rule (where it is, within
+	// what, how it moved); absent without one. LimitAdaptive says Limit is
+	// that rule.
+	Adaptive      string `json:"adaptive,omitempty"`
+	LimitAdaptive bool   `json:"limit_adaptive,omitempty"`
 	// Decisions are the tenant's decisions per second, null unless the
 	// workers scraped label their metrics by tenant.
 	Decisions *decisionsJSON `json:"decisions"`
@@ -378,6 +383,9 @@ func newRow(s *throttle.Stats, r topRow) rowJSON {
 	}
 	if s.Learned != nil {
 		row.Learned, row.LimitLearned = learnedText(s), r.learned
+	}
+	if s.Adaptive != nil {
+		row.Adaptive, row.LimitAdaptive = adaptiveText(s), r.adaptive
 	}
 	if rt, perSec, ok := tightestRate(s); ok {
 		row.Limit, row.LimitPerS = limitText(rt), perSec

@@ -72,6 +72,7 @@ func TestCLI(t *testing.T) {
 		"RangeEdge":            testRangeEdge,
 		"Jobs":                 testJobs,
 		"Learned":              testLearned,
+		"Adaptive":             testAdaptive,
 		"JobsExplain":          testJobsExplain,
 		"Shadow":               testShadow,
 	} {
@@ -741,6 +742,36 @@ func testLearned(t *testing.T, c *cli) {
 	detail = c.mustRun(t, "stats", "acme")
 	require.Contains(t, detail, "not applied: pinned: the policy says learn=false")
 	require.NotContains(t, detail, "rate[1]")
+}
+
+// testAdaptive: an adaptive rule shows in stats (the detail with its last
+// changes, the table, JSON) and top, beside the policy as stored; a bad
+// adapt= is refused with what to write instead, and changes nothing.
+func testAdaptive(t *testing.T, c *cli) {
+	c.mustRun(t, "policy", "set", "acme", "rate=50/s adapt=10..200/s")
+	r := c.run(t, "policy", "set", "acme", "rate=50/s adapt=200..10/s")
+	require.Equal(t, 2, r.code, r.stderr)
+	require.Contains(t, r.stderr, "adapt=200..10/s: the floor 200 is above the ceiling 10; write the lower first: adapt=10..200/s")
+	require.Contains(t, c.mustRun(t, "policy", "get", "acme"), "rate=50/s adapt=10..200/s", "unchanged")
+
+	lim := c.limiter(t)
+	ch, err := lim.Adapt(context.Background(), "acme", throttle.AdaptReport{OK: 10, Throttled: 2})
+	require.NoError(t, err)
+	require.Equal(t, "throttled", ch.Reason)
+
+	detail := c.mustRun(t, "stats", "acme")
+	require.Contains(t, detail, "rate=50/s adapt=10..200/s", "the policy as stored")
+	require.Regexp(t, `(?m)^rate\[0\] \(adaptive\)\s+37/s: `, detail)
+	require.Regexp(t, `(?m)^adaptive\s+37/s now, between 10/s and 200/s \(\+4 every 1s while answers are good, ×0.75 on 429/503\); 0 increases, 1 decreases; lapses (10m0s|9m5\d(\.\d+)?s) after the last report$`, detail)
+	require.Regexp(t, `(?m)^\s+\S+ ago: 50 → 37, the downstream answered 429/503$`, detail)
+	require.Contains(t, c.mustRun(t, "stats"), "(adaptive 10..200)")
+	js := c.mustRun(t, "stats", "--json", "acme")
+	require.Regexp(t, `"adaptive": \{\s*"rule": "rate\[0\]",\s*"rate": "37/s",\s*"limit": 37,\s*"floor": 10,\s*"ceiling": 200,`, js)
+	require.Regexp(t, `"history": \[\s*\{\s*"at": "[^"]+",\s*"from": 50,\s*"to": 37,\s*"reason": "throttled"\s*\}\s*\]`, js)
+	top := c.mustRun(t, "top", "--once", "--interval", "100ms")
+	require.Regexp(t, `(?m)^acme\s+\S+\s+37/s adaptive\s+`, top)
+	top = c.mustRun(t, "top", "--once", "--json", "--interval", "100ms")
+	require.Contains(t, top, `"adaptive":"37/s, 10..200, 0 up 1 down"`)
 }
 
 // testJobsExplain: jobs waiting in a rate=1/min line (no worker serves

@@ -156,6 +156,9 @@ type tenantJSON struct {
 	// Shadow is what the tenant's shadow policy would have denied; absent
 	// when it has none.
 	Shadow *shadowJSON `json:"shadow,omitempty"`
+	// Adaptive is the state of the policy's adaptive rule; absent when
+	// the policy has none.
+	Adaptive *adaptiveJSON `json:"adaptive,omitempty"`
 }
 
 type shadowJSON struct {
@@ -169,6 +172,30 @@ type shadowJSON struct {
 	// RetryAfterMS sums the waits the denials would have imposed.
 	RetryAfterMS float64    `json:"retry_after_ms"`
 	Since        *time.Time `json:"since"`
+}
+
+type adaptiveJSON struct {
+	Rule      string  `json:"rule"`
+	Rate      string  `json:"rate"` // the current limit, as the rule admits by
+	Limit     int64   `json:"limit"`
+	Floor     int64   `json:"floor"`
+	Ceiling   int64   `json:"ceiling"`
+	PeriodMS  float64 `json:"period_ms"`
+	Step      int64   `json:"step"`
+	EveryMS   float64 `json:"every_ms"`
+	Increases int64   `json:"increases"`
+	Decreases int64   `json:"decreases"`
+	// Until is when the state lapses without reports; absent when none is
+	// kept (the limit is the policy's rate).
+	Until   *time.Time        `json:"until,omitempty"`
+	History []adaptChangeJSON `json:"history"`
+}
+
+type adaptChangeJSON struct {
+	At     time.Time `json:"at"`
+	From   int64     `json:"from"`
+	To     int64     `json:"to"`
+	Reason string    `json:"reason"`
 }
 
 type learnedJSON struct {
@@ -262,6 +289,15 @@ func toJSON(s *throttle.Stats) tenantJSON {
 		j.Learned = &learnedJSON{Limit: l.Limit, WindowMS: ms(l.Window), Rate: l.Rate().String(), Rule: l.Rule, Note: l.Note,
 			Source: l.Source, From: l.From, Learned: l.Learned.UTC(), Until: l.Until.UTC()}
 	}
+	if a := s.Adaptive; a != nil {
+		aj := &adaptiveJSON{Rule: a.Rule, Rate: a.Rate.String(), Limit: a.Rate.Limit, Floor: a.Floor, Ceiling: a.Ceiling,
+			PeriodMS: ms(a.Rate.Period), Step: a.Step, EveryMS: ms(a.Every), Increases: a.Increases, Decreases: a.Decreases,
+			Until: timePtr(a.Until), History: []adaptChangeJSON{}}
+		for _, c := range a.History {
+			aj.History = append(aj.History, adaptChangeJSON{At: c.At.UTC(), From: c.From, To: c.To, Reason: c.Reason})
+		}
+		j.Adaptive = aj
+	}
 	if q := s.Quota; q != nil {
 		j.Quota = &quotaJSON{
 			Quota: q.Quota.String(), Limit: q.Quota.Limit, Used: q.Used, Remaining: q.Remaining,
@@ -295,6 +331,9 @@ func rateCell(s *throttle.Stats) string {
 		if isLearned(s, r.Rule) {
 			part += " (learned)"
 		}
+		if isAdaptive(s, r.Rule) {
+			part += fmt.Sprintf(" (adaptive %d..%d)", s.Adaptive.Floor, s.Adaptive.Ceiling)
+		}
 		parts = append(parts, part)
 	}
 	return strings.Join(parts, ", ")
@@ -303,6 +342,36 @@ func rateCell(s *throttle.Stats) string {
 // isLearned reports whether rule is the one s's learned limit added.
 func isLearned(s *throttle.Stats, rule string) bool {
 	return s.Learned != nil && s.Learned.Rule != "" && s.Learned.Rule == rule
+}
+
+// isAdaptive reports whether rule is s's adaptive rule.
+func isAdaptive(s *throttle.Stats, rule string) bool {
+	return s.Adaptive != nil && s.Adaptive.Rule == rule
+}
+
+// adaptiveText tells where an adaptive rule is, within what, and how it
+// got there.
+func adaptiveText(s *throttle.Stats) string {
+	a := s.Adaptive
+	per := "/" + strings.TrimPrefix(limitText(throttle.Rate{Limit: 1, Period: a.Rate.Period}), "1/")
+	text := fmt.Sprintf("%s now, between %d%s and %d%s (+%d every %s while answers are good, ×0.75 on 429/503)",
+		limitText(a.Rate), a.Floor, per, a.Ceiling, per, a.Step, short(a.Every))
+	if a.Until.IsZero() {
+		text += "; not begun: the policy's rate"
+	} else {
+		text += fmt.Sprintf("; %d increases, %d decreases; lapses %s after the last report", a.Increases, a.Decreases, short(a.Until.Sub(s.Now)))
+	}
+	return text
+}
+
+// adaptChangeText is one change of an adaptive limit.
+func adaptChangeText(s *throttle.Stats, c throttle.AdaptChange) string {
+	why := map[string]string{"start": "began at the policy's rate", "policy": "the policy changed", "increase": "answers were good",
+		"throttled": "the downstream answered 429/503", "latency": "answers were slow"}[c.Reason]
+	if why == "" {
+		why = human.Text(c.Reason)
+	}
+	return fmt.Sprintf("%s ago: %d → %d, %s", short(s.Now.Sub(c.At)), c.From, c.To, why)
 }
 
 // learnedText tells what was learned, from where, until when and whether
@@ -448,6 +517,10 @@ func writeStatsTable(w io.Writer, all []*throttle.Stats) error {
 	return tw.Flush()
 }
 
+// adaptShown is how many of an adaptive limit's last changes the detail
+// view lists (--json has them all).
+const adaptShown = 10
+
 func writeDetail(w io.Writer, s *throttle.Stats) error {
 	tw := newTable(w)
 	row := func(k, format string, args ...any) { fmt.Fprintf(tw, "%s\t%s\n", k, fmt.Sprintf(format, args...)) }
@@ -466,6 +539,9 @@ func writeDetail(w io.Writer, s *throttle.Stats) error {
 		if isLearned(s, name) {
 			name += " (learned)"
 		}
+		if isAdaptive(s, name) {
+			name += " (adaptive)"
+		}
 		row(name, "%s", r.Describe(s.Now))
 	}
 	if s.Learned != nil {
@@ -473,6 +549,16 @@ func writeDetail(w io.Writer, s *throttle.Stats) error {
 	}
 	if s.Shadow != nil {
 		row("shadow", "%s: %s", human.Text(s.Shadow.Name), shadowText(s.Shadow, s.Now))
+	}
+	if s.Adaptive != nil {
+		row("adaptive", "%s", adaptiveText(s))
+		h := s.Adaptive.History
+		for i := len(h) - 1; i >= 0 && i >= len(h)-adaptShown; i-- {
+			row("", "%s", adaptChangeText(s, h[i]))
+		}
+		if len(h) > adaptShown {
+			row("", "(%d earlier changes in --json)", len(h)-adaptShown)
+		}
 	}
 	if cs := s.Concurrency; cs != nil {
 		for _, h := range cs.Holders {

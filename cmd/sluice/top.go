@@ -112,6 +112,7 @@ type topRow struct {
 	perSec   float64
 	limit    string // tightest rate, "-" without one
 	learned  bool   // the tightest rate is a limit learned from the downstream
+	adaptive bool   // the tightest rate is an adaptive rule
 	inFlight int64
 	cap      int64 // -1 without a concurrency rule
 	reserved int64
@@ -160,6 +161,7 @@ func topRows(prev, cur topSample) []topRow {
 		if rt, _, ok := tightestRate(s); ok {
 			r.limit = limitText(rt)
 			r.learned = s.Learned != nil && s.Learned.Rule != "" && rt == s.Learned.Rate()
+			r.adaptive = !r.learned && s.Adaptive != nil && rt == s.Adaptive.Rate
 		}
 		if cs := s.Concurrency; cs != nil {
 			r.inFlight, r.cap = cs.InFlight, cs.Concurrency.Limit
@@ -228,6 +230,9 @@ func writeTop(w io.Writer, rows []topRow, limit int, eol string) error {
 		limit := r.limit
 		if r.learned {
 			limit += " learned"
+		}
+		if r.adaptive {
+			limit += " adaptive"
 		}
 		fmt.Fprintf(tw, "%s\t%.1f\t%s\t%s\t%d\t%s\t%s\t%s", human.Text(r.tenant), r.perSec, limit, inFlight, r.reserved, cool, r.waitingText, r.policy)
 		if shadows {
@@ -339,6 +344,9 @@ type topTenantJSON struct {
 	// Shadow is what the tenant's shadow policy would deny; absent when
 	// it has none.
 	Shadow *topShadowJSON `json:"shadow,omitempty"`
+	// Adaptive describes the adaptive rule ("37/s, 10..200/s, 4 up 2
+	// down"); absent when the policy has none.
+	Adaptive string `json:"adaptive,omitempty"`
 }
 
 // topShadowJSON is a shadow's decisions and denials per second over the
@@ -381,6 +389,9 @@ func topDocOf(cur topSample, rows []topRow, interval time.Duration, limit int, e
 			if sh := s.Shadow; sh != nil {
 				t.Shadow = &topShadowJSON{Name: sh.Name, Rules: sh.Policy.String(), Decisions: sh.Decisions, Denied: sh.Denied,
 					DecisionsPerSec: math.Round(r.shadowPerSec*10) / 10, DeniedPerSec: math.Round(r.shadowDeniedPerSec*10) / 10}
+			}
+			if a := s.Adaptive; a != nil {
+				t.Adaptive = fmt.Sprintf("%s, %d..%d, %d up %d down", limitText(a.Rate), a.Floor, a.Ceiling, a.Increases, a.Decreases)
 			}
 		}
 		d.Tenants = append(d.Tenants, t)

@@ -29,6 +29,7 @@ function showSummary(doc) {
     t.learned ? card("Learned limit", t.limit_learned ? t.limit : "not applied", t.learned, "learned") : null,
     t.shadow ? card("Shadow would deny", t.shadow.decisions ? (100 * t.shadow.denied_share).toFixed(t.shadow.denied_share > 0 && t.shadow.denied_share < 0.1 ? 1 : 0) + "%" : "–",
       t.shadow.rules + ", not enforced", "shadow") : null,
+    s.adaptive ? card("Adaptive limit", s.adaptive.rate, `${s.adaptive.floor}..${s.adaptive.ceiling}: ${s.adaptive.increases} up, ${s.adaptive.decreases} down`, "adaptive") : null,
   ].filter(Boolean));
 }
 
@@ -95,6 +96,15 @@ function showDetail(doc) {
     add("shadow", el("code", {}, sh.rules), ` (${sh.name}, not enforced) — ` + (sh.decisions
       ? `would have denied ${count(sh.denied)} of ${count(sh.decisions)} starts since ${clock(sh.since)}` + (by ? `; by ${by}` : "")
       : "no job has started since it was set"));
+  }
+  if (s.adaptive) {
+    const a = s.adaptive;
+    add("adaptive", el("code", {}, a.rate), ` now, between ${a.floor} and ${a.ceiling} per ${duration(a.period_ms)}: +${a.step} every ${duration(a.every_ms)} while answers are good, ×0.75 on 429/503` +
+      (a.until ? `; lapses at ${clock(a.until)} without reports` : "; not begun: the policy's rate"));
+    const why = { start: "began at the policy's rate", policy: "the policy changed", increase: "answers were good", throttled: "the downstream answered 429/503", latency: "answers were slow" };
+    const shown = 10;
+    for (const c of a.history.slice(-shown).reverse()) add("", `${clock(c.at)}: ${c.from} → ${c.to}, ${why[c.reason] || c.reason}`);
+    if (a.history.length > shown) add("", `and ${a.history.length - shown} earlier changes`);
   }
   if (s.learned) add("learned", el("code", {}, s.learned.rate), ` from ${s.learned.source || "the downstream"} until ${clock(s.learned.until)}` + (s.learned.rule ? `, applied as ${s.learned.rule}` : `, not applied: ${s.learned.note}`));
   document.querySelector("#detail tbody").replaceChildren(...rows);

@@ -95,7 +95,7 @@ function row(t) {
     el("span", { class: "rules" }, t.policy ? (t.policy === t.tenant ? "" : t.policy + ": ") + (t.rules || "no limits") : "no policy: not limited"));
   const starts = el("td", { class: "num", "data-field": "starts" },
     el("span", { "data-value": t.starts_per_s }, rate(t.starts_per_s)),
-    t.limit ? el("span", { class: "of", title: t.learned || "" }, " / " + t.limit + (t.limit_learned ? " learned" : "")) : null, meter(t.starts_per_s, t.limit_per_s));
+    t.limit ? el("span", { class: "of", title: t.learned || t.adaptive || "" }, " / " + t.limit + (t.limit_learned ? " learned" : t.limit_adaptive ? " adaptive" : "")) : null, meter(t.starts_per_s, t.limit_per_s));
   const inFlight = el("td", { class: "num", "data-field": "in_flight" },
     el("span", { "data-value": t.in_flight }, count(t.in_flight)),
     t.cap >= 0 ? el("span", { class: "of" }, " / " + t.cap) : null, meter(t.in_flight, t.cap));
