@@ -40,6 +40,8 @@ var (
 	clockSrc string
 	//go:embed slot.lua
 	slotSrc string
+	//go:embed wait.lua
+	waitSrc string
 	//go:embed prioritize.lua
 	prioritizeSrc string
 	//go:embed phases.lua
@@ -101,6 +103,9 @@ var (
 	Fleet = redis.NewScript(fleetSrc)
 	// Recover gives asynq tasks nobody runs back to their pending list.
 	Recover = redis.NewScript(recoverSrc)
+	// Wait records a new job that is to wait in its line, when the fleet
+	// has no room for it (admit.lua's arrive op, without the decision).
+	Wait = redis.NewScript(include(waitSrc, clockSrc, "clock"))
 	// Prioritize moves a waiting job to another priority level of its line.
 	Prioritize = redis.NewScript(prioritizeSrc)
 	// Repark pushes the fallback of the waiting room's parked asynq tasks
@@ -111,7 +116,7 @@ var (
 )
 
 // All lists every script, for loading them into a server ahead of pipelines.
-var All = []*redis.Script{Admit, Release, Renew, Cooldown, Stats, Room, Line, Handover, Capacity, Fleet, Recover, Repark, Prioritize, Adapt}
+var All = []*redis.Script{Admit, Release, Renew, Cooldown, Stats, Room, Line, Handover, Capacity, Fleet, Recover, Repark, Prioritize, Adapt, Wait}
 
 // include puts the part of from between "-- @begin NAME" and "-- @end NAME"
 // into src at the line "-- @include NAME": a piece scripts share is written

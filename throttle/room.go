@@ -99,6 +99,9 @@ func (r *room) Arrive(ctx context.Context, a waitroom.Arrival) (waitroom.Arrived
 	}
 	k := keysFor(r.l.cfg.Prefix, a.Tenant)
 	q := queueOf(a.Queue)
+	if !a.MayGo {
+		return r.arriveToWait(ctx, a, k, q, cost, backlog)
+	}
 	op.roomKeys = []string{k.line(q), k.intentsAt(a.Priority), k.lineAt(q, priorityHigh), k.lineAt(q, priorityLow)}
 	op.roomArgs = []any{boolInt(a.MayGo), backlog, micros(r.l.cfg.PromoteLead), lineTail(waitroom.Waiter{ID: a.ID, Queue: a.Queue, Cost: cost})}
 	raw, err := r.l.runRaw(ctx, op, -1)
@@ -127,6 +130,26 @@ func (r *room) Arrive(ctx context.Context, a waitroom.Arrival) (waitroom.Arrived
 		if once || rep.late == lateReserved {
 			d.Ticket = ticketFor(rep.slot, rep.late, rep.slack, rep.now, lease, d.Claim, res.fingerprint())
 		}
+	}
+	return d, nil
+}
+
+// arriveToWait is Arrive for a job the fleet has no room for: it waits
+// whatever its rules say, so wait.lua checks the line's cap and records
+// its intent, as admit.lua's arrive op would, without deciding on it.
+func (r *room) arriveToWait(ctx context.Context, a waitroom.Arrival, k scopeKeys, q string, cost, backlog int64) (waitroom.Arrived, error) {
+	keys := append(k.lines(q), k.intentsAt(a.Priority))
+	res, err := lua.Wait.Run(ctx, r.l.client, keys, r.l.clockArg(), backlog, lineTail(waitroom.Waiter{ID: a.ID, Queue: a.Queue, Cost: cost})).Result()
+	if err != nil {
+		return waitroom.Arrived{}, fmt.Errorf("arrival of tenant %q: %w", a.Tenant, err)
+	}
+	v, err := int64s(res, 3)
+	if err != nil {
+		return waitroom.Arrived{}, fmt.Errorf("wait.lua: %w", err)
+	}
+	d := waitroom.Arrived{Waiting: v[1], Backlog: backlog, Earlier: v[2] == 1}
+	if v[0] == arriveFull {
+		return d, &BacklogError{Tenant: a.Tenant, Backlog: v[1], Limit: backlog}
 	}
 	return d, nil
 }
