@@ -26,6 +26,7 @@ import (
 	"github.com/sluicehq/sluice/internal/clitest"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/taskspec"
 )
 
 var updateScreenshot = flag.Bool("update-screenshot", false, "write the screenshots to ../docs/img")
@@ -143,6 +144,34 @@ func TestDashboardInChromium(t *testing.T) {
 		return strings.Contains(text(t, bctx, "#detail"), "answers were good")
 	})
 	require.Contains(t, text(t, bctx, `[data-card="adaptive"]`), "2..50")
+
+	// A tenant's line in priority order on its page: a job of high
+	// priority leaves first and is tagged, one of low priority last and
+	// tagged; normal shows no tag. No worker serves the queue reports: the
+	// jobs stay in the line.
+	sluice("policy", "set", "wayne", "rate=1/min")
+	qc, err := queue.New(srv.Client(t), nil)
+	require.NoError(t, err)
+	defer qc.Close()
+	for _, j := range []struct {
+		id string
+		p  taskspec.Priority
+	}{{"w-1", queue.Normal}, {"w-2", queue.Normal}, {"w-3", queue.Low}, {"w-4", queue.High}} {
+		_, err := qc.Enqueue(ctx, "wayne", asynq.NewTask("sleep", nil), asynq.Queue("reports"), asynq.TaskID(j.id), queue.Priority(j.p))
+		require.NoError(t, err)
+	}
+	require.NoError(t, chromedp.Do(bctx,
+		chromedp.Navigate(base+"tenants/wayne"),
+		chromedp.WaitVisible(chromedp.CSS(`#detail [data-priority="high"]`)),
+	))
+	const lineJS = `[...document.querySelectorAll('#detail td a')].map((a) => a.textContent + '/' + (a.nextElementSibling?.getAttribute('data-priority') ?? '')).join(' ')`
+	var line string
+	waitPage(t, base+"api/tenants/wayne", "wayne's line in priority order, tagged", func() bool {
+		line, err = chromedp.Run(bctx, chromedp.Evaluate[string](lineJS))
+		require.NoError(t, err)
+		return line == "w-4/high w-1/ w-2/ w-3/low"
+	})
+	require.Contains(t, text(t, bctx, `#detail [data-priority="low"]`), "low")
 
 	// asynq's own pages, under /asynq/, list the queue.
 	require.NoError(t, chromedp.Do(bctx,

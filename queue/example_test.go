@@ -108,3 +108,46 @@ func ExampleClient_EnqueueBatch() {
 	// 1 failed: true
 	// 2 scheduled globex
 }
+
+func ExamplePriority() {
+	rdb, prefix, queueName, done := exampleEnv("ExamplePriority")
+	defer done()
+	ctx := context.Background()
+
+	client, err := queue.New(rdb, &queue.Config{Prefix: prefix})
+	if err != nil {
+		panic(err)
+	}
+	defer client.Close()
+
+	// Four of acme's jobs wait in its line (no worker serves the queue
+	// yet): the one of high priority leaves it first, the low one last,
+	// each level in the order the jobs came.
+	for _, j := range []struct {
+		id       string
+		priority taskspec.Priority
+	}{{"report-1", queue.Normal}, {"report-2", queue.Low}, {"report-3", queue.Normal}, {"urgent", queue.High}} {
+		_, err := client.Enqueue(ctx, "acme", asynq.NewTask("report", nil),
+			asynq.Queue(queueName), asynq.TaskID(j.id), queue.Priority(j.priority))
+		if err != nil {
+			panic(err)
+		}
+	}
+	line, err := client.Limiter().ExplainLine(ctx, "acme", queueName, 0)
+	if err != nil {
+		panic(err)
+	}
+	for _, x := range line {
+		fmt.Println(x.ID, taskspec.Priority(x.Priority), x.Ahead)
+	}
+
+	// A level that does not exist is refused before anything is written.
+	_, err = client.Enqueue(ctx, "acme", asynq.NewTask("report", nil), asynq.Queue(queueName), queue.Priority(5))
+	fmt.Println(errors.Is(err, queue.ErrInvalid))
+	// Output:
+	// urgent high 0
+	// report-1 normal 1
+	// report-3 normal 2
+	// report-2 low 3
+	// true
+}

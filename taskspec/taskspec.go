@@ -47,8 +47,10 @@ const (
 	ParkedHeader = "sluice-parked"
 	// PriorityHeader carries the job's priority in its tenant's line when
 	// it is not normal: "high" or "low" (Priority.String). queue.Client
-	// sets it; the room orders a line by it, and sluice jobs explain shows
-	// it.
+	// sets it at enqueue, and the job joins its line at that level. asynq
+	// cannot edit a task's headers, so it keeps the enqueue-time level
+	// when sluice jobs prioritize moves the job: the line is the truth,
+	// and what sluice jobs and jobs explain show.
 	PriorityHeader = "sluice-priority"
 	// BacklogHeader was "1" on a job counted in its tenant's backlog by
 	// versions before the waiting room.

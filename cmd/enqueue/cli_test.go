@@ -53,6 +53,7 @@ func TestCLI(t *testing.T) {
 		"FileRerun":   testFileRerun,
 		"Stdin":       testStdin,
 		"Cron":        testCron,
+		"Priority":    testPriority,
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -133,6 +134,9 @@ func testBadUsage(t *testing.T, c *cli) {
 		{append(job, "--cost", "0"), nil, "--cost 0: must be at least 1 (the default)"},
 		{append(job, "--cost", "x"), nil, `invalid value "x" for flag --cost: want a whole number`},
 		{append(job, "--count", "0"), nil, "--count 0: must be at least 1"},
+		{append(job, "--priority", "urgent"), nil, `--priority "urgent": must be high, normal or low (default normal)`},
+		{append(job, "--priority", "1"), nil, `--priority "1": must be high, normal or low (default normal)`},
+		{[]string{"--file", "x", "--priority", "top"}, nil, `--priority "top": must be high, normal or low`},
 		{append(job, "--in", "-1s"), nil, "--in -1s: must not be negative"},
 		{append(job, "--in", "5"), nil, `invalid value "5" for flag --in: want a duration such as 30s or 5m`},
 		{append(job, "--max-retry", "-1"), nil, "--max-retry -1: must be 0 or more"},
@@ -289,7 +293,7 @@ func testFile(t *testing.T, c *cli) {
 	require.NoError(t, os.WriteFile(file, []byte(strings.ReplaceAll(fileLines, "%Q", c.queue)), 0o600))
 	badLines := `enqueue: line 3: not valid JSON: unexpected end of JSON input at byte 50
 enqueue: line 4: no tenant: add "tenant" to the line or give --tenant
-enqueue: line 6: unknown field "queueu"; known: tenant, type, payload, queue, cost, id, process_in, max_retry
+enqueue: line 6: unknown field "queueu"; known: tenant, type, payload, queue, cost, priority, id, process_in, max_retry
 enqueue: line 7: "cost" is a JSON string; want a whole number
 enqueue: line 8: cost 0: must be at least 1 (the default)
 enqueue: line 9: process_in "ten minutes": want a duration such as "90s" or "5m"
@@ -442,4 +446,59 @@ func testCron(t *testing.T, c *cli) {
 		require.Regexp(t, `^\S+Z enqueued 2 of 2 jobs for tenant acme$`, l)
 	}
 	require.Regexp(t, `^enqueue: on schedule "@every 1s" until SIGINT or SIGTERM \(Ctrl-C\); first run at \S+\n$`, stderr.String())
+}
+
+// testPriority: --priority and a line's "priority" put a job at its level
+// of its tenant's line (high leave first, low last); a bad level is
+// refused with the fix and enqueues nothing.
+func testPriority(t *testing.T, c *cli) {
+	client := redistest.Client(t)
+	lim, err := throttle.NewLimiter(client, &throttle.Config{Prefix: c.prefix})
+	require.NoError(t, err)
+	defer lim.Close()
+
+	r := c.run(t, nil, "--tenant", "acme", "--type", "sleep", "--id", "n1")
+	require.Equal(t, result{stdout: "enqueued task n1 (type sleep, tenant acme, queue " + c.queue + ", waiting in its tenant's line)\n"}, r)
+	r = c.run(t, nil, "--tenant", "acme", "--type", "sleep", "--id", "l1", "--priority", "low")
+	require.Equal(t, result{stdout: "enqueued task l1 (type sleep, tenant acme, queue " + c.queue + ", low priority, waiting in its tenant's line)\n"}, r)
+
+	file := filepath.Join(t.TempDir(), "jobs.jsonl")
+	write := func(lines ...string) {
+		require.NoError(t, os.WriteFile(file, []byte(strings.Join(lines, "\n")+"\n"), 0o600))
+	}
+	write(`{"tenant":"acme","type":"sleep","priority":"high","id":"h1"}`, `{"tenant":"acme","type":"sleep","priority":"urgent","id":"h2"}`, `{"tenant":"acme","type":"sleep","priority":1,"id":"h3"}`)
+	r = c.run(t, nil, "--file", file)
+	require.Equal(t, 1, r.code)
+	require.Equal(t, `enqueue: line 2: priority "urgent": must be "high", "normal" or "low"; leave "priority" out for normal
+enqueue: line 3: "priority" is a JSON number; want a string
+enqueue: 2 of 3 lines of `+file+` are bad (reported above): nothing was enqueued; fix them and run again (--partial enqueues the good lines and reports the bad ones)
+`, r.stderr)
+	require.Len(t, c.tasks(t), 2, "a bad line enqueues nothing")
+
+	// --priority is the default of the lines without one.
+	write(`{"tenant":"acme","type":"sleep","priority":"high","id":"h1"}`, `{"tenant":"acme","type":"sleep","id":"l2"}`, `{"tenant":"acme","type":"sleep","priority":"normal","id":"n2"}`)
+	r = c.run(t, nil, "--file", file, "--priority", "low", "--dry-run")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, "line 1: task h1 (type sleep, tenant acme, queue "+c.queue+", high priority)\n"+
+		"line 2: task l2 (type sleep, tenant acme, queue "+c.queue+", low priority)\n"+
+		"line 3: task n2 (type sleep, tenant acme, queue "+c.queue+")\n"+
+		"dry run: the 3 jobs of "+file+" would be enqueued; nothing was enqueued\n", r.stdout)
+	r = c.run(t, nil, "--file", file, "--priority", "low", "--quiet")
+	require.Equal(t, 0, r.code, r.stderr)
+
+	tasks := c.tasks(t)
+	require.Len(t, tasks, 5)
+	for id, want := range map[string]string{"h1": "high", "l1": "low", "l2": "low", "n1": "", "n2": ""} {
+		require.Equal(t, want, tasks[id].Headers[taskspec.PriorityHeader], id)
+	}
+	line, err := lim.ExplainLine(context.Background(), "acme", c.queue, 0)
+	require.NoError(t, err)
+	var order []string
+	for _, x := range line {
+		order = append(order, x.ID+"/"+taskspec.Priority(x.Priority).String())
+	}
+	require.Equal(t, []string{"h1/high", "n1/normal", "n2/normal", "l1/low", "l2/low"}, order)
+
+	r = c.run(t, nil, "--tenant", "acme", "--type", "sleep", "--count", "3", "--priority", "high", "--dry-run")
+	require.Equal(t, result{stdout: "dry run: would enqueue 3 jobs of type sleep for tenant acme in queue " + c.queue + ", high priority; nothing was enqueued\n"}, r)
 }

@@ -45,7 +45,7 @@ func (e *enqueuer) cron(ctx context.Context) int {
 			}
 			ok++
 			if o.count == 1 {
-				fmt.Fprintf(e.stdout, "%s %s\n", time.Now().UTC().Format(time.RFC3339), describe(r.Info, o.tenant, o.in))
+				fmt.Fprintf(e.stdout, "%s %s\n", time.Now().UTC().Format(time.RFC3339), describe(r.Info, o.tenant, o.priority, o.in))
 			}
 		}
 		done += ok

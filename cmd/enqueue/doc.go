@@ -8,14 +8,20 @@
 //	enqueue --file F|- [--partial] [--dry-run] [--random-ids] [JOB FLAGS]
 //	enqueue --cron SPEC --tenant T --type TYPE [--payload JSON] [JOB FLAGS]
 //
-//	job flags: --queue Q --cost C --in DUR --id ID --max-retry N
+//	job flags: --queue Q --cost C --priority high|normal|low --in DUR --id ID --max-retry N
 //	other:     --redis URL --prefix PREFIX -q/--quiet --version -h/--help
 //
 // A line of --file is a JSON object; absent fields take the job flags'
 // values:
 //
 //	{"tenant": "acme", "type": "http", "payload": {"url": "https://…"},
-//	 "queue": "default", "cost": 1, "id": "order-17", "process_in": "30s", "max_retry": 3}
+//	 "queue": "default", "cost": 1, "priority": "high", "id": "order-17",
+//	 "process_in": "30s", "max_retry": 3}
+//
+// --priority (or "priority") orders a tenant's own jobs while they wait in
+// its line: high ones leave it first, low ones last; other tenants' jobs
+// are served as before. It does not change the id derived for a line
+// without one: the same job at another priority is the same job.
 //
 // The payload is any JSON value, given to the handler as it is written.
 // Every good line is enqueued (in batches, queue.Client.EnqueueBatch); each

@@ -19,6 +19,7 @@ import (
 	"github.com/sluicehq/sluice/internal/cmdline"
 	"github.com/sluicehq/sluice/internal/redisurl"
 	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/taskspec"
 	"github.com/sluicehq/sluice/throttle"
 )
 
@@ -55,6 +56,7 @@ type options struct {
 	id                 string
 	maxRetry           int
 	maxRetrySet        bool
+	priority           taskspec.Priority
 
 	count    int
 	file     string
@@ -144,6 +146,7 @@ func parseFlags(args []string, env func(string) string) (*options, error) {
 	var (
 		o                     options
 		redisFlag, payload    string
+		priority              string
 		showHelp, showVersion bool
 	)
 	fs.StringVar(&redisFlag, "redis", "", "")
@@ -153,6 +156,7 @@ func parseFlags(args []string, env func(string) string) (*options, error) {
 	fs.StringVar(&payload, "payload", "", "")
 	fs.StringVar(&o.queue, "queue", "default", "")
 	fs.Int64Var(&o.cost, "cost", 1, "")
+	fs.StringVar(&priority, "priority", "normal", "")
 	fs.IntVar(&o.count, "count", 1, "")
 	fs.DurationVar(&o.in, "in", 0, "")
 	fs.StringVar(&o.id, "id", "", "")
@@ -237,6 +241,9 @@ func parseFlags(args []string, env func(string) string) (*options, error) {
 	if o.cost < 1 {
 		return nil, usagef("--cost %d: must be at least 1 (the default)", o.cost)
 	}
+	if o.priority, err = taskspec.ParsePriority(priority); err != nil {
+		return nil, usagef("--priority %q: must be high, normal or low (default normal)", priority)
+	}
 	if o.count < 1 {
 		return nil, usagef("--count %d: must be at least 1", o.count)
 	}
@@ -305,13 +312,16 @@ type enqueuer struct {
 // flagJob is the job the flags describe.
 func (e *enqueuer) flagJob() queue.Job {
 	o := e.o
-	return queue.Job{Tenant: o.tenant, Task: asynq.NewTask(o.typ, o.payload), Options: jobOptions(o.queue, o.cost, o.in, o.id, o.maxRetry, o.maxRetrySet)}
+	return queue.Job{Tenant: o.tenant, Task: asynq.NewTask(o.typ, o.payload), Options: jobOptions(o.queue, o.cost, o.priority, o.in, o.id, o.maxRetry, o.maxRetrySet)}
 }
 
-func jobOptions(q string, cost int64, in time.Duration, id string, maxRetry int, maxRetrySet bool) []asynq.Option {
+func jobOptions(q string, cost int64, p taskspec.Priority, in time.Duration, id string, maxRetry int, maxRetrySet bool) []asynq.Option {
 	opts := []asynq.Option{asynq.Queue(q)}
 	if cost != 1 {
 		opts = append(opts, queue.Cost(cost))
+	}
+	if p != taskspec.PriorityNormal {
+		opts = append(opts, queue.Priority(p))
 	}
 	if in > 0 {
 		opts = append(opts, asynq.ProcessIn(in))
@@ -328,8 +338,8 @@ func jobOptions(q string, cost int64, in time.Duration, id string, maxRetry int,
 // describe says what was enqueued, in one line. A job scheduled without
 // --in waits in its tenant's line, parked in asynq's schedule at its
 // fallback time, until a worker promotes it.
-func describe(info *asynq.TaskInfo, tenant string, in time.Duration) string {
-	s := fmt.Sprintf("enqueued task %s (type %s, tenant %s, queue %s", info.ID, info.Type, tenant, info.Queue)
+func describe(info *asynq.TaskInfo, tenant string, p taskspec.Priority, in time.Duration) string {
+	s := fmt.Sprintf("enqueued task %s (type %s, tenant %s, queue %s%s", info.ID, info.Type, tenant, info.Queue, priorityNote(p))
 	switch {
 	case info.State == asynq.TaskStateScheduled && in == 0:
 		s += ", waiting in its tenant's line"
@@ -339,10 +349,18 @@ func describe(info *asynq.TaskInfo, tenant string, in time.Duration) string {
 	return s + ")"
 }
 
+// priorityNote names a priority other than normal, after a comma.
+func priorityNote(p taskspec.Priority) string {
+	if p == taskspec.PriorityNormal {
+		return ""
+	}
+	return ", " + p.String() + " priority"
+}
+
 // dryRunFlags says what the flags would enqueue, without Redis.
 func (e *enqueuer) dryRunFlags() int {
 	o := e.o
-	what := fmt.Sprintf("%d %s of type %s for tenant %s in queue %s", o.count, plural(o.count, "job", "jobs"), o.typ, o.tenant, o.queue)
+	what := fmt.Sprintf("%d %s of type %s for tenant %s in queue %s%s", o.count, plural(o.count, "job", "jobs"), o.typ, o.tenant, o.queue, priorityNote(o.priority))
 	if o.in > 0 {
 		what += ", due in " + o.in.String()
 	}
@@ -361,7 +379,7 @@ func (e *enqueuer) one(ctx context.Context) int {
 		fmt.Fprintf(e.stderr, "enqueue: %s\n", explain(err))
 		return exitFailure
 	}
-	fmt.Fprintln(e.stdout, describe(info, j.Tenant, e.o.in))
+	fmt.Fprintln(e.stdout, describe(info, j.Tenant, e.o.priority, e.o.in))
 	return exitOK
 }
 

@@ -19,6 +19,7 @@ import (
 	"github.com/hibiken/asynq"
 
 	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/taskspec"
 	"github.com/sluicehq/sluice/throttle"
 )
 
@@ -30,15 +31,19 @@ type line struct {
 	Payload   json.RawMessage `json:"payload"`
 	Queue     *string         `json:"queue"`
 	Cost      *int64          `json:"cost"`
+	Priority  *string         `json:"priority"`
 	ID        *string         `json:"id"`
 	ProcessIn *string         `json:"process_in"`
 	MaxRetry  *int            `json:"max_retry"`
 }
 
-const knownFields = "tenant, type, payload, queue, cost, id, process_in, max_retry"
+const knownFields = "tenant, type, payload, queue, cost, priority, id, process_in, max_retry"
 
 // jobContent is what a line enqueues, every default filled in: the id of
-// a line without one is derived from it.
+// a line without one is derived from it. The priority is left out: the
+// same job at another priority is the same job (a line whose priority
+// changed is not enqueued twice; sluice jobs prioritize moves the job
+// already waiting).
 type jobContent struct {
 	Tenant    string          `json:"tenant"`
 	Type      string          `json:"type"`
@@ -54,9 +59,10 @@ type fileJob struct {
 	job queue.Job
 	// id is the line's task id, or "" when it gives none; content is then
 	// what the job is, to derive its id from.
-	id      string
-	queue   string
-	content []byte
+	id       string
+	queue    string
+	priority taskspec.Priority
+	content  []byte
 }
 
 // parseLine turns one line into a job, with the flags as defaults.
@@ -109,6 +115,14 @@ func (o *options) parseLine(b []byte) (fileJob, error) {
 		}
 		c.ProcessIn = d
 	}
+	priority := o.priority
+	if l.Priority != nil {
+		p, err := taskspec.ParsePriority(*l.Priority)
+		if err != nil {
+			return fileJob{}, fmt.Errorf("priority %q: must be \"high\", \"normal\" or \"low\"; leave \"priority\" out for %s", *l.Priority, o.priority)
+		}
+		priority = p
+	}
 	id := ""
 	if l.ID != nil {
 		if strings.TrimSpace(*l.ID) == "" {
@@ -130,9 +144,10 @@ func (o *options) parseLine(b []byte) (fileJob, error) {
 		c.Payload = l.Payload
 	}
 	fj := fileJob{
-		job:   queue.Job{Tenant: c.Tenant, Task: asynq.NewTask(c.Type, c.Payload), Options: jobOptions(c.Queue, c.Cost, c.ProcessIn, id, maxRetry, maxRetrySet)},
-		id:    id,
-		queue: c.Queue,
+		job:      queue.Job{Tenant: c.Tenant, Task: asynq.NewTask(c.Type, c.Payload), Options: jobOptions(c.Queue, c.Cost, priority, c.ProcessIn, id, maxRetry, maxRetrySet)},
+		id:       id,
+		queue:    c.Queue,
+		priority: priority,
 	}
 	if id == "" {
 		var compact bytes.Buffer
@@ -322,7 +337,7 @@ func (e *enqueuer) check(ctx context.Context, in io.Reader, name string) (good, 
 
 // describeJob says what a line would enqueue, for --dry-run.
 func describeJob(fj fileJob) string {
-	return fmt.Sprintf("task %s (type %s, tenant %s, queue %s)", fj.id, fj.job.Task.Type(), fj.job.Tenant, fj.queue)
+	return fmt.Sprintf("task %s (type %s, tenant %s, queue %s%s)", fj.id, fj.job.Task.Type(), fj.job.Tenant, fj.queue, priorityNote(fj.priority))
 }
 
 // stream enqueues the jobs of the lines of in as they are read, in

@@ -23,6 +23,9 @@ Job flags (with --file, defaults for the lines that leave them out):
   --queue Q          the queue (default "default")
   --cost C           how much the job weighs on its tenant's rate, window and
                      quota rules (default 1)
+  --priority P       high, normal (the default) or low: the job's place among
+                     its tenant's jobs while they wait (high leave first);
+                     other tenants' jobs are served as before
   --in DUR           run the job no sooner than DUR from now, e.g. 30s or 5m
   --id ID            the task id; a second job with the same id in the queue is
                      refused (one job only; random when not given)
@@ -33,8 +36,8 @@ Modes:
   --count N          enqueue N jobs alike (default 1)
   --file F           enqueue one job per JSON line of F (- reads stdin):
                        {"tenant": "acme", "type": "http", "payload": {...},
-                        "queue": "default", "cost": 1, "id": "order-17",
-                        "process_in": "30s", "max_retry": 3}
+                        "queue": "default", "cost": 1, "priority": "high",
+                        "id": "order-17", "process_in": "30s", "max_retry": 3}
                      the whole file is checked first: when a line is bad,
                      every bad line is reported with its number and nothing
                      is enqueued. A line without "id" gets one derived from
@@ -78,6 +81,7 @@ Examples:
   enqueue --tenant acme --type http --in 5m \
           --payload '{"method":"POST","url":"https://api.example.com/sync"}'
   enqueue --file jobs.jsonl --queue imports
+  enqueue --tenant acme --type report --priority high
   enqueue --cron '@every 10s' --tenant acme --type sleep --payload '{"ms":50}'
 
 Exit status: 0 when every job was enqueued (or was in the queue already), 1

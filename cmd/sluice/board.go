@@ -14,6 +14,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
+	"github.com/sluicehq/sluice/taskspec"
 	"github.com/sluicehq/sluice/throttle"
 )
 
@@ -184,6 +185,8 @@ type nextJSON struct {
 	ExpectedInMS float64 `json:"expected_in_ms"`
 	HeldBy       string  `json:"held_by"`
 	RunningFirst int64   `json:"running_first"`
+	// Priority is its level in the line: "high", "normal" or "low".
+	Priority string `json:"priority"`
 }
 
 func newBoard(cn *conn, cfg boardConfig) *board {
@@ -494,7 +497,8 @@ func (b *board) next(ctx context.Context, tenant string) ([]nextJSON, error) {
 			return nil, err
 		}
 		for _, x := range xs {
-			out = append(out, nextJSON{ID: x.ID, Queue: x.Queue, Ahead: x.Ahead, ExpectedInMS: ms(x.Expected.Sub(x.Now)), HeldBy: x.HeldBy, RunningFirst: x.RunningFirst})
+			out = append(out, nextJSON{ID: x.ID, Queue: x.Queue, Ahead: x.Ahead, ExpectedInMS: ms(x.Expected.Sub(x.Now)), HeldBy: x.HeldBy, RunningFirst: x.RunningFirst,
+				Priority: taskspec.Priority(x.Priority).String()})
 		}
 	}
 	return out, nil

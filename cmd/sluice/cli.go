@@ -87,6 +87,7 @@ type opts struct {
 	shadow   bool
 	state    string
 	queue    string
+	priority string
 
 	listen     string
 	public     bool

@@ -74,6 +74,7 @@ func TestCLI(t *testing.T) {
 		"Learned":              testLearned,
 		"Adaptive":             testAdaptive,
 		"JobsExplain":          testJobsExplain,
+		"JobsPrioritize":       testJobsPrioritize,
 		"Shadow":               testShadow,
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -808,4 +809,101 @@ func testJobsExplain(t *testing.T, c *cli) {
 	r := c.run(t, "jobs", "explain", "nope")
 	require.Equal(t, 1, r.code)
 	require.Contains(t, r.stderr, "no task nope")
+}
+
+// testJobsPrioritize: a waiting job moved to another priority in its
+// tenant's line; the list and explain show the line's level (not the
+// header's), another tenant's line is untouched, and a job that does not
+// wait, a bad level or a missing one change nothing.
+func testJobsPrioritize(t *testing.T, c *cli) {
+	srv := redistest.NewServer(t, nil)
+	c = &cli{bin: c.bin, url: srv.URL(), prefix: c.prefix, client: srv.Client(t)}
+	ctx := context.Background()
+	c.mustRun(t, "policy", "set", "acme", "rate=1/min")
+	qc, err := queue.New(c.client, &queue.Config{Prefix: c.prefix})
+	require.NoError(t, err)
+	defer qc.Close()
+	enqueue := func(tenant, id string, opts ...asynq.Option) {
+		t.Helper()
+		_, err := qc.Enqueue(ctx, tenant, asynq.NewTask("sleep", nil), append(opts, asynq.Queue("slow"), asynq.TaskID(id))...)
+		require.NoError(t, err)
+	}
+	enqueue("acme", "p-1")
+	enqueue("acme", "p-2")
+	enqueue("acme", "p-3")
+	enqueue("acme", "p-4", queue.Priority(queue.Low))
+	enqueue("globex", "g-1")
+	enqueue("acme", "later", asynq.ProcessIn(time.Hour))
+	lim := c.limiter(t)
+	order := func(tenant string) []string {
+		t.Helper()
+		xs, err := lim.ExplainLine(ctx, tenant, "slow", 0)
+		require.NoError(t, err)
+		var out []string
+		for _, x := range xs {
+			out = append(out, x.ID)
+		}
+		return out
+	}
+	require.Equal(t, []string{"p-1", "p-2", "p-3", "p-4"}, order("acme"))
+
+	// bad usage: exit 2, nothing moved
+	r := c.run(t, "jobs", "prioritize", "p-3")
+	require.Equal(t, 2, r.code)
+	require.True(t, strings.HasPrefix(r.stderr, "sluice: jobs prioritize: missing --priority: high, normal or low\nusage: sluice jobs prioritize ID --priority high|normal|low [--queue Q] [--json]\n"), r.stderr)
+	r = c.run(t, "jobs", "prioritize", "p-3", "--priority", "urgent")
+	require.Equal(t, 2, r.code)
+	require.True(t, strings.HasPrefix(r.stderr, "sluice: --priority \"urgent\": must be high, normal or low\n"), r.stderr)
+	r = c.run(t, "jobs", "prioritize", "--priority", "high")
+	require.Equal(t, 2, r.code)
+	require.True(t, strings.HasPrefix(r.stderr, "sluice: jobs prioritize: missing ID\n"), r.stderr)
+	require.Equal(t, []string{"p-1", "p-2", "p-3", "p-4"}, order("acme"))
+
+	require.Equal(t, "job p-3 of tenant acme moved to high priority: 0 jobs ahead of it now (it was at normal priority)\n",
+		c.mustRun(t, "jobs", "prioritize", "p-3", "--priority", "high"))
+	require.Equal(t, "job p-3 of tenant acme is at high priority already: 0 jobs ahead of it; nothing changed\n",
+		c.mustRun(t, "jobs", "prioritize", "p-3", "--priority", "HIGH"))
+	require.Equal(t, []string{"p-3", "p-1", "p-2", "p-4"}, order("acme"))
+	require.Equal(t, []string{"g-1"}, order("globex"), "another tenant's line is untouched")
+
+	js := c.mustRun(t, "jobs", "prioritize", "p-4", "--priority", "high", "--json", "--queue", "slow")
+	require.Contains(t, js, `"id": "p-4"`)
+	require.Contains(t, js, `"state": "waiting"`)
+	require.Contains(t, js, `"ahead": 1,`)
+	require.Contains(t, js, `"priority": "high",`)
+	require.Contains(t, js, `"previous_priority": "low"`)
+	require.Equal(t, []string{"p-3", "p-4", "p-1", "p-2"}, order("acme"))
+	require.Equal(t, "job p-1 of tenant acme moved to low priority: 3 jobs ahead of it now (it was at normal priority)\n",
+		c.mustRun(t, "jobs", "prioritize", "p-1", "--priority", "low"))
+
+	// explain and the list show the line's level; the header keeps the
+	// level the job was enqueued with
+	out := c.mustRun(t, "jobs", "explain", "p-4")
+	require.Regexp(t, `^job p-4 \(type sleep, tenant acme, queue slow\): waiting in its tenant's line at high priority, 1 ahead of it, for \S+; `, out)
+	out = c.mustRun(t, "jobs", "explain", "p-2")
+	require.Regexp(t, `^job p-2 \(type sleep, tenant acme, queue slow\): waiting in its tenant's line, 2 ahead of it, `, out)
+	require.Contains(t, c.mustRun(t, "jobs", "explain", "--json", "p-2"), `"priority": "normal",`)
+	require.NotContains(t, c.mustRun(t, "jobs", "explain", "--json", "later"), `"priority"`)
+	info, err := asynq.NewInspectorFromRedisClient(c.client).GetTaskInfo("slow", "p-4")
+	require.NoError(t, err)
+	require.Equal(t, "low", info.Headers["sluice-priority"])
+
+	list := c.mustRun(t, "jobs", "acme", "--state", "waiting")
+	rows := strings.Split(strings.TrimSuffix(list, "\n"), "\n")
+	require.Len(t, rows, 5, list)
+	for _, want := range []string{`p-1\s+acme\s+sleep\s+slow\s+waiting \(low\)\s`, `p-2\s+acme\s+sleep\s+slow\s+waiting\s+0/25`, `p-3\s+acme\s+sleep\s+slow\s+waiting \(high\)\s`, `p-4\s+acme\s+sleep\s+slow\s+waiting \(high\)\s`} {
+		require.Regexp(t, `(?m)^`+want, list)
+	}
+	js = c.mustRun(t, "jobs", "acme", "--json")
+	require.Regexp(t, `"id": "p-1",[^}]*"priority": "low"`, js)
+	require.Regexp(t, `"id": "p-2",[^}]*"priority": "normal"`, js)
+	require.Regexp(t, `"id": "later",[^}]*"payload": ""\s*}`, js, "a job not waiting has no priority")
+
+	// a job that does not wait in a line: exit 1, nothing changed
+	r = c.run(t, "jobs", "prioritize", "later", "--priority", "high")
+	require.Equal(t, result{code: 1, stderr: "sluice: task later (type sleep, tenant acme, queue slow) is scheduled, not waiting in its tenant's line: only a waiting job has a place in a line to move; nothing changed\n"}, r)
+	r = c.run(t, "jobs", "prioritize", "nope", "--priority", "high")
+	require.Equal(t, 1, r.code)
+	require.Contains(t, r.stderr, "no task nope")
+	require.Equal(t, []string{"p-3", "p-4", "p-2", "p-1"}, order("acme"))
 }

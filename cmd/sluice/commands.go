@@ -177,8 +177,12 @@ func init() {
 				"At most --limit jobs are listed (default 50; 0 lists all). --json prints\n" +
 				"{\"now\": …, \"jobs\": [{\"id\", \"queue\", \"state\", \"tenant\", \"type\", \"retried\",\n" +
 				"\"max_retry\", \"last_error\", \"last_failed_at\", \"next_process_at\", \"payload\"}],\n" +
-				"\"more\": …}. A tenant named explain, run or delete is written after --.\n\n" +
+				"\"more\": …}; a waiting job's \"priority\" in its line, which the table shows\n" +
+				"after its state when it is not normal: waiting (high). A tenant named explain,\n" +
+				"prioritize, run or delete is written after --.\n\n" +
 				"  sluice jobs explain ID [--queue Q]  what holds a job and when it is expected to start\n" +
+				"  sluice jobs prioritize ID --priority high|normal|low [--queue Q]\n" +
+				"                                      move a waiting job to another priority in its line\n" +
 				"  sluice jobs run ID [--queue Q]      run a scheduled, retrying or archived job now\n" +
 				"  sluice jobs delete ID [--queue Q]   delete a job that is not running",
 			flags: func(fs *flag.FlagSet, o *opts) {
@@ -198,13 +202,37 @@ func init() {
 				"concurrency cap, or its turn in the fleet) and when it is expected to start,\n" +
 				"from the tenant's meters and the line ahead of it. Any other job: its state\n" +
 				"in asynq. --json prints {\"id\", \"queue\", \"tenant\", \"state\", \"ahead\",\n" +
-				"\"expected_start\", \"expected_in_ms\", \"held_by\", \"holds\", …}. --queue is\n" +
-				"needed only when the id is in several queues.",
+				"\"expected_start\", \"expected_in_ms\", \"held_by\", \"holds\", \"priority\", …}.\n" +
+				"A waiting job's priority is its level in the line (high, normal, low; the\n" +
+				"text says it when it is not normal). --queue is needed only when the id is in\n" +
+				"several queues.",
 			flags: func(fs *flag.FlagSet, o *opts) {
 				fs.StringVar(&o.queue, "queue", "", "")
 				fs.BoolVar(&o.json, "json", false, "")
 			},
 			run: jobsExplain,
+		},
+		{
+			name: "jobs prioritize", usage: "jobs prioritize ID --priority high|normal|low [--queue Q] [--json]",
+			summary: "move a waiting job to another priority in its tenant's line",
+			help: "Moves job ID (a task id, as sluice jobs lists it), waiting in its tenant's\n" +
+				"line, to the end of the line's jobs of priority --priority: the high ones leave\n" +
+				"the line first, then the normal ones, then the low ones, each in the order\n" +
+				"they came. It orders the tenant's own jobs only: other tenants' jobs are\n" +
+				"served as before. It prints how many jobs are ahead of the job now; --json\n" +
+				"prints what sluice jobs explain --json prints after the move, with\n" +
+				"\"previous_priority\". A job at that priority already stays where it is. A job\n" +
+				"that does not wait in its tenant's line (pending, running, scheduled by\n" +
+				"asynq, in retry, archived) has no place to move: exit 1, nothing changed.\n" +
+				"The job's sluice-priority header keeps the level it was enqueued with; its\n" +
+				"place in the line is what counts, and what sluice jobs and jobs explain show.\n" +
+				"--queue is needed only when the id is in several queues.",
+			flags: func(fs *flag.FlagSet, o *opts) {
+				fs.StringVar(&o.priority, "priority", "", "")
+				fs.StringVar(&o.queue, "queue", "", "")
+				fs.BoolVar(&o.json, "json", false, "")
+			},
+			run: jobsPrioritize,
 		},
 		{
 			name: "jobs run", usage: "jobs run ID [--queue Q]",

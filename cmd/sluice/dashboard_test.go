@@ -29,6 +29,7 @@ import (
 	"github.com/sluicehq/sluice/internal/clitest"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/taskspec"
 	"github.com/sluicehq/sluice/throttle"
 )
 
@@ -492,8 +493,8 @@ func testDashboard(t *testing.T, c *cli) {
 }
 
 // TestBoardExplainsWaitingJobs: a tenant's page lists the first jobs of
-// its lines with when they are expected to start, and /api/jobs/ID
-// explains one (sluice jobs explain --json).
+// its lines with when they are expected to start and their priority, and
+// /api/jobs/ID explains one (sluice jobs explain --json).
 func TestBoardExplainsWaitingJobs(t *testing.T) {
 	t.Parallel()
 	e := newBoardEnv(t, boardConfig{readOnly: true})
@@ -503,15 +504,23 @@ func TestBoardExplainsWaitingJobs(t *testing.T) {
 	qc, err := queue.New(e.cn.client, &queue.Config{Prefix: e.cn.prefix})
 	require.NoError(t, err)
 	defer qc.Close()
-	for _, id := range []string{"a", "b", "c"} {
-		_, err := qc.Enqueue(ctx, "lined", asynq.NewTask("sleep", nil), asynq.Queue(qname), asynq.TaskID(e.cn.prefix+"-"+id))
+	for _, j := range []struct {
+		id string
+		p  taskspec.Priority
+	}{{"a", queue.Normal}, {"b", queue.Normal}, {"c", queue.Low}, {"d", queue.High}} {
+		_, err := qc.Enqueue(ctx, "lined", asynq.NewTask("sleep", nil), asynq.Queue(qname), asynq.TaskID(e.cn.prefix+"-"+j.id), queue.Priority(j.p))
 		require.NoError(t, err)
 	}
-	e.row(t, "lined", "three waiting", func(_ tenantsDoc, r rowJSON) bool { return r.Waiting == 3 })
+	e.row(t, "lined", "four waiting", func(_ tenantsDoc, r rowJSON) bool { return r.Waiting == 4 })
 	var doc tenantDoc
 	require.Equal(t, http.StatusOK, e.get(t, "/api/tenants/lined", &doc))
-	require.Len(t, doc.Next, 3)
-	require.Equal(t, nextJSON{ID: e.cn.prefix + "-a", Queue: qname, HeldBy: "turn"}, doc.Next[0])
+	require.Len(t, doc.Next, 4)
+	require.Equal(t, nextJSON{ID: e.cn.prefix + "-d", Queue: qname, HeldBy: "turn", Priority: "high"}, doc.Next[0], "high priority leaves first")
+	var order []string
+	for _, n := range doc.Next {
+		order = append(order, strings.TrimPrefix(n.ID, e.cn.prefix+"-")+"/"+n.Priority)
+	}
+	require.Equal(t, []string{"d/high", "a/normal", "b/normal", "c/low"}, order)
 	require.Equal(t, "rate[0]", doc.Next[2].HeldBy)
 	require.InDelta(t, 120_000, doc.Next[2].ExpectedInMS, 1000)
 
@@ -519,8 +528,12 @@ func TestBoardExplainsWaitingJobs(t *testing.T) {
 	require.Equal(t, http.StatusOK, e.get(t, "/api/jobs/"+e.cn.prefix+"-b?queue="+qname, &job))
 	require.Equal(t, "waiting", job.State)
 	require.Equal(t, "rate[0]", job.HeldBy)
-	require.EqualValues(t, 1, job.Ahead)
+	require.EqualValues(t, 2, job.Ahead)
+	require.Equal(t, "normal", job.Priority)
 	require.Contains(t, job.Text, "held by rate[0]")
+	require.Equal(t, http.StatusOK, e.get(t, "/api/jobs/"+e.cn.prefix+"-c?queue="+qname, &job))
+	require.Equal(t, "low", job.Priority)
+	require.Contains(t, job.Text, "waiting in its tenant's line at low priority, 3 ahead of it")
 	var missing map[string]string
 	require.Equal(t, http.StatusNotFound, e.get(t, "/api/jobs/nope?queue="+qname, &missing))
 	require.Contains(t, missing["error"], `no task "nope"`)

@@ -25,6 +25,10 @@
 //	jobs [TENANT] [--state S] [--queue Q] [--limit N] [--json]
 //	                                   jobs by state (active, pending, waiting in a tenant's line,
 //	                                   scheduled, retry, archived) with their last error
+//	jobs explain ID [--queue Q] [--json]
+//	                                   what holds a job and when it is expected to start
+//	jobs prioritize ID --priority high|normal|low [--queue Q] [--json]
+//	                                   move a waiting job to another priority in its tenant's line
 //	jobs run ID | jobs delete ID [--queue Q]
 //	                                   run a scheduled, retrying, archived or waiting job now; delete one
 //	version                            print sluice's version

@@ -69,17 +69,21 @@ type explainDoc struct {
 	// Text says where the job stands, in words.
 	Text string `json:"text"`
 	// For a job waiting in its tenant's line (state "waiting"):
-	Now           *time.Time   `json:"now,omitempty"`
-	Ahead         int64        `json:"ahead"`
-	CostAhead     int64        `json:"cost_ahead"`
-	Cost          int64        `json:"cost,omitempty"`
-	Lined         *time.Time   `json:"lined,omitempty"`
-	ExpectedStart *time.Time   `json:"expected_start,omitempty"`
-	ExpectedInMS  float64      `json:"expected_in_ms"`
-	HeldBy        string       `json:"held_by,omitempty"`
-	RunningFirst  int64        `json:"running_first"`
-	Holds         []holdJSON   `json:"holds,omitempty"`
-	Learned       *learnedJSON `json:"learned,omitempty"`
+	Now           *time.Time `json:"now,omitempty"`
+	Ahead         int64      `json:"ahead"`
+	CostAhead     int64      `json:"cost_ahead"`
+	Cost          int64      `json:"cost,omitempty"`
+	Lined         *time.Time `json:"lined,omitempty"`
+	ExpectedStart *time.Time `json:"expected_start,omitempty"`
+	ExpectedInMS  float64    `json:"expected_in_ms"`
+	HeldBy        string     `json:"held_by,omitempty"`
+	// Priority is its level in the line: "high", "normal" or "low" (the
+	// line's, which sluice jobs prioritize changes; the job's
+	// sluice-priority header keeps the level it was enqueued with).
+	Priority     string       `json:"priority,omitempty"`
+	RunningFirst int64        `json:"running_first"`
+	Holds        []holdJSON   `json:"holds,omitempty"`
+	Learned      *learnedJSON `json:"learned,omitempty"`
 }
 
 type holdJSON struct {
@@ -92,6 +96,7 @@ func (d *explainDoc) fill(x *throttle.Explanation) {
 	d.Now, d.Ahead, d.CostAhead, d.Cost = timePtr(x.Now), x.Ahead, x.CostAhead, x.Cost
 	d.Lined, d.ExpectedStart, d.ExpectedInMS = timePtr(x.Lined), timePtr(x.Expected), ms(x.Expected.Sub(x.Now))
 	d.HeldBy, d.RunningFirst = x.HeldBy, x.RunningFirst
+	d.Priority = taskspec.Priority(x.Priority).String()
 	for _, h := range x.Holds {
 		d.Holds = append(d.Holds, holdJSON{Rule: h.Rule, Until: timePtr(h.Until), Why: h.Why})
 	}
@@ -131,7 +136,7 @@ func writeExplain(w io.Writer, d explainDoc, x *throttle.Explanation) error {
 // explainState says in words where the job stands.
 func explainState(d explainDoc, x *throttle.Explanation) string {
 	if x != nil && x.Waiting {
-		s := fmt.Sprintf("waiting in its tenant's line, %d ahead of it, for %s; ", x.Ahead, short(x.Now.Sub(x.Lined)))
+		s := fmt.Sprintf("waiting in its tenant's line%s, %d ahead of it, for %s; ", atPriority(taskspec.Priority(x.Priority)), x.Ahead, short(x.Now.Sub(x.Lined)))
 		switch x.HeldBy {
 		case "turn":
 			return s + "every rule lets it start now: it waits for its turn (a pump, room in the fleet)"
@@ -157,6 +162,14 @@ func explainState(d explainDoc, x *throttle.Explanation) string {
 		}
 	}
 	return d.State
+}
+
+// atPriority names a level other than normal: " at high priority".
+func atPriority(p taskspec.Priority) string {
+	if p == taskspec.PriorityNormal {
+		return ""
+	}
+	return " at " + p.String() + " priority"
 }
 
 // explainLineMax bounds how much of a line sluice jobs reads to explain

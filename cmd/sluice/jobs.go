@@ -28,9 +28,10 @@ const jobsLimitDefault = 50
 const jobsPageSize = 500
 
 // waitingIDs returns the jobs waiting in tenant's line ("" for every
-// tenant's), from sluice's waiting room, by waitingKey: asynq holds them in
-// its schedule, parked, until a worker promotes them.
-var waitingIDs = func(ctx context.Context, cn *conn, tenant string, queues []string) (map[string]bool, error) {
+// tenant's), from sluice's waiting room, by waitingKey, with their levels
+// in the line: asynq holds them in its schedule, parked, until a worker
+// promotes them.
+var waitingIDs = func(ctx context.Context, cn *conn, tenant string, queues []string) (map[string]taskspec.Priority, error) {
 	room := cn.limiter.Room()
 	tenants := []string{tenant}
 	if tenant == "" {
@@ -47,14 +48,14 @@ var waitingIDs = func(ctx context.Context, cn *conn, tenant string, queues []str
 			}
 		}
 	}
-	out := map[string]bool{}
+	out := map[string]taskspec.Priority{}
 	for _, t := range tenants {
 		ws, err := room.WaitingIDs(ctx, t, 0)
 		if err != nil {
 			return nil, err
 		}
 		for _, w := range ws {
-			out[waitingKey(w.Queue, w.ID)] = true
+			out[waitingKey(w.Queue, w.ID)] = taskspec.Priority(w.Priority)
 		}
 	}
 	return out, nil
@@ -80,6 +81,10 @@ type jobJSON struct {
 	// expected to start and what holds it (sluice jobs explain).
 	ExpectedStart *time.Time `json:"expected_start,omitempty"`
 	HeldBy        string     `json:"held_by,omitempty"`
+	// Priority is, for a waiting job, its level in its tenant's line:
+	// "high", "normal" or "low" (the line's, which sluice jobs prioritize
+	// changes, not the level the job was enqueued with).
+	Priority string `json:"priority,omitempty"`
 }
 
 type jobsDoc struct {
@@ -93,6 +98,8 @@ type jobsDoc struct {
 type job struct {
 	info  *asynq.TaskInfo
 	state string
+	// priority is a waiting job's level in its line
+	priority taskspec.Priority
 	// expect explains a waiting job (explain.go); nil for the others
 	expect *throttle.Explanation
 }
@@ -146,7 +153,7 @@ func jobs(a *app, c *command, o *opts, args []string) error {
 	if err != nil {
 		return err
 	}
-	var waiting map[string]bool
+	var waiting map[string]taskspec.Priority
 	if slices.Contains(states, "waiting") || slices.Contains(states, "scheduled") {
 		if waiting, err = waitingIDs(a.ctx, cn, tenant, queues); err != nil {
 			return err
@@ -219,7 +226,7 @@ func jobQueues(in *asynq.Inspector, queue string) ([]string, error) {
 // listJobs lists the jobs of the queues in the states (of tenant, "" for
 // all), at most limit of them (-1: all); more reports that some matching
 // jobs were left out.
-func listJobs(in *asynq.Inspector, queues, states []string, tenant string, waiting map[string]bool, limit int) ([]job, bool, error) {
+func listJobs(in *asynq.Inspector, queues, states []string, tenant string, waiting map[string]taskspec.Priority, limit int) ([]job, bool, error) {
 	var out []job
 	for _, st := range states {
 		for _, q := range queues {
@@ -233,8 +240,9 @@ func listJobs(in *asynq.Inspector, queues, states []string, tenant string, waiti
 					return nil, false, fmt.Errorf("list %s jobs of queue %s: %w", st, q, err)
 				}
 				for _, info := range infos {
-					j := job{info: info, state: st}
-					if (tenant != "" && j.tenant() != tenant) || (st == "waiting") != waiting[waitingKey(info.Queue, info.ID)] {
+					p, inLine := waiting[waitingKey(info.Queue, info.ID)]
+					j := job{info: info, state: st, priority: p}
+					if (tenant != "" && j.tenant() != tenant) || (st == "waiting") != inLine {
 						continue
 					}
 					if limit >= 0 && len(out) == limit {
@@ -280,7 +288,19 @@ func (j job) json() jobJSON {
 	if x := j.expect; x != nil {
 		out.ExpectedStart, out.HeldBy = timePtr(x.Expected), x.HeldBy
 	}
+	if j.state == "waiting" {
+		out.Priority = j.priority.String()
+	}
 	return out
+}
+
+// priorityTag marks a waiting job's state with its priority when it is
+// not normal: "waiting (high)".
+func priorityTag(p taskspec.Priority) string {
+	if p == taskspec.PriorityNormal {
+		return ""
+	}
+	return " (" + p.String() + ")"
 }
 
 // lastErrorWidth is how much of a job's last error the table shows.
@@ -299,7 +319,7 @@ func writeJobs(a *app, list []job, now time.Time) error {
 		if i.LastErr != "" {
 			lastErr = human.Line(i.LastErr, lastErrorWidth)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d/%d\t%s\t%s\n", human.Text(i.ID), human.Text(tenant), human.Text(i.Type), human.Text(i.Queue), j.state, i.Retried, i.MaxRetry, nextRun(j, now), lastErr)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d/%d\t%s\t%s\n", human.Text(i.ID), human.Text(tenant), human.Text(i.Type), human.Text(i.Queue), j.state+priorityTag(j.priority), i.Retried, i.MaxRetry, nextRun(j, now), lastErr)
 	}
 	return tw.Flush()
 }
@@ -373,8 +393,10 @@ func jobsRun(a *app, c *command, o *opts, args []string) error {
 		}
 		was := info.State.String()
 		if tenant := info.Headers[taskspec.TenantHeader]; info.State == asynq.TaskStateScheduled && throttle.ValidateTenant(tenant) == nil {
-			if waiting, err := waitingIDs(a.ctx, cn, tenant, nil); err == nil && waiting[waitingKey(info.Queue, info.ID)] {
-				was = "waiting in its tenant's line"
+			if waiting, err := waitingIDs(a.ctx, cn, tenant, nil); err == nil {
+				if _, ok := waiting[waitingKey(info.Queue, info.ID)]; ok {
+					was = "waiting in its tenant's line"
+				}
 			}
 		}
 		if err := in.RunTask(info.Queue, info.ID); err != nil {

@@ -88,7 +88,11 @@ function showDetail(doc) {
   add("waiting", count(s.waiting) + (s.backlog_cap ? " of " + count(s.backlog_cap) : "") + " jobs in its line" + (s.waiting_since ? ", the oldest since " + clock(s.waiting_since) : ""));
   for (const n of doc.next || []) {
     const when = n.held_by === "turn" ? "its turn" : n.held_by === "concurrency" ? `after ${n.running_first} end (concurrency)` : `in ${duration(n.expected_in_ms)} (${n.held_by})`;
-    add(n.ahead === 0 ? "next out" : "", el("a", { href: "/api/jobs/" + encodeURIComponent(n.id) + "?queue=" + encodeURIComponent(n.queue) }, el("code", {}, n.id)), ` ${n.queue}: ${when}`);
+    // a job of high or low priority is tagged; normal shows nothing
+    const tag = n.priority && n.priority !== "normal"
+      ? el("span", { class: "badge prio " + n.priority, "data-priority": n.priority, title: n.priority + " priority in the tenant's line" }, n.priority)
+      : null;
+    add(n.ahead === 0 ? "next out" : "", el("a", { href: "/api/jobs/" + encodeURIComponent(n.id) + "?queue=" + encodeURIComponent(n.queue) }, el("code", {}, n.id)), tag, ` ${n.queue}: ${when}`);
   }
   if (s.shadow) {
     const sh = s.shadow;
