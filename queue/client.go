@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"maps"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -228,12 +229,15 @@ func (c *Client) prepare(tenant string, task *asynq.Task, opts []asynq.Option, n
 	}
 	// sluice's own headers describe one job's identity; a task built from
 	// another job's (a handler fanning out) starts a new job.
-	for _, h := range []string{taskspec.IDHeader, taskspec.GenHeader, taskspec.CostHeader, taskspec.DecidedHeader, taskspec.ParkedHeader, taskspec.PriorityHeader} {
+	for _, h := range []string{taskspec.IDHeader, taskspec.GenHeader, taskspec.CostHeader, taskspec.DecidedHeader, taskspec.ParkedHeader, taskspec.PriorityHeader, taskspec.PoolsHeader} {
 		delete(headers, h)
 	}
 	headers[taskspec.TenantHeader] = tenant
 	if o.cost != 1 {
 		headers[taskspec.CostHeader] = strconv.FormatInt(o.cost, 10)
+	}
+	if len(o.pools) > 0 {
+		headers[taskspec.PoolsHeader] = strings.Join(o.pools, ",")
 	}
 	if o.priority != taskspec.PriorityNormal {
 		headers[taskspec.PriorityHeader] = o.priority.String()
@@ -275,11 +279,12 @@ func (c *Client) resolve(ctx context.Context, j *job) error {
 
 // later reports a job that does not wait in the waiting room: one its
 // producer scheduled for later (ProcessAt, ProcessIn), which asynq holds
-// until then, one whose policy drops the jobs it cannot start at once
+// until then, one that names shared pools (Pools: a tenant's turn in the
+// room does not see them, the gate decides over them all at once), one whose policy drops the jobs it cannot start at once
 // (overflow=drop: work that is worthless late), and every job while the
 // room is off. The gate decides on them.
 func (j *job) later() bool {
-	if j.skipRoom || j.opts.processAt.After(time.Now()) {
+	if j.skipRoom || j.opts.processAt.After(time.Now()) || len(j.opts.pools) > 0 {
 		return true
 	}
 	p := j.policies.Policy

@@ -4,12 +4,14 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/hibiken/asynq"
 
 	"github.com/sluicehq/sluice/taskspec"
+	"github.com/sluicehq/sluice/throttle"
 )
 
 // ErrInvalid is matched (errors.Is) by every error about a job that cannot
@@ -86,8 +88,30 @@ func (p priorityOption) String() string {
 func (p priorityOption) Type() asynq.OptionType { return priorityOptType }
 func (p priorityOption) Value() any             { return taskspec.Priority(p) }
 
+// poolsOptType is the asynq.OptionType of Pools.
+const poolsOptType asynq.OptionType = 1<<16 + 2
+
+type poolsOption []string
+
+// Pools is an option of Client.Enqueue: the shared pools the job draws
+// from ("@openai", "@smtp"), named limits that jobs of many tenants share
+// (sluice policy set @openai 'rate=60/s concurrency=20'). Every rule of
+// every pool applies with the tenant's and @global's, all or nothing: a
+// job one of them holds back is charged in none. A job that names pools
+// goes to asynq at once and the workers' gate decides when it starts (it
+// waits in no line of the waiting room, whose turns are per tenant).
+// Client removes the option before the task reaches asynq (the job carries
+// taskspec.PoolsHeader instead); given to asynq.Client directly it has no
+// effect.
+func Pools(names ...string) asynq.Option { return poolsOption(names) }
+
+func (p poolsOption) String() string         { return fmt.Sprintf("Pools(%s)", strings.Join(p, ", ")) }
+func (p poolsOption) Type() asynq.OptionType { return poolsOptType }
+func (p poolsOption) Value() any             { return []string(p) }
+
 // options is what Enqueue needs to know of the options given.
 type options struct {
+	pools     []string
 	priority  taskspec.Priority
 	cost      int64
 	queue     string
@@ -114,6 +138,17 @@ func parseOptions(opts []asynq.Option, now time.Time) (options, error) {
 			o.cost = int64(c)
 			continue
 		}
+		if ps, ok := opt.(poolsOption); ok {
+			for _, p := range ps {
+				if err := throttle.ValidatePool(p); err != nil {
+					return o, &InvalidError{Field: "pool", Value: p, Reason: err.Error(), Err: err}
+				}
+				if !slices.Contains(o.pools, p) {
+					o.pools = append(o.pools, p)
+				}
+			}
+			continue
+		}
 		if p, ok := opt.(priorityOption); ok {
 			if !taskspec.Priority(p).Valid() {
 				return o, &InvalidError{Field: "priority", Value: fmt.Sprint(int(p)), Reason: "must be queue.High, queue.Normal or queue.Low"}
@@ -122,7 +157,7 @@ func parseOptions(opts []asynq.Option, now time.Time) (options, error) {
 			continue
 		}
 		if reflect.TypeOf(opt).PkgPath() != asynqPkg {
-			return o, &InvalidError{Field: "option", Value: fmt.Sprintf("%T", opt), Reason: "unknown option: asynq would ignore it; use asynq's options (asynq.Queue, asynq.MaxRetry, …), queue.Cost or queue.Priority"}
+			return o, &InvalidError{Field: "option", Value: fmt.Sprintf("%T", opt), Reason: "unknown option: asynq would ignore it; use asynq's options (asynq.Queue, asynq.MaxRetry, …), queue.Cost, queue.Priority or queue.Pools"}
 		}
 		switch opt.Type() {
 		case asynq.QueueOpt:

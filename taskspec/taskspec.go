@@ -45,6 +45,10 @@ const (
 	// further out while they wait (a task a producer scheduled itself has
 	// no such header, and runs at its time).
 	ParkedHeader = "sluice-parked"
+	// PoolsHeader carries the shared pools the job draws from, comma
+	// separated ("@openai,@smtp"): their limits apply to it with its
+	// tenant's (throttle.Request.Pools). queue.Client sets it (queue.Pools).
+	PoolsHeader = "sluice-pools"
 	// PriorityHeader carries the job's priority in its tenant's line when
 	// it is not normal: "high" or "low" (Priority.String). queue.Client
 	// sets it at enqueue, and the job joins its line at that level. asynq
@@ -120,4 +124,16 @@ func ParsePriority(s string) (Priority, error) {
 		return PriorityLow, nil
 	}
 	return PriorityNormal, fmt.Errorf("priority %q: must be high, normal or low", s)
+}
+
+// ParsePools reads PoolsHeader: the pools' names in order, empty names
+// left out.
+func ParsePools(v string) []string {
+	var out []string
+	for _, p := range strings.Split(v, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
 }

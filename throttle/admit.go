@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"time"
 
@@ -50,6 +51,29 @@ func (l *Limiter) scopesOf(tenant string, r Resolved) []scope {
 	return out
 }
 
+// poolScopes are the scopes of the shared pools a job names (Request.Pools)
+// whose policies have rules, in the order named, each once; a pool without
+// a policy limits nothing.
+func (l *Limiter) poolScopes(ctx context.Context, pools []string) ([]scope, error) {
+	var out []scope
+	for i, name := range pools {
+		if err := ValidatePool(name); err != nil {
+			return nil, err
+		}
+		if slices.Contains(pools[:i], name) {
+			continue
+		}
+		c, err := l.policies.pool(ctx, name)
+		if err != nil {
+			return nil, err
+		}
+		if c.policy.HasRules() {
+			out = append(out, scope{name: name, keys: keysFor(l.cfg.Prefix, name), policy: c.policy, facts: c.facts})
+		}
+	}
+	return out, nil
+}
+
 func (l *Limiter) do(ctx context.Context, req Request, flags int) (Decision, error) {
 	if req.Tenant != "" {
 		if err := ValidateTenant(req.Tenant); err != nil {
@@ -83,7 +107,11 @@ func (l *Limiter) do(ctx context.Context, req Request, flags int) (Decision, err
 		res = r
 	}
 	scopes := l.scopesOf(req.Tenant, res)
-	var err error
+	pools, err := l.poolScopes(ctx, req.Pools)
+	if err != nil {
+		return Decision{}, fmt.Errorf("admit tenant %q: %w", req.Tenant, err)
+	}
+	scopes = append(scopes, pools...)
 	lease := time.Duration(0)
 	for _, s := range scopes {
 		if f := s.facts; f.maxCost >= 0 && cost > f.maxCost {
@@ -112,7 +140,7 @@ func (l *Limiter) do(ctx context.Context, req Request, flags int) (Decision, err
 		op.flags |= flagTicket
 		op.ticketSlot, op.ticketSlack = t.slot, t.slack
 	}
-	if req.Wait > 0 && flags&(flagDry|flagPlan) == 0 && !(l.cluster && len(scopes) > 1) {
+	if req.Wait > 0 && flags&(flagDry|flagPlan) == 0 && !l.needsSplit(scopes) {
 		op.flags |= flagWait
 		op.wait = micros(req.Wait)
 	}
@@ -123,7 +151,7 @@ func (l *Limiter) do(ctx context.Context, req Request, flags int) (Decision, err
 		op.scopes = append(op.scopes, opScope{scope: s})
 	}
 	var d Decision
-	if l.cluster && len(scopes) > 1 {
+	if l.needsSplit(scopes) {
 		d, err = l.doSplit(ctx, op)
 	} else {
 		var r *admitReply

@@ -35,7 +35,9 @@ import (
 //
 // TENANT is escaped so that braces, colons, spaces and percent signs never
 // reach the key: a tenant cannot move its keys to another slot or collide
-// with another tenant's keys. @global's tag is {g}.
+// with another tenant's keys. @global's tag is {g}; a shared pool's keys are
+// PREFIX:{g}:p:NAME:s, :w and :a (NAME without its @), in @global's slot, so
+// that on Redis Cluster a job's pools and @global are decided in one step.
 //
 // The policy store lives under PREFIX:{p}:policies (hash), PREFIX:{p}:version,
 // PREFIX:{p}:learned (the learned limits' version) and the pub/sub channel
@@ -136,7 +138,7 @@ func escapeTenant(t string) string {
 
 // hashTag is the {…} part of every key of a scope.
 func hashTag(scope string) string {
-	if scope == GlobalPolicy {
+	if scope == GlobalPolicy || isPool(scope) {
 		return "{g}"
 	}
 	return "{t:" + escapeTenant(scope) + "}"
@@ -144,6 +146,11 @@ func hashTag(scope string) string {
 
 func keysFor(prefix, scope string) scopeKeys {
 	base := prefix + ":" + hashTag(scope) + ":"
+	if isPool(scope) {
+		// a pool shares @global's slot (a job's pools and @global are
+		// decided in one step on a Cluster), under a name of its own
+		base += "p:" + scope[1:] + ":"
+	}
 	return scopeKeys{
 		state:   base + "s",
 		planned: base + "w",

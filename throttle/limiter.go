@@ -206,6 +206,12 @@ type Request struct {
 	// its slot): where the job's charge on a rate's started meter is still
 	// the last, it is taken back, so that the job is charged once, now.
 	Ticket string
+	// Pools are the shared pools the job draws from ("@openai", "@smtp"):
+	// every rule of every pool's policy applies with the tenant's and
+	// @global's, all or nothing (a job one of them denies is charged in
+	// none). A pool's limits are fleet-wide and shared by every tenant
+	// whose jobs name it; a pool without a policy limits nothing.
+	Pools []string
 	// Policies, when set, are the policies to decide by, as
 	// PolicyStore.Resolve returned them for Tenant: a caller that reads
 	// them too (for the overflow mode, say) decides by the same ones. Nil:

@@ -386,7 +386,25 @@ func (r *room) handedMany(ctx context.Context, done map[string][]waitroom.Promot
 // shutting down) nothing is handed on: the slots are given back and the
 // tenant is made due now, so that the fleet's pumps serve its line. It
 // returns ErrClaimLost as Limiter.Release does.
-func (r *room) Release(ctx context.Context, tenant, queue, id string, claim uint64, h waitroom.Handover, spare waitroom.Spare) error {
+func (r *room) Release(ctx context.Context, tenant, queue, id string, claim uint64, pools []string, h waitroom.Handover, spare waitroom.Spare) error {
+	// the job's pools' slots first: they are no line's (the room does not
+	// keep jobs that name pools), and share @global's slot, not the
+	// tenant's
+	var poolErr error
+	if len(pools) > 0 {
+		poolErr = r.l.releasePools(ctx, id, claim, pools)
+		if poolErr != nil && !errors.Is(poolErr, ErrClaimLost) {
+			return poolErr
+		}
+	}
+	if err := r.releaseTenant(ctx, tenant, queue, id, claim, h, spare); err != nil {
+		return err
+	}
+	return poolErr
+}
+
+// releaseTenant is Release for the job's tenant and @global.
+func (r *room) releaseTenant(ctx context.Context, tenant, queue, id string, claim uint64, h waitroom.Handover, spare waitroom.Spare) error {
 	if h == nil {
 		err := r.l.Release(ctx, tenant, id, claim)
 		if tenant != "" && (err == nil || errors.Is(err, ErrClaimLost)) {

@@ -41,7 +41,7 @@ func (l *Limiter) Release(ctx context.Context, tenant, id string, claim uint64) 
 // release runs release.lua for the slots job id holds; with a queue, the
 // tenant's line of it is given: waiting reports that jobs wait there, and
 // then the tenant's slots were not given back (its caller hands them on).
-func (l *Limiter) release(ctx context.Context, tenant, queue, id string, claim uint64) (waiting bool, err error) {
+func (l *Limiter) release(ctx context.Context, tenant, queue, id string, claim uint64, pools ...string) (waiting bool, err error) {
 	if tenant != "" {
 		if err := ValidateTenant(tenant); err != nil {
 			return false, err
@@ -60,6 +60,16 @@ func (l *Limiter) release(ctx context.Context, tenant, queue, id string, claim u
 	}
 	if r.global != nil && r.global.Concurrency != nil {
 		globalKeys = []string{keysFor(l.cfg.Prefix, GlobalPolicy).state}
+	}
+	// the job's pools share @global's slot
+	ps, err := l.poolScopes(ctx, pools)
+	if err != nil {
+		return false, fmt.Errorf("release tenant %q job %q: %w", tenant, id, err)
+	}
+	for _, p := range ps {
+		if p.policy.Concurrency != nil {
+			globalKeys = append(globalKeys, p.keys.state)
+		}
 	}
 	var lines []string
 	if queue != "" && tenant != "" {
@@ -122,6 +132,40 @@ func (l *Limiter) release(ctx context.Context, tenant, queue, id string, claim u
 	return waiting, nil
 }
 
+// releasePools gives back the concurrency slots job id holds under claim
+// in the shared pools it names (one call: they share @global's slot).
+func (l *Limiter) releasePools(ctx context.Context, id string, claim uint64, pools []string) error {
+	ps, err := l.poolScopes(ctx, pools)
+	if err != nil {
+		return fmt.Errorf("release job %q: %w", id, err)
+	}
+	var keys []string
+	for _, p := range ps {
+		if p.policy.Concurrency != nil {
+			keys = append(keys, p.keys.state)
+		}
+	}
+	if len(keys) == 0 {
+		return nil
+	}
+	noTTL := 0
+	if l.noExpire {
+		noTTL = 1
+	}
+	res, err := l.batch.runMerged(ctx, lua.Release, keys, []any{l.clockArg(), 1, noTTL, id, claim, len(keys), 0}, releaseMerge)
+	if err != nil {
+		return fmt.Errorf("release job %q in pools %v: %w", id, pools, err)
+	}
+	arr, ok := res.([]any)
+	if !ok || len(arr) != 1 {
+		return fmt.Errorf("release.lua: unexpected reply %v", res)
+	}
+	if v, _ := arr[0].(int64); v>>8&0xff > 0 && claim != 0 {
+		return fmt.Errorf("release job %q in pools %v: %w", id, pools, ErrClaimLost)
+	}
+	return nil
+}
+
 // releaseLate gives back, in the background, the slot an admission whose
 // caller gave up may still take: after a wait, so that the release does not
 // overtake the admission on another connection. Its claim fences it: a
@@ -155,11 +199,13 @@ func (l *Limiter) Renew(ctx context.Context, tenant, id string, claim uint64) er
 	return l.RenewAll(ctx, []Held{{Tenant: tenant, ID: id, Claim: claim}})[0]
 }
 
-// Held is a running job holding concurrency slots under a claim.
+// Held is a running job holding concurrency slots under a claim, in its
+// tenant's, @global's and its pools' scopes (Request.Pools).
 type Held struct {
 	Tenant string
 	ID     string
 	Claim  uint64
+	Pools  []string
 }
 
 // RenewAll renews the leases of several running jobs in one round trip (a
@@ -222,6 +268,11 @@ func (l *Limiter) renewCalls(ctx context.Context, h Held) ([]*call, error) {
 	if err != nil {
 		return nil, fmt.Errorf("renew tenant %q job %q: %w", h.Tenant, h.ID, err)
 	}
+	pools, err := l.poolScopes(ctx, h.Pools)
+	if err != nil {
+		return nil, fmt.Errorf("renew tenant %q job %q: %w", h.Tenant, h.ID, err)
+	}
+	scopes = append(scopes, pools...)
 	var held []scope
 	for _, s := range scopes {
 		if s.policy != nil && s.policy.Concurrency != nil {
@@ -233,9 +284,18 @@ func (l *Limiter) renewCalls(ctx context.Context, h Held) ([]*call, error) {
 	}
 	groups := [][]scope{held}
 	if l.cluster {
+		// one call per slot: the tenant's, and @global's with the pools'
 		groups = nil
+		var global []scope
 		for _, s := range held {
-			groups = append(groups, []scope{s})
+			if inGlobalSlot(s.name) {
+				global = append(global, s)
+			} else {
+				groups = append(groups, []scope{s})
+			}
+		}
+		if global != nil {
+			groups = append(groups, global)
 		}
 	}
 	var calls []*call

@@ -58,22 +58,39 @@ func (l *Limiter) lockSplit(ctx context.Context, tenant string) (func(), error) 
 	}
 }
 
-// doSplit decides op, whose scopes are the tenant's and @global's, in steps.
+// needsSplit reports whether op's scopes live in two slots: on a Cluster,
+// a tenant's and the others (@global and the job's pools, which share
+// @global's slot).
+func (l *Limiter) needsSplit(scopes []scope) bool {
+	return l.cluster && len(scopes) > 1 && !inGlobalSlot(scopes[0].name)
+}
+
+// inGlobalSlot reports whether a scope lives in @global's slot (@global
+// and the shared pools).
+func inGlobalSlot(name string) bool {
+	return name == GlobalPolicy || isPool(name)
+}
+
+// doSplit decides op, whose scopes are the tenant's and, in @global's
+// slot, @global's and its pools', in steps.
 func (l *Limiter) doSplit(ctx context.Context, op *admitOp) (Decision, error) {
 	unlock, err := l.lockSplit(ctx, op.scopes[0].name)
 	if err != nil {
 		return Decision{}, err
 	}
 	defer unlock()
-	s := &split{l: l, op: op, tenant: op.scopes[0], global: op.scopes[1]}
+	s := &split{l: l, op: op, tenant: op.scopes[0], global: op.scopes[1:]}
 	return s.decide(ctx)
 }
 
 type split struct {
-	l              *Limiter
-	op             *admitOp
-	tenant, global opScope
-	clock          int64 // µs: the time every step decides at (A's Redis time)
+	l      *Limiter
+	op     *admitOp
+	tenant opScope
+	// global are the scopes of @global's slot: @global and the job's pools,
+	// decided together in one step (B), as one side of the admission
+	global []opScope
+	clock  int64 // µs: the time every step decides at (A's Redis time)
 }
 
 // step is one run of admit.lua for the op with the given scopes, flags
@@ -102,15 +119,15 @@ func (s *split) decide(ctx context.Context) (Decision, error) {
 	tenantFigures := ra
 	var last *admitReply
 	for round := 1; ; round++ {
-		both := []opScope{s.remote(s.tenant, snapT), s.global}
+		both := append([]opScope{s.remote(s.tenant, snapT)}, s.global...)
 		rb, err := s.step(ctx, both, flagTwoStep, nil, s.clock)
 		if err != nil {
-			s.undo(ctx, s.tenant, undoT)
-			return Decision{}, fmt.Errorf("%s: %w", s.global.name, err)
+			s.undo(ctx, []opScope{s.tenant}, [][]int64{undoT})
+			return Decision{}, fmt.Errorf("%s: %w", s.global[0].name, err)
 		}
-		var undoG []int64
+		var undoG [][]int64
 		if rb.wrote() {
-			undoG = rb.undos[0]
+			undoG = rb.undos
 		}
 		// the tenant already holds what B decided (A started the job), or
 		// B wrote nothing and the tenant holds nothing: B is the answer
@@ -119,7 +136,10 @@ func (s *split) decide(ctx context.Context) (Decision, error) {
 			return s.answer(rb, both, tenantFigures, rb), nil
 		}
 		// C: the tenant writes B's decision, or takes back A's charge
-		both = []opScope{s.tenant, s.remote(s.global, rb.snapshots[0])}
+		both = []opScope{s.tenant}
+		for i, g := range s.global {
+			both = append(both, s.remote(g, rb.snapshots[i]))
+		}
 		flags := flagTwoStep | flagExpect
 		var undo [][]int64
 		if undoT != nil {
@@ -149,7 +169,7 @@ func (s *split) decide(ctx context.Context) (Decision, error) {
 	}
 	// The tenant kept changing under the steps: the job is denied, charged
 	// nothing, and told to come back soon, as a full concurrency rule would.
-	d := last.decision([]opScope{s.tenant, s.global})
+	d := last.decision(append([]opScope{s.tenant}, s.global...))
 	d.Allowed, d.Reserved, d.Slot = false, false, time.Time{}
 	d.RetryAfter = max(d.RetryAfter, s.l.cfg.ConcurrencyRetry)
 	if d.Rule == "" {
@@ -158,16 +178,16 @@ func (s *split) decide(ctx context.Context) (Decision, error) {
 	return d, nil
 }
 
-// undo takes back what a step wrote to a scope (its undo record), even when
-// the caller has given up waiting: a charge left behind would hold back
-// later jobs.
-func (s *split) undo(ctx context.Context, sc opScope, record []int64) {
-	if record == nil {
+// undo takes back what a step wrote to scopes of one slot (their undo
+// records, one each), even when the caller has given up waiting: a charge
+// left behind would hold back later jobs.
+func (s *split) undo(ctx context.Context, scopes []opScope, records [][]int64) {
+	if len(records) == 0 || records[0] == nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lateRelease)
 	defer cancel()
-	_, err := s.step(ctx, []opScope{sc}, flagUndoOnly, [][]int64{record}, s.clock)
+	_, err := s.step(ctx, scopes, flagUndoOnly, records, s.clock)
 	if err != nil && !errors.Is(err, context.DeadlineExceeded) {
 		return
 	}

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/sluicehq/sluice/lua"
@@ -60,7 +61,8 @@ type Stats struct {
 	Leftovers int64
 }
 
-// Stats reads tenant's state (use GlobalPolicy for @global's).
+// Stats reads tenant's state (use GlobalPolicy for @global's, and a shared
+// pool's name, "@openai", for the pool's).
 func (l *Limiter) Stats(ctx context.Context, tenant string) (*Stats, error) {
 	var p, stored *Policy
 	var learned *LearnedLimit
@@ -74,6 +76,17 @@ func (l *Limiter) Stats(ctx context.Context, tenant string) (*Stats, error) {
 		}
 		if r.global != nil {
 			p, name = r.global, GlobalPolicy
+		}
+	} else if strings.HasPrefix(tenant, "@") && !strings.HasPrefix(tenant, ShadowPrefix) {
+		if err := ValidatePool(tenant); err != nil {
+			return nil, err
+		}
+		c, err := l.policies.pool(ctx, tenant)
+		if err != nil {
+			return nil, err
+		}
+		if c.policy != nil {
+			p, name = c.policy, tenant
 		}
 	} else {
 		if err := ValidateTenant(tenant); err != nil {
@@ -97,7 +110,7 @@ func (l *Limiter) Stats(ctx context.Context, tenant string) (*Stats, error) {
 		wdur = micros(p.Window.Period)
 	}
 	keys := []string{k.state, k.planned, k.started}
-	if tenant != GlobalPolicy {
+	if tenant != GlobalPolicy && !isPool(tenant) {
 		qs, err := l.room().queuesOf(ctx, tenant)
 		if err != nil {
 			return nil, err

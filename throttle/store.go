@@ -518,6 +518,41 @@ func (s *PolicyStore) resolve(ctx context.Context, tenant string) (resolved, err
 	return r, nil
 }
 
+// pool returns the policy of the shared pool name (nil: none), from the
+// cache or with one round trip to Redis.
+func (s *PolicyStore) pool(ctx context.Context, name string) (cachedPolicy, error) {
+	s.watchOnce.Do(func() {
+		s.watching.Store(true)
+		go s.watch()
+	})
+	if s.closed.Load() {
+		s.invalidate()
+	}
+	s.mu.RLock()
+	c, ok := s.cache[name]
+	s.mu.RUnlock()
+	if !ok {
+		epoch := s.epoch.Load()
+		vals, _, err := s.read(ctx, []string{name}, "")
+		if err != nil {
+			return cachedPolicy{}, fmt.Errorf("read policies: %w", err)
+		}
+		if raw, ok := vals[0].(string); ok {
+			c.policy, c.err = decodePolicy(name, raw)
+		}
+		c.facts = factsOf(c.policy)
+		s.mu.Lock()
+		if s.epoch.Load() == epoch {
+			if len(s.cache) > maxCachedPolicies {
+				s.cache = map[string]cachedPolicy{}
+			}
+			s.cache[name] = c
+		}
+		s.mu.Unlock()
+	}
+	return c, c.err
+}
+
 // read reads the named policies' raw values and, unless learnedOf is
 // empty, that tenant's learned limit, in one round trip, giving up at
 // ctx's end: a go-redis call ends at the client's timeouts, not at the

@@ -56,9 +56,40 @@ func controlAt(s string) int {
 // own. A shadow stands beside the enforced policy, which keeps working.
 const ShadowPrefix = "@shadow:"
 
+// MaxPoolLen is the longest pool name, in bytes, its @ included.
+const MaxPoolLen = 64
+
+// ValidatePool checks the name of a shared pool (Request.Pools): @ and 1
+// to 63 lowercase letters, digits, '.', '_' or '-' ("@openai",
+// "@smtp-eu"), other than @global and the shadows' names.
+func ValidatePool(name string) error {
+	rest, ok := strings.CutPrefix(name, "@")
+	switch {
+	case !ok:
+		return fmt.Errorf("pool %q: a pool's name starts with @ (\"@openai\"); names without it are tenants", name)
+	case name == GlobalPolicy:
+		return fmt.Errorf("pool %q: @global applies to every job already; name a pool of your own (\"@openai\")", name)
+	case strings.HasPrefix(name, ShadowPrefix):
+		return fmt.Errorf("pool %q: names starting with %s are shadow policies; name the pool without it", name, ShadowPrefix)
+	case rest == "" || len(name) > MaxPoolLen:
+		return fmt.Errorf("pool %q: give 1 to %d characters after the @", name, MaxPoolLen-1)
+	}
+	for i, c := range rest {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return fmt.Errorf("pool %q: %q at byte %d is not allowed; use lowercase letters, digits, '.', '_' and '-'", name, c, i+1)
+		}
+	}
+	return nil
+}
+
+// isPool reports whether a policy's (or scope's) name is a pool's.
+func isPool(name string) bool {
+	return strings.HasPrefix(name, "@") && name != GlobalPolicy && !strings.HasPrefix(name, ShadowPrefix)
+}
+
 // ValidatePolicyName checks the name of a policy: a tenant (see
-// ValidateTenant), * (the default policy), @global, or ShadowPrefix and a
-// tenant or * (a shadow policy).
+// ValidateTenant), * (the default policy), @global, a shared pool (see
+// ValidatePool), or ShadowPrefix and a tenant or * (a shadow policy).
 func ValidatePolicyName(name string) error {
 	if name == DefaultPolicy || name == GlobalPolicy {
 		return nil
@@ -76,7 +107,10 @@ func ValidatePolicyName(name string) error {
 		return nil
 	}
 	if strings.HasPrefix(name, "@") {
-		return fmt.Errorf("%w: policy name %q: the only names starting with @ are @global and %sTENANT (a shadow); * is the default policy", ErrInvalidTenant, name, ShadowPrefix)
+		if err := ValidatePool(name); err != nil {
+			return fmt.Errorf("%w: policy name %q: names starting with @ are @global, shared pools (\"@openai\": lowercase letters, digits, '.', '_', '-') and %sTENANT (a shadow); * is the default policy", ErrInvalidTenant, name, ShadowPrefix)
+		}
+		return nil
 	}
 	return ValidateTenant(name)
 }

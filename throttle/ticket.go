@@ -146,7 +146,15 @@ func (l *Limiter) Redeem(ctx context.Context, req Request, text string) (d Decis
 		return Decision{}, false, nil
 	}
 	var lease time.Duration
-	for _, p := range []*Policy{res.Policy, res.Global} {
+	pools, err := l.poolScopes(ctx, req.Pools)
+	if err != nil {
+		return Decision{}, false, fmt.Errorf("redeem tenant %q: %w", req.Tenant, err)
+	}
+	policies := []*Policy{res.Policy, res.Global}
+	for _, p := range pools {
+		policies = append(policies, p.policy)
+	}
+	for _, p := range policies {
 		if p != nil && p.Concurrency != nil {
 			lease = max(lease, p.Concurrency.lease())
 		}
@@ -158,7 +166,7 @@ func (l *Limiter) Redeem(ctx context.Context, req Request, text string) (d Decis
 		Slot: time.UnixMicro(t.slot), Now: time.UnixMicro(now)}
 	if lease > 0 {
 		if t.leaseEnd-now < micros(lease)*2/3 {
-			if err := l.Renew(ctx, req.Tenant, req.ID, t.claim); err != nil {
+			if err := l.RenewAll(ctx, []Held{{Tenant: req.Tenant, ID: req.ID, Claim: t.claim, Pools: req.Pools}})[0]; err != nil {
 				if errors.Is(err, ErrClaimLost) {
 					return Decision{}, false, nil
 				}

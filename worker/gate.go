@@ -184,7 +184,7 @@ func (g *Gate) giveBack(ctx context.Context, task *asynq.Task) {
 	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.cfg.CallTimeout)
 	defer cancel()
-	if err := g.room.Release(cctx, j.tenant, j.queue, j.id, 0, g.handing(), g.gauge.Spare); err != nil {
+	if err := g.room.Release(cctx, j.tenant, j.queue, j.id, 0, j.pools, g.handing(), g.gauge.Spare); err != nil {
 		g.m.err(errRelease)
 		g.warn(errRelease, "sluice: could not release the job's slot; it frees itself when its lease runs out", "task", j.taskID, "tenant", j.tenant, "err", err)
 	}
@@ -219,6 +219,8 @@ type job struct {
 	policies *throttle.Resolved
 	// ticket is the decision the job carried when it no longer holds
 	ticket string
+	// pools are the shared pools the job draws from (taskspec.PoolsHeader)
+	pools []string
 }
 
 // identify reads the job's tenant, identity and cost. A header that cannot
@@ -262,6 +264,16 @@ func (g *Gate) identify(ctx context.Context, task *asynq.Task) *job {
 			g.warn(errCostHeader, "job's cost header is not a whole number of at least 1: counting it as 1", "task", j.taskID, "header", taskspec.CostHeader, "value", s)
 		} else {
 			j.cost = n
+		}
+	}
+	if v, ok := h[taskspec.PoolsHeader]; ok {
+		for _, p := range taskspec.ParsePools(v) {
+			if err := throttle.ValidatePool(p); err != nil {
+				g.m.err(errPoolsHeader)
+				g.warn(errPoolsHeader, "job's pools header names a pool that cannot be used: running it without that pool", "task", j.taskID, "header", taskspec.PoolsHeader, "err", err)
+				continue
+			}
+			j.pools = append(j.pools, p)
 		}
 	}
 	j.gen, _ = strconv.Atoi(h[taskspec.GenHeader])
@@ -367,7 +379,7 @@ var errAskAgain = errors.New("sluice: decide the job anew")
 // as a retried or deferred job does, or its concurrency slot is gone).
 func (g *Gate) redeem(ctx context.Context, j *job, ticket string, budget time.Duration, start time.Time, next asynq.Handler) error {
 	cctx, cancel := context.WithTimeout(ctx, g.cfg.CallTimeout)
-	d, ok, err := g.lim.Redeem(cctx, throttle.Request{Tenant: j.tenant, ID: j.id, Cost: j.cost, Policies: j.policies}, ticket)
+	d, ok, err := g.lim.Redeem(cctx, throttle.Request{Tenant: j.tenant, ID: j.id, Cost: j.cost, Pools: j.pools, Policies: j.policies}, ticket)
 	cancel()
 	if err == nil && !ok && d.Reserved {
 		// it holds a reservation for its slot: asked there, not before
@@ -391,7 +403,7 @@ func (g *Gate) redeem(ctx context.Context, j *job, ticket string, budget time.Du
 			return errAskAgain
 		}
 		// a sleep may overrun (a stalled process): is it still in time?
-		if d, ok, err = g.lim.Redeem(ctx, throttle.Request{Tenant: j.tenant, ID: j.id, Cost: j.cost, Policies: j.policies}, ticket); err != nil || !ok {
+		if d, ok, err = g.lim.Redeem(ctx, throttle.Request{Tenant: j.tenant, ID: j.id, Cost: j.cost, Pools: j.pools, Policies: j.policies}, ticket); err != nil || !ok {
 			g.m.tickets.WithLabelValues(ticketAsked).Inc()
 			return errAskAgain
 		}
@@ -417,7 +429,7 @@ func (g *Gate) decide(ctx context.Context, j *job, reserve bool, wait time.Durat
 	if !reserve || !g.canWait(ctx, wait) {
 		wait = 0
 	}
-	d, err := g.lim.Do(cctx, throttle.Request{Tenant: j.tenant, ID: j.id, Cost: j.cost, Reserve: reserve, Wait: max(wait, 0), Policies: j.policies, Ticket: j.ticket})
+	d, err := g.lim.Do(cctx, throttle.Request{Tenant: j.tenant, ID: j.id, Cost: j.cost, Pools: j.pools, Reserve: reserve, Wait: max(wait, 0), Policies: j.policies, Ticket: j.ticket})
 	if err == nil || cctx.Err() == nil {
 		return d, err
 	}
@@ -672,12 +684,12 @@ func (g *Gate) release(ctx context.Context, j *job, claim uint64) {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.cfg.CallTimeout)
 	defer cancel()
 	var err error
-	if j.tenant == "" {
+	if j.tenant == "" && len(j.pools) == 0 {
 		err = g.lim.Release(cctx, j.tenant, j.id, claim)
-	} else if g.stopped() || g.roomOff.Load() {
-		err = g.room.Release(cctx, j.tenant, j.queue, j.id, claim, nil, nil)
+	} else if j.tenant == "" || g.stopped() || g.roomOff.Load() {
+		err = g.room.Release(cctx, j.tenant, j.queue, j.id, claim, j.pools, nil, nil)
 	} else {
-		err = g.room.Release(cctx, j.tenant, j.queue, j.id, claim, g.handOn, g.gauge.Spare)
+		err = g.room.Release(cctx, j.tenant, j.queue, j.id, claim, j.pools, g.handOn, g.gauge.Spare)
 	}
 	if errors.Is(err, throttle.ErrClaimLost) {
 		g.m.renewals.WithLabelValues(renewLost).Inc()

@@ -18,18 +18,19 @@ const (
 	ticketAsked    = "asked"
 	ticketReserved = "reserved"
 
-	errRedis      = "redis"
-	errCost       = "cost"
-	errTenant     = "tenant_header"
-	errNoTenant   = "no_tenant"
-	errPolicy     = "policy"
-	errCostHeader = "cost_header"
-	errIDHeader   = "id_header"
-	errCopy       = "copy"
-	errRelease    = "release"
-	errCooldown   = "cooldown"
-	errRoom       = "room"
-	errShadow     = "shadow"
+	errRedis       = "redis"
+	errCost        = "cost"
+	errTenant      = "tenant_header"
+	errNoTenant    = "no_tenant"
+	errPolicy      = "policy"
+	errCostHeader  = "cost_header"
+	errPoolsHeader = "pools_header"
+	errIDHeader    = "id_header"
+	errCopy        = "copy"
+	errRelease     = "release"
+	errCooldown    = "cooldown"
+	errRoom        = "room"
+	errShadow      = "shadow"
 
 	outcomeSuccess  = "success"
 	outcomeError    = "error"
@@ -99,7 +100,7 @@ func newMetrics(reg prometheus.Registerer, tenants bool) (*metrics, error) {
 		}, []string{"result"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_worker_errors_total",
-			Help: "Errors of the gate, by kind (redis, policy, cost, tenant_header, no_tenant, cost_header, id_header, copy, release, cooldown, room, shadow, recover, asynq_layout: the waiting room is off, downstream).",
+			Help: "Errors of the gate, by kind (redis, policy, cost, tenant_header, no_tenant, cost_header, pools_header, id_header, copy, release, cooldown, room, shadow, recover, asynq_layout: the waiting room is off, downstream).",
 		}, []string{"kind"}),
 		outcomes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_worker_handler_outcomes_total",

@@ -81,7 +81,9 @@ type Room interface {
 	// (spare; nil: the fleet's room is not known and the slot is handed
 	// on). With h nil (a worker shutting down) nothing is handed on. It
 	// returns throttle.ErrClaimLost as throttle.Limiter.Release does.
-	Release(ctx context.Context, tenant, queue, id string, claim uint64, h Handover, spare Spare) error
+	// The slots the job holds in the shared pools it names (pools) are
+	// given back too (a job that names pools waits in no line).
+	Release(ctx context.Context, tenant, queue, id string, claim uint64, pools []string, h Handover, spare Spare) error
 }
 
 // Defaults of the waiting room.
