@@ -222,6 +222,11 @@ func scopeKeyPattern(prefix string) string {
 	return globEscape(prefix) + ":{[tg]*}:[swaqgljde]*"
 }
 
+// poolKeyPattern is a SCAN MATCH pattern for the keys of every shared pool.
+func poolKeyPattern(prefix string) string {
+	return globEscape(prefix) + ":{g}:p:*"
+}
+
 // lineKeyPattern is a SCAN MATCH pattern for every tenant's lines (the
 // lists of every priority level).
 func lineKeyPattern(prefix string) string {
@@ -252,6 +257,14 @@ func scopeAndQueue(prefix, key string) (scope, queue string, ok bool) {
 	rest, ok := strings.CutPrefix(key, prefix+":")
 	if !ok {
 		return "", "", false
+	}
+	// a shared pool's key: {g}:p:NAME:X
+	if name, ok := strings.CutPrefix(rest, "{g}:p:"); ok {
+		i := strings.LastIndexByte(name, ':')
+		if i <= 0 || i != len(name)-2 || ValidatePool("@"+name[:i]) != nil {
+			return "", "", false
+		}
+		return "@" + name[:i], "", true
 	}
 	// a line's key (of any priority level): the first marker is the
 	// tag's end (a queue's name may hold one too)

@@ -73,6 +73,18 @@ func TestPools(t *testing.T) {
 	_, err = e.lim.Do(ctx, Request{Tenant: "a", ID: "y", Pools: []string{GlobalPolicy}})
 	require.ErrorContains(t, err, "@global applies to every job already")
 	require.Equal(t, before, remaining("a"))
+
+	// a pool with state is listed with the tenants (sluice stats, top);
+	// its keys read back as the pool's
+	ts, err := e.lim.Tenants(ctx)
+	require.NoError(t, err)
+	require.Contains(t, ts, "@api")
+	require.NotContains(t, ts, "@nolimit", "a pool without a policy has no state")
+	for _, k := range keysFor("sluice", "@smtp-eu.2").admitKeys() {
+		got, ok := scopeFromKey("sluice", k)
+		require.True(t, ok, k)
+		require.Equal(t, "@smtp-eu.2", got)
+	}
 }
 
 // TestPoolConcurrency: a pool's concurrency cap is shared by the tenants'

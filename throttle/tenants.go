@@ -14,8 +14,9 @@ const tenantsScanCount = 1000
 
 // Tenants lists, sorted, every tenant that has throttle state in Redis
 // (meters, window entries, reservations, slots, cooldown or a line of
-// waiting jobs), and
-// GlobalPolicy when @global has state. Tenants with a policy but no state
+// waiting jobs),
+// GlobalPolicy when @global has state, and the shared pools that have
+// state ("@openai"). Tenants with a policy but no state
 // are not listed: PolicyStore.List has those. An idle tenant drops out once
 // its keys have expired.
 //
@@ -26,6 +27,13 @@ func (l *Limiter) Tenants(ctx context.Context) ([]string, error) {
 	seen, err := l.scanScopes(ctx, scopeKeyPattern(l.cfg.Prefix))
 	if err != nil {
 		return nil, fmt.Errorf("list tenants: %w", err)
+	}
+	pools, err := l.scanScopes(ctx, poolKeyPattern(l.cfg.Prefix))
+	if err != nil {
+		return nil, fmt.Errorf("list tenants: %w", err)
+	}
+	for p := range pools {
+		seen[p] = struct{}{}
 	}
 	out := make([]string, 0, len(seen))
 	for t := range seen {

@@ -54,6 +54,7 @@ func TestCLI(t *testing.T) {
 		"Stdin":       testStdin,
 		"Cron":        testCron,
 		"Priority":    testPriority,
+		"Pools":       testPools,
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -501,4 +502,29 @@ enqueue: 2 of 3 lines of `+file+` are bad (reported above): nothing was enqueued
 
 	r = c.run(t, nil, "--tenant", "acme", "--type", "sleep", "--count", "3", "--priority", "high", "--dry-run")
 	require.Equal(t, result{stdout: "dry run: would enqueue 3 jobs of type sleep for tenant acme in queue " + c.queue + ", high priority; nothing was enqueued\n"}, r)
+}
+
+// testPools: --pool and a line's "pools" name the shared pools a job draws
+// from (taskspec.PoolsHeader); a bad name is refused, naming it, and
+// nothing is enqueued.
+func testPools(t *testing.T, c *cli) {
+	r := c.run(t, nil, "--tenant", "acme", "--type", "sleep", "--id", "p1", "--pool", "@api", "--pool", "@db", "--pool", "@api")
+	require.Equal(t, 0, r.code, r.stderr)
+	r = c.run(t, nil, "--tenant", "acme", "--type", "sleep", "--id", "p2", "--pool", "api")
+	require.Equal(t, 2, r.code)
+	require.Contains(t, r.stderr, `pool "api": a pool's name starts with @`)
+
+	file := filepath.Join(t.TempDir(), "jobs.jsonl")
+	require.NoError(t, os.WriteFile(file, []byte(`{"tenant":"acme","type":"sleep","pools":["@api"],"id":"f1"}`+"\n"+`{"tenant":"acme","type":"sleep","pools":["@Api"],"id":"f2"}`+"\n"), 0o600))
+	r = c.run(t, nil, "--file", file)
+	require.Equal(t, 1, r.code)
+	require.Contains(t, r.stderr, `enqueue: line 2: pools: pool "@Api": 'A' at byte 1 is not allowed`)
+	require.NoError(t, os.WriteFile(file, []byte(`{"tenant":"acme","type":"sleep","pools":["@api"],"id":"f1"}`+"\n"+`{"tenant":"acme","type":"sleep","id":"f2"}`+"\n"), 0o600))
+	r = c.run(t, nil, "--file", file, "--pool", "@smtp", "--quiet")
+	require.Equal(t, 0, r.code, r.stderr)
+	tasks := c.tasks(t)
+	require.Len(t, tasks, 3)
+	for id, want := range map[string]string{"p1": "@api,@db", "f1": "@api", "f2": "@smtp"} {
+		require.Equal(t, want, tasks[id].Headers[taskspec.PoolsHeader], id)
+	}
 }

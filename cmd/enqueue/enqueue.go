@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"strconv"
+	"slices"
 	"strings"
 	"time"
 
@@ -57,6 +58,7 @@ type options struct {
 	maxRetry           int
 	maxRetrySet        bool
 	priority           taskspec.Priority
+	pools              []string
 
 	count    int
 	file     string
@@ -157,6 +159,15 @@ func parseFlags(args []string, env func(string) string) (*options, error) {
 	fs.StringVar(&o.queue, "queue", "default", "")
 	fs.Int64Var(&o.cost, "cost", 1, "")
 	fs.StringVar(&priority, "priority", "normal", "")
+	fs.Func("pool", "", func(v string) error {
+		if err := throttle.ValidatePool(v); err != nil {
+			return err
+		}
+		if !slices.Contains(o.pools, v) {
+			o.pools = append(o.pools, v)
+		}
+		return nil
+	})
 	fs.IntVar(&o.count, "count", 1, "")
 	fs.DurationVar(&o.in, "in", 0, "")
 	fs.StringVar(&o.id, "id", "", "")
@@ -312,13 +323,16 @@ type enqueuer struct {
 // flagJob is the job the flags describe.
 func (e *enqueuer) flagJob() queue.Job {
 	o := e.o
-	return queue.Job{Tenant: o.tenant, Task: asynq.NewTask(o.typ, o.payload), Options: jobOptions(o.queue, o.cost, o.priority, o.in, o.id, o.maxRetry, o.maxRetrySet)}
+	return queue.Job{Tenant: o.tenant, Task: asynq.NewTask(o.typ, o.payload), Options: jobOptions(o.queue, o.cost, o.priority, o.pools, o.in, o.id, o.maxRetry, o.maxRetrySet)}
 }
 
-func jobOptions(q string, cost int64, p taskspec.Priority, in time.Duration, id string, maxRetry int, maxRetrySet bool) []asynq.Option {
+func jobOptions(q string, cost int64, p taskspec.Priority, pools []string, in time.Duration, id string, maxRetry int, maxRetrySet bool) []asynq.Option {
 	opts := []asynq.Option{asynq.Queue(q)}
 	if cost != 1 {
 		opts = append(opts, queue.Cost(cost))
+	}
+	if len(pools) > 0 {
+		opts = append(opts, queue.Pools(pools...))
 	}
 	if p != taskspec.PriorityNormal {
 		opts = append(opts, queue.Priority(p))

@@ -12,6 +12,7 @@ import (
 	"io"
 	"os"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -32,12 +33,13 @@ type line struct {
 	Queue     *string         `json:"queue"`
 	Cost      *int64          `json:"cost"`
 	Priority  *string         `json:"priority"`
+	Pools     []string        `json:"pools"`
 	ID        *string         `json:"id"`
 	ProcessIn *string         `json:"process_in"`
 	MaxRetry  *int            `json:"max_retry"`
 }
 
-const knownFields = "tenant, type, payload, queue, cost, priority, id, process_in, max_retry"
+const knownFields = "tenant, type, payload, queue, cost, priority, pools, id, process_in, max_retry"
 
 // jobContent is what a line enqueues, every default filled in: the id of
 // a line without one is derived from it. The priority is left out: the
@@ -123,6 +125,18 @@ func (o *options) parseLine(b []byte) (fileJob, error) {
 		}
 		priority = p
 	}
+	pools := o.pools
+	if l.Pools != nil {
+		pools = nil
+		for _, p := range l.Pools {
+			if err := throttle.ValidatePool(p); err != nil {
+				return fileJob{}, fmt.Errorf("pools: %v", err)
+			}
+			if !slices.Contains(pools, p) {
+				pools = append(pools, p)
+			}
+		}
+	}
 	id := ""
 	if l.ID != nil {
 		if strings.TrimSpace(*l.ID) == "" {
@@ -144,7 +158,7 @@ func (o *options) parseLine(b []byte) (fileJob, error) {
 		c.Payload = l.Payload
 	}
 	fj := fileJob{
-		job:      queue.Job{Tenant: c.Tenant, Task: asynq.NewTask(c.Type, c.Payload), Options: jobOptions(c.Queue, c.Cost, priority, c.ProcessIn, id, maxRetry, maxRetrySet)},
+		job:      queue.Job{Tenant: c.Tenant, Task: asynq.NewTask(c.Type, c.Payload), Options: jobOptions(c.Queue, c.Cost, priority, pools, c.ProcessIn, id, maxRetry, maxRetrySet)},
 		id:       id,
 		queue:    c.Queue,
 		priority: priority,

@@ -26,6 +26,9 @@ Job flags (with --file, defaults for the lines that leave them out):
   --priority P       high, normal (the default) or low: the job's place among
                      its tenant's jobs while they wait (high leave first);
                      other tenants' jobs are served as before
+  --pool @NAME       a shared pool the job draws from (repeat for several):
+                     the pool's policy (sluice policy set @NAME RULES) limits
+                     it with its tenant's, across every tenant that names it
   --in DUR           run the job no sooner than DUR from now, e.g. 30s or 5m
   --id ID            the task id; a second job with the same id in the queue is
                      refused (one job only; random when not given)
@@ -37,7 +40,8 @@ Modes:
   --file F           enqueue one job per JSON line of F (- reads stdin):
                        {"tenant": "acme", "type": "http", "payload": {...},
                         "queue": "default", "cost": 1, "priority": "high",
-                        "id": "order-17", "process_in": "30s", "max_retry": 3}
+                        "pools": ["@api"], "id": "order-17", "process_in": "30s",
+                        "max_retry": 3}
                      the whole file is checked first: when a line is bad,
                      every bad line is reported with its number and nothing
                      is enqueued. A line without "id" gets one derived from

@@ -340,7 +340,8 @@ func (a *app) connect(cmd *command) (*conn, error) {
 	return c, nil
 }
 
-// checkPolicyName accepts a tenant, "*" or "@global" as a policy's name.
+// checkPolicyName accepts a tenant, "*", "@global", a shared pool or a
+// shadow as a policy's name.
 func checkPolicyName(cmd *command, name string) error {
 	if err := throttle.ValidatePolicyName(name); err != nil {
 		return usagef(cmd, "%v", err)
@@ -348,9 +349,16 @@ func checkPolicyName(cmd *command, name string) error {
 	return nil
 }
 
-// checkTenant accepts a tenant or "@global" (whose state is shared by all).
+// checkTenant accepts a tenant, "@global" (whose state is shared by all)
+// or a shared pool ("@openai", shared by the jobs that name it).
 func checkTenant(cmd *command, name string) error {
 	if name == throttle.GlobalPolicy {
+		return nil
+	}
+	if strings.HasPrefix(name, "@") && !strings.HasPrefix(name, throttle.ShadowPrefix) {
+		if err := throttle.ValidatePool(name); err != nil {
+			return usagef(cmd, "%v", err)
+		}
 		return nil
 	}
 	if name == throttle.DefaultPolicy {

@@ -76,6 +76,7 @@ func TestCLI(t *testing.T) {
 		"JobsExplain":          testJobsExplain,
 		"JobsPrioritize":       testJobsPrioritize,
 		"Shadow":               testShadow,
+		"Pools":                testPools,
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -246,7 +247,7 @@ func testBadUsage(t *testing.T, c *cli) {
 		{args: []string{"policy", "set", "acme", "burst=5"}, wantMsg: "policy set acme: burst=5: burst belongs to a rate", usage: "sluice policy set TENANT 'RULES' [--shadow]"},
 		{args: []string{"policy", "set"}, wantMsg: "policy set: missing TENANT", usage: "sluice policy set TENANT 'RULES' [--shadow]"},
 		{args: []string{"policy", "set", "acme"}, wantMsg: "policy set: missing RULES (quote them: sluice policy set acme 'rate=100/s burst=20'; '' for no limits)", usage: "sluice policy set TENANT 'RULES' [--shadow]"},
-		{args: []string{"policy", "set", "@foo", "rate=1/s"}, wantMsg: `invalid tenant: policy name "@foo": the only names starting with @ are @global`, usage: "sluice policy set TENANT 'RULES' [--shadow]"},
+		{args: []string{"policy", "set", "@Foo Bar", "rate=1/s"}, wantMsg: `invalid tenant: policy name "@Foo Bar": names starting with @ are @global, shared pools`, usage: "sluice policy set TENANT 'RULES' [--shadow]"},
 		{args: []string{"policy", "get"}, wantMsg: "policy get: missing TENANT", usage: "sluice policy get TENANT [--shadow] [--json]"},
 		{args: []string{"policy", "get", "a", "b"}, wantMsg: `policy get: unexpected argument "b"`, usage: "sluice policy get TENANT [--shadow] [--json]"},
 		{args: []string{"policy", "delete", strings.Repeat("x", 300)}, wantMsg: "invalid tenant: tenant", usage: "sluice policy delete TENANT [--shadow] | --invalid"},
@@ -348,7 +349,7 @@ func testApplyAllOrNothing(t *testing.T, c *cli) {
 	}{
 		{"bad-rate.yaml", "acme: rate=20/s\nnew: rate=5/s\nbroken:\n  rate: 10/fortnight\n", `policy file line 4, "broken": `},
 		{"bad-field.yaml", "acme: rate=20/s\nbroken:\n  rate: 10/s\n  burts: 5\n", `policy file line 3, "broken": line 4: unknown field "burts"`},
-		{"bad-name.yaml", "acme: rate=20/s\n\"@nope\": rate=1/s\n", `policy file line 2: invalid tenant: policy name "@nope"`},
+		{"bad-name.yaml", "acme: rate=20/s\n\"@No pe\": rate=1/s\n", `policy file line 2: invalid tenant: policy name "@No pe"`},
 		{"ctl-name.yaml", "acme: rate=20/s\n\"a\\tb\": rate=1/s\n", `policy file line 2: invalid tenant: tenant "a\tb" has a control character (U+0009) at byte 1`},
 		{"nul-name.yaml", "\"a\\0b\": rate=1/s\n", `policy file line 1: invalid tenant: tenant "a\x00b" has a control character (U+0000) at byte 1`},
 		{"dup.yaml", "acme: rate=20/s\nacme: rate=30/s\n", `policy file line 2: "acme" is given twice`},
@@ -906,4 +907,29 @@ func testJobsPrioritize(t *testing.T, c *cli) {
 	require.Equal(t, 1, r.code)
 	require.Contains(t, r.stderr, "no task nope")
 	require.Equal(t, []string{"p-3", "p-4", "p-2", "p-1"}, order("acme"))
+}
+
+// testPools: a shared pool's policy is set, read and listed by its @name;
+// its state shows in sluice stats, alone and in the table, once jobs drew
+// from it; a bad pool name is refused and changes nothing.
+func testPools(t *testing.T, c *cli) {
+	c.mustRun(t, "policy", "set", "@api", "rate=2/s concurrency=3")
+	require.Contains(t, c.mustRun(t, "policy", "get", "@api"), "rate=2/s concurrency=3")
+	require.Regexp(t, `(?m)^@api\s+rate=2/s concurrency=3`, c.mustRun(t, "policy", "list"))
+	lim := c.limiter(t)
+	d, err := lim.Do(context.Background(), throttle.Request{Tenant: "acme", ID: "j-1", Pools: []string{"@api"}})
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+	detail := c.mustRun(t, "stats", "@api")
+	require.Regexp(t, `(?m)^policy\s+@api: rate=2/s concurrency=3`, detail)
+	require.Contains(t, detail, "concurrency  1 of 3 in flight\n")
+	require.Regexp(t, `(?m)^@api\s+@api\s+1\s+`, c.mustRun(t, "stats"))
+	before := c.policies(t)
+	r := c.run(t, "policy", "set", "@Bad Pool", "rate=1/s")
+	require.Equal(t, 2, r.code, r.stderr)
+	require.Contains(t, r.stderr, `policy name "@Bad Pool"`)
+	r = c.run(t, "stats", "@Bad")
+	require.Equal(t, 2, r.code, r.stderr)
+	require.Contains(t, r.stderr, `pool "@Bad": 'B' at byte 1 is not allowed; use lowercase letters, digits, '.', '_' and '-'`)
+	require.Equal(t, before, c.policies(t))
 }
