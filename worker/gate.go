@@ -75,7 +75,7 @@ type Gate struct {
 	outage   atomic.Int64 // when the gate's Redis errors began (unix ns); 0 when healthy
 	// usageLogged: a response's unreadable usage was logged (once)
 	usageLogged atomic.Bool
-	logLimit logLimiter
+	logLimit    logLimiter
 }
 
 // NewGate returns a gate over lim. asynqRedis is the Redis client of asynq's
