@@ -19,7 +19,9 @@
 --     (the meter stands at t + increment): then it is exact; otherwise the
 --     room is kept, at most the refund's increment per meter, since a
 --     later charge may have taken its place already (as-if, a reservation
---     made at the meter's edge leaves the refunded room unused).
+--     made at the meter's edge leaves the refunded room unused). A meter
+--     charged at another interval than its rule's (the policy changed
+--     since the job started) is not settled.
 --
 -- KEYS: per scope its state hash [1] and, when its policy has a window
 --   rule, its planned [2] and started [3] window zsets (admit.lua's)
@@ -122,7 +124,7 @@ for s = 1, nscopes do
   for _ = 1, nrules do
     local kind = num(ARGV[a])
     if kind == 1 then
-      rates[#rates + 1] = { per = num(ARGV[a + 3]), lim = num(ARGV[a + 4]) }
+      rates[#rates + 1] = { unit = ARGV[a + 1], per = num(ARGV[a + 3]), lim = num(ARGV[a + 4]) }
       a = a + 5
     elseif kind == 2 then
       wlim, wdur = num(ARGV[a + 1]), num(ARGV[a + 2])
@@ -144,6 +146,7 @@ for s = 1, nscopes do
   for i = 1, #rates do
     fields[#fields + 1] = 'p' .. i
     fields[#fields + 1] = 'a' .. i
+    fields[#fields + 1] = 'i' .. i
   end
   local v = call('HMGET', st, unpack(fields))
   local x, y, n = num(v[1]) or 0, num(v[2]) or 0, num(v[3]) or false
@@ -151,10 +154,16 @@ for s = 1, nscopes do
   for i = 1, #rates do
     local r = rates[i]
     local ie, ic = inc(r.per, r.lim, est), inc(r.per, r.lim, act)
-    local P = num(v[8 + 2 * i]) or 0
-    local A = v[9 + 2 * i] and num(v[9 + 2 * i]) or P
-    local P2, kp = meter(P, tp, ie, ic)
-    local A2, ka = meter(A, ta, ie, ic)
+    local j = 7 + 3 * i
+    local P = num(v[j]) or 0
+    local A = v[j + 1] and num(v[j + 1]) or P
+    local P2, kp, A2, ka = P, false, A, false
+    -- meters charged at another interval (the policy changed since the
+    -- job started, or they ran out and were forgotten) are left alone
+    if v[j + 2] == r.unit then
+      P2, kp = meter(P, tp, ie, ic)
+      A2, ka = meter(A, ta, ie, ic)
+    end
     if kp then kept = kept + 1 end
     if ka then kept = kept + 1 end
     if P2 ~= P or A2 ~= A then
@@ -162,7 +171,7 @@ for s = 1, nscopes do
       h[#h + 1] = 'p' .. i; h[#h + 1] = fmt(P2)
       if A2 ~= P2 then
         h[#h + 1] = 'a' .. i; h[#h + 1] = fmt(A2)
-      elseif v[9 + 2 * i] then
+      elseif v[j + 1] then
         hdel[#hdel + 1] = 'a' .. i
       end
       need = max(need, P2, A2)
