@@ -151,8 +151,8 @@ type tenantJSON struct {
 	BacklogCap   int64            `json:"backlog_cap"`
 	Leftovers    int64            `json:"leftovers"`
 	// Refunded and Extra are the cost settled after jobs ran (worker.SettleCost)
-	Refunded int64 `json:"settled_refunded"`
-	Extra    int64 `json:"settled_extra"`
+	Refunded int64 `json:"settled_refunded,omitempty"`
+	Extra    int64 `json:"settled_extra,omitempty"`
 	// Learned is the limit learned from the tenant's downstream; absent
 	// when none is in place.
 	Learned *learnedJSON `json:"learned,omitempty"`
