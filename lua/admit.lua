@@ -102,6 +102,8 @@
 --   rule: 0 none, a rule kind's code (1 rate, 2 window, 3 quota, 4
 --     concurrency), 64 cooldown, 65 reserved (the job's own slot is not due
 --     yet); rule_index is 1-based
+--   retry_after, for an allowed job started on its reservation: 1 + how
+--     long before the decision its reserved slot was (its planned time)
 --   remaining, reset_after, in_flight: -1 when no rule applies (local
 --     scopes only)
 --   slot: the job's reserved slot, 0 when none was taken
@@ -524,7 +526,14 @@ for o = 1, nops do
       end
     end
     local verdict = 0
-    if allowed then verdict = 1 end
+    if allowed then
+      verdict = 1
+      -- started on its reservation: 1 + how long ago its planned meters
+      -- were charged (settle.lua needs the job's planned time)
+      for s = 1, nscopes do
+        if scopes[s].R then retry = now - scopes[s].R + 1 break end
+      end
+    end
     if wrote then verdict = verdict + 2 end
     if conflict then verdict = verdict + 4 end
     out[o] = { verdict, retry, rule, remaining, reset, inflight, slot }

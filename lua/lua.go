@@ -60,6 +60,8 @@ var (
 	quickSrc string
 	//go:embed adapt.lua
 	adaptSrc string
+	//go:embed settle.lua
+	settleSrc string
 )
 
 // admitScript is admit.lua with its parts: the rule kinds' functions, the
@@ -113,10 +115,13 @@ var (
 	Repark = redis.NewScript(reparkSrc)
 	// Adapt takes one step of a tenant's adaptive limit.
 	Adapt = redis.NewScript(include(adaptSrc, clockSrc, "clock"))
+	// Settle moves a finished job's charges from its estimated cost to its
+	// actual cost.
+	Settle = redis.NewScript(include(settleSrc, clockSrc, "clock"))
 )
 
 // All lists every script, for loading them into a server ahead of pipelines.
-var All = []*redis.Script{Admit, Release, Renew, Cooldown, Stats, Room, Line, Handover, Capacity, Fleet, Recover, Repark, Prioritize, Adapt, Wait}
+var All = []*redis.Script{Admit, Release, Renew, Cooldown, Stats, Room, Line, Handover, Capacity, Fleet, Recover, Repark, Prioritize, Adapt, Wait, Settle}
 
 // include puts the part of from between "-- @begin NAME" and "-- @end NAME"
 // into src at the line "-- @include NAME": a piece scripts share is written

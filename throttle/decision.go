@@ -50,6 +50,11 @@ type Decision struct {
 	// decision to start it on once the Slot comes (Limiter.Redeem): it no
 	// longer holds when the job comes later than the rate's tolerance.
 	Ticket string
+
+	// planned and started are where an allowed job was charged (µs, Redis
+	// time): its planned meters and quota at planned, its started meters
+	// at started; Settle settles there. 0 when nothing was charged.
+	planned, started int64
 }
 
 // String summarises the decision for logs.

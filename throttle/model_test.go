@@ -13,6 +13,15 @@ type model struct {
 	cfg      Config
 	policies map[string]*Policy
 	scopes   map[string]*modelScope
+	// charges are where each started job was charged, for its settlement
+	charges map[string]modelCharge
+}
+
+// modelCharge is a started job's estimate and where it was charged: its
+// planned meters at planned (its reservation, or its start), its started
+// meters at started.
+type modelCharge struct {
+	cost, planned, started int64
 }
 
 type modelScope struct {
@@ -27,7 +36,7 @@ type modelScope struct {
 }
 
 func newModel(cfg Config) *model {
-	return &model{cfg: cfg.withDefaults(), policies: map[string]*Policy{}, scopes: map[string]*modelScope{}}
+	return &model{cfg: cfg.withDefaults(), policies: map[string]*Policy{}, scopes: map[string]*modelScope{}, charges: map[string]modelCharge{}}
 }
 
 // meters are rate i's planned and started meters as a decision at now
@@ -351,6 +360,16 @@ func (m *model) admit(now int64, tenant, id string, cost int64, flags int) model
 			} else {
 				d.allowed = true
 				if !dry {
+					planned := now
+					for _, v := range svs {
+						if v.hasR {
+							planned = v.R
+							break
+						}
+					}
+					if !plan {
+						m.charges[tenant+"/"+id] = modelCharge{cost: cost, planned: planned, started: now}
+					}
 					charge(now)
 					for _, v := range svs {
 						p := v.ref.policy
@@ -469,4 +488,79 @@ func (m *model) cooldown(now int64, key string, d int64) int64 {
 	st := m.scope(key)
 	st.cooldown = max(st.cooldown, now+d)
 	return st.cooldown
+}
+
+// settle moves the charges of job id of tenant from its estimate to actual,
+// as DESIGN.md's settled costs say: a window's entries and a quota's count
+// as if actual had been charged where the estimate was; a rate's meter by
+// the difference of the increments where the job's charge is the last on
+// it (the meter stands at the charge time + the estimate's increment) or
+// for an extra charge, and a refund is kept on a meter others charged
+// after; a meter charged at another interval (its policy changed since)
+// is left alone. It reports whether the job had a charge to settle.
+func (m *model) settle(now int64, tenant, id string, actual int64) bool {
+	c, ok := m.charges[tenant+"/"+id]
+	if !ok {
+		return false
+	}
+	delete(m.charges, tenant+"/"+id)
+	if actual == c.cost {
+		return true
+	}
+	meter := func(v, t, ie, ic int64) int64 {
+		if ic >= ie {
+			if max(v, t+ie)+ic-ie <= now && v <= now {
+				return v
+			}
+			return max(v, t+ie) + ic - ie
+		}
+		if v <= now || v != t+ie {
+			return v
+		}
+		return t + ic
+	}
+	log := func(l []int64, t, dur, limit int64) []int64 {
+		if t+dur <= now {
+			return l
+		}
+		if actual > c.cost {
+			return insertSorted(l, t, min(actual-c.cost, limit))
+		}
+		for n := c.cost - actual; n > 0; n-- {
+			i := sort.Search(len(l), func(i int) bool { return l[i] >= t })
+			if i == len(l) || l[i] != t {
+				break
+			}
+			l = append(l[:i], l[i+1:]...)
+		}
+		return l
+	}
+	for _, ref := range m.resolve(tenant) {
+		st := m.scope(ref.key)
+		p := ref.policy
+		for i, r := range p.Rates {
+			ie, unit, _ := rateArgs(r, c.cost)
+			if i >= len(st.planned) || i >= len(st.intervals) || st.intervals[i] != unit {
+				// charged at another interval: the policy changed since
+				continue
+			}
+			ic, _, _ := rateArgs(r, actual)
+			st.planned[i] = meter(st.planned[i], c.planned, ie, ic)
+			st.started[i] = meter(st.started[i], c.started, ie, ic)
+		}
+		if w := p.Window; w != nil {
+			dur := micros(w.Period)
+			st.plannedLog = log(st.plannedLog, c.planned, dur, w.Limit)
+			st.startedLog = log(st.startedLog, c.started, dur, w.Limit)
+		}
+		if q := p.Quota; q != nil {
+			b := modelBounds(q, c.planned)
+			if j := windowOf(b, c.planned); j >= 0 {
+				if n, ok := st.quota[b[j]]; ok {
+					st.quota[b[j]] = max(n+actual-c.cost, 0)
+				}
+			}
+		}
+	}
+	return true
 }

@@ -171,11 +171,21 @@ func runModelOn(t *testing.T, envs []*env, mix modelMix, seed uint64, steps int,
 	}
 	apply(mix.policies)
 	rng := rand.New(rand.NewPCG(seed, 42))
+	settleRng := rand.New(rand.NewPCG(seed, 43))
 	ids := make([]string, 24)
 	for i := range ids {
 		ids[i] = fmt.Sprintf("job-%d", i)
 	}
-	var tally [4]int
+	var tally [5]int
+	// the decisions that started jobs, per limiter, for their settlement
+	type started struct {
+		d    Decision
+		cost int64
+	}
+	decided := make([]map[string]started, len(envs))
+	for i := range decided {
+		decided[i] = map[string]started{}
+	}
 	for step := 0; step < steps; step++ {
 		if mix.change != nil && step == steps/2 {
 			apply(mix.change)
@@ -239,6 +249,9 @@ func runModelOn(t *testing.T, envs []*env, mix modelMix, seed uint64, steps int,
 				require.Equal(t, got.Allowed, got.RetryAfter == -1, lane+": RetryAfter is -1 exactly when allowed")
 				want := models[i].admitOn(e.lim.cluster, now.UnixMicro(), tenant, id, cost, flags)
 				requireSameDecision(t, want, got, lane)
+				if got.Allowed && !plan && !req.DryRun {
+					decided[i][tenant+"/"+id] = started{got, cost}
+				}
 				if i == 0 {
 					first = got
 				} else {
@@ -280,6 +293,33 @@ func runModelOn(t *testing.T, envs []*env, mix modelMix, seed uint64, steps int,
 			}
 			tally[3]++
 		}
+		// the job ran and reports its actual cost: settled before or after
+		// other jobs' charges, cheaper or dearer (drawn from a generator of
+		// its own, so that the other steps' sequence is unchanged)
+		settled := false
+		if settleRng.IntN(100) < 12 {
+			actual := settleRng.Int64N(6)
+			if expire {
+				// the op's expiries first: a release's shortens the hash's
+				// life, a settlement's (like an admission's) only extends
+				for i, e := range envs {
+					recordExpiries(t, e, expiries[i], now, tenant, op >= 70 && op < 85)
+				}
+				settled = true
+			}
+			for i, e := range envs {
+				s, ok := decided[i][tenant+"/"+id]
+				require.Equal(t, ok, models[i].settle(now.UnixMicro(), tenant, id, actual), where+": the model and the limiter agree whether the job started")
+				if !ok {
+					continue
+				}
+				delete(decided[i], tenant+"/"+id)
+				require.NoError(t, e.lim.Settle(ctx, Request{Tenant: tenant, ID: id, Cost: s.cost}, s.d, actual), where+": settle")
+				if i == 0 {
+					tally[4]++
+				}
+			}
+		}
 		for i, e := range envs {
 			// the state every limiter reports is the model's
 			if tenant != "" {
@@ -290,7 +330,7 @@ func runModelOn(t *testing.T, envs []*env, mix modelMix, seed uint64, steps int,
 			}
 			if expire {
 				// a release is the one script that shortens a key's life
-				recordExpiries(t, e, expiries[i], now, tenant, op >= 70 && op < 85)
+				recordExpiries(t, e, expiries[i], now, tenant, op >= 70 && op < 85 && !settled)
 			} else if op >= 85 {
 				// renew.lua and cooldown.lua set TTLs of their own, which
 				// real time (slower or faster than the fake clock) must not
@@ -302,7 +342,7 @@ func runModelOn(t *testing.T, envs []*env, mix modelMix, seed uint64, steps int,
 			requireSameState(t, envs, tenant, where)
 		}
 	}
-	t.Logf("%s: %d decisions, %d allowed, %d reserved, %d cooldowns", mix.name, tally[0], tally[1], tally[2], tally[3])
+	t.Logf("%s: %d decisions, %d allowed, %d reserved, %d cooldowns, %d settlements", mix.name, tally[0], tally[1], tally[2], tally[3], tally[4])
 	// the sequence must have exercised both outcomes
 	require.Greater(t, tally[1], tally[0]/20, "too few admissions to mean anything")
 	require.Greater(t, tally[0]-tally[1], tally[0]/20, "too few denials to mean anything")

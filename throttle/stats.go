@@ -59,6 +59,11 @@ type Stats struct {
 	// most one interval ahead (it passes as time does). Always 0 on a
 	// single server. Like Started, it counts while the state is alive.
 	Leftovers int64
+	// Refunded and Extra count the cost settled after jobs ran
+	// (Limiter.Settle): given back by jobs cheaper than their estimate,
+	// and charged for jobs dearer. Like Started, they count while the
+	// state is alive.
+	Refunded, Extra int64
 }
 
 // Stats reads tenant's state (use GlobalPolicy for @global's, and a shared
@@ -183,6 +188,7 @@ func (l *Limiter) Stats(ctx context.Context, tenant string) (*Stats, error) {
 		s.FirstSlot, s.LastSlot = time.UnixMicro(ints[5]), time.UnixMicro(ints[6])
 	}
 	s.Started, s.Leftovers = hash["s"], hash["u"]
+	s.Refunded, s.Extra = hash["sr"], hash["se"]
 	if cd := hash["cd"]; cd > raw.now {
 		s.CooldownUntil = time.UnixMicro(cd)
 	}

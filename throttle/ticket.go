@@ -163,7 +163,7 @@ func (l *Limiter) Redeem(ctx context.Context, req Request, text string) (d Decis
 		return Decision{}, false, nil
 	}
 	d = Decision{Allowed: true, RetryAfter: -1, Remaining: -1, ResetAfter: -1, InFlight: -1,
-		Slot: time.UnixMicro(t.slot), Now: time.UnixMicro(now)}
+		Slot: time.UnixMicro(t.slot), Now: time.UnixMicro(now), planned: t.slot, started: t.slot + t.slack}
 	if lease > 0 {
 		if t.leaseEnd-now < micros(lease)*2/3 {
 			if err := l.RenewAll(ctx, []Held{{Tenant: req.Tenant, ID: req.ID, Claim: t.claim, Pools: req.Pools}})[0]; err != nil {

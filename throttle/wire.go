@@ -370,6 +370,16 @@ func (r *admitReply) decision(scopes []opScope) Decision {
 	}
 	if d.Allowed {
 		d.RetryAfter = -1
+		// where the job was charged: now, at its slot when it waits for a
+		// started meter, its planned meters at its reservation when it
+		// started on one (retry is then 1 + its age)
+		d.planned, d.started = r.now, r.now
+		if r.slot > 0 {
+			d.planned, d.started = r.slot, r.slot
+		}
+		if r.retry > 0 {
+			d.planned = r.now - r.retry + 1
+		}
 	}
 	return d
 }

@@ -94,6 +94,12 @@ type GateConfig struct {
 	// TenantLabels adds a tenant label to the per-job metrics. Off by
 	// default: every tenant becomes a time series.
 	TenantLabels bool
+	// RefundFailed settles a job whose handler fails (returns an error or
+	// panics) without reporting its cost (SettleCost) to 0: its charges are
+	// given back, as for a call the downstream never counted. Off by
+	// default: a failed call that the downstream did count keeps its
+	// estimate.
+	RefundFailed bool
 }
 
 func (c GateConfig) withDefaults() GateConfig {

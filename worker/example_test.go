@@ -321,3 +321,71 @@ func ExampleObserve() {
 	// declared: 40 per 1s
 	// policy: rate=100/s burst=5 | learned: 40/s as rate[1]
 }
+
+// Tokens of an LLM API, per minute and per day: a job is admitted on an
+// estimate of its tokens (queue.Cost) and settled to what the API says it
+// used (usage.total_tokens), so the budgets count the tokens spent.
+func ExampleHTTPHandler_usage() {
+	rdb, prefix, queueName, done := exampleEnv("ExampleHTTPHandler_usage")
+	defer done()
+	ctx := context.Background()
+	// an LLM API: each answer says how many tokens the call used
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, `{"choices": [], "usage": {"total_tokens": %s}}`, r.URL.Query().Get("used"))
+	}))
+	defer api.Close()
+
+	limiter, err := throttle.NewLimiter(rdb, &throttle.Config{Prefix: prefix})
+	if err != nil {
+		panic(err)
+	}
+	defer limiter.Close()
+	// tokens=: a rate and a quota counted in tokens
+	policy, _ := throttle.ParsePolicy("rate=90000/min burst=20000 quota=1000000/day")
+	if err := limiter.Policies().Set(ctx, "acme", policy); err != nil {
+		panic(err)
+	}
+	srv, err := worker.New(rdb, &worker.Config{
+		Limiter: limiter,
+		Asynq:   asynq.Config{Queues: map[string]int{queueName: 1}, LogLevel: asynq.ErrorLevel},
+	})
+	if err != nil {
+		panic(err)
+	}
+	// the actual cost of each call is its answer's usage.total_tokens
+	srv.Handle(worker.TypeHTTP, &worker.HTTPHandler{UsageJSON: "usage.total_tokens"})
+	if err := srv.Start(); err != nil {
+		panic(err)
+	}
+	defer srv.Shutdown()
+
+	client, err := queue.New(rdb, &queue.Config{Limiter: limiter})
+	if err != nil {
+		panic(err)
+	}
+	defer client.Close()
+	for _, used := range []int{1200, 350, 2900} {
+		payload, _ := json.Marshal(worker.HTTPRequest{Method: "POST", URL: fmt.Sprintf("%s/v1/chat/completions?used=%d", api.URL, used)})
+		// admitted on an estimate of 4,000 tokens
+		if _, err := client.Enqueue(ctx, "acme", asynq.NewTask(worker.TypeHTTP, payload), asynq.Queue(queueName), queue.Cost(4000)); err != nil {
+			panic(err)
+		}
+	}
+
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if st, err := limiter.Stats(ctx, "acme"); err == nil && st.Quota != nil && st.Quota.Used == 4450 {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	st, err := limiter.Stats(ctx, "acme")
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("tokens counted today:", st.Quota.Used)
+	fmt.Println("refunded:", st.Refunded)
+	// Output:
+	// tokens counted today: 4450
+	// refunded: 7550
+}

@@ -73,7 +73,9 @@ type Gate struct {
 	stopPump context.CancelFunc
 	active   tracker
 	outage   atomic.Int64 // when the gate's Redis errors began (unix ns); 0 when healthy
-	logLimit logLimiter
+	// usageLogged: a response's unreadable usage was logged (once)
+	usageLogged atomic.Bool
+	logLimit    logLimiter
 }
 
 // NewGate returns a gate over lim. asynqRedis is the Redis client of asynq's
@@ -585,6 +587,8 @@ func (g *Gate) backoff() time.Duration {
 func (g *Gate) run(ctx context.Context, j *job, a Admission, next asynq.Handler) (err error) {
 	lease := a.Decision.Lease
 	ctx = context.WithValue(context.WithValue(ctx, admissionKey{}, a), gateKey{}, g)
+	settled := &settlement{}
+	ctx = context.WithValue(ctx, settleKey{}, settled)
 	gauge := g.m.running(j.tenant)
 	gauge.Inc()
 	defer gauge.Dec()
@@ -598,6 +602,7 @@ func (g *Gate) run(ctx context.Context, j *job, a Admission, next asynq.Handler)
 		defer g.lim.Shadow(throttle.Request{Tenant: j.tenant, ID: j.id, Cost: j.cost, Policies: j.policies}, a.Decision.Now, g.shadowCounted(j.tenant))()
 	}
 	returned := false
+	var herr error
 	defer func() {
 		if stopRenew != nil {
 			stopRenew()
@@ -606,10 +611,13 @@ func (g *Gate) run(ctx context.Context, j *job, a Admission, next asynq.Handler)
 			// The handler panicked; asynq recovers it and retries or archives.
 			g.m.outcome(j.tenant, outcomePanic)
 		}
+		// settled before the slot is handed on: the next job is decided on
+		// the settled meters
+		g.settle(ctx, j, a, settled, !returned || herr != nil)
 		g.release(ctx, j, a.Decision.Claim)
 	}()
 	began := time.Now()
-	herr := next.ProcessTask(ctx, j.task)
+	herr = next.ProcessTask(ctx, j.task)
 	returned = true
 	g.down.record(g, j, herr, time.Since(began))
 	return g.after(ctx, j, herr)

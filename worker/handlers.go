@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -40,6 +41,13 @@ type HTTPRequest struct {
 	Body    string            `json:"body,omitempty"`
 	// TimeoutMS bounds the request; HTTPTimeoutDefault when 0.
 	TimeoutMS int64 `json:"timeout_ms,omitempty"`
+	// UsageHeader and UsageJSON say where a 2xx answer gives the job's
+	// actual cost, settled after the job (SettleCost): a response header
+	// ("X-Usage-Tokens") or a field of its JSON body, a dot-separated path
+	// ("usage.total_tokens", as LLM APIs answer). They override the
+	// handler's own; empty: the handler's.
+	UsageHeader string `json:"usage_header,omitempty"`
+	UsageJSON   string `json:"usage_json,omitempty"`
 }
 
 // SleepRequest is the payload of a "sleep" task.
@@ -60,10 +68,26 @@ type SleepRequest struct {
 // Every answer, a 2xx too, is read for the downstream's rate-limit signals
 // (Observe): remaining 0 with a reset pauses the tenant until the reset,
 // and a declared limit below the tenant's policy is learned by the fleet.
+//
+// A job's actual cost may come with the answer (UsageHeader, UsageJSON,
+// here or in the task's payload): a 2xx answer's value is settled as the
+// job's cost (SettleCost). A value that is missing or not a whole number of
+// at least 0 changes nothing: the job keeps its estimate, and it is
+// counted and logged once.
 type HTTPHandler struct {
 	// Client makes the requests; http.DefaultClient when nil.
 	Client *http.Client
+	// UsageHeader names a response header whose value is the job's actual
+	// cost (e.g. "X-Usage-Tokens"), for tasks whose payload names none.
+	UsageHeader string
+	// UsageJSON is the path of a field of the JSON response body whose
+	// value is the job's actual cost (e.g. "usage.total_tokens"), for
+	// tasks whose payload names none. The body is read up to 1 MiB.
+	UsageJSON string
 }
+
+// usageBodyMax bounds the response body read for its usage.
+const usageBodyMax = 1 << 20
 
 // ProcessTask implements asynq.Handler.
 func (h *HTTPHandler) ProcessTask(ctx context.Context, task *asynq.Task) error {
@@ -107,10 +131,24 @@ func (h *HTTPHandler) ProcessTask(ctx context.Context, task *asynq.Task) error {
 		return fmt.Errorf("http task: %s %s: %w", method, req.URL, err)
 	}
 	defer resp.Body.Close()
-	// Read a little of the answer for the error message, and drain the rest
-	// (bounded) so the connection can be reused.
-	snippet, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+	// Read a little of the answer for the error message (all of it, up to
+	// a bound, when its usage is in the body), and drain the rest (bounded)
+	// so the connection can be reused.
+	usageHeader, usageJSON := cmp.Or(req.UsageHeader, h.UsageHeader), cmp.Or(req.UsageJSON, h.UsageJSON)
+	read := int64(512)
+	if usageJSON != "" {
+		read = usageBodyMax
+	}
+	snippet, _ := io.ReadAll(io.LimitReader(resp.Body, read))
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
+	if resp.StatusCode >= 200 && resp.StatusCode <= 299 {
+		if usageHeader != "" {
+			usage(ctx, resp.Header.Get(usageHeader), "header "+usageHeader)
+		} else if usageJSON != "" {
+			usage(ctx, jsonField(snippet, usageJSON), "JSON field "+usageJSON)
+		}
+		snippet = snippet[:min(len(snippet), 512)]
+	}
 	sig := Observe(ctx, resp)
 	code := resp.StatusCode
 	status := fmt.Sprintf("http task: %s %s: status %d", method, req.URL, code)

@@ -31,6 +31,11 @@ const (
 	errCooldown    = "cooldown"
 	errRoom        = "room"
 	errShadow      = "shadow"
+	errSettle      = "settle"
+	errUsage       = "usage"
+
+	settleRefund = "refund"
+	settleExtra  = "extra"
 
 	outcomeSuccess  = "success"
 	outcomeError    = "error"
@@ -58,6 +63,8 @@ type metrics struct {
 	// shadows counts the decisions of tenants' shadow policies, always
 	// by tenant: only tenants with a shadow have any.
 	shadows *prometheus.CounterVec
+	// settled counts the cost settled after jobs ran, by direction
+	settled *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer, tenants bool) (*metrics, error) {
@@ -100,7 +107,7 @@ func newMetrics(reg prometheus.Registerer, tenants bool) (*metrics, error) {
 		}, []string{"result"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_worker_errors_total",
-			Help: "Errors of the gate, by kind (redis, policy, cost, tenant_header, no_tenant, cost_header, pools_header, id_header, copy, release, cooldown, room, shadow, recover, asynq_layout: the waiting room is off, downstream).",
+			Help: "Errors of the gate, by kind (redis, policy, cost, tenant_header, no_tenant, cost_header, pools_header, id_header, copy, release, cooldown, room, shadow, settle, usage: a response's usage unreadable, recover, asynq_layout: the waiting room is off, downstream).",
 		}, []string{"kind"}),
 		outcomes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_worker_handler_outcomes_total",
@@ -114,8 +121,12 @@ func newMetrics(reg prometheus.Registerer, tenants bool) (*metrics, error) {
 			Name: "sluice_shadow_decisions_total",
 			Help: "Decisions of tenants' shadow policies on the jobs this worker started, by tenant, verdict (allowed, denied: the shadow would have held the job back) and the rule that denied; nothing is held back.",
 		}, []string{"tenant", "verdict", "rule"}),
+		settled: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_worker_settled_cost_total",
+			Help: "Cost settled after jobs ran (worker.SettleCost, the http handler's usage), by direction: refund (jobs cheaper than their estimate) or extra (dearer).",
+		}, withTenant("direction")),
 	}
-	for _, c := range []prometheus.Collector{m.decisions, m.deferrals, m.drops, m.wait, m.inFlight, m.renewals, m.tickets, m.errors, m.outcomes, m.unknownTypes, m.shadows} {
+	for _, c := range []prometheus.Collector{m.decisions, m.deferrals, m.drops, m.wait, m.inFlight, m.renewals, m.tickets, m.errors, m.outcomes, m.unknownTypes, m.shadows, m.settled} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

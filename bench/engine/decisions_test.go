@@ -36,7 +36,10 @@ var tenantNames = func() []string {
 }()
 
 // BenchmarkDecisions compares, in one run, sluice's Admit (one rate rule),
-// a full Admit+Release cycle (rate and concurrency) and redis_rate's Allow
+// a full Admit+Release cycle (rate and concurrency), an admission of cost
+// 10 (rate, window and quota rules) alone and settled to 3 after
+// (Limiter.Settle: the difference is a settlement's Redis time) and
+// redis_rate's Allow
 // (the standard Go GCRA limiter), each with 64 goroutines over 10,000 tenants
 // on a local redis-server. Each iteration runs the three for a second each,
 // one after the other, so that a noisy machine hurts them alike; the
@@ -51,6 +54,8 @@ func BenchmarkDecisions(b *testing.B) {
 	warm(b, admitLim)
 	cycleLim, _ := benchLimiter(b, "rate=1000/s burst=1000 concurrency=100")
 	warm(b, cycleLim)
+	settleLim, _ := benchLimiter(b, "rate=1000/s burst=1000 window=100000/min quota=10000000/day")
+	warm(b, settleLim)
 	rl := redis_rate.NewLimiter(client)
 	rlPrefix := redistest.Prefix(b) + ":"
 	limit := redis_rate.Limit{Rate: 1000, Burst: 1000, Period: time.Second}
@@ -75,6 +80,21 @@ func BenchmarkDecisions(b *testing.B) {
 			_, err := rl.Allow(ctx, rlPrefix+t, limit)
 			return err
 		}},
+		// settled costs: a job admitted on an estimate of 10 (the general
+		// engine: the quick path takes cost 1 only), and the same settled
+		// to 3 once it ran; the difference is a settlement's cost
+		{"sluice_admit_cost10", func(t string) error {
+			_, err := settleLim.Do(ctx, throttle.Request{Tenant: t, Cost: 10})
+			return err
+		}},
+		{"sluice_admit_settle", func(t string) error {
+			req := throttle.Request{Tenant: t, Cost: 10}
+			d, err := settleLim.Do(ctx, req)
+			if err == nil && d.Allowed {
+				err = settleLim.Settle(ctx, req, d, 3)
+			}
+			return err
+		}},
 	}
 	rates := make([][]float64, len(kinds))
 	cpus := make([][]float64, len(kinds))
@@ -97,6 +117,9 @@ func BenchmarkDecisions(b *testing.B) {
 			b.ReportMetric(median(rates[k])/base, kind.name+"/redis_rate")
 		}
 	}
+	// a settlement's Redis time: the admission and settlement less the
+	// admission alone
+	b.ReportMetric(median(cpus[4])-median(cpus[3]), "sluice_settle_redis-µs")
 }
 
 // runFor makes decisions with 64 goroutines over random tenants for d.

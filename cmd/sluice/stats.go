@@ -150,6 +150,9 @@ type tenantJSON struct {
 	WaitingSince *time.Time       `json:"waiting_since"`
 	BacklogCap   int64            `json:"backlog_cap"`
 	Leftovers    int64            `json:"leftovers"`
+	// Refunded and Extra are the cost settled after jobs ran (worker.SettleCost)
+	Refunded int64 `json:"settled_refunded,omitempty"`
+	Extra    int64 `json:"settled_extra,omitempty"`
 	// Learned is the limit learned from the tenant's downstream; absent
 	// when none is in place.
 	Learned *learnedJSON `json:"learned,omitempty"`
@@ -267,6 +270,7 @@ func toJSON(s *throttle.Stats) tenantJSON {
 		Rates:        []rateJSON{},
 		Reservations: s.Reservations, FirstSlot: timePtr(s.FirstSlot), LastSlot: timePtr(s.LastSlot),
 		Cooldown: timePtr(s.CooldownUntil), Waiting: s.Waiting, WaitingSince: timePtr(s.WaitingSince), Leftovers: s.Leftovers,
+		Refunded: s.Refunded, Extra: s.Extra,
 	}
 	if s.Rules != nil {
 		j.Rules = s.Rules.String()
@@ -579,6 +583,9 @@ func writeDetail(w io.Writer, s *throttle.Stats) error {
 		row("waiting", "%s jobs in its line, the oldest for %s", waitingCell(s), short(s.Now.Sub(s.WaitingSince)))
 	} else {
 		row("waiting", "%s jobs in its line", waitingCell(s))
+	}
+	if s.Refunded > 0 || s.Extra > 0 {
+		row("settled", "%d refunded, %d charged extra (jobs' actual costs against their estimates)", s.Refunded, s.Extra)
 	}
 	if s.Leftovers > 0 {
 		row("leftovers", "%d charges a two-step Cluster admission could not take back (each at most one interval of a rate; they pass with time)", s.Leftovers)
