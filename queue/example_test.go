@@ -151,3 +151,39 @@ func ExamplePriority() {
 	// report-2 low 3
 	// true
 }
+
+func ExamplePools() {
+	rdb, prefix, queueName, done := exampleEnv("ExamplePools")
+	defer done()
+	ctx := context.Background()
+
+	client, err := queue.New(rdb, &queue.Config{Prefix: prefix})
+	if err != nil {
+		panic(err)
+	}
+	defer client.Close()
+	// Every tenant's calls to one provider share its limit: a pool.
+	pool, _ := throttle.ParsePolicy("rate=60/min concurrency=10")
+	if err := client.Limiter().Policies().Set(ctx, "@openai", pool); err != nil {
+		panic(err)
+	}
+	for _, tenant := range []string{"acme", "globex"} {
+		info, err := client.Enqueue(ctx, tenant, asynq.NewTask("summarize", nil),
+			asynq.Queue(queueName), queue.Pools("@openai"))
+		if err != nil {
+			panic(err)
+		}
+		// the job goes to asynq at once; the workers' gate decides it on
+		// its tenant's rules and the pool's together
+		fmt.Println(tenant, info.State, info.Headers[taskspec.PoolsHeader])
+	}
+
+	// A pool's name starts with @: anything else is refused before
+	// anything is written.
+	_, err = client.Enqueue(ctx, "acme", asynq.NewTask("summarize", nil), asynq.Queue(queueName), queue.Pools("openai"))
+	fmt.Println(errors.Is(err, queue.ErrInvalid))
+	// Output:
+	// acme pending @openai
+	// globex pending @openai
+	// true
+}

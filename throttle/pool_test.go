@@ -126,3 +126,28 @@ func TestPoolConcurrency(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, d.Allowed)
 }
+
+// TestPoolSettle: a job's pools are settled with it: a refund gives the
+// pool's window back what the job did not use, in the pool and the tenant
+// alike.
+func TestPoolSettle(t *testing.T) {
+	t.Parallel()
+	e := setup(t, false, nil)
+	ctx := context.Background()
+	e.policy(t, "acme", "window=100/min")
+	e.policy(t, "@llm", "window=10/min")
+	req := Request{Tenant: "acme", ID: "j1", Cost: 8, Pools: []string{"@llm"}}
+	d, err := e.lim.Do(ctx, req)
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+	deny, err := e.lim.Do(ctx, Request{Tenant: "other", ID: "j2", Cost: 5, Pools: []string{"@llm"}, DryRun: true})
+	require.NoError(t, err)
+	require.False(t, deny.Allowed, "8 of the pool's 10 are used")
+	require.NoError(t, e.lim.Settle(ctx, req, d, 3))
+	ok, err := e.lim.Do(ctx, Request{Tenant: "other", ID: "j2", Cost: 5, Pools: []string{"@llm"}, DryRun: true})
+	require.NoError(t, err)
+	require.True(t, ok.Allowed, "the job used 3: 7 are free in the pool")
+	st, err := e.lim.Stats(ctx, "acme")
+	require.NoError(t, err)
+	require.Equal(t, int64(3), st.Window.Started, "the tenant is settled too")
+}
