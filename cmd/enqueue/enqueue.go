@@ -8,8 +8,8 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strconv"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
