@@ -2,6 +2,7 @@ package throttle
 
 import (
 	"math"
+	"slices"
 	"sort"
 	"time"
 )
@@ -13,6 +14,8 @@ type model struct {
 	cfg      Config
 	policies map[string]*Policy
 	scopes   map[string]*modelScope
+	// jobPools, when set, names the shared pools each job draws from
+	jobPools func(id string) []string
 	// charges are where each started job was charged, for its settlement
 	charges map[string]modelCharge
 }
@@ -71,7 +74,7 @@ type modelScopeRef struct {
 	policy *Policy
 }
 
-func (m *model) resolve(tenant string) []modelScopeRef {
+func (m *model) resolve(tenant string, pools ...string) []modelScopeRef {
 	var out []modelScopeRef
 	if tenant != "" {
 		p, name := m.policies[tenant], tenant
@@ -86,7 +89,22 @@ func (m *model) resolve(tenant string) []modelScopeRef {
 	if g := m.policies[GlobalPolicy]; g.HasRules() {
 		out = append(out, modelScopeRef{key: GlobalPolicy, name: GlobalPolicy, policy: g})
 	}
+	// the job's shared pools, each once, in the order named
+	for i, name := range pools {
+		if p := m.policies[name]; p.HasRules() && !slices.Contains(pools[:i], name) {
+			out = append(out, modelScopeRef{key: name, name: name, policy: p})
+		}
+	}
 	return out
+}
+
+// poolsOf are the shared pools job id draws from (none unless the
+// scenario sets jobPools).
+func (m *model) poolsOf(id string) []string {
+	if m.jobPools == nil {
+		return nil
+	}
+	return m.jobPools(id)
 }
 
 // quota windows as the limiter sends them
@@ -127,7 +145,7 @@ type modelDecision struct {
 }
 
 func (m *model) admit(now int64, tenant, id string, cost int64, flags int) modelDecision {
-	refs := m.resolve(tenant)
+	refs := m.resolve(tenant, m.poolsOf(id)...)
 	if len(refs) == 0 {
 		return modelDecision{allowed: true, retry: -1, remaining: -1, reset: -1, inflight: -1}
 	}
@@ -459,7 +477,7 @@ func floorDiv(a, b int64) int64 {
 }
 
 func (m *model) release(tenant, id string) {
-	for _, ref := range m.resolve(tenant) {
+	for _, ref := range m.resolve(tenant, m.poolsOf(id)...) {
 		if ref.policy.Concurrency != nil {
 			delete(m.scope(ref.key).holders, id)
 		}
@@ -468,7 +486,7 @@ func (m *model) release(tenant, id string) {
 
 func (m *model) renew(now int64, tenant, id string) bool {
 	ok := true
-	for _, ref := range m.resolve(tenant) {
+	for _, ref := range m.resolve(tenant, m.poolsOf(id)...) {
 		c := ref.policy.Concurrency
 		if c == nil {
 			continue
@@ -535,7 +553,7 @@ func (m *model) settle(now int64, tenant, id string, actual int64) bool {
 		}
 		return l
 	}
-	for _, ref := range m.resolve(tenant) {
+	for _, ref := range m.resolve(tenant, m.poolsOf(id)...) {
 		st := m.scope(ref.key)
 		p := ref.policy
 		for i, r := range p.Rates {

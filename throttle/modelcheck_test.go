@@ -22,6 +22,9 @@ type modelMix struct {
 	change map[string]string
 	// maxStep is the longest single advance of the clock.
 	maxStep time.Duration
+	// pools, when set, are shared pools (their policies in policies): a
+	// third of the jobs name none, a third the first, a third all of them
+	pools []string
 }
 
 var modelMixes = []modelMix{
@@ -114,6 +117,26 @@ var modelMixes = []modelMix{
 		maxStep: 3 * time.Second,
 	},
 	{
+		// shared pools over tenants and @global: every job is decided in
+		// its tenant's, @global's and its pools' scopes at once (on a
+		// Cluster, @global and the pools as one side of the two steps)
+		name: "pools",
+		policies: map[string]string{
+			"a":       "rate=10/s burst=3 concurrency=3 lease=1s",
+			"b":       "window=6/s",
+			"@global": "rate=20/s burst=6",
+			"@p1":     "rate=6/s burst=2 concurrency=2 lease=1s",
+			"@p2":     "rate=4/s burst=3 window=5/2s quota=60/hour",
+		},
+		tenants: []string{"a", "b", ""},
+		pools:   []string{"@p1", "@p2"},
+		change: map[string]string{
+			"@p1": "rate=3/s burst=2 concurrency=1 lease=2s",
+			"@p2": "window=4/s",
+		},
+		maxStep: 2 * time.Second,
+	},
+	{
 		name:     "no policy, global only",
 		policies: map[string]string{"@global": "rate=4/s burst=2 concurrency=2 lease=1s"},
 		tenants:  []string{"", "a"},
@@ -154,9 +177,24 @@ func runModelOn(t *testing.T, envs []*env, mix modelMix, seed uint64, steps int,
 	ctx := context.Background()
 	models := make([]*model, len(envs))
 	expiries := make([]map[string]time.Time, len(envs)) // fake-clock time each key dies at
+	poolsOf := func(id string) []string {
+		if len(mix.pools) == 0 {
+			return nil
+		}
+		var n int
+		fmt.Sscanf(id, "job-%d", &n)
+		switch n % 3 {
+		case 1:
+			return mix.pools[:1]
+		case 2:
+			return mix.pools
+		}
+		return nil
+	}
 	for i, e := range envs {
 		e.lim.noExpire = !expire
 		models[i] = newModel(e.lim.cfg)
+		models[i].jobPools = poolsOf
 		expiries[i] = map[string]time.Time{}
 	}
 	apply := func(policies map[string]string) {
@@ -222,7 +260,7 @@ func runModelOn(t *testing.T, envs []*env, mix modelMix, seed uint64, steps int,
 				cost = 2
 			}
 			flags := flagHold
-			req := Request{Tenant: tenant, ID: id, Cost: cost}
+			req := Request{Tenant: tenant, ID: id, Cost: cost, Pools: poolsOf(id)}
 			if rng.IntN(10) < 6 {
 				req.Reserve = true
 				flags |= flagReserve
@@ -240,7 +278,7 @@ func runModelOn(t *testing.T, envs []*env, mix modelMix, seed uint64, steps int,
 				var got Decision
 				var err error
 				if plan {
-					got, err = e.lim.Reserve(ctx, Request{Tenant: tenant, ID: id, Cost: cost})
+					got, err = e.lim.Reserve(ctx, Request{Tenant: tenant, ID: id, Cost: cost, Pools: poolsOf(id)})
 				} else {
 					got, err = e.lim.Do(ctx, req)
 				}
@@ -268,11 +306,12 @@ func runModelOn(t *testing.T, envs []*env, mix modelMix, seed uint64, steps int,
 		case op < 85:
 			for i, e := range envs {
 				require.NoError(t, e.lim.Release(ctx, tenant, id, 0), where)
+				require.NoError(t, e.lim.releasePools(ctx, id, 0, poolsOf(id)), where)
 				models[i].release(tenant, id)
 			}
 		case op < 97:
 			for i, e := range envs {
-				err := e.lim.Renew(ctx, tenant, id, 0)
+				err := e.lim.RenewAll(ctx, []Held{{Tenant: tenant, ID: id, Pools: poolsOf(id)}})[0]
 				if !errors.Is(err, ErrClaimLost) {
 					require.NoError(t, err, where)
 				}
@@ -314,7 +353,7 @@ func runModelOn(t *testing.T, envs []*env, mix modelMix, seed uint64, steps int,
 					continue
 				}
 				delete(decided[i], tenant+"/"+id)
-				require.NoError(t, e.lim.Settle(ctx, Request{Tenant: tenant, ID: id, Cost: s.cost}, s.d, actual), where+": settle")
+				require.NoError(t, e.lim.Settle(ctx, Request{Tenant: tenant, ID: id, Cost: s.cost, Pools: poolsOf(id)}, s.d, actual), where+": settle")
 				if i == 0 {
 					tally[4]++
 				}
@@ -327,6 +366,11 @@ func runModelOn(t *testing.T, envs []*env, mix modelMix, seed uint64, steps int,
 			}
 			if models[i].policies[GlobalPolicy].HasRules() {
 				requireStatsMatch(t, models[i], e, GlobalPolicy, now.UnixMicro(), where)
+			}
+			for _, p := range mix.pools {
+				if models[i].policies[p].HasRules() {
+					requireStatsMatch(t, models[i], e, p, now.UnixMicro(), where)
+				}
 			}
 			if expire {
 				// a release is the one script that shortens a key's life
