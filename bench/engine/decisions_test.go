@@ -56,6 +56,14 @@ func BenchmarkDecisions(b *testing.B) {
 	warm(b, cycleLim)
 	settleLim, _ := benchLimiter(b, "rate=1000/s burst=1000 window=100000/min quota=10000000/day")
 	warm(b, settleLim)
+	// three levels: the tenant's rate, @global's and a shared pool's
+	poolLim, _ := benchLimiter(b, "rate=1000/s burst=1000")
+	for name, text := range map[string]string{throttle.GlobalPolicy: "rate=1000000/s burst=100000", "@api": "rate=1000000/s burst=100000"} {
+		p, err := throttle.ParsePolicy(text)
+		require.NoError(b, err)
+		require.NoError(b, poolLim.Policies().Set(ctx, name, p))
+	}
+	warm(b, poolLim)
 	rl := redis_rate.NewLimiter(client)
 	rlPrefix := redistest.Prefix(b) + ":"
 	limit := redis_rate.Limit{Rate: 1000, Burst: 1000, Period: time.Second}
@@ -85,6 +93,10 @@ func BenchmarkDecisions(b *testing.B) {
 		// to 3 once it ran; the difference is a settlement's cost
 		{"sluice_admit_cost10", func(t string) error {
 			_, err := settleLim.Do(ctx, throttle.Request{Tenant: t, Cost: 10})
+			return err
+		}},
+		{"sluice_admit_3scopes", func(t string) error {
+			_, err := poolLim.Do(ctx, throttle.Request{Tenant: t, Pools: []string{"@api"}})
 			return err
 		}},
 		{"sluice_admit_settle", func(t string) error {
@@ -119,7 +131,10 @@ func BenchmarkDecisions(b *testing.B) {
 	}
 	// a settlement's Redis time: the admission and settlement less the
 	// admission alone
-	b.ReportMetric(median(cpus[4])-median(cpus[3]), "sluice_settle_redis-µs")
+	b.ReportMetric(median(cpus[5])-median(cpus[3]), "sluice_settle_redis-µs")
+	// a job of three levels (tenant, @global, a pool) against one of its
+	// tenant alone
+	b.ReportMetric(median(cpus[4])/median(cpus[0]), "sluice_3scopes/admit_redis")
 }
 
 // runFor makes decisions with 64 goroutines over random tenants for d.

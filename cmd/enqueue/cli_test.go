@@ -294,7 +294,7 @@ func testFile(t *testing.T, c *cli) {
 	require.NoError(t, os.WriteFile(file, []byte(strings.ReplaceAll(fileLines, "%Q", c.queue)), 0o600))
 	badLines := `enqueue: line 3: not valid JSON: unexpected end of JSON input at byte 50
 enqueue: line 4: no tenant: add "tenant" to the line or give --tenant
-enqueue: line 6: unknown field "queueu"; known: tenant, type, payload, queue, cost, priority, id, process_in, max_retry
+enqueue: line 6: unknown field "queueu"; known: tenant, type, payload, queue, cost, priority, pools, id, process_in, max_retry
 enqueue: line 7: "cost" is a JSON string; want a whole number
 enqueue: line 8: cost 0: must be at least 1 (the default)
 enqueue: line 9: process_in "ten minutes": want a duration such as "90s" or "5m"
