@@ -360,7 +360,8 @@ func TestValidateTenant(t *testing.T) {
 	}
 	require.NoError(t, ValidatePolicyName(DefaultPolicy))
 	require.NoError(t, ValidatePolicyName(GlobalPolicy))
-	require.ErrorContains(t, ValidatePolicyName("@globals"), `"@globals"`)
+	require.ErrorContains(t, ValidatePolicyName("@Globals"), `"@Globals"`)
+	require.NoError(t, ValidatePolicyName("@globals"), "a shared pool's name")
 	require.ErrorContains(t, ValidatePolicyName("a\rb"), "control character")
 }
 
@@ -489,7 +490,7 @@ func TestParsePolicyFileErrors(t *testing.T) {
 		{"acme:\n  rate: 1/s\n  concurrency: 2\n  lease: 10ms\n", []string{"line 4", `"acme"`, "lease=10ms"}},
 		{"acme:\n  rate: 1/s\n  overflow: later\n", []string{"line 3", `"acme"`, "overflow=later"}},
 		{"acme: [rate=1/s]\n", []string{"line 1", `"acme"`}},
-		{"'*': rate=1/s\n'@globals': rate=1/s\n", []string{"line 2", `"@globals"`}},
+		{"'*': rate=1/s\n'@Globals': rate=1/s\n", []string{"line 2", `"@Globals"`}},
 		{"'': rate=1/s\n", []string{"line 1", "empty"}},
 		{"- rate=1/s\n", []string{"line 1", "mapping"}},
 		{"d: &d {rate: 1/s}\nacme:\n  <<: *d\n  colour: red\n", []string{"line 4", `"acme"`, `"colour"`}},

@@ -65,7 +65,7 @@ func TestPolicyStore(t *testing.T) {
 
 	// bad names and policies are refused and change nothing
 	before := listed(t, s)
-	require.ErrorIs(t, s.Set(ctx, "@other", &Policy{}), ErrInvalidTenant)
+	require.ErrorIs(t, s.Set(ctx, "@Other", &Policy{}), ErrInvalidTenant)
 	require.ErrorContains(t, s.Set(ctx, "acme", nil), "Delete")
 	require.ErrorContains(t, s.Set(ctx, "acme", &Policy{Rates: []Rate{{Limit: 0, Period: time.Second}}}), `policy "acme"`)
 	require.Equal(t, before, listed(t, s))
