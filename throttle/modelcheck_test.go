@@ -342,7 +342,7 @@ func runModelOn(t *testing.T, envs []*env, mix modelMix, seed uint64, steps int,
 				// the op's expiries first: a release's shortens the hash's
 				// life, a settlement's (like an admission's) only extends
 				for i, e := range envs {
-					recordExpiries(t, e, expiries[i], now, tenant, op >= 70 && op < 85)
+					recordExpiries(t, e, expiries[i], now, tenant, op >= 70 && op < 85, mix.pools...)
 				}
 				settled = true
 			}
@@ -374,12 +374,12 @@ func runModelOn(t *testing.T, envs []*env, mix modelMix, seed uint64, steps int,
 			}
 			if expire {
 				// a release is the one script that shortens a key's life
-				recordExpiries(t, e, expiries[i], now, tenant, op >= 70 && op < 85 && !settled)
+				recordExpiries(t, e, expiries[i], now, tenant, op >= 70 && op < 85 && !settled, mix.pools...)
 			} else if op >= 85 {
 				// renew.lua and cooldown.lua set TTLs of their own, which
 				// real time (slower or faster than the fake clock) must not
 				// run out
-				persistKeys(t, e, tenant)
+				persistKeys(t, e, tenant, mix.pools...)
 			}
 		}
 		if sameState {
@@ -420,10 +420,10 @@ func requireSameDecision(t *testing.T, want modelDecision, got Decision, where s
 // key: expireKeys does it at the fake-clock moment instead. Like Redis, a
 // later, shorter TTL does not shorten a longer one the script set before,
 // except after a release (shorten), which sets a hash's TTL outright.
-func recordExpiries(t *testing.T, e *env, expiries map[string]time.Time, now time.Time, tenant string, shorten bool) {
+func recordExpiries(t *testing.T, e *env, expiries map[string]time.Time, now time.Time, tenant string, shorten bool, pools ...string) {
 	ctx := context.Background()
 	var keys []string
-	for _, s := range []string{tenant, GlobalPolicy} {
+	for _, s := range append([]string{tenant, GlobalPolicy}, pools...) {
 		if s != "" {
 			keys = append(keys, keysFor(e.prefix, s).admitKeys()...)
 		}
@@ -440,10 +440,11 @@ func recordExpiries(t *testing.T, e *env, expiries map[string]time.Time, now tim
 	}
 }
 
-// persistKeys removes the TTLs of the keys of tenant and @global.
-func persistKeys(t *testing.T, e *env, tenant string) {
+// persistKeys removes the TTLs of the keys of tenant, @global and the
+// shared pools given (a pool's keys get TTLs from renewals too).
+func persistKeys(t *testing.T, e *env, tenant string, pools ...string) {
 	ctx := context.Background()
-	for _, s := range []string{tenant, GlobalPolicy} {
+	for _, s := range append([]string{tenant, GlobalPolicy}, pools...) {
 		if s != "" {
 			for _, k := range keysFor(e.prefix, s).admitKeys() {
 				require.NoError(t, e.client.Persist(ctx, k).Err())
