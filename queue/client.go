@@ -292,15 +292,16 @@ func (j *job) later() bool {
 }
 
 // sendLater enqueues a job that does not wait in the waiting room,
-// refusing first a cost its policies could never admit.
+// refusing first a cost its policies (its tenant's, @global's, its pools')
+// could never admit.
 func (c *Client) sendLater(ctx context.Context, j *job) (*asynq.TaskInfo, error) {
-	for _, s := range []struct {
-		name string
-		p    *throttle.Policy
-	}{{j.policies.Name, j.policies.Policy}, {throttle.GlobalPolicy, j.policies.Global}} {
-		if max, rule := s.p.MaxCost(); max >= 0 && j.opts.cost > max {
-			return nil, &throttle.CostError{Tenant: j.tenant, Cost: j.opts.cost, Max: max, Rule: s.name + " " + rule}
-		}
+	err := c.lim.CheckCost(ctx, throttle.Request{Tenant: j.tenant, Cost: j.opts.cost, Pools: j.opts.pools, Policies: j.policies})
+	var ce *throttle.CostError
+	if errors.As(err, &ce) {
+		return nil, err
+	}
+	if err != nil {
+		return nil, fmt.Errorf("enqueue %s task for tenant %q: %w", j.typ, j.tenant, err)
 	}
 	return c.enqueue(ctx, j, j.opts.pass)
 }

@@ -128,6 +128,16 @@ func TestEnqueueRefusesACostThePolicyCanNeverAdmit(t *testing.T) {
 	}
 	require.Empty(t, e.asynqKeys(t))
 	require.Zero(t, e.waiting(t, "acme"))
+
+	// a pool's rules bound the cost of the jobs that name it alike
+	e.policy(t, "@llm", "window=100/min")
+	_, err := e.q.Enqueue(context.Background(), "acme", asynq.NewTask("sync", nil), asynq.Queue(e.queue), queue.Cost(5), queue.Pools("@llm"))
+	require.NoError(t, err)
+	_, err = e.q.Enqueue(context.Background(), "free", asynq.NewTask("sync", nil), asynq.Queue(e.queue), queue.Cost(101), queue.Pools("@llm"))
+	var ce *throttle.CostError
+	require.ErrorAs(t, err, &ce)
+	require.Equal(t, int64(100), ce.Max)
+	require.Contains(t, ce.Error(), "@llm")
 }
 
 // TestJobsWaitInTheirLine: a job its tenant cannot start now is parked in

@@ -51,6 +51,57 @@ func (l *Limiter) scopesOf(tenant string, r Resolved) []scope {
 	return out
 }
 
+// requestScopes are the policies and every scope a job of req is decided
+// in (its tenant's, @global's, its pools'), from req.Policies or the cache;
+// a *CostError when cost is more than a rule of one of them can ever
+// admit.
+func (l *Limiter) requestScopes(ctx context.Context, req Request, cost int64) (Resolved, []scope, error) {
+	var res Resolved
+	if req.Policies != nil {
+		res = *req.Policies
+	} else {
+		r, err := l.resolved(ctx, req.Tenant)
+		if err != nil {
+			return Resolved{}, nil, err
+		}
+		res = r
+	}
+	scopes := l.scopesOf(req.Tenant, res)
+	pools, err := l.poolScopes(ctx, req.Pools)
+	if err != nil {
+		return Resolved{}, nil, err
+	}
+	scopes = append(scopes, pools...)
+	for _, s := range scopes {
+		if f := s.facts; f.maxCost >= 0 && cost > f.maxCost {
+			return Resolved{}, nil, &CostError{Tenant: req.Tenant, Cost: cost, Max: f.maxCost, Rule: s.name + " " + f.maxCostRule}
+		}
+	}
+	return res, scopes, nil
+}
+
+// CheckCost reports whether a job of req could ever be admitted for its
+// cost: a *CostError when req.Cost is more than a rule of its tenant's,
+// @global's or one of its pools' policies can ever admit (a burst, a window
+// or a quota smaller than the cost), nil otherwise. It reads the policy
+// cache and decides nothing; queue.Client calls it for the jobs it sends
+// to asynq without deciding on them, so that a producer hears of such a
+// job at once rather than a worker deferring it until a policy changes.
+func (l *Limiter) CheckCost(ctx context.Context, req Request) error {
+	if req.Tenant != "" {
+		if err := ValidateTenant(req.Tenant); err != nil {
+			return err
+		}
+	}
+	cost := max(req.Cost, 1)
+	_, _, err := l.requestScopes(ctx, req, cost)
+	var ce *CostError
+	if err != nil && !errors.As(err, &ce) {
+		return fmt.Errorf("check the cost of a job of tenant %q: %w", req.Tenant, err)
+	}
+	return err
+}
+
 // poolScopes are the scopes of the shared pools a job names (Request.Pools)
 // whose policies have rules, in the order named, each once; a pool without
 // a policy limits nothing.
@@ -96,27 +147,16 @@ func (l *Limiter) do(ctx context.Context, req Request, flags int) (Decision, err
 	if l.general {
 		flags |= flagGeneral
 	}
-	var res Resolved
-	if req.Policies != nil {
-		res = *req.Policies
-	} else {
-		r, err := l.resolved(ctx, req.Tenant)
-		if err != nil {
-			return Decision{}, fmt.Errorf("admit tenant %q: %w", req.Tenant, err)
-		}
-		res = r
-	}
-	scopes := l.scopesOf(req.Tenant, res)
-	pools, err := l.poolScopes(ctx, req.Pools)
+	res, scopes, err := l.requestScopes(ctx, req, cost)
 	if err != nil {
+		var ce *CostError
+		if errors.As(err, &ce) {
+			return Decision{}, err
+		}
 		return Decision{}, fmt.Errorf("admit tenant %q: %w", req.Tenant, err)
 	}
-	scopes = append(scopes, pools...)
 	lease := time.Duration(0)
 	for _, s := range scopes {
-		if f := s.facts; f.maxCost >= 0 && cost > f.maxCost {
-			return Decision{}, &CostError{Tenant: req.Tenant, Cost: cost, Max: f.maxCost, Rule: s.name + " " + f.maxCostRule}
-		}
 		if s.facts.lease > 0 {
 			lease = max(lease, s.facts.lease)
 			if req.ID == "" && flags&flagHold != 0 && flags&flagPlan == 0 {

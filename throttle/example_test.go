@@ -508,3 +508,27 @@ func ExampleLimiter_Shadow() {
 	// job-3 started; the shadow would have denied it by rate[0] for 30s
 	// @shadow:acme (rate=2/min burst=2) would have denied 1 of 3 starts: map[rate[0]:1]
 }
+
+func ExampleLimiter_CheckCost() {
+	client, prefix := redistest.ExampleClient()
+	defer client.Close()
+	ctx := context.Background()
+
+	lim, err := throttle.NewLimiter(client, &throttle.Config{Prefix: prefix})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer lim.Close()
+	tokens, _ := throttle.ParsePolicy("rate=90000/min burst=20000")
+	if err := lim.Policies().Set(ctx, "@openai", tokens); err != nil {
+		log.Fatal(err)
+	}
+	// A job of 30,000 tokens could never start under the pool's burst:
+	// say so before it is enqueued, rather than let it wait for ever.
+	err = lim.CheckCost(ctx, throttle.Request{Tenant: "acme", Cost: 30000, Pools: []string{"@openai"}})
+	fmt.Println(err)
+	fmt.Println(lim.CheckCost(ctx, throttle.Request{Tenant: "acme", Cost: 4000, Pools: []string{"@openai"}}))
+	// Output:
+	// tenant "acme": cost 30000 exceeds the 20000 that @openai rate[0] (90000/min burst 20000) allows at once; raise that limit or split the job
+	// <nil>
+}

@@ -314,10 +314,10 @@ func (p *Policy) Pace() time.Duration {
 // MaxWeight is the largest weight= a policy may give a tenant.
 const MaxWeight = 1000
 
-// MaxCost is the largest cost a job may have under this policy: a job that
+// maxCostOf is the largest cost a job may have under this policy: a job that
 // costs more than a rule's burst, window or quota could never be admitted.
 // It returns -1 when no rule bounds the cost, and names the rule.
-func (p *Policy) MaxCost() (int64, string) {
+func (p *Policy) maxCostOf() (int64, string) {
 	most, rule := int64(-1), ""
 	if p == nil {
 		return most, rule

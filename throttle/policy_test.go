@@ -119,7 +119,7 @@ func TestPolicyFields(t *testing.T) {
 	require.Equal(t, int64(50000), p.Backlog)
 	require.True(t, p.FailOpen)
 	require.True(t, p.HasRules())
-	max, rule := p.MaxCost()
+	max, rule := p.maxCostOf()
 	require.Equal(t, int64(1), max)
 	require.Equal(t, "rate[1] (5000/h)", rule)
 
@@ -129,7 +129,7 @@ func TestPolicyFields(t *testing.T) {
 	require.False(t, empty.HasRules())
 	require.Equal(t, OverflowDefer, empty.OverflowMode())
 	require.Equal(t, MaxWaitDefault, empty.WaitLimit())
-	max, _ = empty.MaxCost()
+	max, _ = empty.maxCostOf()
 	require.Equal(t, int64(-1), max)
 	var none *Policy
 	require.Equal(t, "", none.String())

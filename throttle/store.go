@@ -726,7 +726,7 @@ var noFacts = factsOf(nil)
 
 func factsOf(p *Policy) *policyFacts {
 	f := &policyFacts{fp: policyPrint(p)}
-	f.maxCost, f.maxCostRule = p.MaxCost()
+	f.maxCost, f.maxCostRule = p.maxCostOf()
 	if p == nil {
 		p = noPolicy
 	}
