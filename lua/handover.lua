@@ -23,14 +23,7 @@
 
 local call, char, floor = redis.call, string.char, math.floor
 
-local function varint(n)
-  local out = ''
-  while n >= 128 do
-    out = out .. char(n % 128 + 128)
-    n = floor(n / 128)
-  end
-  return out .. char(n)
-end
+-- @include varint
 
 -- a headers map entry, key and value, as a field of the task message
 local hname = ARGV[3]

@@ -40,6 +40,8 @@ var (
 	clockSrc string
 	//go:embed slot.lua
 	slotSrc string
+	//go:embed proto.lua
+	protoSrc string
 	//go:embed wait.lua
 	waitSrc string
 	//go:embed prioritize.lua
@@ -97,7 +99,7 @@ var (
 	// Line puts jobs in their tenant's line in the waiting room.
 	Line = redis.NewScript(lineSrc)
 	// Handover moves promoted jobs' asynq tasks to the pending list.
-	Handover = redis.NewScript(handoverSrc)
+	Handover = redis.NewScript(include(handoverSrc, protoSrc, "varint"))
 	// Capacity keeps the registry of the fleet's capacity.
 	Capacity = redis.NewScript(capacitySrc)
 	// Fleet keeps the registry of the fleet's worker processes and the
@@ -112,7 +114,7 @@ var (
 	Prioritize = redis.NewScript(prioritizeSrc)
 	// Repark pushes the fallback of the waiting room's parked asynq tasks
 	// further out.
-	Repark = redis.NewScript(reparkSrc)
+	Repark = redis.NewScript(include(reparkSrc, protoSrc, "varint"))
 	// Adapt takes one step of a tenant's adaptive limit.
 	Adapt = redis.NewScript(include(adaptSrc, clockSrc, "clock"))
 	// Settle moves a finished job's charges from its estimated cost to its

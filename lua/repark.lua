@@ -29,14 +29,7 @@ local within = now + tonumber(ARGV[2])
 local op = ARGV[1]
 local first = op == 'push' and 4 or 5
 
-local function varint(n)
-  local out = ''
-  while n >= 128 do
-    out = out .. char(n % 128 + 128)
-    n = floor(n / 128)
-  end
-  return out .. char(n)
-end
+-- @include varint
 
 -- the start of a headers map entry's value for the header name: key
 -- (field 1), then the value's tag (field 2)

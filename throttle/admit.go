@@ -51,11 +51,9 @@ func (l *Limiter) scopesOf(tenant string, r Resolved) []scope {
 	return out
 }
 
-// requestScopes are the policies and every scope a job of req is decided
-// in (its tenant's, @global's, its pools'), from req.Policies or the cache;
-// a *CostError when cost is more than a rule of one of them can ever
-// admit.
-func (l *Limiter) requestScopes(ctx context.Context, req Request, cost int64) (Resolved, []scope, error) {
+// jobScopes are the policies and every scope a job of req is decided in
+// (its tenant's, @global's, its pools'), from req.Policies or the cache.
+func (l *Limiter) jobScopes(ctx context.Context, req Request) (Resolved, []scope, error) {
 	var res Resolved
 	if req.Policies != nil {
 		res = *req.Policies
@@ -66,12 +64,20 @@ func (l *Limiter) requestScopes(ctx context.Context, req Request, cost int64) (R
 		}
 		res = r
 	}
-	scopes := l.scopesOf(req.Tenant, res)
 	pools, err := l.poolScopes(ctx, req.Pools)
 	if err != nil {
 		return Resolved{}, nil, err
 	}
-	scopes = append(scopes, pools...)
+	return res, append(l.scopesOf(req.Tenant, res), pools...), nil
+}
+
+// requestScopes is jobScopes, and a *CostError when cost is more than a
+// rule of one of the scopes can ever admit.
+func (l *Limiter) requestScopes(ctx context.Context, req Request, cost int64) (Resolved, []scope, error) {
+	res, scopes, err := l.jobScopes(ctx, req)
+	if err != nil {
+		return Resolved{}, nil, err
+	}
 	for _, s := range scopes {
 		if f := s.facts; f.maxCost >= 0 && cost > f.maxCost {
 			return Resolved{}, nil, &CostError{Tenant: req.Tenant, Cost: cost, Max: f.maxCost, Rule: s.name + " " + f.maxCostRule}

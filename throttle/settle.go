@@ -54,23 +54,11 @@ func (l *Limiter) Settle(ctx context.Context, req Request, d Decision, actual in
 			return err
 		}
 	}
-	var res Resolved
-	if req.Policies != nil {
-		res = *req.Policies
-	} else {
-		r, err := l.resolved(ctx, req.Tenant)
-		if err != nil {
-			return fmt.Errorf("settle tenant %q: %w", req.Tenant, err)
-		}
-		res = r
-	}
-	scopes := l.scopesOf(req.Tenant, res)
-	pools, err := l.poolScopes(ctx, req.Pools)
+	// the job's pools were charged with it: they are settled with it
+	_, scopes, err := l.jobScopes(ctx, req)
 	if err != nil {
 		return fmt.Errorf("settle tenant %q: %w", req.Tenant, err)
 	}
-	// the job's pools were charged with it: they are settled with it
-	scopes = append(scopes, pools...)
 	for _, s := range scopes {
 		if err := settleBound(s, actual); err != nil {
 			return fmt.Errorf("settle tenant %q: %w", req.Tenant, err)

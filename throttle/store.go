@@ -382,9 +382,9 @@ type resolved struct {
 	shadowFacts *policyFacts
 }
 
-// resolve returns the policies that apply to tenant ("" for jobs without
-// one), from the cache or with one round trip to Redis.
-func (s *PolicyStore) resolve(ctx context.Context, tenant string) (resolved, error) {
+// startReading is what every read of the cache does first: the watcher of
+// changes starts with the first read, and a closed store caches nothing.
+func (s *PolicyStore) startReading() {
 	s.watchOnce.Do(func() {
 		s.watching.Store(true)
 		go s.watch()
@@ -392,6 +392,12 @@ func (s *PolicyStore) resolve(ctx context.Context, tenant string) (resolved, err
 	if s.closed.Load() {
 		s.invalidate()
 	}
+}
+
+// resolve returns the policies that apply to tenant ("" for jobs without
+// one), from the cache or with one round trip to Redis.
+func (s *PolicyStore) resolve(ctx context.Context, tenant string) (resolved, error) {
+	s.startReading()
 	s.mu.RLock()
 	t, tok := s.cache[tenant]
 	d, dok := s.cache[DefaultPolicy]
@@ -521,13 +527,7 @@ func (s *PolicyStore) resolve(ctx context.Context, tenant string) (resolved, err
 // pool returns the policy of the shared pool name (nil: none), from the
 // cache or with one round trip to Redis.
 func (s *PolicyStore) pool(ctx context.Context, name string) (cachedPolicy, error) {
-	s.watchOnce.Do(func() {
-		s.watching.Store(true)
-		go s.watch()
-	})
-	if s.closed.Load() {
-		s.invalidate()
-	}
+	s.startReading()
 	s.mu.RLock()
 	c, ok := s.cache[name]
 	s.mu.RUnlock()

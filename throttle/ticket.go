@@ -128,14 +128,11 @@ func (l *Limiter) Redeem(ctx context.Context, req Request, text string) (d Decis
 		return Decision{Reserved: true, Slot: time.UnixMicro(t.slot), Now: now,
 			RetryAfter: max(time.UnixMicro(t.slot).Sub(now), 0), Remaining: -1, ResetAfter: -1, InFlight: -1}, false, nil
 	}
-	res := req.Policies
-	if res == nil {
-		r, err := l.resolved(ctx, req.Tenant)
-		if err != nil {
-			return Decision{}, false, fmt.Errorf("redeem tenant %q: %w", req.Tenant, err)
-		}
-		res = &r
+	r, scopes, err := l.jobScopes(ctx, req)
+	if err != nil {
+		return Decision{}, false, fmt.Errorf("redeem tenant %q: %w", req.Tenant, err)
 	}
+	res := &r
 	if err := l.freshClock(ctx); err != nil {
 		return Decision{}, false, fmt.Errorf("redeem tenant %q: %w", req.Tenant, err)
 	}
@@ -145,20 +142,8 @@ func (l *Limiter) Redeem(ctx context.Context, req Request, text string) (d Decis
 		// started meters were charged for a start up to late after it)
 		return Decision{}, false, nil
 	}
-	var lease time.Duration
-	pools, err := l.poolScopes(ctx, req.Pools)
-	if err != nil {
-		return Decision{}, false, fmt.Errorf("redeem tenant %q: %w", req.Tenant, err)
-	}
-	policies := []*Policy{res.Policy, res.Global}
-	for _, p := range pools {
-		policies = append(policies, p.policy)
-	}
-	for _, p := range policies {
-		if p != nil && p.Concurrency != nil {
-			lease = max(lease, p.Concurrency.lease())
-		}
-	}
+	// the job's concurrency slots: its tenant's, @global's and its pools'
+	lease := leaseOf(scopes)
 	if lease > 0 && t.claim == 0 {
 		return Decision{}, false, nil
 	}

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"math"
 	"net/http"
@@ -513,17 +512,10 @@ func (b *board) serveJob(w http.ResponseWriter, r *http.Request) {
 		serveJSON(w, http.StatusBadGateway, map[string]string{"error": err.Error()})
 		return
 	}
-	var found []*asynq.TaskInfo
-	for _, q := range queues {
-		info, err := in.GetTaskInfo(q, id)
-		if errors.Is(err, asynq.ErrTaskNotFound) || errors.Is(err, asynq.ErrQueueNotFound) {
-			continue
-		}
-		if err != nil {
-			serveJSON(w, http.StatusBadGateway, map[string]string{"error": err.Error()})
-			return
-		}
-		found = append(found, info)
+	found, err := tasksNamed(in, queues, id)
+	if err != nil {
+		serveJSON(w, http.StatusBadGateway, map[string]string{"error": err.Error()})
+		return
 	}
 	switch len(found) {
 	case 0:

@@ -343,12 +343,9 @@ func nextRun(j job, now time.Time) string {
 	return "now"
 }
 
-// findTask finds the task id in --queue or in every queue.
-func findTask(c *command, in *asynq.Inspector, queue, id string) (*asynq.TaskInfo, error) {
-	queues, err := jobQueues(in, queue)
-	if err != nil {
-		return nil, err
-	}
+// tasksNamed are the tasks with id in queues (one, unless a producer gave
+// the same id in several queues).
+func tasksNamed(in *asynq.Inspector, queues []string, id string) ([]*asynq.TaskInfo, error) {
 	var found []*asynq.TaskInfo
 	for _, q := range queues {
 		info, err := in.GetTaskInfo(q, id)
@@ -359,6 +356,19 @@ func findTask(c *command, in *asynq.Inspector, queue, id string) (*asynq.TaskInf
 			return nil, fmt.Errorf("look for task %s in queue %s: %w", id, q, err)
 		}
 		found = append(found, info)
+	}
+	return found, nil
+}
+
+// findTask finds the task id in --queue or in every queue.
+func findTask(c *command, in *asynq.Inspector, queue, id string) (*asynq.TaskInfo, error) {
+	queues, err := jobQueues(in, queue)
+	if err != nil {
+		return nil, err
+	}
+	found, err := tasksNamed(in, queues, id)
+	if err != nil {
+		return nil, err
 	}
 	switch len(found) {
 	case 0:
