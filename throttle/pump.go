@@ -386,27 +386,9 @@ func (r *room) handedMany(ctx context.Context, done map[string][]waitroom.Promot
 // shutting down) nothing is handed on: the slots are given back and the
 // tenant is made due now, so that the fleet's pumps serve its line. It
 // returns ErrClaimLost as Limiter.Release does.
-func (r *room) Release(ctx context.Context, tenant, queue, id string, claim uint64, pools []string, h waitroom.Handover, spare waitroom.Spare) error {
-	// the job's pools' slots first: they are no line's (the room does not
-	// keep jobs that name pools), and share @global's slot, not the
-	// tenant's
-	var poolErr error
-	if len(pools) > 0 {
-		poolErr = r.l.releasePools(ctx, id, claim, pools)
-		if poolErr != nil && !errors.Is(poolErr, ErrClaimLost) {
-			return poolErr
-		}
-	}
-	if err := r.releaseTenant(ctx, tenant, queue, id, claim, h, spare); err != nil {
-		return err
-	}
-	return poolErr
-}
-
-// releaseTenant is Release for the job's tenant and @global.
-func (r *room) releaseTenant(ctx context.Context, tenant, queue, id string, claim uint64, h waitroom.Handover, spare waitroom.Spare) error {
+func (r *room) Release(ctx context.Context, tenant, queue, id string, claim uint64, pools []string, h waitroom.Handover, spare waitroom.Spare) (err error) {
 	if h == nil {
-		err := r.l.Release(ctx, tenant, id, claim)
+		_, err := r.l.release(ctx, tenant, "", id, claim, pools...)
 		if tenant != "" && (err == nil || errors.Is(err, ErrClaimLost)) {
 			// a pump that found every slot held left the tenant due only
 			// at a lease's end
@@ -416,10 +398,27 @@ func (r *room) releaseTenant(ctx context.Context, tenant, queue, id string, clai
 		}
 		return err
 	}
-	// the small release first: with nobody waiting it is all there is
-	waiting, err := r.l.release(ctx, tenant, queue, id, claim)
+	// the small release first: with nobody waiting it is all there is (the
+	// job's pools' slots go in the same call)
+	waiting, err := r.l.release(ctx, tenant, queue, id, claim, pools...)
 	if !waiting || err != nil {
 		return err
+	}
+	if len(pools) > 0 && !r.l.cluster {
+		// nothing was given back, and the hand-on below sees the tenant's
+		// and @global's slots, not the pools' (no line holds a job that
+		// names pools): theirs go now. (On a Cluster they went with
+		// @global's, in a call of their slot's.)
+		if perr := r.l.releasePools(ctx, id, claim, pools); perr != nil {
+			if !errors.Is(perr, ErrClaimLost) {
+				return perr
+			}
+			defer func() {
+				if err == nil {
+					err = perr
+				}
+			}()
+		}
 	}
 	// jobs wait: is it the tenant's turn?
 	others := false
