@@ -125,7 +125,10 @@ func setPolicy(t *testing.T, cn *conn, name, text string) {
 
 func TestBoardFollowsATenant(t *testing.T) {
 	t.Parallel()
-	e := newBoardEnv(t, boardConfig{readOnly: true})
+	// a tenant's decisions per second are those of the last sample: the
+	// test's polls must see one sample after the counters moved, so the
+	// samples are not much shorter than a poll on a loaded machine
+	e := newBoardEnv(t, boardConfig{readOnly: true, interval: 250 * time.Millisecond})
 	ctx := context.Background()
 	setPolicy(t, e.cn, "acme", "rate=1000/s burst=10 concurrency=5 backlog=100")
 
