@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"github.com/sluicehq/sluice/internal/waitroom"
 	"io"
@@ -77,6 +78,7 @@ func TestCLI(t *testing.T) {
 		"JobsPrioritize":       testJobsPrioritize,
 		"Shadow":               testShadow,
 		"Pools":                testPools,
+		"TopSettled":           testTopSettled,
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -932,4 +934,44 @@ func testPools(t *testing.T, c *cli) {
 	require.Equal(t, 2, r.code, r.stderr)
 	require.Contains(t, r.stderr, `pool "@Bad": 'B' at byte 1 is not allowed; use lowercase letters, digits, '.', '_' and '-'`)
 	require.Equal(t, before, c.policies(t))
+}
+
+// testTopSettled: the cost settled after jobs ran shows in top, refunded
+// and charged extra, on the tenant's row and on its pool's, and in
+// top --json; a tenant that settled nothing has a blank cell.
+func testTopSettled(t *testing.T, c *cli) {
+	ctx := context.Background()
+	c.mustRun(t, "policy", "set", "acme", "rate=100/s burst=20")
+	c.mustRun(t, "policy", "set", "@llm", "rate=1000/min burst=100")
+	c.mustRun(t, "policy", "set", "quiet", "rate=5/s")
+	lim := c.limiter(t)
+	for _, j := range []struct {
+		id          string
+		est, actual int64
+	}{{"cheap", 10, 3}, {"dear", 2, 6}} {
+		req := throttle.Request{Tenant: "acme", ID: j.id, Cost: j.est, Pools: []string{"@llm"}}
+		d, err := lim.Do(ctx, req)
+		require.NoError(t, err)
+		require.True(t, d.Allowed, "%s: %s", j.id, d)
+		require.NoError(t, lim.Settle(ctx, req, d, j.actual))
+	}
+	d, err := lim.Admit(ctx, "quiet", "plain")
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+
+	out := c.mustRun(t, "top", "--once", "--interval", "100ms")
+	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+	require.Len(t, lines, 4, out)
+	require.Regexp(t, `^TENANT\s+STARTS/S\s+LIMIT\s+IN FLIGHT\s+RESERVED\s+COOLDOWN\s+WAITING\s+POLICY\s+SETTLED$`, lines[0])
+	require.Regexp(t, `^@llm\s+0\.0\s+1000/min\s+-\s+0\s+-\s+0\s+@llm\s+-7/\+4$`, lines[1], "the pool was settled with the job")
+	require.Regexp(t, `^acme\s+0\.0\s+100/s\s+-\s+0\s+-\s+0\s+acme\s+-7/\+4$`, lines[2])
+	require.Regexp(t, `^quiet\s+0\.0\s+5/s\s+-\s+0\s+-\s+0\s+quiet$`, lines[3])
+
+	var doc topDoc
+	require.NoError(t, json.Unmarshal([]byte(c.mustRun(t, "top", "--once", "--json", "--interval", "100ms")), &doc))
+	settled := map[string][2]int64{}
+	for _, r := range doc.Tenants {
+		settled[r.Tenant] = [2]int64{r.Refunded, r.Extra}
+	}
+	require.Equal(t, map[string][2]int64{"@llm": {7, 4}, "acme": {7, 4}, "quiet": {0, 0}}, settled)
 }

@@ -127,6 +127,10 @@ type topRow struct {
 	// decisions and denials over the interval
 	shadow                           *throttle.ShadowStats
 	shadowPerSec, shadowDeniedPerSec float64
+	// refunded and extra are the cost settled after the tenant's jobs ran
+	// (Stats.Refunded, Stats.Extra): totals while its state lives, not
+	// rates over the interval
+	refunded, extra int64
 }
 
 // topRows compares two samples: starts per second come from the growth of
@@ -134,7 +138,8 @@ type topRow struct {
 func topRows(prev, cur topSample) []topRow {
 	rows := make([]topRow, 0, len(cur))
 	for name, s := range cur {
-		r := topRow{tenant: name, limit: "-", cap: -1, reserved: s.Reservations, waiting: s.Waiting, waitingText: waitingCell(s), policy: policyName(s)}
+		r := topRow{tenant: name, limit: "-", cap: -1, reserved: s.Reservations, waiting: s.Waiting, waitingText: waitingCell(s), policy: policyName(s),
+			refunded: s.Refunded, extra: s.Extra}
 		started := s.Started
 		elapsed := time.Duration(0)
 		if p, ok := prev[name]; ok {
@@ -206,13 +211,18 @@ func tightestRate(s *throttle.Stats) (r throttle.Rate, perSec float64, ok bool) 
 func writeTop(w io.Writer, rows []topRow, limit int, eol string) error {
 	var b strings.Builder
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
-	shadows := false
+	shadows, settled := false, false
 	for i, r := range rows {
-		shadows = shadows || (r.shadow != nil && (limit == 0 || i < limit))
+		shown := limit == 0 || i < limit
+		shadows = shadows || (r.shadow != nil && shown)
+		settled = settled || (settledCell(r) != "" && shown)
 	}
 	header := "TENANT\tSTARTS/S\tLIMIT\tIN FLIGHT\tRESERVED\tCOOLDOWN\tWAITING\tPOLICY"
 	if shadows {
 		header += "\tSHADOW WOULD DENY"
+	}
+	if settled {
+		header += "\tSETTLED"
 	}
 	fmt.Fprintln(tw, header)
 	for i, r := range rows {
@@ -238,6 +248,9 @@ func writeTop(w io.Writer, rows []topRow, limit int, eol string) error {
 		if shadows {
 			fmt.Fprintf(tw, "\t%s", topShadowCell(r))
 		}
+		if settled {
+			fmt.Fprintf(tw, "\t%s", settledCell(r))
+		}
 		fmt.Fprintln(tw)
 	}
 	if err := tw.Flush(); err != nil {
@@ -262,6 +275,15 @@ func topShadowCell(r topRow) string {
 		return "no starts"
 	}
 	return fmt.Sprintf("%s of %.1f/s", percent(r.shadowDeniedPerSec/r.shadowPerSec), r.shadowPerSec)
+}
+
+// settledCell is the cost settled after the tenant's jobs ran: "-120/+30"
+// (refunded, charged extra); "" when nothing was.
+func settledCell(r topRow) string {
+	if r.refunded == 0 && r.extra == 0 {
+		return ""
+	}
+	return fmt.Sprintf("-%d/+%d", r.refunded, r.extra)
 }
 
 // sampleTimeout bounds one refresh: a Redis that has not answered by then
@@ -347,6 +369,11 @@ type topTenantJSON struct {
 	// Adaptive describes the adaptive rule ("37/s, 10..200/s, 4 up 2
 	// down"); absent when the policy has none.
 	Adaptive string `json:"adaptive,omitempty"`
+	// Refunded and Extra are the cost settled after the tenant's jobs ran
+	// (as stats --json has them): given back and charged extra, totals
+	// while its state lives; absent while 0.
+	Refunded int64 `json:"settled_refunded,omitempty"`
+	Extra    int64 `json:"settled_extra,omitempty"`
 }
 
 // topShadowJSON is a shadow's decisions and denials per second over the
@@ -374,7 +401,7 @@ func topDocOf(cur topSample, rows []topRow, interval time.Duration, limit int, e
 			break
 		}
 		t := topTenantJSON{Tenant: r.tenant, StartsPerSec: math.Round(r.perSec*10) / 10, Limit: r.limit, InFlight: r.inFlight, Concurrency: r.cap,
-			Reserved: r.reserved, CooldownMS: ms(r.cooldown), Waiting: r.waiting}
+			Reserved: r.reserved, CooldownMS: ms(r.cooldown), Waiting: r.waiting, Refunded: r.refunded, Extra: r.extra}
 		if t.Limit == "-" {
 			t.Limit = ""
 		}

@@ -36,7 +36,8 @@ func TestTopRows(t *testing.T) {
 		"reset": {Tenant: "reset", Policy: "*", Now: t1, Started: 10},
 		"idle": {Tenant: "idle", Policy: "idle", Now: t1, Started: 7, Reservations: 4, Waiting: 9, CooldownUntil: t1.Add(1500 * time.Millisecond),
 			Rules:       &throttle.Policy{Backlog: 100},
-			Concurrency: &throttle.ConcurrencyStats{Concurrency: throttle.Concurrency{Limit: 5}, InFlight: 2}},
+			Concurrency: &throttle.ConcurrencyStats{Concurrency: throttle.Concurrency{Limit: 5}, InFlight: 2},
+			Refunded:    120, Extra: 30},
 		"new": {Tenant: "new", Now: t1, Started: 4},
 	}
 	rows := topRows(prev, cur)
@@ -47,7 +48,8 @@ func TestTopRows(t *testing.T) {
 		{tenant: "reset", perSec: 5, limit: "-", cap: -1, waitingText: "0", policy: "*"},
 		// First seen in this sample: every start counted happened within the interval.
 		{tenant: "new", perSec: 2, limit: "-", cap: -1, waitingText: "0", policy: "-"},
-		{tenant: "idle", perSec: 0, limit: "-", inFlight: 2, cap: 5, reserved: 4, cooldown: 1500 * time.Millisecond, waiting: 9, waitingText: "9/100", policy: "idle"},
+		{tenant: "idle", perSec: 0, limit: "-", inFlight: 2, cap: 5, reserved: 4, cooldown: 1500 * time.Millisecond, waiting: 9, waitingText: "9/100", policy: "idle",
+			refunded: 120, extra: 30},
 	}, rows)
 
 	var b bytes.Buffer
@@ -57,7 +59,26 @@ busy    100.0     5000/h  -          0         -         0        busy
 reset   5.0       -       -          0         -         0        *
 new     2.0       -       -          0         -         0        -
 ... and 1 more tenants
+`, b.String(), "no row shown has settled costs: no SETTLED column")
+
+	// Settled costs: refunded/charged extra, blank for tenants without.
+	rows[1].refunded = 7
+	b.Reset()
+	require.NoError(t, writeTop(&b, rows, 0, "\n"))
+	require.Equal(t, `TENANT  STARTS/S  LIMIT   IN FLIGHT  RESERVED  COOLDOWN  WAITING  POLICY  SETTLED
+busy    100.0     5000/h  -          0         -         0        busy
+reset   5.0       -       -          0         -         0        *       -7/+0
+new     2.0       -       -          0         -         0        -
+idle    0.0       -       2/5        4         1.5s      9/100    idle    -120/+30
 `, b.String())
+	d := topDocOf(cur, rows, 2*time.Second, 0, nil)
+	require.Equal(t, [2]int64{120, 30}, [2]int64{d.Tenants[3].Refunded, d.Tenants[3].Extra})
+	line, err := json.Marshal(d.Tenants[3])
+	require.NoError(t, err)
+	require.Contains(t, string(line), `"settled_refunded":120,"settled_extra":30`)
+	line, err = json.Marshal(d.Tenants[0])
+	require.NoError(t, err)
+	require.NotContains(t, string(line), "settled", "absent while 0")
 }
 
 // waitFor polls cond until it holds or the deadline passes.
