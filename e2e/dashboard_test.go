@@ -27,6 +27,7 @@ import (
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/taskspec"
+	"github.com/sluicehq/sluice/throttle"
 )
 
 var updateScreenshot = flag.Bool("update-screenshot", false, "write the screenshots to ../docs/img")
@@ -44,8 +45,10 @@ const (
 // TestDashboardInChromium runs the real programs — redis-server, a worker
 // with the built-in sleep handler, the dashboard — and Debian's Chromium,
 // headless: the tenants page shows the tenants the test configured, their
-// figures move while jobs run, a tenant's page plots them, and asynq's
-// pages list the queue. It saves screenshots of both pages.
+// figures move while jobs run, a tenant's page plots them, a shared pool
+// has a panel of its own, the cost settled after jobs ran shows on the
+// pool's line and the tenant's page, and asynq's pages list the queue. It
+// saves screenshots of both pages.
 func TestDashboardInChromium(t *testing.T) {
 	browser := findChromium(t)
 	srv := redistest.NewServer(t, nil)
@@ -66,6 +69,12 @@ func TestDashboardInChromium(t *testing.T) {
 	sluice("policy", "set", "@global", "concurrency=50")
 	// a limit tried on acme's live traffic: half its rate, not enforced
 	sluice("policy", "set", "acme", "rate=10/s burst=2", "--shadow")
+	// a shared pool soylent's jobs draw from; its window and tokens' keep
+	// their state (and the settled counts) for the hour
+	sluice("policy", "set", "@openai", "rate=10/s burst=5 window=100000/h")
+	sluice("policy", "set", "soylent", "rate=50/s")
+	sluice("policy", "set", "tokens", "window=100000/h")
+	settle(ctx, t, srv.Client(t), "tokens", []string{"@openai"}, [][2]int64{{5, 1}, {1, 3}})
 
 	admin := startWorker(ctx, t, bin, srv.URL())
 	base := startDashboard(ctx, t, bin, srv.URL(), "--metrics", admin+"/metrics")
@@ -79,6 +88,13 @@ func TestDashboardInChromium(t *testing.T) {
 	for _, tenant := range []string{"@global", "globex", "initech", "umbrella"} {
 		require.NoError(t, chromedp.Do(bctx, chromedp.WaitVisible(chromedp.CSS(fmt.Sprintf(`tr[data-tenant=%q]`, tenant)))))
 	}
+	// the pool in its panel, not among the tenants, with what tokens' jobs
+	// settled on it: 4 of a cost of 5 refunded, 2 charged over a cost of 1
+	require.NoError(t, chromedp.Do(bctx, chromedp.WaitVisible(chromedp.CSS(`#pools tr[data-pool="@openai"]`))))
+	require.Equal(t, "-4 / +2", text(t, bctx, `#pools tr[data-pool="@openai"] td[data-field="settled"]`))
+	require.Contains(t, text(t, bctx, `#pools tr[data-pool="@openai"]`), "rate=10/s burst=5 window=100000/h")
+	require.Empty(t, text(t, bctx, `#tenants tr[data-tenant="@openai"]`), "a pool is not in the tenants table")
+	require.NotEmpty(t, text(t, bctx, `#tenants tr[data-tenant="@global"]`), "@global is")
 	require.Equal(t, 0.0, cell(t, bctx, "acme", "starts"), "nothing has run yet")
 	require.Equal(t, 0.0, cell(t, bctx, "acme", "in_flight"))
 
@@ -88,6 +104,7 @@ func TestDashboardInChromium(t *testing.T) {
 		"initech":  {count: 100, ms: 1000},
 		"umbrella": {count: 40, ms: 50},
 		"hooli":    {count: 400, ms: 20},
+		"soylent":  {count: 300, ms: 50, pools: []string{"@openai"}},
 	})
 
 	waitPage(t, base+"api/tenants", "acme's starts per second to move", func() bool { return cell(t, bctx, "acme", "starts") > 0 })
@@ -97,6 +114,9 @@ func TestDashboardInChromium(t *testing.T) {
 	// their slots: the gate allows them there, it does not deny and ask
 	// again
 	waitPage(t, base+"api/tenants", "globex running at its rate", func() bool { return cell(t, bctx, "globex", "starts") > 0 })
+	waitPage(t, base+"api/tenants", "soylent's jobs starting through @openai", func() bool {
+		return value(t, bctx, `#pools tr[data-pool="@openai"] td[data-field="starts"] [data-value]`) > 0
+	})
 	waitPage(t, base+"api/tenants", "the fleet's decisions by rule", func() bool {
 		return strings.Contains(text(t, bctx, "#decisions"), "allowed")
 	})
@@ -144,6 +164,16 @@ func TestDashboardInChromium(t *testing.T) {
 		return strings.Contains(text(t, bctx, "#detail"), "answers were good")
 	})
 	require.Contains(t, text(t, bctx, `[data-card="adaptive"]`), "2..50")
+
+	// The cost tokens' jobs settled, on its page.
+	require.NoError(t, chromedp.Do(bctx,
+		chromedp.Navigate(base+"tenants/tokens"),
+		chromedp.WaitVisible(chromedp.CSS(`[data-card="settled"]`)),
+	))
+	require.Contains(t, text(t, bctx, `[data-card="settled"]`), "-4 / +2")
+	waitPage(t, base+"api/tenants/tokens", "tokens' settled costs in its state", func() bool {
+		return strings.Contains(text(t, bctx, "#detail"), "4 refunded, 2 charged extra")
+	})
 
 	// A tenant's line in priority order on its page: a job of high
 	// priority leaves first and is tagged, one of low priority last and
@@ -276,7 +306,10 @@ func stop(t *testing.T, cmd *exec.Cmd) {
 	})
 }
 
-type job struct{ count, ms int }
+type job struct {
+	count, ms int
+	pools     []string // the shared pools the jobs draw from
+}
 
 // enqueue puts sleep jobs for each tenant in the default queue.
 func enqueue(ctx context.Context, t *testing.T, rdb redis.UniversalClient, jobs map[string]job) {
@@ -287,11 +320,32 @@ func enqueue(ctx context.Context, t *testing.T, rdb redis.UniversalClient, jobs 
 	var batch []queue.Job
 	for tenant, j := range jobs {
 		for range j.count {
-			batch = append(batch, queue.Job{Tenant: tenant, Task: asynq.NewTask("sleep", []byte(`{"ms":`+strconv.Itoa(j.ms)+`}`))})
+			var opts []asynq.Option
+			if len(j.pools) > 0 {
+				opts = append(opts, queue.Pools(j.pools...))
+			}
+			batch = append(batch, queue.Job{Tenant: tenant, Task: asynq.NewTask("sleep", []byte(`{"ms":`+strconv.Itoa(j.ms)+`}`)), Options: opts})
 		}
 	}
 	for _, r := range c.EnqueueBatch(ctx, batch) {
 		require.NoError(t, r.Err)
+	}
+}
+
+// settle admits jobs of tenant drawing from pools, one after the other,
+// each on its estimated cost, and settles it to its actual cost
+// ({estimate, actual}).
+func settle(ctx context.Context, t *testing.T, rdb redis.UniversalClient, tenant string, pools []string, costs [][2]int64) {
+	t.Helper()
+	l, err := throttle.NewLimiter(rdb, nil)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, l.Close()) }()
+	for i, c := range costs {
+		req := throttle.Request{Tenant: tenant, ID: fmt.Sprintf("settled-%d", i), Cost: c[0], Pools: pools}
+		d, err := l.Do(ctx, req)
+		require.NoError(t, err)
+		require.True(t, d.Allowed, "%s: %s", req.ID, d)
+		require.NoError(t, l.Settle(ctx, req, d, c[1]))
 	}
 }
 
@@ -326,7 +380,12 @@ func cell(t *testing.T, ctx context.Context, tenant, field string) float64 {
 	t.Helper()
 	// read in the page, in one step: the dashboard redraws its rows every
 	// second, and a node found by one call may be gone by the next
-	sel := fmt.Sprintf(`tr[data-tenant=%q] td[data-field=%q] [data-value]`, tenant, field)
+	return value(t, ctx, fmt.Sprintf(`tr[data-tenant=%q] td[data-field=%q] [data-value]`, tenant, field))
+}
+
+// value is the number of the element sel finds (its data-value).
+func value(t *testing.T, ctx context.Context, sel string) float64 {
+	t.Helper()
 	v, err := chromedp.Run(ctx, chromedp.Evaluate[string](fmt.Sprintf(`document.querySelector(%q)?.getAttribute('data-value') ?? ''`, sel)))
 	require.NoError(t, err)
 	require.NotEmpty(t, v, "no %s", sel)

@@ -51,7 +51,8 @@ type board struct {
 
 	mu       sync.RWMutex
 	tracks   map[string]*track
-	total    int       // tenants known, followed or not
+	total    int       // tenants known, followed or not, pools included
+	pools    int       // shared pools known, followed or not
 	now      time.Time // Redis time of the last good sample
 	err      string    // why the last sample failed; "" when it went well
 	errSince time.Time
@@ -69,8 +70,12 @@ type track struct {
 }
 
 // rowJSON is a tenant's line on the tenants page (GET /api/tenants).
+// Shared pools and @global have lines too: Kind tells them apart.
 type rowJSON struct {
 	Tenant string `json:"tenant"`
+	// Kind is "tenant", "global" (@global) or "pool" (a shared pool,
+	// "@openai"; the page lists them in a panel of their own).
+	Kind string `json:"kind"`
 	// Policy is the name of the policy that applies ("" when none does)
 	// and Rules its text.
 	Policy     string  `json:"policy"`
@@ -90,6 +95,12 @@ type rowJSON struct {
 	Reserved     int64   `json:"reserved"`
 	CooldownMS   float64 `json:"cooldown_ms"`
 	BacklogCap   int64   `json:"backlog_cap"`
+	// SettledRefunded and SettledExtra are the cost settled after its
+	// jobs ran (Stats.Refunded, Stats.Extra): given back by jobs cheaper
+	// than their estimate and charged for dearer ones, while its state
+	// lives.
+	SettledRefunded int64 `json:"settled_refunded"`
+	SettledExtra    int64 `json:"settled_extra"`
 	// Learned describes the limit learned from the tenant's downstream
 	// (what, from which answer, until when, as which rule); absent when
 	// none is in place. LimitLearned says Limit is that limit.
@@ -151,9 +162,11 @@ type boardHeader struct {
 // tenantsDoc is GET /api/tenants.
 type tenantsDoc struct {
 	boardHeader
-	// TenantsTotal counts the tenants with a policy or state; Tenants lists
-	// at most --max-tenants of them, by name.
+	// TenantsTotal counts the tenants with a policy or state, @global and
+	// the shared pools included (PoolsTotal of them); Tenants lists at most
+	// --max-tenants of them, by name.
 	TenantsTotal int `json:"tenants_total"`
+	PoolsTotal   int `json:"pools_total"`
 	// Decisions are the fleet's decisions per second, from the workers'
 	// metrics (MetricsSources); null without --metrics. TenantLabels says
 	// whether the workers label them by tenant.
@@ -232,37 +245,38 @@ func (b *board) sample(parent context.Context) {
 			rates = b.scraper.round(ctx)
 		}()
 	}
-	cur, total, err := b.read(ctx)
+	cur, names, err := b.read(ctx)
 	wg.Wait()
 	if parent.Err() != nil {
 		return // shutting down
 	}
-	b.record(cur, total, rates, err)
+	b.record(cur, names, rates, err)
 }
 
-// read lists the tenants, picks the ones to follow and reads their stats.
-func (b *board) read(ctx context.Context) (topSample, int, error) {
+// read lists the tenants (names), picks the ones to follow and reads
+// their stats.
+func (b *board) read(ctx context.Context) (topSample, []string, error) {
 	if b.live == nil || b.samples%listEvery == 0 {
 		live, err := b.cn.limiter.Tenants(ctx)
 		if err != nil {
-			return nil, 0, err
+			return nil, nil, err
 		}
 		b.live = live
 	}
 	b.samples++
 	names, err := b.cn.withPolicyNames(ctx, b.live)
 	if err != nil {
-		return nil, 0, err
+		return nil, nil, err
 	}
 	all, err := b.cn.collect(ctx, b.choose(names))
 	if err != nil {
-		return nil, 0, err
+		return nil, nil, err
 	}
 	cur := topSample{}
 	for _, s := range all {
 		cur[s.Tenant] = s
 	}
-	return cur, len(names), nil
+	return cur, names, nil
 }
 
 // choose picks at most maxTenants of names (sorted) to sample. Tenants
@@ -303,8 +317,9 @@ func (b *board) choose(names []string) []string {
 	return chosen
 }
 
-// record stores a sample: a failed one only as the error.
-func (b *board) record(cur topSample, total int, rates decisionRates, err error) {
+// record stores a sample of the tenants known (names): a failed one only
+// as the error.
+func (b *board) record(cur topSample, names []string, rates decisionRates, err error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.scraper != nil {
@@ -318,7 +333,12 @@ func (b *board) record(cur topSample, total int, rates decisionRates, err error)
 		return
 	}
 	b.err, b.errSince = "", time.Time{}
-	b.total = total
+	b.total, b.pools = len(names), 0
+	for _, n := range names {
+		if scopeKind(n) == kindPool {
+			b.pools++
+		}
+	}
 	// A tenant followed from this sample on has no earlier reading to
 	// measure against: its first point counts no starts, where top would
 	// count every start since its state was created.
@@ -373,9 +393,10 @@ func (b *board) record(cur topSample, total int, rates decisionRates, err error)
 
 func newRow(s *throttle.Stats, r topRow) rowJSON {
 	row := rowJSON{
-		Tenant: s.Tenant, Policy: s.Policy, StartsPerS: round2(r.perSec),
+		Tenant: s.Tenant, Kind: scopeKind(s.Tenant), Policy: s.Policy, StartsPerS: round2(r.perSec),
 		InFlight: r.inFlight, Cap: r.cap, Reserved: r.reserved,
 		CooldownMS: ms(r.cooldown), Waiting: s.Waiting,
+		SettledRefunded: r.refunded, SettledExtra: r.extra,
 	}
 	if !s.WaitingSince.IsZero() {
 		row.OldestWaitMS = ms(max(s.Now.Sub(s.WaitingSince), 0))
@@ -400,6 +421,25 @@ func newRow(s *throttle.Stats, r topRow) rowJSON {
 	return row
 }
 
+// The kinds of the dashboard's lines.
+const (
+	kindTenant = "tenant"
+	kindGlobal = "global"
+	kindPool   = "pool"
+)
+
+// scopeKind is the kind of a line's name: @global, a shared pool or a
+// tenant.
+func scopeKind(name string) string {
+	switch {
+	case name == throttle.GlobalPolicy:
+		return kindGlobal
+	case throttle.ValidatePool(name) == nil:
+		return kindPool
+	}
+	return kindTenant
+}
+
 func round2(v float64) float64 { return math.Round(v*100) / 100 }
 
 func (b *board) header() boardHeader {
@@ -421,7 +461,7 @@ func (b *board) tenants() tenantsDoc {
 	b.mu.RLock()
 	defer b.mu.RUnlock()
 	doc := tenantsDoc{
-		boardHeader: b.header(), TenantsTotal: b.total,
+		boardHeader: b.header(), TenantsTotal: b.total, PoolsTotal: b.pools,
 		Decisions: b.fleet, TenantLabels: b.labelled, MetricsSources: b.sources,
 		Tenants: make([]rowJSON, 0, len(b.tracks)),
 	}

@@ -134,7 +134,7 @@ func TestBoardFollowsATenant(t *testing.T) {
 
 	doc, row := e.row(t, "acme", "listed from its policy", func(tenantsDoc, rowJSON) bool { return true })
 	require.Equal(t, rowJSON{
-		Tenant: "acme", Policy: "acme", Rules: "rate=1000/s burst=10 concurrency=5 backlog=100",
+		Tenant: "acme", Kind: kindTenant, Policy: "acme", Rules: "rate=1000/s burst=10 concurrency=5 backlog=100",
 		Limit: "1000/s", LimitPerS: 1000, Cap: 5, BacklogCap: 100,
 		Decisions: &decisionsJSON{Denied: map[string]float64{}}, Spark: row.Spark,
 	}, row)
@@ -223,6 +223,78 @@ func TestBoardShowsReservationsAndCooldown(t *testing.T) {
 	require.Equal(t, "1/min", row.Limit)
 	require.InDelta(t, 1.0/60, row.LimitPerS, 1e-9, "a slow limit is not rounded to 0")
 	require.Zero(t, row.Waiting)
+}
+
+// TestBoardShowsPoolsAndSettledCosts: a line's kind tells tenants, @global
+// and shared pools apart (the page lists pools in a panel of their own),
+// and the cost settled after jobs ran shows on the tenant's line and its
+// pool's, and in the tenant's state.
+func TestBoardShowsPoolsAndSettledCosts(t *testing.T) {
+	t.Parallel()
+	e := newBoardEnv(t, boardConfig{readOnly: true})
+	ctx := context.Background()
+	setPolicy(t, e.cn, "acme", "rate=100/s burst=20")
+	setPolicy(t, e.cn, "quiet", "rate=5/s")
+	setPolicy(t, e.cn, "@global", "concurrency=50")
+	setPolicy(t, e.cn, "@openai", "rate=1000/min burst=100")
+	setPolicy(t, e.cn, "@smtp", "concurrency=2")
+	for _, j := range []struct {
+		id          string
+		est, actual int64
+	}{{"cheap", 10, 3}, {"dear", 2, 6}} {
+		req := throttle.Request{Tenant: "acme", ID: j.id, Cost: j.est, Pools: []string{"@openai"}}
+		d, err := e.cn.limiter.Do(ctx, req)
+		require.NoError(t, err)
+		require.True(t, d.Allowed, "%s: %s", j.id, d)
+		require.NoError(t, e.cn.limiter.Settle(ctx, req, d, j.actual))
+	}
+
+	doc, acme := e.row(t, "acme", "its settled costs", func(_ tenantsDoc, r rowJSON) bool { return r.SettledRefunded > 0 })
+	require.Equal(t, [2]int64{7, 4}, [2]int64{acme.SettledRefunded, acme.SettledExtra}, "refunded 10-3, charged 6-2 extra")
+	require.Equal(t, kindTenant, acme.Kind)
+	_, pool := e.row(t, "@openai", "its settled costs", func(_ tenantsDoc, r rowJSON) bool { return r.SettledRefunded > 0 })
+	require.Equal(t, [2]int64{7, 4}, [2]int64{pool.SettledRefunded, pool.SettledExtra}, "the pool was settled with the job")
+	require.Equal(t, kindPool, pool.Kind)
+	require.Equal(t, "1000/min", pool.Limit)
+	kinds := map[string]string{}
+	for _, r := range doc.Tenants {
+		kinds[r.Tenant] = r.Kind
+		if r.Tenant == "quiet" {
+			require.Zero(t, r.SettledRefunded+r.SettledExtra)
+		}
+	}
+	require.Equal(t, map[string]string{"@global": kindGlobal, "@openai": kindPool, "@smtp": kindPool, "acme": kindTenant, "quiet": kindTenant}, kinds)
+	require.Equal(t, 5, doc.TenantsTotal)
+	require.Equal(t, 2, doc.PoolsTotal)
+
+	var detail tenantDoc
+	require.Equal(t, http.StatusOK, e.get(t, "/api/tenants/@openai", &detail))
+	require.Equal(t, kindPool, detail.Tenant.Kind)
+	require.Equal(t, [2]int64{7, 4}, [2]int64{detail.Stats.Refunded, detail.Stats.Extra})
+
+	// The JSON keeps its fields: a line has the settled counts also while 0.
+	resp, err := http.Get(e.srv.URL + "/api/tenants")
+	require.NoError(t, err)
+	var raw struct {
+		PoolsTotal *int             `json:"pools_total"`
+		Tenants    []map[string]any `json:"tenants"`
+	}
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&raw))
+	resp.Body.Close()
+	require.NotNil(t, raw.PoolsTotal)
+	for _, r := range raw.Tenants {
+		for _, k := range []string{"tenant", "kind", "starts_per_s", "settled_refunded", "settled_extra"} {
+			require.Contains(t, r, k, "%v", r["tenant"])
+		}
+	}
+
+	resp, err = http.Get(e.srv.URL + "/")
+	require.NoError(t, err)
+	page, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.NoError(t, err)
+	require.Contains(t, string(page), `<section class="panel" id="pools-panel" hidden>`)
+	require.Contains(t, string(page), "<h2>Shared pools")
 }
 
 func TestBoardPages(t *testing.T) {

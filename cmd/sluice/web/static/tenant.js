@@ -30,6 +30,7 @@ function showSummary(doc) {
     t.shadow ? card("Shadow would deny", t.shadow.decisions ? (100 * t.shadow.denied_share).toFixed(t.shadow.denied_share > 0 && t.shadow.denied_share < 0.1 ? 1 : 0) + "%" : "–",
       t.shadow.rules + ", not enforced", "shadow") : null,
     s.adaptive ? card("Adaptive limit", s.adaptive.rate, `${s.adaptive.floor}..${s.adaptive.ceiling}: ${s.adaptive.increases} up, ${s.adaptive.decreases} down`, "adaptive") : null,
+    t.settled_refunded || t.settled_extra ? card("Settled", `-${count(t.settled_refunded)} / +${count(t.settled_extra)}`, "refunded / charged extra after jobs ran", "settled") : null,
   ].filter(Boolean));
 }
 
@@ -86,6 +87,9 @@ function showDetail(doc) {
   add("reserved", s.reservations ? `${count(s.reservations)} jobs hold future slots, the last at ${clock(s.last_slot)}` : "0");
   add("cooldown", s.cooldown_until ? "until " + clock(s.cooldown_until) : "none");
   add("waiting", count(s.waiting) + (s.backlog_cap ? " of " + count(s.backlog_cap) : "") + " jobs in its line" + (s.waiting_since ? ", the oldest since " + clock(s.waiting_since) : ""));
+  if (s.settled_refunded || s.settled_extra) {
+    add("settled", `${count(s.settled_refunded)} refunded, ${count(s.settled_extra)} charged extra (jobs' actual costs against their estimates)`);
+  }
   for (const n of doc.next || []) {
     const when = n.held_by === "turn" ? "its turn" : n.held_by === "concurrency" ? `after ${n.running_first} end (concurrency)` : `in ${duration(n.expected_in_ms)} (${n.held_by})`;
     // a job of high or low priority is tagged; normal shows nothing

@@ -1,23 +1,33 @@
-// The tenants page: summary cards, the fleet's decisions by rule and one
-// row per tenant, refreshed at every sample.
+// The tenants page: summary cards, the fleet's decisions by rule, one row
+// per tenant and one per shared pool, refreshed at every sample.
 "use strict";
 
 let sortKey = "tenant";
 let sortDesc = false;
 let lastDoc = null;
 
+// isPool tells a shared pool's line ("@openai") from a tenant's and
+// @global's.
+function isPool(t) {
+  return t.kind === "pool";
+}
+
 function showSummary(doc) {
   let starts = 0, inFlight = 0, waiting = 0, reserved = 0, cooling = 0;
-  for (const t of doc.tenants) {
+  // a pool's starts and jobs in flight are its tenants' too: not counted
+  // twice
+  const tenants = doc.tenants.filter((t) => !isPool(t));
+  for (const t of tenants) {
     starts += t.starts_per_s;
     inFlight += t.in_flight;
     waiting += t.waiting;
     reserved += t.reserved;
     if (t.cooldown_ms > 0) cooling++;
   }
-  const shown = doc.tenants.length;
+  const shown = tenants.length;
+  const total = doc.tenants_total - (doc.pools_total || 0);
   document.getElementById("summary").replaceChildren(
-    card("Tenants", count(shown), shown < doc.tenants_total ? `followed, of ${count(doc.tenants_total)}` : "with a policy or state", "tenants"),
+    card("Tenants", count(shown), shown < total ? `followed, of ${count(total)}` : "with a policy or state", "tenants"),
     card("Starts / s", rate(starts), "all tenants", "starts"),
     card("In flight", count(inFlight), "running now", "in_flight"),
     card("Waiting", count(waiting), "in the tenants' lines", "waiting"),
@@ -89,16 +99,38 @@ function meter(v, of) {
   return el("span", { class: "meter" }, el("i", { class: cls, style: `width:${Math.min(100, f * 100).toFixed(0)}%` }));
 }
 
-function row(t) {
-  const name = el("td", {},
+// The cells a tenant's row and a pool's share.
+function nameCell(t) {
+  return el("td", {},
     el("a", { class: "tenant-name", href: tenantURL(t.tenant) }, t.tenant),
     el("span", { class: "rules" }, t.policy ? (t.policy === t.tenant ? "" : t.policy + ": ") + (t.rules || "no limits") : "no policy: not limited"));
-  const starts = el("td", { class: "num", "data-field": "starts" },
+}
+
+function startsCell(t) {
+  return el("td", { class: "num", "data-field": "starts" },
     el("span", { "data-value": t.starts_per_s }, rate(t.starts_per_s)),
     t.limit ? el("span", { class: "of", title: t.learned || t.adaptive || "" }, " / " + t.limit + (t.limit_learned ? " learned" : t.limit_adaptive ? " adaptive" : "")) : null, meter(t.starts_per_s, t.limit_per_s));
-  const inFlight = el("td", { class: "num", "data-field": "in_flight" },
+}
+
+function inFlightCell(t) {
+  return el("td", { class: "num", "data-field": "in_flight" },
     el("span", { "data-value": t.in_flight }, count(t.in_flight)),
     t.cap >= 0 ? el("span", { class: "of" }, " / " + t.cap) : null, meter(t.in_flight, t.cap));
+}
+
+// settledCell is the cost settled after the jobs ran: refunded, charged
+// extra.
+function settledCell(t) {
+  const td = el("td", { class: "num", "data-field": "settled" });
+  if (!t.settled_refunded && !t.settled_extra) td.append(el("span", { class: "none" }, "–"));
+  else td.append(`-${count(t.settled_refunded)} / +${count(t.settled_extra)}`);
+  return td;
+}
+
+function row(t) {
+  const name = nameCell(t);
+  const starts = startsCell(t);
+  const inFlight = inFlightCell(t);
   const waiting = el("td", { class: "num", "data-field": "waiting" },
     el("span", { "data-value": t.waiting, title: t.oldest_wait_ms > 0 ? "the oldest waits for " + duration(t.oldest_wait_ms) : "" }, count(t.waiting)),
     t.backlog_cap > 0 ? el("span", { class: "of" }, " / " + count(t.backlog_cap)) : null);
@@ -119,7 +151,9 @@ function row(t) {
 
 function showTenants(doc) {
   const filter = document.getElementById("filter").value.trim().toLowerCase();
-  let list = doc.tenants.filter((t) => !filter || t.tenant.toLowerCase().includes(filter));
+  const tenants = doc.tenants.filter((t) => !isPool(t));
+  const total = doc.tenants_total - (doc.pools_total || 0);
+  let list = tenants.filter((t) => !filter || t.tenant.toLowerCase().includes(filter));
   list.sort((a, b) => {
     const va = a[sortKey], vb = b[sortKey];
     const c = typeof va === "string" ? va.localeCompare(vb) : va - vb;
@@ -127,8 +161,8 @@ function showTenants(doc) {
   });
   document.querySelector("#tenants tbody").replaceChildren(...list.map(row));
   document.getElementById("tenant-count").textContent =
-    `${doc.tenants.length} followed` + (doc.tenants_total > doc.tenants.length ? ` of ${doc.tenants_total}` : "") + ` · history of ${duration(doc.history_ms)}`;
-  document.getElementById("empty").hidden = doc.tenants.length > 0;
+    `${tenants.length} followed` + (total > tenants.length ? ` of ${total}` : "") + ` · history of ${duration(doc.history_ms)}`;
+  document.getElementById("empty").hidden = tenants.length > 0;
   for (const th of document.querySelectorAll("th[data-sort]")) {
     th.classList.toggle("sorted", th.dataset.sort === sortKey);
     th.classList.toggle("asc", !sortDesc);
@@ -155,6 +189,18 @@ function showShadows(doc) {
   }));
 }
 
+// showPools lists the shared pools: what the jobs drawing from each do
+// against its rules, and the cost settled after they ran.
+function showPools(doc) {
+  const list = doc.tenants.filter(isPool).sort((a, b) => a.tenant.localeCompare(b.tenant));
+  document.getElementById("pools-panel").hidden = list.length === 0;
+  document.getElementById("pool-count").textContent = list.length < (doc.pools_total || 0) ? `${list.length} followed of ${doc.pools_total}` : "";
+  document.querySelector("#pools tbody").replaceChildren(...list.map((t) =>
+    el("tr", { "data-pool": t.tenant },
+      nameCell(t), startsCell(t), el("td", {}, sparkline(t.spark || [], t.limit_per_s)), inFlightCell(t),
+      el("td", { class: "num", "data-field": "reserved" }, count(t.reserved)), settledCell(t))));
+}
+
 function share(f) {
   return f === 0 || f >= 0.1 ? (100 * f).toFixed(0) + "%" : (100 * f).toFixed(1) + "%";
 }
@@ -164,6 +210,7 @@ function show(doc) {
   showSummary(doc);
   showDecisions(doc);
   showShadows(doc);
+  showPools(doc);
   showTenants(doc);
 }
 
