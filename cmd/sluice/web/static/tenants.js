@@ -14,10 +14,10 @@ function isPool(t) {
 
 function showSummary(doc) {
   let starts = 0, inFlight = 0, waiting = 0, reserved = 0, cooling = 0;
-  // a pool's starts and jobs in flight are its tenants' too: not counted
-  // twice
   const tenants = doc.tenants.filter((t) => !isPool(t));
-  for (const t of tenants) {
+  // @global's and a pool's starts and jobs in flight are their tenants'
+  // too: not counted twice
+  for (const t of tenants.filter((t) => t.kind !== "global")) {
     starts += t.starts_per_s;
     inFlight += t.in_flight;
     waiting += t.waiting;
