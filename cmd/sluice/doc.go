@@ -65,12 +65,12 @@
 // interval, prints one table and exits.
 //
 // `dashboard` serves a web page on loopback (127.0.0.1:8080): the tenants
-// live, a page per tenant with its last minutes plotted, and asynq's own
-// queues and tasks (asynqmon) under /asynq/. It is read-only unless
-// --allow-write, and serves another address only with --public. One
-// goroutine samples Redis every second for every browser and keeps a few
-// minutes of history per tenant; the gate's decisions by rule come from
-// the workers' /metrics (--metrics URL, repeated).
+// and the shared pools live, a page per tenant with its last minutes
+// plotted, and asynq's own queues and tasks (asynqmon) under /asynq/. It
+// is read-only unless --allow-write, and serves another address only with
+// --public. One goroutine samples Redis every second for every browser and
+// keeps a few minutes of history per tenant; the gate's decisions by rule
+// come from the workers' /metrics (--metrics URL, repeated).
 //
 // Exit status: 0 on success, 1 on failure (Redis unreachable, a bad policy
 // file, no such policy for `policy get`), 2 on bad usage (unknown command or
