@@ -45,7 +45,8 @@
 --     due tenants; and the fields of the rule kinds below
 --   [2] planned window zset, [3] started window zset (score: start time)
 --   line: a list of waiting jobs, each "LINED_MS<US>COST<US>QUEUE<US>ID"
---     (<US> is the byte 31; COST empty for 1, QUEUE for the default queue),
+--     (<US> is the byte 31; COST empty for 1, QUEUE for the default queue;
+--     a job with a key below its tenant has "/KEY" after its COST),
 --     first in, first out (a line is its three lists: its head is the
 --     head of the highest priority that has jobs); handing: a zset of the entries taken from the
 --     tenant's lines and not yet confirmed in asynq (score: when taken);
@@ -68,7 +69,10 @@
 --     the lead, the job's line entry without its time (recorded in the
 --     intents when the job is to wait); for promote and release: budget (jobs; 0: none promoted),
 --     quantum (cost units this turn adds to the deficit), repair age, lead,
---     and with a budget the queue
+--     and with a budget the queue, the base of the tenant's key scopes'
+--     keys (BASE..KEY..":s", ":w", ":a"), the policy of its keys without
+--     their own (0: none), the number of keys with their own, then each
+--     key and its policy
 --   flags: 1 reserve on denial, 2 hold a concurrency slot, 4 dry run (write
 --     nothing), 8 plan only (take the slot, do not start), 16 set no expiry,
 --     32 probe (write only when the job starts now), 64 two-step (return a
@@ -427,11 +431,24 @@ for o = 1, nops do
     local budget, quantum, repair = next_int(), next_int(), next_int()
     E.lead = next_int()
     local lines, handing, qset, queue
+    local keyed = false
     if budget > 0 then
       lines = { KEYS[k + 4], KEYS[k + 1], KEYS[k + 5] }
       handing, qset = KEYS[k + 2], KEYS[k + 3]
       queue = ARGV[E.a]
-      E.a = E.a + 1
+      -- the policies of the tenant's keys: their keys' base, the policy of
+      -- keys without their own (0: none), then the keys with their own
+      local kbase = ARGV[E.a + 1]
+      E.a = E.a + 2
+      local kdef, nk = next_int(), next_int()
+      if kdef > 0 or nk > 0 then
+        keyed = { base = kbase, def = kdef > 0 and POL[kdef] or false, own = {} }
+        for _ = 1, nk do
+          local key = ARGV[E.a]
+          E.a = E.a + 1
+          keyed.own[key] = POL[next_int()]
+        end
+      end
       k = k + 5
     end
     local released, lost = 0, 0
@@ -440,7 +457,7 @@ for o = 1, nops do
     end
     if budget > 0 then
       local promoted, retries, due, waiting, head, skipped, midturn =
-        rm.promote(bases, lines, handing, qset, queue, budget, quantum, repair, noexpire, num(E.claim) + 1)
+        rm.promote(bases, lines, handing, qset, queue, budget, quantum, repair, noexpire, num(E.claim) + 1, keyed)
       out[o] = { promoted, retries, due, waiting, head, skipped, released, lost, midturn }
     else
       out[o] = { {}, {}, -1, -1, -1, 0, released, lost, 0 }

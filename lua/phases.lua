@@ -18,11 +18,18 @@
 
 -- a local scope's state, from its keys (its claim token only for the steps
 -- of a two-scope admission: their undo records give it back), or from v,
--- the quick path's read of the same fields
+-- the quick path's read of the same fields; k is the position of its keys
+-- in KEYS, or their names (a key scope a turn of a line builds: {state,
+-- planned, started})
 local function read_state(sc, k, claims, v)
   local pol = sc.pol
-  sc.k, sc.st = k, KEYS[k + 1]
-  if pol.wlim > 0 then sc.wp, sc.wa = KEYS[k + 2], KEYS[k + 3] end
+  if type(k) == 'table' then
+    sc.k, sc.st = false, k[1]
+    if pol.wlim > 0 then sc.wp, sc.wa = k[2], k[3] end
+  else
+    sc.k, sc.st = k, KEYS[k + 1]
+    if pol.wlim > 0 then sc.wp, sc.wa = KEYS[k + 2], KEYS[k + 3] end
+  end
   local j
   if pol.clim > 0 then
     v = v or call('HMGET', sc.st, 'cd', 's', 'x', 'rn', E.rkey, E.hkey, unpack(pol.fields))

@@ -19,14 +19,30 @@ local function room_functions(ts)
     read_state(sc, base.k, true)
     return sc
   end
-  -- a line entry: LINED_MS, COST (empty: 1), QUEUE (empty: default), ID,
-  -- separated by the byte 31
+  -- a line entry: LINED_MS, COST (empty: 1; "/KEY" after it for a job
+  -- with a key below its tenant), QUEUE (empty: default), ID, separated by
+  -- the byte 31
   local SEP = string.char(31)
   local function parse(m)
     local a1 = m:find(SEP, 1, true)
     local a2 = m:find(SEP, a1 + 1, true)
     local a3 = m:find(SEP, a2 + 1, true)
-    return num(m:sub(1, a1 - 1)), num(m:sub(a1 + 1, a2 - 1)) or 1, m:sub(a3 + 1)
+    local c, key = m:sub(a1 + 1, a2 - 1), false
+    local sl = c:find('/', 1, true)
+    if sl then c, key = c:sub(1, sl - 1), c:sub(sl + 1) end
+    return num(m:sub(1, a1 - 1)), num(c) or 1, m:sub(a3 + 1), key
+  end
+
+  -- the scope of a job's key, read afresh (false when its policy has no
+  -- rules): keyed holds the policies of the tenant's keys and their keys'
+  -- base (the key's own policy, else the one of keys without their own)
+  local function key_scope(keyed, key, c)
+    local pol = keyed.own[key] or keyed.def
+    if not pol or pol.nr + pol.wlim + pol.qlim + pol.clim == 0 then return false end
+    local b = keyed.base .. key .. ':'
+    local sc = scope(pol, c)
+    read_state(sc, { b .. 's', b .. 'w', b .. 'a' }, true)
+    return sc
   end
 
   -- does the job hold a live concurrency slot in one of the scopes (it is
@@ -56,7 +72,16 @@ local function room_functions(ts)
   -- entries were skipped. lines are the line's lists, highest priority
   -- first: the head is the first entry of the first list that has one,
   -- so a turn takes its tenant's jobs of high priority first.
-  E.room.promote = function(bases, lines, handing, qset, queue, budget, quantum, repair, noexpire, base_claim)
+  --
+  -- A job with a key below its tenant is decided in its key's scope too
+  -- (keyed: the policies of the tenant's keys; false when none has one).
+  -- A job its key holds back while its tenant would let it start does not
+  -- hold back the tenant's other keys: it goes to the end of its level's
+  -- list, and so do the jobs of the same key after it this turn (a key's
+  -- jobs keep their order), at most MAX_ROTATE per turn; a line whose
+  -- jobs left all wait for their keys is due when the first key allows.
+  local MAX_ROTATE = 100
+  E.room.promote = function(bases, lines, handing, qset, queue, budget, quantum, repair, noexpire, base_claim, keyed)
     local st = KEYS[bases[1].k + 1]
     local out, retries = {}, {}
     -- handovers not confirmed in time are handed over again (and held a
@@ -66,9 +91,9 @@ local function room_functions(ts)
       retries[i] = stale[i]
       call('ZADD', handing, 'XX', fmt(now), stale[i])
     end
-    -- a tenant whose scopes have no rules is charged nothing: its jobs
-    -- leave the line in turn, unless it cools down
-    local plain, costed = true, false
+    -- a tenant whose scopes (and keys) have no rules is charged nothing:
+    -- its jobs leave the line in turn, unless it cools down
+    local plain, costed = not keyed, false
     for s = 1, #bases do
       local pol = bases[s].pol
       if pol.nr + pol.wlim + pol.qlim + pol.clim > 0 then plain = false end
@@ -90,33 +115,65 @@ local function room_functions(ts)
       budget = 0
       due = cd - E.lead
     end
+    -- the jobs sent to the end of their lists this turn, per level, and
+    -- their keys (the first allows one at kwait at the soonest)
+    local rot, nrot, waits, kwait = {}, 0, {}, false
+    local function rotate(line, m, lv, key, at)
+      call('LPOP', line)
+      call('RPUSH', line, m)
+      rot[lv] = (rot[lv] or 0) + 1
+      nrot = nrot + 1
+      waits[key] = true
+      if at and (not kwait or at < kwait) then kwait = at end
+      return nrot >= MAX_ROTATE
+    end
     local lv = 1
     while true do
       local m = false
       while lv <= #lines do
-        m = call('LINDEX', lines[lv], '0')
-        if m then break end
+        -- a level whose jobs left were all sent to its end is done
+        if not (rot[lv] and rot[lv] >= call('LLEN', lines[lv])) then
+          m = call('LINDEX', lines[lv], '0')
+          if m then break end
+        end
         lv = lv + 1
       end
       local line = lines[lv]
       if not m then
-        dq = 0
-        call('SREM', qset, queue)
+        if nrot > 0 then
+          -- the jobs left wait for their keys
+          if kwait and (due < 0 or kwait < due) then due = kwait end
+          if due < 0 then due = now end
+          dq = min(dq, quantum)
+        else
+          dq = 0
+          call('SREM', qset, queue)
+        end
         break
       end
-      local lined, c, jid = parse(m)
+      local lined, c, jid, key = parse(m)
       local rc = costed and c or 1
       head = lined
-      local scopes, run = false, false
-      if np < budget and not plain then
+      local scopes, run, ksc = false, false, false
+      local behind = key and keyed and waits[key]
+      if not behind and np < budget and not plain then
         E.id, E.cost, E.claim = jid, c, fmt(base_claim + np)
         E.rkey, E.hkey = 'r:' .. jid, 'h:' .. jid
         E.reserve, E.hold, E.dry, E.plan, E.not_before, E.promote = true, true, false, false, 0, true
         scopes = {}
         for s = 1, #bases do scopes[s] = scope_at(bases[s], c) end
+        ksc = key and keyed and key_scope(keyed, key, c)
+        if ksc then scopes[#scopes + 1] = ksc end
         run = running(scopes)
       end
-      if not run and (np >= budget or rc > dq) then
+      if behind then
+        -- its key held back a job of it before it this turn: it stays
+        -- behind that job
+        if rotate(line, m, lv, key, false) then
+          if due < 0 then due = now end
+          break
+        end
+      elseif not run and (np >= budget or rc > dq) then
         -- the deficit carries over only what a costly head is owed, or
         -- the rest of a turn the budget cut short
         if np >= budget and rc <= dq and not run then
@@ -126,24 +183,36 @@ local function room_functions(ts)
         end
         if due < 0 then due = now end
         break
-      end
-      if plain then
+      elseif plain then
         call('LPOP', line)
         call('ZADD', handing, fmt(now), m)
         dq = dq - rc
         np = np + 1
         out[np] = { m, now, 0, {}, -1, 0 }
+        head = -1
+      elseif run then
+        call('LPOP', line)
+        skipped = skipped + 1
+        head = -1
       else
-        if run then
-          call('LPOP', line)
-          skipped = skipped + 1
-        else
-          local ok, wait, slot, write = decide(scopes)
-          if not ok then
-            -- held back by its own limits: it keeps what it is owed
-            due, dq = now + wait, min(dq, rc)
+        local ok, wait, slot, write, rule = decide(scopes)
+        local by_key = false
+        if not ok and ksc and rule % 256 == #scopes then
+          -- held back by its key: would its tenant let it start?
+          local bs = {}
+          for s = 1, #bases do bs[s] = scope_at(bases[s], c) end
+          by_key = decide(bs)
+        end
+        if by_key then
+          if rotate(line, m, lv, key, now + wait) then
+            if due < 0 then due = now end
             break
           end
+        elseif not ok then
+          -- held back by its own limits: it keeps what it is owed
+          due, dq = now + wait, min(dq, rc)
+          break
+        else
           for s = 1, #scopes do ts.remember(scopes[s]) end
           apply(scopes, write, slot, noexpire)
           local recs = {}
@@ -153,9 +222,9 @@ local function room_functions(ts)
           dq = dq - rc
           np = np + 1
           out[np] = { m, slot, num(E.claim), recs, E.late, E.slack }
+          head = -1
         end
       end
-      head = -1
     end
     E.promote = false
     -- a handover not confirmed yet keeps the tenant due for its retry

@@ -229,12 +229,15 @@ func (c *Client) prepare(tenant string, task *asynq.Task, opts []asynq.Option, n
 	}
 	// sluice's own headers describe one job's identity; a task built from
 	// another job's (a handler fanning out) starts a new job.
-	for _, h := range []string{taskspec.IDHeader, taskspec.GenHeader, taskspec.CostHeader, taskspec.DecidedHeader, taskspec.ParkedHeader, taskspec.PriorityHeader, taskspec.PoolsHeader} {
+	for _, h := range []string{taskspec.IDHeader, taskspec.GenHeader, taskspec.CostHeader, taskspec.DecidedHeader, taskspec.ParkedHeader, taskspec.PriorityHeader, taskspec.PoolsHeader, taskspec.KeyHeader} {
 		delete(headers, h)
 	}
 	headers[taskspec.TenantHeader] = tenant
 	if o.cost != 1 {
 		headers[taskspec.CostHeader] = strconv.FormatInt(o.cost, 10)
+	}
+	if o.key != "" {
+		headers[taskspec.KeyHeader] = o.key
 	}
 	if len(o.pools) > 0 {
 		headers[taskspec.PoolsHeader] = strings.Join(o.pools, ",")
@@ -295,7 +298,7 @@ func (j *job) later() bool {
 // refusing first a cost its policies (its tenant's, @global's, its pools')
 // could never admit.
 func (c *Client) sendLater(ctx context.Context, j *job) (*asynq.TaskInfo, error) {
-	err := c.lim.CheckCost(ctx, throttle.Request{Tenant: j.tenant, Cost: j.opts.cost, Pools: j.opts.pools, Policies: j.policies})
+	err := c.lim.CheckCost(ctx, throttle.Request{Tenant: j.tenant, Cost: j.opts.cost, Pools: j.opts.pools, Key: j.opts.key, Policies: j.policies})
 	var ce *throttle.CostError
 	if errors.As(err, &ce) {
 		return nil, err
@@ -309,7 +312,7 @@ func (c *Client) sendLater(ctx context.Context, j *job) (*asynq.TaskInfo, error)
 // arrive brings the job to the waiting room: straight through, or to wait.
 func (c *Client) arrive(ctx context.Context, j *job) error {
 	a, err := c.room.Arrive(ctx, waitroom.Arrival{
-		Tenant: j.tenant, ID: j.id, Queue: j.opts.queue, Cost: j.opts.cost, Priority: int(j.opts.priority),
+		Tenant: j.tenant, ID: j.id, Queue: j.opts.queue, Cost: j.opts.cost, Priority: int(j.opts.priority), Key: j.opts.key,
 		MayGo: c.gauge.Take(ctx, j.opts.queue), Policies: j.policies,
 	})
 	if err != nil {
@@ -435,7 +438,7 @@ func (c *Client) unpark(ctx context.Context, j *job, err error) error {
 }
 
 func (j *job) waiter() waitroom.Waiter {
-	return waitroom.Waiter{ID: j.id, Queue: j.opts.queue, Cost: j.opts.cost, Priority: int(j.opts.priority)}
+	return waitroom.Waiter{ID: j.id, Queue: j.opts.queue, Cost: j.opts.cost, Priority: int(j.opts.priority), Key: j.opts.key}
 }
 
 // enqueue hands the task to asynq with opts.

@@ -109,8 +109,32 @@ func (p poolsOption) String() string         { return fmt.Sprintf("Pools(%s)", s
 func (p poolsOption) Type() asynq.OptionType { return poolsOptType }
 func (p poolsOption) Value() any             { return []string(p) }
 
+// keyOptType is the asynq.OptionType of Key.
+const keyOptType asynq.OptionType = 1<<16 + 3
+
+type keyOption string
+
+// Key is an option of Client.Enqueue: the job's key below its tenant
+// ("user-42" of tenant acme), for limits per user, project or other part
+// of a tenant. The key's policy (sluice policy set acme/user-42 …, else
+// acme/* for every key of acme, else */* for every key of every tenant)
+// applies with the tenant's, all or nothing; the tenant's own policy then
+// limits the sum of its keys, and in the waiting room the job waits in
+// its tenant's line (fair share is counted per tenant, so splitting work
+// over many keys wins no extra share), where a key held back by its own
+// limits does not hold back its tenant's other keys. Client removes the
+// option before the task reaches asynq (the job carries
+// taskspec.KeyHeader instead); given to asynq.Client directly it has no
+// effect.
+func Key(key string) asynq.Option { return keyOption(key) }
+
+func (k keyOption) String() string         { return fmt.Sprintf("Key(%q)", string(k)) }
+func (k keyOption) Type() asynq.OptionType { return keyOptType }
+func (k keyOption) Value() any             { return string(k) }
+
 // options is what Enqueue needs to know of the options given.
 type options struct {
+	key       string
 	pools     []string
 	priority  taskspec.Priority
 	cost      int64
@@ -149,6 +173,13 @@ func parseOptions(opts []asynq.Option, now time.Time) (options, error) {
 			}
 			continue
 		}
+		if k, ok := opt.(keyOption); ok {
+			if err := throttle.ValidateKey(string(k)); err != nil {
+				return o, &InvalidError{Field: "key", Value: string(k), Reason: err.Error(), Err: err}
+			}
+			o.key = string(k)
+			continue
+		}
 		if p, ok := opt.(priorityOption); ok {
 			if !taskspec.Priority(p).Valid() {
 				return o, &InvalidError{Field: "priority", Value: fmt.Sprint(int(p)), Reason: "must be queue.High, queue.Normal or queue.Low"}
@@ -157,7 +188,7 @@ func parseOptions(opts []asynq.Option, now time.Time) (options, error) {
 			continue
 		}
 		if reflect.TypeOf(opt).PkgPath() != asynqPkg {
-			return o, &InvalidError{Field: "option", Value: fmt.Sprintf("%T", opt), Reason: "unknown option: asynq would ignore it; use asynq's options (asynq.Queue, asynq.MaxRetry, …), queue.Cost, queue.Priority or queue.Pools"}
+			return o, &InvalidError{Field: "option", Value: fmt.Sprintf("%T", opt), Reason: "unknown option: asynq would ignore it; use asynq's options (asynq.Queue, asynq.MaxRetry, …), queue.Cost, queue.Priority, queue.Key or queue.Pools"}
 		}
 		switch opt.Type() {
 		case asynq.QueueOpt:

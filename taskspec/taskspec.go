@@ -49,6 +49,10 @@ const (
 	// separated ("@openai,@smtp"): their limits apply to it with its
 	// tenant's (throttle.Request.Pools). queue.Client sets it (queue.Pools).
 	PoolsHeader = "sluice-pools"
+	// KeyHeader carries the job's key below its tenant ("user-42"): the
+	// key's policy (acme/user-42, acme/* or */*) applies with the tenant's
+	// (throttle.Request.Key). queue.Client sets it (queue.Key).
+	KeyHeader = "sluice-key"
 	// PriorityHeader carries the job's priority in its tenant's line when
 	// it is not normal: "high" or "low" (Priority.String). queue.Client
 	// sets it at enqueue, and the job joins its line at that level. asynq

@@ -68,7 +68,37 @@ func (l *Limiter) jobScopes(ctx context.Context, req Request) (Resolved, []scope
 	if err != nil {
 		return Resolved{}, nil, err
 	}
-	return res, append(l.scopesOf(req.Tenant, res), pools...), nil
+	scopes := l.scopesOf(req.Tenant, res)
+	if req.Key != "" {
+		ks, err := l.keyScope(ctx, req.Tenant, req.Key)
+		if err != nil {
+			return Resolved{}, nil, err
+		}
+		if ks != nil {
+			// the key's scope shares the tenant's slot: it goes right
+			// after the tenant's, before @global's (split.go)
+			scopes = slices.Insert(scopes, 1, *ks)
+		}
+	}
+	return res, append(scopes, pools...), nil
+}
+
+// keyScope is the scope of tenant's key (Request.Key) when its policy
+// (TENANT/KEY, TENANT/* or */*) has rules; nil when none applies.
+func (l *Limiter) keyScope(ctx context.Context, tenant, key string) (*scope, error) {
+	if tenant == "" {
+		return nil, fmt.Errorf("%w: key %q: a key is below a tenant; give the job's tenant too", ErrInvalidTenant, key)
+	}
+	if err := ValidateKey(key); err != nil {
+		return nil, err
+	}
+	name, c, err := l.policies.keyPolicy(ctx, tenant, key)
+	if err != nil || !c.policy.HasRules() {
+		return nil, err
+	}
+	// named for the policy that applies, as a tenant's scope is (its own
+	// or "*"), keyed by the key
+	return &scope{name: name, keys: keysFor(l.cfg.Prefix, keyPolicyName(tenant, key)), policy: c.policy, facts: c.facts}, nil
 }
 
 // requestScopes is jobScopes, and a *CostError when cost is more than a

@@ -32,6 +32,8 @@ import (
 //	                      shadow policy whose fingerprint is FP
 //	PREFIX:{t:TENANT}:e   hash: the adaptive rule's state (adapt.lua), expiring
 //	                      when no worker reported for a while
+//	PREFIX:{t:TENANT}:k:KEY:s, :w, :a  the scope of the tenant's key KEY
+//	                      ("acme/user-42"): as the tenant's :s, :w and :a
 //
 // TENANT is escaped so that braces, colons, spaces and percent signs never
 // reach the key: a tenant cannot move its keys to another slot or collide
@@ -137,9 +139,13 @@ func escapeTenant(t string) string {
 }
 
 // hashTag is the {…} part of every key of a scope.
+// A key below a tenant ("acme/user-42") has its tenant's.
 func hashTag(scope string) string {
 	if scope == GlobalPolicy || isPool(scope) {
 		return "{g}"
+	}
+	if t, _, ok := keyOf(scope); ok {
+		scope = t
 	}
 	return "{t:" + escapeTenant(scope) + "}"
 }
@@ -150,6 +156,11 @@ func keysFor(prefix, scope string) scopeKeys {
 		// a pool shares @global's slot (a job's pools and @global are
 		// decided in one step on a Cluster), under a name of its own
 		base += "p:" + scope[1:] + ":"
+	} else if _, k, ok := keyOf(scope); ok {
+		// a key shares its tenant's slot (a job's key and tenant are
+		// decided in one run everywhere), under a name of its own: the
+		// key is not escaped, its keys end in a fixed suffix after it
+		base += keyInfix + k + ":"
 	}
 	return scopeKeys{
 		state:   base + "s",
@@ -162,6 +173,16 @@ func keysFor(prefix, scope string) scopeKeys {
 		adapt:   base + "e",
 		base:    base,
 	}
+}
+
+// keyInfix starts the part of a key scope's keys after its tenant's tag:
+// PREFIX:{t:TENANT}:k:KEY:s, :w and :a (lua/roomops.lua builds them too).
+const keyInfix = "k:"
+
+// keyBase is what every key scope of tenant's keys starts with: admit.lua
+// appends KEY and ":" and a suffix to it.
+func keyBase(prefix, tenant string) string {
+	return prefix + ":" + hashTag(tenant) + ":" + keyInfix
 }
 
 // shadowKeysFor are the keys of tenant's shadow scope: admit.lua decides
@@ -227,6 +248,12 @@ func poolKeyPattern(prefix string) string {
 	return globEscape(prefix) + ":{g}:p:*"
 }
 
+// keyKeyPattern is a SCAN MATCH pattern for the state of every key below
+// a tenant.
+func keyKeyPattern(prefix string) string {
+	return globEscape(prefix) + ":{t:*}:" + keyInfix + "*"
+}
+
 // lineKeyPattern is a SCAN MATCH pattern for every tenant's lines (the
 // lists of every priority level).
 func lineKeyPattern(prefix string) string {
@@ -265,6 +292,18 @@ func scopeAndQueue(prefix, key string) (scope, queue string, ok bool) {
 			return "", "", false
 		}
 		return "@" + name[:i], "", true
+	}
+	// a key's: {t:TENANT}:k:KEY:X (the tag ends at the first "}")
+	if i := strings.Index(rest, "}:"); i > 0 && strings.HasPrefix(rest[i+2:], keyInfix) {
+		k := rest[i+2+len(keyInfix):]
+		if len(k) < 3 || k[len(k)-2] != ':' || !strings.Contains("swa", k[len(k)-1:]) {
+			return "", "", false
+		}
+		t, ok := tagScope(rest[:i+1])
+		if !ok || ValidateKey(k[:len(k)-2]) != nil {
+			return "", "", false
+		}
+		return keyPolicyName(t, k[:len(k)-2]), "", true
 	}
 	// a line's key (of any priority level): the first marker is the
 	// tag's end (a queue's name may hold one too)

@@ -212,6 +212,12 @@ type Request struct {
 	// none). A pool's limits are fleet-wide and shared by every tenant
 	// whose jobs name it; a pool without a policy limits nothing.
 	Pools []string
+	// Key is the job's key below its tenant ("user-42": tenant acme's
+	// user), "" for none. The key's policy (acme/user-42, else acme/*,
+	// else */*) applies with the tenant's, all or nothing: the tenant's
+	// own policy then limits the sum of its keys. A key's scope lives in
+	// its tenant's Redis slot.
+	Key string
 	// Policies, when set, are the policies to decide by, as
 	// PolicyStore.Resolve returned them for Tenant: a caller that reads
 	// them too (for the overflow mode, say) decides by the same ones. Nil:

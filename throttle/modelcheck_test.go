@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/sluicehq/sluice/internal/waitroom"
 )
 
 // modelMix is one randomised scenario: the policies in force and how time moves.
@@ -306,7 +308,7 @@ func runModelOn(t *testing.T, envs []*env, mix modelMix, seed uint64, steps int,
 		case op < 85:
 			for i, e := range envs {
 				require.NoError(t, e.lim.Release(ctx, tenant, id, 0), where)
-				require.NoError(t, e.lim.releasePools(ctx, id, 0, poolsOf(id)), where)
+				require.NoError(t, e.lim.releaseBelow(ctx, tenant, id, 0, waitroom.Scopes{Pools: poolsOf(id)}, true), where)
 				models[i].release(tenant, id)
 			}
 		case op < 97:

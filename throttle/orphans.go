@@ -146,5 +146,5 @@ func parseLineTail(m string) (waitroom.Waiter, bool) {
 	if !ok {
 		return waitroom.Waiter{}, false
 	}
-	return waitroom.Waiter{ID: e.id, Queue: e.queue, Cost: e.cost}, true
+	return waitroom.Waiter{ID: e.id, Queue: e.queue, Cost: e.cost, Key: e.key}, true
 }

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/sluicehq/sluice/internal/waitroom"
 )
 
 // TestPools: a shared pool's rules apply with the tenants', all or
@@ -117,11 +119,11 @@ func TestPoolConcurrency(t *testing.T) {
 	require.Equal(t, int64(1), st.Concurrency.InFlight)
 	require.Equal(t, e.clock.Now().Add(LeaseDefault).UnixMicro(), st.Concurrency.Holders[0].LeaseEnd.UnixMicro(), "renewed with the job")
 
-	require.NoError(t, e.lim.room().Release(ctx, "a", "", "j1", d1.Claim, db, nil, nil))
+	require.NoError(t, e.lim.room().Release(ctx, "a", "", "j1", d1.Claim, waitroom.Scopes{Pools: db}, nil, nil))
 	st, err = e.lim.Stats(ctx, "@db")
 	require.NoError(t, err)
 	require.Zero(t, st.Concurrency.InFlight)
-	require.ErrorIs(t, e.lim.room().Release(ctx, "a", "", "j1", d1.Claim, db, nil, nil), ErrClaimLost, "a second release says the claim holds nothing")
+	require.ErrorIs(t, e.lim.room().Release(ctx, "a", "", "j1", d1.Claim, waitroom.Scopes{Pools: db}, nil, nil), ErrClaimLost, "a second release says the claim holds nothing")
 	d, err = e.lim.Do(ctx, Request{Tenant: "b", ID: "j2", Pools: db})
 	require.NoError(t, err)
 	require.True(t, d.Allowed)

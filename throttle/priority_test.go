@@ -84,7 +84,7 @@ func TestRoomPriority(t *testing.T) {
 	id, claim := "run", d.Claim
 	for range 7 {
 		g := &engine{}
-		require.NoError(t, room.Release(ctx, "acme", waitroom.DefaultQueue, id, claim, nil, g.handover, nil))
+		require.NoError(t, room.Release(ctx, "acme", waitroom.DefaultQueue, id, claim, waitroom.Scopes{}, g.handover, nil))
 		require.Len(t, g.handed, 1)
 		id, claim = g.handed[0].ID, g.handed[0].Claim
 		started = append(started, id)

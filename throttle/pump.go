@@ -386,9 +386,9 @@ func (r *room) handedMany(ctx context.Context, done map[string][]waitroom.Promot
 // shutting down) nothing is handed on: the slots are given back and the
 // tenant is made due now, so that the fleet's pumps serve its line. It
 // returns ErrClaimLost as Limiter.Release does.
-func (r *room) Release(ctx context.Context, tenant, queue, id string, claim uint64, pools []string, h waitroom.Handover, spare waitroom.Spare) (err error) {
+func (r *room) Release(ctx context.Context, tenant, queue, id string, claim uint64, sc waitroom.Scopes, h waitroom.Handover, spare waitroom.Spare) (err error) {
 	if h == nil {
-		_, err := r.l.release(ctx, tenant, "", id, claim, pools...)
+		_, err := r.l.release(ctx, tenant, "", id, claim, sc)
 		if tenant != "" && (err == nil || errors.Is(err, ErrClaimLost)) {
 			// a pump that found every slot held left the tenant due only
 			// at a lease's end
@@ -399,17 +399,18 @@ func (r *room) Release(ctx context.Context, tenant, queue, id string, claim uint
 		return err
 	}
 	// the small release first: with nobody waiting it is all there is (the
-	// job's pools' slots go in the same call)
-	waiting, err := r.l.release(ctx, tenant, queue, id, claim, pools...)
+	// job's key's and pools' slots go in the same call)
+	waiting, err := r.l.release(ctx, tenant, queue, id, claim, sc)
 	if !waiting || err != nil {
 		return err
 	}
-	if len(pools) > 0 && !r.l.cluster {
-		// nothing was given back, and the hand-on below sees the tenant's
-		// and @global's slots, not the pools' (no line holds a job that
-		// names pools): theirs go now. (On a Cluster they went with
-		// @global's, in a call of their slot's.)
-		if perr := r.l.releasePools(ctx, id, claim, pools); perr != nil {
+	if sc.Key != "" || (len(sc.Pools) > 0 && !r.l.cluster) {
+		// nothing of the tenant's slot was given back (and on one server
+		// nothing at all), and the hand-on below gives back the tenant's
+		// and @global's slots, not the key's or the pools': theirs go now.
+		// (On a Cluster the pools' went with @global's, in a call of
+		// their slot's.)
+		if perr := r.l.releaseBelow(ctx, tenant, id, claim, sc, !r.l.cluster); perr != nil {
 			if !errors.Is(perr, ErrClaimLost) {
 				return perr
 			}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/sluicehq/sluice/internal/waitroom"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -79,6 +80,17 @@ func (r *room) Arrive(ctx context.Context, a waitroom.Arrival) (waitroom.Arrived
 		res = &rs
 	}
 	scopes := r.scopes(a.Tenant, *res)
+	if a.Key != "" {
+		ks, err := r.l.keyScope(ctx, a.Tenant, a.Key)
+		if err != nil {
+			return waitroom.Arrived{}, fmt.Errorf("arrival of tenant %q: %w", a.Tenant, err)
+		}
+		if ks != nil {
+			// decided with the tenant's (in its slot), and with its
+			// window or quota again at the start
+			scopes = slices.Insert(scopes, 1, *ks)
+		}
+	}
 	for _, s := range scopes {
 		if f := s.facts; f.maxCost >= 0 && cost > f.maxCost {
 			return waitroom.Arrived{}, &CostError{Tenant: a.Tenant, Cost: cost, Max: f.maxCost, Rule: s.name + " " + f.maxCostRule}
@@ -89,6 +101,11 @@ func (r *room) Arrive(ctx context.Context, a waitroom.Arrival) (waitroom.Arrived
 		backlog = res.Policy.Backlog
 	}
 	once := r.decidesAll(*res)
+	for _, s := range scopes {
+		if s.policy != nil && (s.policy.Window != nil || s.policy.Quota != nil) {
+			once = false
+		}
+	}
 	flags := flagHold | flagArrive | r.l.noTTLFlag()
 	if once {
 		flags |= flagOnce
@@ -103,7 +120,7 @@ func (r *room) Arrive(ctx context.Context, a waitroom.Arrival) (waitroom.Arrived
 		return r.arriveToWait(ctx, a, k, q, cost, backlog)
 	}
 	op.roomKeys = []string{k.line(q), k.intentsAt(a.Priority), k.lineAt(q, priorityHigh), k.lineAt(q, priorityLow)}
-	op.roomArgs = []any{boolInt(a.MayGo), backlog, micros(r.l.cfg.PromoteLead), lineTail(waitroom.Waiter{ID: a.ID, Queue: a.Queue, Cost: cost})}
+	op.roomArgs = []any{boolInt(a.MayGo), backlog, micros(r.l.cfg.PromoteLead), lineTail(waitroom.Waiter{ID: a.ID, Queue: a.Queue, Cost: cost, Key: a.Key})}
 	raw, err := r.l.runRaw(ctx, op, -1)
 	if err != nil {
 		return waitroom.Arrived{}, fmt.Errorf("arrival of tenant %q: %w", a.Tenant, err)
@@ -139,7 +156,7 @@ func (r *room) Arrive(ctx context.Context, a waitroom.Arrival) (waitroom.Arrived
 // its intent, as admit.lua's arrive op would, without deciding on it.
 func (r *room) arriveToWait(ctx context.Context, a waitroom.Arrival, k scopeKeys, q string, cost, backlog int64) (waitroom.Arrived, error) {
 	keys := append(k.lines(q), k.intentsAt(a.Priority))
-	res, err := lua.Wait.Run(ctx, r.l.client, keys, r.l.clockArg(), backlog, lineTail(waitroom.Waiter{ID: a.ID, Queue: a.Queue, Cost: cost})).Result()
+	res, err := lua.Wait.Run(ctx, r.l.client, keys, r.l.clockArg(), backlog, lineTail(waitroom.Waiter{ID: a.ID, Queue: a.Queue, Cost: cost, Key: a.Key})).Result()
 	if err != nil {
 		return waitroom.Arrived{}, fmt.Errorf("arrival of tenant %q: %w", a.Tenant, err)
 	}
@@ -295,6 +312,11 @@ func (r *room) join(ctx context.Context, tenant string, backlog int64, mode int,
 		if err := checkPriority(j.Priority); err != nil {
 			return 0, 0, fmt.Errorf("line of tenant %q: job %q: %w", tenant, j.ID, err)
 		}
+		if j.Key != "" {
+			if err := ValidateKey(j.Key); err != nil {
+				return 0, 0, fmt.Errorf("line of tenant %q: job %q: %w", tenant, j.ID, err)
+			}
+		}
 	}
 	k := keysFor(r.l.cfg.Prefix, tenant)
 	for len(jobs) > 0 {
@@ -361,11 +383,15 @@ func queueOf(q string) string {
 }
 
 // lineTail is a line entry after its time: COST␟QUEUE␟ID, the cost empty
-// for 1 and the queue for the default.
+// for 1 and the queue for the default; a job with a key has /KEY after
+// its cost.
 func lineTail(j waitroom.Waiter) string {
 	cost := ""
 	if j.Cost > 1 {
 		cost = strconv.FormatInt(j.Cost, 10)
+	}
+	if j.Key != "" {
+		cost += keySep + j.Key
 	}
 	q := j.Queue
 	if q == waitroom.DefaultQueue {
@@ -423,12 +449,19 @@ func (r *room) turn(ctx context.Context, tenant, queue, id string, claim uint64,
 		q := queueOf(queue)
 		op.roomKeys = []string{k.line(q), k.handing, k.queues, k.lineAt(q, priorityHigh), k.lineAt(q, priorityLow)}
 		op.roomArgs = append(op.roomArgs, queueOf(queue))
+		defName, def, own, err := r.l.policies.keyPolicies(ctx, tenant)
+		if err != nil {
+			return waitroom.Turn{}, fmt.Errorf("turn of tenant %q: %w", tenant, err)
+		}
+		if def.policy != nil || len(own) > 0 {
+			op.keyed = &keyedPolicies{base: keyBase(r.l.cfg.Prefix, tenant), defName: defName, def: def, own: own}
+		}
 	}
 	raw, err := r.l.runRaw(ctx, op, -1)
 	if err != nil {
 		return waitroom.Turn{}, fmt.Errorf("turn of tenant %q: %w", tenant, err)
 	}
-	return decodeTurn(tenant, raw, scopes, once, leaseOf(scopes), res.fingerprint())
+	return decodeTurn(r.l.cfg.Prefix, tenant, raw, scopes, op.keyed, once, res.fingerprint())
 }
 
 // promotion is what a promotion took, per scope, to take it back
@@ -843,7 +876,7 @@ func (r *room) WaitingIDs(ctx context.Context, tenant string, n int64) ([]waitro
 			return nil, err
 		}
 		for i, e := range es {
-			out = append(out, waitroom.Waiter{ID: e.id, Queue: e.queue, Cost: e.cost, Priority: levels[i]})
+			out = append(out, waitroom.Waiter{ID: e.id, Queue: e.queue, Cost: e.cost, Priority: levels[i], Key: e.key})
 		}
 	}
 	return out, nil
@@ -917,11 +950,12 @@ func (l *Limiter) lineJobs(ctx context.Context, tenant, queue string, n int64) (
 	return out, levels, nil
 }
 
-// lineEntry is a line entry read back: LINED_MS␟COST␟QUEUE␟ID.
+// lineEntry is a line entry read back: LINED_MS␟COST␟QUEUE␟ID, COST
+// followed by /KEY for a job with a key.
 type lineEntry struct {
-	lined     time.Time
-	cost      int64
-	queue, id string
+	lined          time.Time
+	cost           int64
+	queue, id, key string
 }
 
 func parseLineEntry(m string) (lineEntry, bool) {
@@ -934,6 +968,7 @@ func parseLineEntry(m string) (lineEntry, bool) {
 		return lineEntry{}, false
 	}
 	e := lineEntry{lined: time.UnixMilli(ms), cost: 1, queue: f[2], id: f[3]}
+	f[1], e.key, _ = strings.Cut(f[1], keySep)
 	if f[1] != "" {
 		if e.cost, err = strconv.ParseInt(f[1], 10, 64); err != nil || e.cost < 1 {
 			return lineEntry{}, false

@@ -201,7 +201,7 @@ func TestRoomPromotesAtEachSlot(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, d.Allowed)
 	g = &engine{}
-	require.NoError(t, room.Release(ctx, "pool", waitroom.DefaultQueue, "p1", d.Claim, nil, g.handover, nil))
+	require.NoError(t, room.Release(ctx, "pool", waitroom.DefaultQueue, "p1", d.Claim, waitroom.Scopes{}, g.handover, nil))
 	require.Equal(t, []string{"p2"}, g.ids(), "the freed slot went to the head of the line")
 	st, err := e.lim.Stats(ctx, "pool")
 	require.NoError(t, err)
@@ -209,7 +209,7 @@ func TestRoomPromotesAtEachSlot(t *testing.T) {
 	require.Equal(t, "p2", st.Concurrency.Holders[0].ID)
 	require.Equal(t, int64(1), st.Waiting)
 	// a second release of the same claim changes nothing and says so
-	require.ErrorIs(t, room.Release(ctx, "pool", waitroom.DefaultQueue, "p1", d.Claim, nil, g.handover, nil), ErrClaimLost)
+	require.ErrorIs(t, room.Release(ctx, "pool", waitroom.DefaultQueue, "p1", d.Claim, waitroom.Scopes{}, g.handover, nil), ErrClaimLost)
 	require.Equal(t, []string{"p2"}, g.ids())
 }
 
@@ -247,7 +247,7 @@ func TestRoomReleaseWithoutHandingOn(t *testing.T) {
 	require.Empty(t, turn.Promoted)
 	require.Equal(t, e.clock.Now().Add(LeaseDefault).UnixMicro(), turn.Due.UnixMicro())
 
-	require.NoError(t, room.Release(ctx, "pool", waitroom.DefaultQueue, "p1", d.Claim, nil, nil, nil))
+	require.NoError(t, room.Release(ctx, "pool", waitroom.DefaultQueue, "p1", d.Claim, waitroom.Scopes{}, nil, nil))
 	st, err := e.lim.Stats(ctx, "pool")
 	require.NoError(t, err)
 	require.Zero(t, st.Concurrency.InFlight, "the slot is given back")
@@ -259,7 +259,7 @@ func TestRoomReleaseWithoutHandingOn(t *testing.T) {
 	turn = pumpTurn(t, e, "pool")
 	require.Len(t, turn.Promoted, 1)
 	require.Equal(t, "p2", turn.Promoted[0].ID)
-	require.ErrorIs(t, room.Release(ctx, "pool", waitroom.DefaultQueue, "p1", d.Claim, nil, nil, nil), ErrClaimLost)
+	require.ErrorIs(t, room.Release(ctx, "pool", waitroom.DefaultQueue, "p1", d.Claim, waitroom.Scopes{}, nil, nil), ErrClaimLost)
 }
 
 // TestRoomReleaseKeepsTheLineDue: a release that frees a slot but cannot
@@ -297,10 +297,10 @@ func TestRoomReleaseKeepsTheLineDue(t *testing.T) {
 	// b1 ends: its slot goes to b3, which takes the rate slot; b2 ends 10ms
 	// later, when b4's slot is 100ms away
 	g := &engine{}
-	require.NoError(t, room.Release(ctx, "both", waitroom.DefaultQueue, "b1", c1, nil, g.handover, nil))
+	require.NoError(t, room.Release(ctx, "both", waitroom.DefaultQueue, "b1", c1, waitroom.Scopes{}, g.handover, nil))
 	require.Equal(t, []string{"b3"}, g.ids())
 	e.clock.Advance(10 * time.Millisecond)
-	require.NoError(t, room.Release(ctx, "both", waitroom.DefaultQueue, "b2", c2, nil, g.handover, nil))
+	require.NoError(t, room.Release(ctx, "both", waitroom.DefaultQueue, "b2", c2, waitroom.Scopes{}, g.handover, nil))
 	require.Equal(t, []string{"b3"}, g.ids(), "b4's slot is 100ms away")
 	due, _, ok, err := room.next(ctx, waitroom.DefaultQueue)
 	require.NoError(t, err)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/waitroom"
 	"github.com/sluicehq/sluice/lua"
 )
 
@@ -34,14 +35,16 @@ var ErrClaimLost = errors.New("concurrency claim lost")
 // Once a scope's last slot is gone its state expires as soon as the rest
 // of it allows, not a lease later.
 func (l *Limiter) Release(ctx context.Context, tenant, id string, claim uint64) error {
-	_, err := l.release(ctx, tenant, "", id, claim)
+	_, err := l.release(ctx, tenant, "", id, claim, waitroom.Scopes{})
 	return err
 }
 
-// release runs release.lua for the slots job id holds; with a queue, the
+// release runs release.lua for the slots job id holds (in its tenant's,
+// @global's, and sc's key's and pools' scopes); with a queue, the
 // tenant's line of it is given: waiting reports that jobs wait there, and
-// then the tenant's slots were not given back (its caller hands them on).
-func (l *Limiter) release(ctx context.Context, tenant, queue, id string, claim uint64, pools ...string) (waiting bool, err error) {
+// then the slots of the tenant's slot (its own and its key's) were not
+// given back (its caller hands them on).
+func (l *Limiter) release(ctx context.Context, tenant, queue, id string, claim uint64, sc waitroom.Scopes) (waiting bool, err error) {
 	if tenant != "" {
 		if err := ValidateTenant(tenant); err != nil {
 			return false, err
@@ -61,15 +64,16 @@ func (l *Limiter) release(ctx context.Context, tenant, queue, id string, claim u
 	if r.global != nil && r.global.Concurrency != nil {
 		globalKeys = []string{keysFor(l.cfg.Prefix, GlobalPolicy).state}
 	}
-	// the job's pools share @global's slot
-	ps, err := l.poolScopes(ctx, pools)
+	// the job's key shares the tenant's slot, its pools @global's
+	ks, ps, err := l.belowScopes(ctx, tenant, sc)
 	if err != nil {
 		return false, fmt.Errorf("release tenant %q job %q: %w", tenant, id, err)
 	}
+	for _, k := range ks {
+		tenantKeys = append(tenantKeys, k.keys.state)
+	}
 	for _, p := range ps {
-		if p.policy.Concurrency != nil {
-			globalKeys = append(globalKeys, p.keys.state)
-		}
+		globalKeys = append(globalKeys, p.keys.state)
 	}
 	var lines []string
 	if queue != "" && tenant != "" {
@@ -132,36 +136,71 @@ func (l *Limiter) release(ctx context.Context, tenant, queue, id string, claim u
 	return waiting, nil
 }
 
-// releasePools gives back the concurrency slots job id holds under claim
-// in the shared pools it names (one call: they share @global's slot).
-func (l *Limiter) releasePools(ctx context.Context, id string, claim uint64, pools []string) error {
-	ps, err := l.poolScopes(ctx, pools)
+// belowScopes are the scopes of sc (a job's key below tenant, its pools)
+// whose policies have a concurrency rule: the key's, and the pools'.
+func (l *Limiter) belowScopes(ctx context.Context, tenant string, sc waitroom.Scopes) (key, pools []scope, err error) {
+	if sc.Key != "" {
+		k, err := l.keyScope(ctx, tenant, sc.Key)
+		if err != nil {
+			return nil, nil, err
+		}
+		if k != nil && k.policy.Concurrency != nil {
+			key = []scope{*k}
+		}
+	}
+	ps, err := l.poolScopes(ctx, sc.Pools)
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, p := range ps {
+		if p.policy.Concurrency != nil {
+			pools = append(pools, p)
+		}
+	}
+	return key, pools, nil
+}
+
+// releaseBelow gives back the concurrency slots job id holds under claim
+// in its key's scope and, withPools, its pools' (one call on one server;
+// on a Cluster one per slot).
+func (l *Limiter) releaseBelow(ctx context.Context, tenant, id string, claim uint64, sc waitroom.Scopes, withPools bool) error {
+	ks, ps, err := l.belowScopes(ctx, tenant, sc)
 	if err != nil {
 		return fmt.Errorf("release job %q: %w", id, err)
 	}
-	var keys []string
-	for _, p := range ps {
-		if p.policy.Concurrency != nil {
-			keys = append(keys, p.keys.state)
-		}
+	if !withPools {
+		ps = nil
 	}
-	if len(keys) == 0 {
-		return nil
+	var groups [][]string
+	for _, g := range [][]scope{ks, ps} {
+		var keys []string
+		for _, s := range g {
+			keys = append(keys, s.keys.state)
+		}
+		switch {
+		case len(keys) == 0:
+		case l.cluster || len(groups) == 0:
+			groups = append(groups, keys)
+		default:
+			groups[0] = append(groups[0], keys...)
+		}
 	}
 	noTTL := 0
 	if l.noExpire {
 		noTTL = 1
 	}
-	res, err := l.batch.runMerged(ctx, lua.Release, keys, []any{l.clockArg(), 1, noTTL, id, claim, len(keys), 0}, releaseMerge)
-	if err != nil {
-		return fmt.Errorf("release job %q in pools %v: %w", id, pools, err)
-	}
-	arr, ok := res.([]any)
-	if !ok || len(arr) != 1 {
-		return fmt.Errorf("release.lua: unexpected reply %v", res)
-	}
-	if v, _ := arr[0].(int64); v>>8&0xff > 0 && claim != 0 {
-		return fmt.Errorf("release job %q in pools %v: %w", id, pools, ErrClaimLost)
+	for _, keys := range groups {
+		res, err := l.batch.runMerged(ctx, lua.Release, keys, []any{l.clockArg(), 1, noTTL, id, claim, len(keys), 0}, releaseMerge)
+		if err != nil {
+			return fmt.Errorf("release job %q of tenant %q (key %q, pools %v): %w", id, tenant, sc.Key, sc.Pools, err)
+		}
+		arr, ok := res.([]any)
+		if !ok || len(arr) != 1 {
+			return fmt.Errorf("release.lua: unexpected reply %v", res)
+		}
+		if v, _ := arr[0].(int64); v>>8&0xff > 0 && claim != 0 {
+			return fmt.Errorf("release job %q of tenant %q (key %q, pools %v): %w", id, tenant, sc.Key, sc.Pools, ErrClaimLost)
+		}
 	}
 	return nil
 }
@@ -200,12 +239,14 @@ func (l *Limiter) Renew(ctx context.Context, tenant, id string, claim uint64) er
 }
 
 // Held is a running job holding concurrency slots under a claim, in its
-// tenant's, @global's and its pools' scopes (Request.Pools).
+// tenant's, @global's, its key's (Request.Key) and its pools' scopes
+// (Request.Pools).
 type Held struct {
 	Tenant string
 	ID     string
 	Claim  uint64
 	Pools  []string
+	Key    string
 }
 
 // RenewAll renews the leases of several running jobs in one round trip (a
@@ -264,15 +305,10 @@ func (l *Limiter) renewCalls(ctx context.Context, h Held) ([]*call, error) {
 			return nil, err
 		}
 	}
-	scopes, err := l.scopes(ctx, h.Tenant)
+	_, scopes, err := l.jobScopes(ctx, Request{Tenant: h.Tenant, Key: h.Key, Pools: h.Pools})
 	if err != nil {
 		return nil, fmt.Errorf("renew tenant %q job %q: %w", h.Tenant, h.ID, err)
 	}
-	pools, err := l.poolScopes(ctx, h.Pools)
-	if err != nil {
-		return nil, fmt.Errorf("renew tenant %q job %q: %w", h.Tenant, h.ID, err)
-	}
-	scopes = append(scopes, pools...)
 	var held []scope
 	for _, s := range scopes {
 		if s.policy != nil && s.policy.Concurrency != nil {
@@ -284,18 +320,21 @@ func (l *Limiter) renewCalls(ctx context.Context, h Held) ([]*call, error) {
 	}
 	groups := [][]scope{held}
 	if l.cluster {
-		// one call per slot: the tenant's, and @global's with the pools'
-		groups = nil
-		var global []scope
+		// one call per slot: the tenant's (with its key's), and
+		// @global's with the pools'
+		var tenant, global []scope
 		for _, s := range held {
 			if inGlobalSlot(s.name) {
 				global = append(global, s)
 			} else {
-				groups = append(groups, []scope{s})
+				tenant = append(tenant, s)
 			}
 		}
-		if global != nil {
-			groups = append(groups, global)
+		groups = nil
+		for _, g := range [][]scope{tenant, global} {
+			if g != nil {
+				groups = append(groups, g)
+			}
 		}
 	}
 	var calls []*call

@@ -59,10 +59,10 @@ func (l *Limiter) lockSplit(ctx context.Context, tenant string) (func(), error) 
 }
 
 // needsSplit reports whether op's scopes live in two slots: on a Cluster,
-// a tenant's and the others (@global and the job's pools, which share
-// @global's slot).
+// a tenant's (the tenant and its key) and the others (@global and the
+// job's pools, which share @global's slot).
 func (l *Limiter) needsSplit(scopes []scope) bool {
-	return l.cluster && len(scopes) > 1 && !inGlobalSlot(scopes[0].name)
+	return l.cluster && len(scopes) > 1 && !inGlobalSlot(scopes[0].name) && inGlobalSlot(scopes[len(scopes)-1].name)
 }
 
 // inGlobalSlot reports whether a scope lives in @global's slot (@global
@@ -71,22 +71,29 @@ func inGlobalSlot(name string) bool {
 	return name == GlobalPolicy || isPool(name)
 }
 
-// doSplit decides op, whose scopes are the tenant's and, in @global's
-// slot, @global's and its pools', in steps.
+// doSplit decides op, whose scopes are the tenant's slot's first (the
+// tenant's and its key's) and then, in @global's slot, @global's and its
+// pools', in steps.
 func (l *Limiter) doSplit(ctx context.Context, op *admitOp) (Decision, error) {
 	unlock, err := l.lockSplit(ctx, op.scopes[0].name)
 	if err != nil {
 		return Decision{}, err
 	}
 	defer unlock()
-	s := &split{l: l, op: op, tenant: op.scopes[0], global: op.scopes[1:]}
+	n := 1
+	for n < len(op.scopes) && !inGlobalSlot(op.scopes[n].name) {
+		n++
+	}
+	s := &split{l: l, op: op, tenant: op.scopes[:n], global: op.scopes[n:]}
 	return s.decide(ctx)
 }
 
 type split struct {
-	l      *Limiter
-	op     *admitOp
-	tenant opScope
+	l  *Limiter
+	op *admitOp
+	// tenant are the scopes of the tenant's slot: the tenant's and its
+	// key's, decided together in one step (A), as the other side
+	tenant []opScope
 	// global are the scopes of @global's slot: @global and the job's pools,
 	// decided together in one step (B), as one side of the admission
 	global []opScope
@@ -101,28 +108,33 @@ func (s *split) step(ctx context.Context, scopes []opScope, flags int, undo [][]
 	return s.l.run(ctx, &op, clock)
 }
 
-func (s *split) remote(sc opScope, snapshot []int64) opScope {
-	return opScope{scope: sc.scope, snapshot: snapshot}
+// remote are scopes decided on from their snapshots (one each).
+func (s *split) remote(scopes []opScope, snapshots [][]int64) []opScope {
+	out := make([]opScope, len(scopes))
+	for i, sc := range scopes {
+		out[i] = opScope{scope: sc.scope, snapshot: snapshots[i]}
+	}
+	return out
 }
 
 func (s *split) decide(ctx context.Context) (Decision, error) {
-	ra, err := s.step(ctx, []opScope{s.tenant}, flagProbe|flagTwoStep, nil, -1)
+	ra, err := s.step(ctx, s.tenant, flagProbe|flagTwoStep, nil, -1)
 	if err != nil {
-		return Decision{}, fmt.Errorf("%s: %w", s.tenant.name, err)
+		return Decision{}, fmt.Errorf("%s: %w", s.tenant[0].name, err)
 	}
 	s.clock = ra.now
-	snapT := ra.snapshots[0]
-	var undoT []int64 // what the tenant holds that the answer may take back
+	snapT := ra.snapshots
+	var undoT [][]int64 // what the tenant holds that the answer may take back
 	if ra.wrote() {
-		undoT = ra.undos[0]
+		undoT = ra.undos
 	}
 	tenantFigures := ra
 	var last *admitReply
 	for round := 1; ; round++ {
-		both := append([]opScope{s.remote(s.tenant, snapT)}, s.global...)
+		both := append(s.remote(s.tenant, snapT), s.global...)
 		rb, err := s.step(ctx, both, flagTwoStep, nil, s.clock)
 		if err != nil {
-			s.undo(ctx, []opScope{s.tenant}, [][]int64{undoT})
+			s.undo(ctx, s.tenant, undoT)
 			return Decision{}, fmt.Errorf("%s: %w", s.global[0].name, err)
 		}
 		var undoG [][]int64
@@ -136,15 +148,12 @@ func (s *split) decide(ctx context.Context) (Decision, error) {
 			return s.answer(rb, both, tenantFigures, rb), nil
 		}
 		// C: the tenant writes B's decision, or takes back A's charge
-		both = []opScope{s.tenant}
-		for i, g := range s.global {
-			both = append(both, s.remote(g, rb.snapshots[i]))
-		}
+		both = append(s.tenant[:len(s.tenant):len(s.tenant)], s.remote(s.global, rb.snapshots)...)
 		flags := flagTwoStep | flagExpect
 		var undo [][]int64
 		if undoT != nil {
 			flags |= flagUndo
-			undo = [][]int64{undoT}
+			undo = undoT
 		}
 		c := *s.op
 		c.scopes, c.flags, c.undo = both, s.op.flags|flags, undo
@@ -154,7 +163,7 @@ func (s *split) decide(ctx context.Context) (Decision, error) {
 			// whether C wrote is unknown: @global's part is taken back, and
 			// the tenant keeps what it may hold (the cautious side)
 			s.undo(ctx, s.global, undoG)
-			return Decision{}, fmt.Errorf("%s: %w", s.tenant.name, err)
+			return Decision{}, fmt.Errorf("%s: %w", s.tenant[0].name, err)
 		}
 		if !rc.conflict() {
 			return s.answer(rc, both, rc, rb), nil
@@ -162,18 +171,18 @@ func (s *split) decide(ctx context.Context) (Decision, error) {
 		// another admission changed the tenant since A: take back @global's
 		// part and decide again on the tenant's state as it is now
 		s.undo(ctx, s.global, undoG)
-		snapT, undoT, tenantFigures, last = rc.snapshots[0], nil, rc, rc
+		snapT, undoT, tenantFigures, last = rc.snapshots, nil, rc, rc
 		if round == maxSplitRounds {
 			break
 		}
 	}
 	// The tenant kept changing under the steps: the job is denied, charged
 	// nothing, and told to come back soon, as a full concurrency rule would.
-	d := last.decision(append([]opScope{s.tenant}, s.global...))
+	d := last.decision(append(s.tenant[:len(s.tenant):len(s.tenant)], s.global...))
 	d.Allowed, d.Reserved, d.Slot = false, false, time.Time{}
 	d.RetryAfter = max(d.RetryAfter, s.l.cfg.ConcurrencyRetry)
 	if d.Rule == "" {
-		d.Rule, d.Policy = ruleName(kindConcurrency, 0), s.tenant.name
+		d.Rule, d.Policy = ruleName(kindConcurrency, 0), s.tenant[0].name
 	}
 	return d, nil
 }

@@ -93,6 +93,22 @@ func (l *Limiter) Stats(ctx context.Context, tenant string) (*Stats, error) {
 		if c.policy != nil {
 			p, name = c.policy, tenant
 		}
+	} else if t, key, ok := keyOf(tenant); ok {
+		// a key below a tenant ("acme/user-42"): its scope's state under
+		// the policy that applies to it
+		if err := ValidateTenant(t); err != nil {
+			return nil, err
+		}
+		if err := ValidateKey(key); err != nil {
+			return nil, err
+		}
+		kname, c, err := l.policies.keyPolicy(ctx, t, key)
+		if err != nil {
+			return nil, err
+		}
+		if c.policy != nil {
+			p, name = c.policy, kname
+		}
 	} else {
 		if err := ValidateTenant(tenant); err != nil {
 			return nil, err
@@ -115,7 +131,7 @@ func (l *Limiter) Stats(ctx context.Context, tenant string) (*Stats, error) {
 		wdur = micros(p.Window.Period)
 	}
 	keys := []string{k.state, k.planned, k.started}
-	if tenant != GlobalPolicy && !isPool(tenant) {
+	if _, _, isKey := keyOf(tenant); tenant != GlobalPolicy && !isPool(tenant) && !isKey {
 		qs, err := l.room().queuesOf(ctx, tenant)
 		if err != nil {
 			return nil, err

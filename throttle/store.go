@@ -56,6 +56,7 @@ type cachedPolicy struct {
 	policy *Policy
 	facts  *policyFacts
 	err    error
+	keys   map[string][]string // keyIndexEntry's: the key index
 }
 
 // storedPolicy is the JSON held in the policy hash.
@@ -527,30 +528,161 @@ func (s *PolicyStore) resolve(ctx context.Context, tenant string) (resolved, err
 // pool returns the policy of the shared pool name (nil: none), from the
 // cache or with one round trip to Redis.
 func (s *PolicyStore) pool(ctx context.Context, name string) (cachedPolicy, error) {
+	cs, err := s.cached(ctx, name)
+	if err != nil {
+		return cachedPolicy{}, err
+	}
+	return cs[0], cs[0].err
+}
+
+// cached returns the policies of names (a nil policy for none), from the
+// cache, reading those missing in one round trip to Redis.
+func (s *PolicyStore) cached(ctx context.Context, names ...string) ([]cachedPolicy, error) {
 	s.startReading()
+	out := make([]cachedPolicy, len(names))
+	var missing []string
 	s.mu.RLock()
-	c, ok := s.cache[name]
-	s.mu.RUnlock()
-	if !ok {
-		epoch := s.epoch.Load()
-		vals, _, err := s.read(ctx, []string{name}, "")
-		if err != nil {
-			return cachedPolicy{}, fmt.Errorf("read policies: %w", err)
+	for i, name := range names {
+		c, ok := s.cache[name]
+		if !ok {
+			missing = append(missing, name)
 		}
-		if raw, ok := vals[0].(string); ok {
+		out[i] = c
+	}
+	s.mu.RUnlock()
+	if len(missing) == 0 {
+		return out, nil
+	}
+	epoch := s.epoch.Load()
+	vals, _, err := s.read(ctx, missing, "")
+	if err != nil {
+		return nil, fmt.Errorf("read policies: %w", err)
+	}
+	read := make(map[string]cachedPolicy, len(missing))
+	for i, name := range missing {
+		var c cachedPolicy
+		if raw, ok := vals[i].(string); ok {
 			c.policy, c.err = decodePolicy(name, raw)
 		}
 		c.facts = factsOf(c.policy)
-		s.mu.Lock()
-		if s.epoch.Load() == epoch {
-			if len(s.cache) > maxCachedPolicies {
-				s.cache = map[string]cachedPolicy{}
-			}
+		read[name] = c
+	}
+	for i, name := range names {
+		if c, ok := read[name]; ok {
+			out[i] = c
+		}
+	}
+	s.mu.Lock()
+	if s.epoch.Load() == epoch {
+		if len(s.cache)+len(read) > maxCachedPolicies {
+			s.cache = map[string]cachedPolicy{}
+		}
+		for name, c := range read {
 			s.cache[name] = c
 		}
-		s.mu.Unlock()
 	}
-	return c, c.err
+	s.mu.Unlock()
+	return out, nil
+}
+
+// keyPolicy returns the policy of tenant's key and the name it is stored
+// under: the key's own (TENANT/KEY), else that of its tenant's keys
+// (TENANT/*), else that of every tenant's keys (*/*); none ("", nil) when
+// none of them exists.
+func (s *PolicyStore) keyPolicy(ctx context.Context, tenant, key string) (string, cachedPolicy, error) {
+	names := []string{keyPolicyName(tenant, key), keyPolicyName(tenant, DefaultPolicy), keyPolicyName(DefaultPolicy, DefaultPolicy)}
+	cs, err := s.cached(ctx, names...)
+	if err != nil {
+		return "", cachedPolicy{}, err
+	}
+	for i, c := range cs {
+		if c.err != nil {
+			return "", cachedPolicy{}, c.err
+		}
+		if c.policy != nil {
+			return names[i], c, nil
+		}
+	}
+	return "", cachedPolicy{}, nil
+}
+
+// keyPolicies are the key policies a turn of tenant's line needs: the
+// policy of its keys without one of their own (TENANT/* or */*; its name
+// "" when none) and the keys that have their own, with theirs. The names
+// of the stored key policies are read once per change of the policies
+// (HKEYS of the policy hash, only when a key policy was ever asked for);
+// a store without key policies answers with no round trip.
+func (s *PolicyStore) keyPolicies(ctx context.Context, tenant string) (def string, defc cachedPolicy, own map[string]cachedPolicy, err error) {
+	idx, err := s.keyIndex(ctx)
+	if err != nil || len(idx) == 0 {
+		return "", cachedPolicy{}, nil, err
+	}
+	keys := idx[tenant]
+	names := make([]string, 0, len(keys)+2)
+	for _, k := range keys {
+		names = append(names, keyPolicyName(tenant, k))
+	}
+	names = append(names, keyPolicyName(tenant, DefaultPolicy), keyPolicyName(DefaultPolicy, DefaultPolicy))
+	cs, err := s.cached(ctx, names...)
+	if err != nil {
+		return "", cachedPolicy{}, nil, err
+	}
+	for i, c := range cs {
+		if c.err != nil {
+			return "", cachedPolicy{}, nil, c.err
+		}
+		if i < len(keys) {
+			if c.policy != nil {
+				if own == nil {
+					own = map[string]cachedPolicy{}
+				}
+				own[keys[i]] = c
+			}
+		} else if def == "" && c.policy != nil {
+			def, defc = names[i], c
+		}
+	}
+	return def, defc, own, nil
+}
+
+// keyIndexEntry is the cache's entry holding the key index (a name no
+// policy can have).
+const keyIndexEntry = "\x00keys"
+
+// keyIndex maps each tenant to the keys that have a policy of their own;
+// a tenant whose keys share TENANT/* (or */*) maps to nothing but is
+// present. Empty when no key policy is stored.
+func (s *PolicyStore) keyIndex(ctx context.Context) (map[string][]string, error) {
+	s.startReading()
+	s.mu.RLock()
+	c, ok := s.cache[keyIndexEntry]
+	s.mu.RUnlock()
+	if ok {
+		return c.keys, nil
+	}
+	epoch := s.epoch.Load()
+	names, err := s.client.HKeys(ctx, policiesKey(s.prefix)).Result()
+	if err != nil {
+		return nil, fmt.Errorf("read policies: %w", err)
+	}
+	idx := map[string][]string{}
+	for _, name := range names {
+		if t, k, ok := keyOf(name); ok {
+			if k == DefaultPolicy {
+				if _, ok := idx[t]; !ok {
+					idx[t] = nil // present: TENANT/* (or */*) applies
+				}
+				continue
+			}
+			idx[t] = append(idx[t], k)
+		}
+	}
+	s.mu.Lock()
+	if s.epoch.Load() == epoch {
+		s.cache[keyIndexEntry] = cachedPolicy{keys: idx}
+	}
+	s.mu.Unlock()
+	return idx, nil
 }
 
 // read reads the named policies' raw values and, unless learnedOf is

@@ -18,7 +18,8 @@ var ErrInvalidTenant = errors.New("invalid tenant")
 // ValidateTenant checks a job's tenant: 1 to 256 bytes of valid UTF-8 with
 // no control character (C0 U+0000–U+001F, DEL U+007F, C1 U+0080–U+009F),
 // not one of the policy store's reserved names (* and names starting with
-// @). Every entry point applies it: the CLI, policy files, queue.Client and
+// @), without '/' (which separates a tenant from a key below it:
+// "acme/user-42", see ValidateKey). Every entry point applies it: the CLI, policy files, queue.Client and
 // the worker's reading of a job's tenant header.
 func ValidateTenant(tenant string) error {
 	switch {
@@ -34,8 +35,52 @@ func ValidateTenant(tenant string) error {
 		return fmt.Errorf("%w: tenant %q has a control character (U+%04X) at byte %d; a tenant is printed in tables and logs, so newlines, tabs, NUL, DEL and other control characters are not allowed", ErrInvalidTenant, tenant, r, i)
 	case tenant == DefaultPolicy || strings.HasPrefix(tenant, "@"):
 		return fmt.Errorf("%w: tenant %q is a reserved name (* is the default policy, names starting with @ are sluice's); choose another", ErrInvalidTenant, tenant)
+	case strings.Contains(tenant, keySep):
+		t, k, _ := strings.Cut(tenant, keySep)
+		return fmt.Errorf("%w: tenant %q holds %q, which separates a tenant from a key below it: give the tenant %q and the key %q apart (queue.Key, enqueue --key)", ErrInvalidTenant, tenant, keySep, t, k)
 	}
 	return nil
+}
+
+// keySep separates a tenant from a key below it in a policy's name:
+// "acme/user-42" is the policy of acme's key user-42, "acme/*" that of
+// every key of acme without its own, "*/*" that of every key of every
+// tenant without one.
+const keySep = "/"
+
+// maxKeyLen is the longest key below a tenant, in bytes.
+const maxKeyLen = 200
+
+// ValidateKey checks a job's key below its tenant (Request.Key): 1 to 200
+// bytes of valid UTF-8 with no control character, other than * (which
+// names every key in a policy's name). A key may hold '/'
+// ("acme/org/repo" is tenant acme's key org/repo).
+func ValidateKey(key string) error {
+	switch {
+	case key == "":
+		return fmt.Errorf("%w: the key is empty; give the user, project or other part of the tenant the job is for, or no key", ErrInvalidTenant)
+	case len(key) > maxKeyLen:
+		return fmt.Errorf("%w: key %q… is %d bytes; at most %d are allowed (use an id or a hash of the name)", ErrInvalidTenant, key[:32], len(key), maxKeyLen)
+	case !utf8.ValidString(key):
+		return fmt.Errorf("%w: key %q is not valid UTF-8", ErrInvalidTenant, key)
+	case controlAt(key) >= 0:
+		return fmt.Errorf("%w: key %q has a control character at byte %d; a key is printed in tables and logs, so control characters are not allowed", ErrInvalidTenant, key, controlAt(key))
+	case key == DefaultPolicy:
+		return fmt.Errorf("%w: key %q names every key in a policy's name (\"acme/*\"); a job's key is one of them, choose another", ErrInvalidTenant, key)
+	}
+	return nil
+}
+
+// keyPolicyName is the name of the policy of tenant's key ("acme/user-42").
+func keyPolicyName(tenant, key string) string { return tenant + keySep + key }
+
+// keyOf splits a key policy's name: its tenant (or *) and its key (or *);
+// false for a name without keySep.
+func keyOf(name string) (tenant, key string, ok bool) {
+	if strings.HasPrefix(name, "@") {
+		return "", "", false
+	}
+	return strings.Cut(name, keySep)
 }
 
 // controlAt returns the byte index of the first control character of s (C0,
@@ -89,7 +134,9 @@ func isPool(name string) bool {
 
 // ValidatePolicyName checks the name of a policy: a tenant (see
 // ValidateTenant), * (the default policy), @global, a shared pool (see
-// ValidatePool), or ShadowPrefix and a tenant or * (a shadow policy).
+// ValidatePool), ShadowPrefix and a tenant or * (a shadow policy), or a
+// key's: TENANT/KEY, TENANT/* (every key of the tenant) or */* (every key
+// of every tenant; see keySep).
 func ValidatePolicyName(name string) error {
 	if name == DefaultPolicy || name == GlobalPolicy {
 		return nil
@@ -106,6 +153,9 @@ func ValidatePolicyName(name string) error {
 		}
 		return nil
 	}
+	if t, k, ok := keyOf(name); ok {
+		return validateKeyPolicyName(name, t, k)
+	}
 	if strings.HasPrefix(name, "@") {
 		if err := ValidatePool(name); err != nil {
 			return fmt.Errorf("%w: policy name %q: names starting with @ are @global, shared pools (\"@openai\": lowercase letters, digits, '.', '_', '-') and %sTENANT (a shadow); * is the default policy", ErrInvalidTenant, name, ShadowPrefix)
@@ -113,6 +163,27 @@ func ValidatePolicyName(name string) error {
 		return nil
 	}
 	return ValidateTenant(name)
+}
+
+// validateKeyPolicyName checks a key policy's name: TENANT/KEY, TENANT/*
+// or */*.
+func validateKeyPolicyName(name, tenant, key string) error {
+	if tenant == DefaultPolicy {
+		if key != DefaultPolicy {
+			return fmt.Errorf("%w: policy name %q: */ names every tenant's keys, so it takes */* (a key of its own needs its tenant: \"acme/%s\")", ErrInvalidTenant, name, key)
+		}
+		return nil
+	}
+	if err := ValidateTenant(tenant); err != nil {
+		return fmt.Errorf("key policy %q: %w", name, err)
+	}
+	if key == DefaultPolicy {
+		return nil
+	}
+	if err := ValidateKey(key); err != nil {
+		return fmt.Errorf("key policy %q: %w", name, err)
+	}
+	return nil
 }
 
 // shadowOf is the tenant (or *) whose shadow the policy name is; false for

@@ -15,8 +15,9 @@ const tenantsScanCount = 1000
 // Tenants lists, sorted, every tenant that has throttle state in Redis
 // (meters, window entries, reservations, slots, cooldown or a line of
 // waiting jobs),
-// GlobalPolicy when @global has state, and the shared pools that have
-// state ("@openai"). Tenants with a policy but no state
+// GlobalPolicy when @global has state, the shared pools that have
+// state ("@openai") and the keys below tenants that have state
+// ("acme/user-42"). Tenants with a policy but no state
 // are not listed: PolicyStore.List has those. An idle tenant drops out once
 // its keys have expired.
 //
@@ -32,8 +33,14 @@ func (l *Limiter) Tenants(ctx context.Context) ([]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list tenants: %w", err)
 	}
-	for p := range pools {
-		seen[p] = struct{}{}
+	keys, err := l.scanScopes(ctx, keyKeyPattern(l.cfg.Prefix))
+	if err != nil {
+		return nil, fmt.Errorf("list tenants: %w", err)
+	}
+	for _, m := range []map[string]struct{}{pools, keys} {
+		for p := range m {
+			seen[p] = struct{}{}
+		}
 	}
 	out := make([]string, 0, len(seen))
 	for t := range seen {

@@ -151,7 +151,7 @@ func (l *Limiter) Redeem(ctx context.Context, req Request, text string) (d Decis
 		Slot: time.UnixMicro(t.slot), Now: time.UnixMicro(now), planned: t.slot, started: t.slot + t.slack}
 	if lease > 0 {
 		if t.leaseEnd-now < micros(lease)*2/3 {
-			if err := l.RenewAll(ctx, []Held{{Tenant: req.Tenant, ID: req.ID, Claim: t.claim, Pools: req.Pools}})[0]; err != nil {
+			if err := l.RenewAll(ctx, []Held{{Tenant: req.Tenant, ID: req.ID, Claim: t.claim, Pools: req.Pools, Key: req.Key}})[0]; err != nil {
 				if errors.Is(err, ErrClaimLost) {
 					return Decision{}, false, nil
 				}

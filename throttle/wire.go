@@ -2,10 +2,13 @@ package throttle
 
 import (
 	"fmt"
-	"github.com/sluicehq/sluice/internal/waitroom"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/waitroom"
 )
 
 // The admission wire: how an admission is laid out for lua/admit.lua and
@@ -71,9 +74,11 @@ type admitOp struct {
 	expectSlot    int64
 	// roomKeys and roomArgs: the tenant's line (and handing) keys, and the
 	// op's arguments, for a waiting-room op (flagArrive, flagPromote,
-	// flagRelease)
+	// flagRelease); keyed: for a turn of a line, the policies of the
+	// tenant's keys (nil: none)
 	roomKeys []string
 	roomArgs []any
+	keyed    *keyedPolicies
 }
 
 // opScope is a scope of an op: local (read and written by the op), or
@@ -167,26 +172,13 @@ func (l *Limiter) encode(op *admitOp, clock int64, now time.Time) ([]string, *ad
 		if p == nil {
 			p = noPolicy
 		}
-		ref := -1
-		for i, ep := range aa.policies {
-			if ep.key.p == p {
-				ref = i
-			}
-		}
-		if ref < 0 {
-			if s.facts != nil && s.facts.args != nil {
-				aa.policies = append(aa.policies, *s.facts.args)
-			} else {
-				aa.policies = append(aa.policies, encodePolicyArgs(p, now))
-			}
-			ref = len(aa.policies) - 1
-		}
+		ref := aa.policyRef(p, s.facts, now)
 		aa.refs = append(aa.refs, len(aa.op))
 		if s.snapshot == nil {
 			keys = append(keys, s.keys.admitKeysFor(p)...)
-			aa.op = append(aa.op, ref+1)
+			aa.op = append(aa.op, ref)
 		} else {
-			aa.op = append(aa.op, -(ref + 1))
+			aa.op = append(aa.op, -ref)
 		}
 		for _, v := range s.snapshot {
 			aa.op = append(aa.op, v)
@@ -206,7 +198,72 @@ func (l *Limiter) encode(op *admitOp, clock int64, now time.Time) ([]string, *ad
 	}
 	keys = append(keys, op.roomKeys...)
 	aa.op = append(aa.op, op.roomArgs...)
+	if op.flags&(flagPromote|flagRelease) != 0 && len(op.roomKeys) > 0 {
+		// a turn of a line: the policies of the tenant's keys
+		k := op.keyed
+		if k == nil {
+			k = &keyedPolicies{}
+		}
+		aa.op = append(aa.op, k.base)
+		if k.def.policy != nil {
+			aa.refs = append(aa.refs, len(aa.op))
+			aa.op = append(aa.op, aa.policyRef(k.def.policy, k.def.facts, now))
+		} else {
+			aa.op = append(aa.op, 0)
+		}
+		aa.op = append(aa.op, len(k.own))
+		for _, key := range slices.Sorted(maps.Keys(k.own)) {
+			c := k.own[key]
+			aa.op = append(aa.op, key)
+			aa.refs = append(aa.refs, len(aa.op))
+			aa.op = append(aa.op, aa.policyRef(c.policy, c.facts, now))
+		}
+	}
 	return keys, aa
+}
+
+// policyRef is p's reference in the op (its 1-based position in the
+// policies sent), adding it with facts' encoding, or encoded at now, when
+// the op has not sent it yet.
+func (aa *admitArgs) policyRef(p *Policy, facts *policyFacts, now time.Time) int {
+	for i, ep := range aa.policies {
+		if ep.key.p == p {
+			return i + 1
+		}
+	}
+	if facts != nil && facts.args != nil {
+		aa.policies = append(aa.policies, *facts.args)
+	} else {
+		aa.policies = append(aa.policies, encodePolicyArgs(p, now))
+	}
+	return len(aa.policies)
+}
+
+// keyedPolicies are the policies of a tenant's keys, for a turn of its
+// line (PolicyStore.keyPolicies): the base of its key scopes' keys, the
+// policy of keys without their own (defName; none when its policy is
+// nil), and the keys with their own.
+type keyedPolicies struct {
+	base    string
+	defName string
+	def     cachedPolicy
+	own     map[string]cachedPolicy
+}
+
+// scopeOf is the scope of tenant's key under these policies; false when
+// its policy has no rules (admit.lua's key_scope).
+func (k *keyedPolicies) scopeOf(prefix, tenant, key string) (scope, bool) {
+	if k == nil {
+		return scope{}, false
+	}
+	name, c := keyPolicyName(tenant, key), k.own[key]
+	if c.policy == nil {
+		name, c = k.defName, k.def
+	}
+	if !c.policy.HasRules() {
+		return scope{}, false
+	}
+	return scope{name: name, keys: keysFor(prefix, keyPolicyName(tenant, key)), policy: c.policy, facts: c.facts}, true
 }
 
 // admitMerge puts admissions into one admit.lua run: each distinct policy
@@ -486,7 +543,10 @@ func roomOpReply(raw any, n int) ([]any, int64, error) {
 // job {entry, slot, claim, {undo records}, late, slack}; scopes are the op's. With
 // once, each promoted job gets its ticket (it holds its concurrency slots
 // for lease; fp is its policies' fingerprint).
-func decodeTurn(tenant string, raw any, scopes []scope, once bool, lease time.Duration, fp uint32) (waitroom.Turn, error) {
+// decodeTurn reads a turn's reply: scopes are the turn's, keyed the
+// policies of the tenant's keys (a promoted job with a key was decided in
+// its key's scope too).
+func decodeTurn(prefix, tenant string, raw any, scopes []scope, keyed *keyedPolicies, once bool, fp uint32) (waitroom.Turn, error) {
 	op, now, err := roomOpReply(raw, 9)
 	if err != nil {
 		return waitroom.Turn{}, err
@@ -525,9 +585,16 @@ func decodeTurn(tenant string, raw any, scopes []scope, once bool, lease time.Du
 		if err != nil {
 			return waitroom.Turn{}, err
 		}
-		j.Slot, j.Claim, j.Undo = time.UnixMicro(nums[0]), uint64(nums[1]), &promotion{undo: undo, scopes: scopes}
-		if once || late == lateReserved {
-			j.Ticket = ticketFor(nums[0], late, slack, now, lease, j.Claim, fp)
+		js, jonce := scopes, once
+		if ks, ok := keyed.scopeOf(prefix, tenant, j.Key); j.Key != "" && ok {
+			js = append(scopes[:len(scopes):len(scopes)], ks)
+			// a key's window or quota is decided again at the start, as a
+			// tenant's is (room.decidesAll)
+			jonce = once && ks.policy.Window == nil && ks.policy.Quota == nil
+		}
+		j.Slot, j.Claim, j.Undo = time.UnixMicro(nums[0]), uint64(nums[1]), &promotion{undo: undo, scopes: js}
+		if jonce || late == lateReserved {
+			j.Ticket = ticketFor(nums[0], late, slack, now, leaseOf(js), j.Claim, fp)
 		}
 		t.Promoted = append(t.Promoted, j)
 	}
@@ -549,7 +616,7 @@ func decodeTurn(tenant string, raw any, scopes []scope, once bool, lease time.Du
 func promotedFrom(tenant, member string) (waitroom.Promoted, error) {
 	e, ok := parseLineEntry(member)
 	if !ok {
-		return waitroom.Promoted{}, fmt.Errorf("line entry %q of tenant %q is not LINED_MS␟COST␟QUEUE␟ID", member, tenant)
+		return waitroom.Promoted{}, fmt.Errorf("line entry %q of tenant %q is not LINED_MS␟COST[/KEY]␟QUEUE␟ID", member, tenant)
 	}
-	return waitroom.Promoted{Tenant: tenant, Queue: e.queue, ID: e.id, Cost: e.cost, Lined: e.lined, Entry: member}, nil
+	return waitroom.Promoted{Tenant: tenant, Queue: e.queue, ID: e.id, Key: e.key, Cost: e.cost, Lined: e.lined, Entry: member}, nil
 }

@@ -186,7 +186,7 @@ func (g *Gate) giveBack(ctx context.Context, task *asynq.Task) {
 	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.cfg.CallTimeout)
 	defer cancel()
-	if err := g.room.Release(cctx, j.tenant, j.queue, j.id, 0, j.pools, g.handing(), g.gauge.Spare); err != nil {
+	if err := g.room.Release(cctx, j.tenant, j.queue, j.id, 0, j.scopes(), g.handing(), g.gauge.Spare); err != nil {
 		g.m.err(errRelease)
 		g.warn(errRelease, "sluice: could not release the job's slot; it frees itself when its lease runs out", "task", j.taskID, "tenant", j.tenant, "err", err)
 	}
@@ -223,7 +223,12 @@ type job struct {
 	ticket string
 	// pools are the shared pools the job draws from (taskspec.PoolsHeader)
 	pools []string
+	// key is the job's key below its tenant (taskspec.KeyHeader)
+	key string
 }
+
+// scopes are what the job draws from besides its tenant and @global.
+func (j *job) scopes() waitroom.Scopes { return waitroom.Scopes{Key: j.key, Pools: j.pools} }
 
 // identify reads the job's tenant, identity and cost. A header that cannot
 // be used is logged and counted, and the job runs under what is left
@@ -276,6 +281,14 @@ func (g *Gate) identify(ctx context.Context, task *asynq.Task) *job {
 				continue
 			}
 			j.pools = append(j.pools, p)
+		}
+	}
+	if k, ok := h[taskspec.KeyHeader]; ok && j.tenant != "" {
+		if err := throttle.ValidateKey(k); err != nil {
+			g.m.err(errKeyHeader)
+			g.warn(errKeyHeader, "job's key header cannot be used: running it under its tenant without the key", "task", j.taskID, "header", taskspec.KeyHeader, "err", err)
+		} else {
+			j.key = k
 		}
 	}
 	j.gen, _ = strconv.Atoi(h[taskspec.GenHeader])
@@ -381,7 +394,7 @@ var errAskAgain = errors.New("sluice: decide the job anew")
 // as a retried or deferred job does, or its concurrency slot is gone).
 func (g *Gate) redeem(ctx context.Context, j *job, ticket string, budget time.Duration, start time.Time, next asynq.Handler) error {
 	cctx, cancel := context.WithTimeout(ctx, g.cfg.CallTimeout)
-	d, ok, err := g.lim.Redeem(cctx, throttle.Request{Tenant: j.tenant, ID: j.id, Cost: j.cost, Pools: j.pools, Policies: j.policies}, ticket)
+	d, ok, err := g.lim.Redeem(cctx, throttle.Request{Tenant: j.tenant, ID: j.id, Cost: j.cost, Pools: j.pools, Key: j.key, Policies: j.policies}, ticket)
 	cancel()
 	if err == nil && !ok && d.Reserved {
 		// it holds a reservation for its slot: asked there, not before
@@ -405,7 +418,7 @@ func (g *Gate) redeem(ctx context.Context, j *job, ticket string, budget time.Du
 			return errAskAgain
 		}
 		// a sleep may overrun (a stalled process): is it still in time?
-		if d, ok, err = g.lim.Redeem(ctx, throttle.Request{Tenant: j.tenant, ID: j.id, Cost: j.cost, Pools: j.pools, Policies: j.policies}, ticket); err != nil || !ok {
+		if d, ok, err = g.lim.Redeem(ctx, throttle.Request{Tenant: j.tenant, ID: j.id, Cost: j.cost, Pools: j.pools, Key: j.key, Policies: j.policies}, ticket); err != nil || !ok {
 			g.m.tickets.WithLabelValues(ticketAsked).Inc()
 			return errAskAgain
 		}
@@ -431,7 +444,7 @@ func (g *Gate) decide(ctx context.Context, j *job, reserve bool, wait time.Durat
 	if !reserve || !g.canWait(ctx, wait) {
 		wait = 0
 	}
-	d, err := g.lim.Do(cctx, throttle.Request{Tenant: j.tenant, ID: j.id, Cost: j.cost, Pools: j.pools, Reserve: reserve, Wait: max(wait, 0), Policies: j.policies, Ticket: j.ticket})
+	d, err := g.lim.Do(cctx, throttle.Request{Tenant: j.tenant, ID: j.id, Cost: j.cost, Pools: j.pools, Key: j.key, Reserve: reserve, Wait: max(wait, 0), Policies: j.policies, Ticket: j.ticket})
 	if err == nil || cctx.Err() == nil {
 		return d, err
 	}
@@ -695,9 +708,9 @@ func (g *Gate) release(ctx context.Context, j *job, claim uint64) {
 	if j.tenant == "" && len(j.pools) == 0 {
 		err = g.lim.Release(cctx, j.tenant, j.id, claim)
 	} else if j.tenant == "" || g.stopped() || g.roomOff.Load() {
-		err = g.room.Release(cctx, j.tenant, j.queue, j.id, claim, j.pools, nil, nil)
+		err = g.room.Release(cctx, j.tenant, j.queue, j.id, claim, j.scopes(), nil, nil)
 	} else {
-		err = g.room.Release(cctx, j.tenant, j.queue, j.id, claim, j.pools, g.handOn, g.gauge.Spare)
+		err = g.room.Release(cctx, j.tenant, j.queue, j.id, claim, j.scopes(), g.handOn, g.gauge.Spare)
 	}
 	if errors.Is(err, throttle.ErrClaimLost) {
 		g.m.renewals.WithLabelValues(renewLost).Inc()

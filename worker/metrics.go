@@ -25,6 +25,7 @@ const (
 	errPolicy      = "policy"
 	errCostHeader  = "cost_header"
 	errPoolsHeader = "pools_header"
+	errKeyHeader   = "key_header"
 	errIDHeader    = "id_header"
 	errCopy        = "copy"
 	errRelease     = "release"

@@ -127,7 +127,7 @@ func (r *renewer) renewAll(due []*held, shortest time.Duration) {
 	g := r.g
 	jobs := make([]throttle.Held, len(due))
 	for i, h := range due {
-		jobs[i] = throttle.Held{Tenant: h.j.tenant, ID: h.j.id, Claim: h.claim, Pools: h.j.pools}
+		jobs[i] = throttle.Held{Tenant: h.j.tenant, ID: h.j.id, Claim: h.claim, Pools: h.j.pools, Key: h.j.key}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), min(g.cfg.CallTimeout, shortest/3))
 	errs := g.lim.RenewAll(ctx, jobs)

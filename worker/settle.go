@@ -68,7 +68,7 @@ func (g *Gate) settle(ctx context.Context, j *job, a Admission, s *settlement, f
 	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.cfg.CallTimeout)
 	defer cancel()
-	err := g.lim.Settle(cctx, throttle.Request{Tenant: j.tenant, ID: j.id, Cost: j.cost, Pools: j.pools, Policies: j.policies}, a.Decision, actual)
+	err := g.lim.Settle(cctx, throttle.Request{Tenant: j.tenant, ID: j.id, Cost: j.cost, Pools: j.pools, Key: j.key, Policies: j.policies}, a.Decision, actual)
 	if err != nil {
 		g.m.err(errSettle)
 		g.warn(errSettle, "sluice: could not settle the job's cost; its estimate stays charged", "task", j.taskID, "tenant", j.tenant, "estimate", j.cost, "actual", actual, "err", err)

@@ -8,7 +8,7 @@
 //	enqueue --file F|- [--partial] [--dry-run] [--random-ids] [JOB FLAGS]
 //	enqueue --cron SPEC --tenant T --type TYPE [--payload JSON] [JOB FLAGS]
 //
-//	job flags: --queue Q --cost C --priority high|normal|low --pool @NAME --in DUR --id ID --max-retry N
+//	job flags: --queue Q --cost C --priority high|normal|low --key KEY --pool @NAME --in DUR --id ID --max-retry N
 //	other:     --redis URL --prefix PREFIX -q/--quiet --version -h/--help
 //
 // A line of --file is a JSON object; absent fields take the job flags'

@@ -59,6 +59,7 @@ type options struct {
 	maxRetrySet        bool
 	priority           taskspec.Priority
 	pools              []string
+	key                string
 
 	count    int
 	file     string
@@ -166,6 +167,13 @@ func parseFlags(args []string, env func(string) string) (*options, error) {
 		if !slices.Contains(o.pools, v) {
 			o.pools = append(o.pools, v)
 		}
+		return nil
+	})
+	fs.Func("key", "", func(v string) error {
+		if err := throttle.ValidateKey(v); err != nil {
+			return err
+		}
+		o.key = v
 		return nil
 	})
 	fs.IntVar(&o.count, "count", 1, "")
@@ -323,13 +331,16 @@ type enqueuer struct {
 // flagJob is the job the flags describe.
 func (e *enqueuer) flagJob() queue.Job {
 	o := e.o
-	return queue.Job{Tenant: o.tenant, Task: asynq.NewTask(o.typ, o.payload), Options: jobOptions(o.queue, o.cost, o.priority, o.pools, o.in, o.id, o.maxRetry, o.maxRetrySet)}
+	return queue.Job{Tenant: o.tenant, Task: asynq.NewTask(o.typ, o.payload), Options: jobOptions(o.queue, o.cost, o.priority, o.key, o.pools, o.in, o.id, o.maxRetry, o.maxRetrySet)}
 }
 
-func jobOptions(q string, cost int64, p taskspec.Priority, pools []string, in time.Duration, id string, maxRetry int, maxRetrySet bool) []asynq.Option {
+func jobOptions(q string, cost int64, p taskspec.Priority, key string, pools []string, in time.Duration, id string, maxRetry int, maxRetrySet bool) []asynq.Option {
 	opts := []asynq.Option{asynq.Queue(q)}
 	if cost != 1 {
 		opts = append(opts, queue.Cost(cost))
+	}
+	if key != "" {
+		opts = append(opts, queue.Key(key))
 	}
 	if len(pools) > 0 {
 		opts = append(opts, queue.Pools(pools...))

@@ -34,12 +34,13 @@ type line struct {
 	Cost      *int64          `json:"cost"`
 	Priority  *string         `json:"priority"`
 	Pools     []string        `json:"pools"`
+	Key       *string         `json:"key"`
 	ID        *string         `json:"id"`
 	ProcessIn *string         `json:"process_in"`
 	MaxRetry  *int            `json:"max_retry"`
 }
 
-const knownFields = "tenant, type, payload, queue, cost, priority, pools, id, process_in, max_retry"
+const knownFields = "tenant, type, payload, queue, cost, priority, key, pools, id, process_in, max_retry"
 
 // jobContent is what a line enqueues, every default filled in: the id of
 // a line without one is derived from it. The priority is left out: the
@@ -52,6 +53,7 @@ type jobContent struct {
 	Payload   json.RawMessage `json:"payload,omitempty"`
 	Queue     string          `json:"queue"`
 	Cost      int64           `json:"cost"`
+	Key       string          `json:"key,omitempty"`
 	ProcessIn time.Duration   `json:"process_in,omitempty"`
 	MaxRetry  *int            `json:"max_retry,omitempty"`
 }
@@ -125,6 +127,13 @@ func (o *options) parseLine(b []byte) (fileJob, error) {
 		}
 		priority = p
 	}
+	c.Key = o.key
+	if l.Key != nil {
+		if err := throttle.ValidateKey(*l.Key); err != nil {
+			return fileJob{}, fmt.Errorf("key: %v; leave \"key\" out for none", err)
+		}
+		c.Key = *l.Key
+	}
 	pools := o.pools
 	if l.Pools != nil {
 		pools = nil
@@ -158,7 +167,7 @@ func (o *options) parseLine(b []byte) (fileJob, error) {
 		c.Payload = l.Payload
 	}
 	fj := fileJob{
-		job:      queue.Job{Tenant: c.Tenant, Task: asynq.NewTask(c.Type, c.Payload), Options: jobOptions(c.Queue, c.Cost, priority, pools, c.ProcessIn, id, maxRetry, maxRetrySet)},
+		job:      queue.Job{Tenant: c.Tenant, Task: asynq.NewTask(c.Type, c.Payload), Options: jobOptions(c.Queue, c.Cost, priority, c.Key, pools, c.ProcessIn, id, maxRetry, maxRetrySet)},
 		id:       id,
 		queue:    c.Queue,
 		priority: priority,

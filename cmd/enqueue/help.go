@@ -26,6 +26,9 @@ Job flags (with --file, defaults for the lines that leave them out):
   --priority P       high, normal (the default) or low: the job's place among
                      its tenant's jobs while they wait (high leave first);
                      other tenants' jobs are served as before
+  --key KEY          the job's key below its tenant (a user, a project):
+                     its policy (sluice policy set TENANT/KEY RULES, else
+                     TENANT/* or */*) limits it with its tenant's
   --pool @NAME       a shared pool the job draws from (repeat for several):
                      the pool's policy (sluice policy set @NAME RULES) limits
                      it with its tenant's, across every tenant that names it
@@ -40,7 +43,8 @@ Modes:
   --file F           enqueue one job per JSON line of F (- reads stdin):
                        {"tenant": "acme", "type": "http", "payload": {...},
                         "queue": "default", "cost": 1, "priority": "high",
-                        "pools": ["@api"], "id": "order-17", "process_in": "30s",
+                        "key": "user-42", "pools": ["@api"], "id": "order-17",
+                        "process_in": "30s",
                         "max_retry": 3}
                      the whole file is checked first: when a line is bad,
                      every bad line is reported with its number and nothing

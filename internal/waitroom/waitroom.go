@@ -81,9 +81,17 @@ type Room interface {
 	// (spare; nil: the fleet's room is not known and the slot is handed
 	// on). With h nil (a worker shutting down) nothing is handed on. It
 	// returns throttle.ErrClaimLost as throttle.Limiter.Release does.
-	// The slots the job holds in the shared pools it names (pools) are
-	// given back too (a job that names pools waits in no line).
-	Release(ctx context.Context, tenant, queue, id string, claim uint64, pools []string, h Handover, spare Spare) error
+	// The slots the job holds in its key's scope and the shared pools it
+	// names (sc) are given back too.
+	Release(ctx context.Context, tenant, queue, id string, claim uint64, sc Scopes, h Handover, spare Spare) error
+}
+
+// Scopes are the scopes a job draws from besides its tenant and @global:
+// its key below the tenant (throttle.Request.Key) and the shared pools it
+// names (throttle.Request.Pools).
+type Scopes struct {
+	Key   string
+	Pools []string
 }
 
 // Defaults of the waiting room.
@@ -116,6 +124,9 @@ type Arrival struct {
 	// first, then those of normal, then of low priority, each level first
 	// in, first out.
 	Priority int
+	// Key is the job's key below its tenant ("" for none): its policy
+	// decides the job with the tenant's, in the line's turn too.
+	Key string
 	// MayGo reports that the fleet has room for the job now: without it
 	// the job waits in its line even if its rules allow it, so that a
 	// saturated fleet serves tenants in turn.
@@ -163,6 +174,7 @@ type Waiter struct {
 	Queue    string // "" for asynq's default
 	Cost     int64  // 0 means 1
 	Priority int    // 1 high, 0 normal, -1 low (see Arrival.Priority)
+	Key      string // the job's key below its tenant ("" for none)
 }
 
 // Promoted is a job the room promoted from its line: it took its slot and
@@ -172,6 +184,7 @@ type Promoted struct {
 	Tenant string
 	Queue  string
 	ID     string
+	Key    string // the job's key below its tenant ("" for none)
 	Cost   int64
 	Slot   time.Time
 	Claim  uint64
