@@ -235,4 +235,3 @@ func TestRoomKeys(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []string{"s2"}, ids(tn))
 }
-
