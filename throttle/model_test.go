@@ -16,6 +16,9 @@ type model struct {
 	scopes   map[string]*modelScope
 	// jobPools, when set, names the shared pools each job draws from
 	jobPools func(id string) []string
+	// jobKey, when set, names the key below its tenant a job has ("" for
+	// none)
+	jobKey func(tenant, id string) string
 	// charges are where each started job was charged, for its settlement
 	charges map[string]modelCharge
 }
@@ -74,7 +77,7 @@ type modelScopeRef struct {
 	policy *Policy
 }
 
-func (m *model) resolve(tenant string, pools ...string) []modelScopeRef {
+func (m *model) resolve(tenant, key string, pools ...string) []modelScopeRef {
 	var out []modelScopeRef
 	if tenant != "" {
 		p, name := m.policies[tenant], tenant
@@ -85,6 +88,11 @@ func (m *model) resolve(tenant string, pools ...string) []modelScopeRef {
 			p = &Policy{}
 		}
 		out = append(out, modelScopeRef{key: tenant, name: name, policy: p})
+		// the job's key, right after its tenant: its own policy, else its
+		// tenant's keys', else every tenant's keys'
+		if name, p := m.keyPolicy(tenant, key); key != "" && p.HasRules() {
+			out = append(out, modelScopeRef{key: tenant + "/" + key, name: name, policy: p})
+		}
 	}
 	if g := m.policies[GlobalPolicy]; g.HasRules() {
 		out = append(out, modelScopeRef{key: GlobalPolicy, name: GlobalPolicy, policy: g})
@@ -96,6 +104,25 @@ func (m *model) resolve(tenant string, pools ...string) []modelScopeRef {
 		}
 	}
 	return out
+}
+
+// keyPolicy is the policy of tenant's key and its name (nil: none).
+func (m *model) keyPolicy(tenant, key string) (string, *Policy) {
+	for _, name := range []string{tenant + "/" + key, tenant + "/*", "*/*"} {
+		if p := m.policies[name]; p != nil {
+			return name, p
+		}
+	}
+	return "", nil
+}
+
+// keyOf is the key job id of tenant has (none unless the scenario sets
+// jobKey).
+func (m *model) keyOf(tenant, id string) string {
+	if m.jobKey == nil {
+		return ""
+	}
+	return m.jobKey(tenant, id)
 }
 
 // poolsOf are the shared pools job id draws from (none unless the
@@ -145,7 +172,7 @@ type modelDecision struct {
 }
 
 func (m *model) admit(now int64, tenant, id string, cost int64, flags int) modelDecision {
-	refs := m.resolve(tenant, m.poolsOf(id)...)
+	refs := m.resolve(tenant, m.keyOf(tenant, id), m.poolsOf(id)...)
 	if len(refs) == 0 {
 		return modelDecision{allowed: true, retry: -1, remaining: -1, reset: -1, inflight: -1}
 	}
@@ -477,7 +504,7 @@ func floorDiv(a, b int64) int64 {
 }
 
 func (m *model) release(tenant, id string) {
-	for _, ref := range m.resolve(tenant, m.poolsOf(id)...) {
+	for _, ref := range m.resolve(tenant, m.keyOf(tenant, id), m.poolsOf(id)...) {
 		if ref.policy.Concurrency != nil {
 			delete(m.scope(ref.key).holders, id)
 		}
@@ -486,7 +513,7 @@ func (m *model) release(tenant, id string) {
 
 func (m *model) renew(now int64, tenant, id string) bool {
 	ok := true
-	for _, ref := range m.resolve(tenant, m.poolsOf(id)...) {
+	for _, ref := range m.resolve(tenant, m.keyOf(tenant, id), m.poolsOf(id)...) {
 		c := ref.policy.Concurrency
 		if c == nil {
 			continue
@@ -553,7 +580,7 @@ func (m *model) settle(now int64, tenant, id string, actual int64) bool {
 		}
 		return l
 	}
-	for _, ref := range m.resolve(tenant, m.poolsOf(id)...) {
+	for _, ref := range m.resolve(tenant, m.keyOf(tenant, id), m.poolsOf(id)...) {
 		st := m.scope(ref.key)
 		p := ref.policy
 		for i, r := range p.Rates {

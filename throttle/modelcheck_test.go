@@ -27,6 +27,10 @@ type modelMix struct {
 	// pools, when set, are shared pools (their policies in policies): a
 	// third of the jobs name none, a third the first, a third all of them
 	pools []string
+	// keys, when set, are keys below the tenants (their policies
+	// TENANT/KEY, TENANT/* and */* in policies): a job of a tenant has
+	// none or one of them, by its id
+	keys []string
 }
 
 var modelMixes = []modelMix{
@@ -139,6 +143,29 @@ var modelMixes = []modelMix{
 		maxStep: 2 * time.Second,
 	},
 	{
+		// keys below tenants with their tenants, @global and a pool: every
+		// job is decided in its tenant's, its key's, @global's and its
+		// pools' scopes at once (on a Cluster, the tenant and its key as
+		// one side of the two steps, @global and the pool as the other)
+		name: "keys",
+		policies: map[string]string{
+			"a":       "rate=10/s burst=4 concurrency=3 lease=1s",
+			"a/*":     "rate=4/s burst=2 concurrency=1 lease=1s",
+			"a/k2":    "window=3/s quota=40/hour",
+			"*/*":     "rate=3/s burst=2",
+			"@global": "rate=20/s burst=6",
+			"@p1":     "rate=6/s burst=2 concurrency=2 lease=1s",
+		},
+		tenants: []string{"a", "b", ""},
+		keys:    []string{"k1", "k2"},
+		pools:   []string{"@p1"},
+		change: map[string]string{
+			"a/*":  "window=3/2s concurrency=2 lease=2s",
+			"a/k2": "rate=2/s burst=2",
+		},
+		maxStep: 2 * time.Second,
+	},
+	{
 		name:     "no policy, global only",
 		policies: map[string]string{"@global": "rate=4/s burst=2 concurrency=2 lease=1s"},
 		tenants:  []string{"", "a"},
@@ -193,10 +220,22 @@ func runModelOn(t *testing.T, envs []*env, mix modelMix, seed uint64, steps int,
 		}
 		return nil
 	}
+	keyOf := func(tenant, id string) string {
+		if len(mix.keys) == 0 || tenant == "" {
+			return ""
+		}
+		var n int
+		fmt.Sscanf(id, "job-%d", &n)
+		if n%4 == 0 {
+			return ""
+		}
+		return mix.keys[n%len(mix.keys)]
+	}
 	for i, e := range envs {
 		e.lim.noExpire = !expire
 		models[i] = newModel(e.lim.cfg)
 		models[i].jobPools = poolsOf
+		models[i].jobKey = keyOf
 		expiries[i] = map[string]time.Time{}
 	}
 	apply := func(policies map[string]string) {
@@ -262,7 +301,7 @@ func runModelOn(t *testing.T, envs []*env, mix modelMix, seed uint64, steps int,
 				cost = 2
 			}
 			flags := flagHold
-			req := Request{Tenant: tenant, ID: id, Cost: cost, Pools: poolsOf(id)}
+			req := Request{Tenant: tenant, ID: id, Cost: cost, Pools: poolsOf(id), Key: keyOf(tenant, id)}
 			if rng.IntN(10) < 6 {
 				req.Reserve = true
 				flags |= flagReserve
@@ -280,7 +319,7 @@ func runModelOn(t *testing.T, envs []*env, mix modelMix, seed uint64, steps int,
 				var got Decision
 				var err error
 				if plan {
-					got, err = e.lim.Reserve(ctx, Request{Tenant: tenant, ID: id, Cost: cost, Pools: poolsOf(id)})
+					got, err = e.lim.Reserve(ctx, Request{Tenant: tenant, ID: id, Cost: cost, Pools: poolsOf(id), Key: keyOf(tenant, id)})
 				} else {
 					got, err = e.lim.Do(ctx, req)
 				}
@@ -308,12 +347,12 @@ func runModelOn(t *testing.T, envs []*env, mix modelMix, seed uint64, steps int,
 		case op < 85:
 			for i, e := range envs {
 				require.NoError(t, e.lim.Release(ctx, tenant, id, 0), where)
-				require.NoError(t, e.lim.releaseBelow(ctx, tenant, id, 0, waitroom.Scopes{Pools: poolsOf(id)}, true), where)
+				require.NoError(t, e.lim.releaseBelow(ctx, tenant, id, 0, waitroom.Scopes{Pools: poolsOf(id), Key: keyOf(tenant, id)}, true), where)
 				models[i].release(tenant, id)
 			}
 		case op < 97:
 			for i, e := range envs {
-				err := e.lim.RenewAll(ctx, []Held{{Tenant: tenant, ID: id, Pools: poolsOf(id)}})[0]
+				err := e.lim.RenewAll(ctx, []Held{{Tenant: tenant, ID: id, Pools: poolsOf(id), Key: keyOf(tenant, id)}})[0]
 				if !errors.Is(err, ErrClaimLost) {
 					require.NoError(t, err, where)
 				}
@@ -344,7 +383,7 @@ func runModelOn(t *testing.T, envs []*env, mix modelMix, seed uint64, steps int,
 				// the op's expiries first: a release's shortens the hash's
 				// life, a settlement's (like an admission's) only extends
 				for i, e := range envs {
-					recordExpiries(t, e, expiries[i], now, tenant, op >= 70 && op < 85, mix.pools...)
+					recordExpiries(t, e, expiries[i], now, tenant, op >= 70 && op < 85, scopesBelow(tenant, mix)...)
 				}
 				settled = true
 			}
@@ -355,7 +394,7 @@ func runModelOn(t *testing.T, envs []*env, mix modelMix, seed uint64, steps int,
 					continue
 				}
 				delete(decided[i], tenant+"/"+id)
-				require.NoError(t, e.lim.Settle(ctx, Request{Tenant: tenant, ID: id, Cost: s.cost, Pools: poolsOf(id)}, s.d, actual), where+": settle")
+				require.NoError(t, e.lim.Settle(ctx, Request{Tenant: tenant, ID: id, Cost: s.cost, Pools: poolsOf(id), Key: keyOf(tenant, id)}, s.d, actual), where+": settle")
 				if i == 0 {
 					tally[4]++
 				}
@@ -374,14 +413,19 @@ func runModelOn(t *testing.T, envs []*env, mix modelMix, seed uint64, steps int,
 					requireStatsMatch(t, models[i], e, p, now.UnixMicro(), where)
 				}
 			}
+			if k := keyOf(tenant, id); k != "" {
+				if _, p := models[i].keyPolicy(tenant, k); p.HasRules() {
+					requireStatsMatch(t, models[i], e, tenant+"/"+k, now.UnixMicro(), where)
+				}
+			}
 			if expire {
 				// a release is the one script that shortens a key's life
-				recordExpiries(t, e, expiries[i], now, tenant, op >= 70 && op < 85 && !settled, mix.pools...)
+				recordExpiries(t, e, expiries[i], now, tenant, op >= 70 && op < 85 && !settled, scopesBelow(tenant, mix)...)
 			} else if op >= 85 {
 				// renew.lua and cooldown.lua set TTLs of their own, which
 				// real time (slower or faster than the fake clock) must not
 				// run out
-				persistKeys(t, e, tenant, mix.pools...)
+				persistKeys(t, e, tenant, scopesBelow(tenant, mix)...)
 			}
 		}
 		if sameState {
@@ -414,6 +458,18 @@ func requireSameDecision(t *testing.T, want modelDecision, got Decision, where s
 	gotS := fmt.Sprintf("allowed=%v retry=%d rule=%q policy=%q remaining=%d reset=%d inflight=%d slot=%d",
 		got.Allowed, gotRetry, got.Rule, got.Policy, got.Remaining, gotReset, got.InFlight, gotSlot)
 	require.Equal(t, wantS, gotS, where)
+}
+
+// scopesBelow are the scopes of a tenant's jobs besides its own and
+// @global's in mix: the pools, and the tenant's keys.
+func scopesBelow(tenant string, mix modelMix) []string {
+	out := append([]string(nil), mix.pools...)
+	if tenant != "" {
+		for _, k := range mix.keys {
+			out = append(out, tenant+"/"+k)
+		}
+	}
+	return out
 }
 
 // recordExpiries notes, on the fake clock, when each key of the tenant (and
@@ -497,8 +553,10 @@ func requireStatsMatch(t *testing.T, m *model, e *env, scope string, now int64, 
 	require.NoError(t, err, where)
 	where = fmt.Sprintf("%s: Stats of %s", where, scope)
 	p := m.policies[GlobalPolicy]
-	if scope != GlobalPolicy {
-		p = m.resolve(scope)[0].policy
+	if t, k, ok := strings.Cut(scope, "/"); ok {
+		_, p = m.keyPolicy(t, k)
+	} else if scope != GlobalPolicy {
+		p = m.resolve(scope, "")[0].policy
 	}
 	ms := m.scope(scope)
 	us := func(v int64) time.Duration { return time.Duration(v) * time.Microsecond }
