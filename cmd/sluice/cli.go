@@ -349,11 +349,20 @@ func checkPolicyName(cmd *command, name string) error {
 	return nil
 }
 
-// checkTenant accepts a tenant, "@global" (whose state is shared by all)
-// or a shared pool ("@openai", shared by the jobs that name it).
+// checkTenant accepts a tenant, "@global" (whose state is shared by all),
+// a shared pool ("@openai", shared by the jobs that name it) or a key
+// below a tenant ("acme/user-42").
 func checkTenant(cmd *command, name string) error {
-	if name == throttle.GlobalPolicy {
+	if name == throttle.GlobalPolicy || isKeyName(name) {
 		return nil
+	}
+	if t, k, ok := strings.Cut(name, "/"); ok && !strings.HasPrefix(name, "@") {
+		if err := throttle.ValidateTenant(t); err != nil {
+			return usagef(cmd, "%v", err)
+		}
+		if err := throttle.ValidateKey(k); err != nil {
+			return usagef(cmd, "%v (a key's state is read as TENANT/KEY; TENANT/* is a policy for every key, see sluice policy get)", err)
+		}
 	}
 	if strings.HasPrefix(name, "@") && !strings.HasPrefix(name, throttle.ShadowPrefix) {
 		if err := throttle.ValidatePool(name); err != nil {
@@ -368,6 +377,13 @@ func checkTenant(cmd *command, name string) error {
 		return usagef(cmd, "%v", err)
 	}
 	return nil
+}
+
+// isKeyName reports whether name is a key below a tenant: TENANT/KEY,
+// neither of them *.
+func isKeyName(name string) bool {
+	t, k, ok := strings.Cut(name, "/")
+	return ok && throttle.ValidateTenant(t) == nil && throttle.ValidateKey(k) == nil
 }
 
 func wantArgs(cmd *command, args []string, min, max int, what string) error {

@@ -78,6 +78,7 @@ func TestCLI(t *testing.T) {
 		"JobsPrioritize":       testJobsPrioritize,
 		"Shadow":               testShadow,
 		"Pools":                testPools,
+		"Keys":                 testKeys,
 		"TopSettled":           testTopSettled,
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -933,6 +934,51 @@ func testPools(t *testing.T, c *cli) {
 	r = c.run(t, "stats", "@Bad")
 	require.Equal(t, 2, r.code, r.stderr)
 	require.Contains(t, r.stderr, `pool "@Bad": 'B' at byte 1 is not allowed; use lowercase letters, digits, '.', '_' and '-'`)
+	require.Equal(t, before, c.policies(t))
+}
+
+// testKeys: policies of keys below a tenant (acme/*, acme/vip, */*) are
+// set, listed and read; a key's state shows in stats (its own row and
+// detail, under the policy that applies to it) and in top; a bad key name
+// gets a clear error and changes nothing.
+func testKeys(t *testing.T, c *cli) {
+	ctx := context.Background()
+	c.mustRun(t, "policy", "set", "acme", "rate=100/s burst=20")
+	c.mustRun(t, "policy", "set", "acme/*", "rate=2/s concurrency=3")
+	c.mustRun(t, "policy", "set", "acme/vip", "rate=10/s")
+	c.mustRun(t, "policy", "set", "*/*", "rate=1/s")
+	require.Contains(t, c.mustRun(t, "policy", "get", "acme/*"), "rate=2/s concurrency=3")
+	list := c.mustRun(t, "policy", "list")
+	require.Regexp(t, `(?m)^acme/\*\s+rate=2/s concurrency=3`, list)
+	require.Regexp(t, `(?m)^acme/vip\s+rate=10/s`, list)
+	require.Regexp(t, `(?m)^\*/\*\s+rate=1/s`, list)
+	lim := c.limiter(t)
+	for _, k := range []string{"user-42", "vip"} {
+		d, err := lim.Do(ctx, throttle.Request{Tenant: "acme", Key: k, ID: "j-" + k})
+		require.NoError(t, err)
+		require.True(t, d.Allowed, k)
+	}
+	detail := c.mustRun(t, "stats", "acme/user-42")
+	require.Regexp(t, `(?m)^policy\s+acme/\*: rate=2/s concurrency=3`, detail)
+	require.Contains(t, detail, "concurrency  1 of 3 in flight\n")
+	require.Regexp(t, `(?m)^policy\s+acme/vip: rate=10/s`, c.mustRun(t, "stats", "acme/vip"))
+	table := c.mustRun(t, "stats")
+	require.Regexp(t, `(?m)^acme/user-42\s+acme/\*\s+1\s+`, table)
+	require.Regexp(t, `(?m)^acme/vip\s+acme/vip\s+1\s+`, table)
+	require.Regexp(t, `(?m)^acme/user-42\s+`, c.mustRun(t, "top", "--once", "--interval", "100ms"))
+
+	before := c.policies(t)
+	for _, bad := range []struct{ name, want string }{
+		{"acme/", "the key is empty"},
+		{"*/u1", "so it takes */*"},
+	} {
+		r := c.run(t, "policy", "set", bad.name, "rate=1/s")
+		require.Equal(t, 2, r.code, r.stderr)
+		require.Contains(t, r.stderr, bad.want)
+	}
+	r := c.run(t, "stats", "acme/*")
+	require.Equal(t, 2, r.code, r.stderr)
+	require.Contains(t, r.stderr, "a key's state is read as TENANT/KEY")
 	require.Equal(t, before, c.policies(t))
 }
 

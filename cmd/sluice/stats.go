@@ -92,7 +92,7 @@ func (cn *conn) withPolicyNames(ctx context.Context, live []string) ([]string, e
 	}
 	names := make([]string, 0, len(set))
 	for n := range set {
-		if n == throttle.GlobalPolicy || throttle.ValidateTenant(n) == nil || throttle.ValidatePool(n) == nil {
+		if n == throttle.GlobalPolicy || throttle.ValidateTenant(n) == nil || throttle.ValidatePool(n) == nil || isKeyName(n) {
 			names = append(names, n)
 		}
 	}
