@@ -40,6 +40,10 @@ import (
 // start.
 type Explanation struct {
 	Tenant, Queue, ID string
+	// Key is the job's key below its tenant ("" for none): its policy's
+	// holds are named with "KEY " before the rule (the jobs of its key
+	// ahead of it count there).
+	Key string
 	// Now is the Redis time of the reading.
 	Now time.Time
 	// Waiting reports that the job is in its tenant's line; the fields
@@ -139,12 +143,73 @@ func (l *Limiter) Explain(ctx context.Context, tenant, queue, id string) (*Expla
 		return x, fmt.Errorf("job %s of tenant %q in queue %q: %w", id, tenant, queue, ErrNotWaiting)
 	}
 	var costAhead int64
+	var k keyAhead
 	for _, e := range ahead {
 		costAhead += e.cost
+		k.add(found.key, e)
+	}
+	kst, err := l.keyStats(ctx, tenant, found.key, nil)
+	if err != nil {
+		return nil, err
 	}
 	x := explainAt(st, gst, *found, int64(len(ahead)), costAhead)
+	x.addKey(kst, found.key, k)
 	x.Priority = level
 	return &x, nil
+}
+
+// keyAhead counts the jobs of one key ahead of a job in its line, and
+// their cost.
+type keyAhead struct{ n, cost int64 }
+
+func (k *keyAhead) add(key string, e lineEntry) {
+	if key != "" && e.key == key {
+		k.n++
+		k.cost += e.cost
+	}
+}
+
+// keyStats reads the state of tenant's key when its policy has rules (nil
+// otherwise); seen keeps those read already.
+func (l *Limiter) keyStats(ctx context.Context, tenant, key string, seen map[string]*Stats) (*Stats, error) {
+	if key == "" {
+		return nil, nil
+	}
+	if st, ok := seen[key]; ok {
+		return st, nil
+	}
+	var st *Stats
+	_, c, err := l.policies.keyPolicy(ctx, tenant, key)
+	if err == nil && c.policy.HasRules() {
+		st, err = l.Stats(ctx, keyPolicyName(tenant, key))
+	}
+	if err != nil {
+		return nil, fmt.Errorf("explain: %w", err)
+	}
+	if seen != nil {
+		seen[key] = st
+	}
+	return st, nil
+}
+
+// addKey adds the holds of the job's key (kst: its state; nil when its
+// policy has no rules) with k of its jobs ahead of it.
+func (x *Explanation) addKey(kst *Stats, key string, k keyAhead) {
+	x.Key = key
+	if kst == nil {
+		return
+	}
+	x.Holds = append(x.Holds, holdsOf(kst, key+" ", k.cost+x.Cost, k.n, nil)...)
+	sort.SliceStable(x.Holds, func(i, j int) bool { return x.Holds[i].Until.After(x.Holds[j].Until) })
+	for _, h := range x.Holds {
+		if h.Until.After(x.Expected) {
+			x.Expected, x.HeldBy = h.Until, h.Rule
+		}
+		if h.Until.IsZero() && x.HeldBy == "turn" {
+			// the key's concurrency cap: its running jobs end first
+			x.HeldBy = h.Rule
+		}
+	}
 }
 
 // ExplainLine explains the first n jobs (0: every job) of tenant's line of
@@ -164,12 +229,24 @@ func (l *Limiter) ExplainLine(ctx context.Context, tenant, queue string, n int64
 	}
 	out := make([]Explanation, 0, len(es))
 	var ahead, costAhead int64
+	seen := map[string]*Stats{}
+	keys := map[string]keyAhead{}
 	for i, e := range es {
 		x := explainAt(st, gst, e, ahead, costAhead)
+		kst, err := l.keyStats(ctx, tenant, e.key, seen)
+		if err != nil {
+			return nil, err
+		}
+		x.addKey(kst, e.key, keys[e.key])
 		x.Priority = levels[i]
 		out = append(out, x)
 		ahead++
 		costAhead += e.cost
+		if e.key != "" {
+			k := keys[e.key]
+			k.add(e.key, e)
+			keys[e.key] = k
+		}
 	}
 	return out, nil
 }
@@ -270,12 +347,18 @@ func (x *Explanation) String() string {
 		return fmt.Sprintf("job %s of tenant %q is not waiting in its line of %s", x.ID, x.Tenant, x.Queue)
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "job %s of tenant %q: %d ahead of it in its line of %s; ", x.ID, x.Tenant, x.Ahead, x.Queue)
+	fmt.Fprintf(&b, "job %s of tenant %q", x.ID, x.Tenant)
+	if x.Key != "" {
+		fmt.Fprintf(&b, " (key %s)", x.Key)
+	}
+	fmt.Fprintf(&b, ": %d ahead of it in its line of %s; ", x.Ahead, x.Queue)
 	switch {
 	case x.HeldBy == "turn":
 		b.WriteString("every rule lets it start now: it waits for its turn")
 	case x.HeldBy == "concurrency":
 		fmt.Fprintf(&b, "held by concurrency: %d running jobs must end first", x.RunningFirst)
+	case x.Key != "" && x.HeldBy == x.Key+" concurrency":
+		fmt.Fprintf(&b, "held by its key's concurrency: running jobs of key %s must end first", x.Key)
 	default:
 		fmt.Fprintf(&b, "held by %s, expected to start in %s", x.HeldBy, formatDuration(x.Expected.Sub(x.Now).Round(time.Millisecond)))
 	}

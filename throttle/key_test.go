@@ -235,3 +235,46 @@ func TestRoomKeys(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []string{"s2"}, ids(tn))
 }
+
+// TestExplainKeys: a waiting job with a key is explained with its key's
+// holds too, counting the jobs of its key ahead of it, not the others.
+func TestExplainKeys(t *testing.T) {
+	t.Parallel()
+	e := setup(t, false, nil)
+	ctx := context.Background()
+	e.policy(t, "acme", "concurrency=10")
+	e.policy(t, "acme/*", "rate=1/s burst=1")
+	e.policy(t, "acme/pool", "concurrency=1")
+	room := e.lim.room()
+	for _, j := range [][2]string{{"a1", "a"}, {"b1", "b"}, {"a2", "a"}, {"a3", "a"}, {"p1", "pool"}, {"p2", "pool"}} {
+		a, err := room.Arrive(ctx, waitroom.Arrival{Tenant: "acme", ID: j[0], Key: j[1]})
+		require.NoError(t, err)
+		_, _, err = room.JoinArrived(ctx, "acme", a.Backlog, waitroom.Waiter{ID: j[0], Key: j[1]})
+		require.NoError(t, err)
+	}
+	// take a's start of this second, and pool's one slot
+	d, err := e.lim.Do(ctx, Request{Tenant: "acme", Key: "a", ID: "earlier"})
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+	d, err = e.lim.Do(ctx, Request{Tenant: "acme", Key: "pool", ID: "running"})
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+
+	x, err := e.lim.Explain(ctx, "acme", "", "a3")
+	require.NoError(t, err)
+	require.Equal(t, "a", x.Key)
+	require.Equal(t, int64(3), x.Ahead, "a1, b1 and a2 wait ahead of it")
+	require.Equal(t, "a rate[0]", x.HeldBy)
+	require.Equal(t, 3*time.Second, x.Expected.Sub(x.Now), "a1 and a2 of its key first, one a second, after the one started")
+	require.Contains(t, x.String(), `job a3 of tenant "acme" (key a)`)
+	x, err = e.lim.Explain(ctx, "acme", "", "b1")
+	require.NoError(t, err)
+	require.Equal(t, "turn", x.HeldBy, "b's rate is its own")
+	xs, err := e.lim.ExplainLine(ctx, "acme", "", 0)
+	require.NoError(t, err)
+	require.Len(t, xs, 6)
+	require.Equal(t, "a rate[0]", xs[3].HeldBy)
+	require.Equal(t, 3*time.Second, xs[3].Expected.Sub(xs[3].Now))
+	require.Equal(t, "pool concurrency", xs[4].HeldBy)
+	require.Contains(t, xs[4].String(), "held by its key's concurrency: running jobs of key pool must end first")
+}

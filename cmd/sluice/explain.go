@@ -35,7 +35,7 @@ func jobsExplain(a *app, c *command, o *opts, args []string) error {
 // and, when it waits in its tenant's line, Limiter.Explain's.
 func explainTask(ctx context.Context, cn *conn, info *asynq.TaskInfo) (explainDoc, *throttle.Explanation, error) {
 	tenant := info.Headers[taskspec.TenantHeader]
-	doc := explainDoc{ID: info.ID, Queue: info.Queue, Tenant: tenant, Type: info.Type, State: info.State.String(),
+	doc := explainDoc{ID: info.ID, Queue: info.Queue, Tenant: tenant, Key: info.Headers[taskspec.KeyHeader], Type: info.Type, State: info.State.String(),
 		Retried: info.Retried, MaxRetry: info.MaxRetry, LastError: info.LastErr}
 	if info.State != asynq.TaskStateArchived && info.State != asynq.TaskStateActive && info.State != asynq.TaskStateCompleted {
 		doc.NextProcessAt = timePtr(info.NextProcessAt)
@@ -60,6 +60,7 @@ type explainDoc struct {
 	ID            string     `json:"id"`
 	Queue         string     `json:"queue"`
 	Tenant        string     `json:"tenant"`
+	Key           string     `json:"key,omitempty"`
 	Type          string     `json:"type"`
 	State         string     `json:"state"`
 	Retried       int        `json:"retried"`
@@ -95,7 +96,7 @@ type holdJSON struct {
 func (d *explainDoc) fill(x *throttle.Explanation) {
 	d.Now, d.Ahead, d.CostAhead, d.Cost = timePtr(x.Now), x.Ahead, x.CostAhead, x.Cost
 	d.Lined, d.ExpectedStart, d.ExpectedInMS = timePtr(x.Lined), timePtr(x.Expected), ms(x.Expected.Sub(x.Now))
-	d.HeldBy, d.RunningFirst = x.HeldBy, x.RunningFirst
+	d.HeldBy, d.RunningFirst, d.Key = x.HeldBy, x.RunningFirst, x.Key
 	d.Priority = taskspec.Priority(x.Priority).String()
 	for _, h := range x.Holds {
 		d.Holds = append(d.Holds, holdJSON{Rule: h.Rule, Until: timePtr(h.Until), Why: h.Why})
@@ -110,6 +111,9 @@ func writeExplain(w io.Writer, d explainDoc, x *throttle.Explanation) error {
 	tenant := d.Tenant
 	if tenant == "" {
 		tenant = "-"
+	}
+	if d.Key != "" {
+		tenant += ", key " + d.Key
 	}
 	fmt.Fprintf(w, "job %s (type %s, tenant %s, queue %s): %s\n", human.Text(d.ID), human.Text(d.Type), human.Text(tenant), human.Text(d.Queue), explainState(d, x))
 	if x == nil || !x.Waiting {
@@ -142,6 +146,8 @@ func explainState(d explainDoc, x *throttle.Explanation) string {
 			return s + "every rule lets it start now: it waits for its turn (a pump, room in the fleet)"
 		case "concurrency":
 			return s + fmt.Sprintf("held by the concurrency cap: %d of the tenant's running jobs must end first", x.RunningFirst)
+		case x.Key + " concurrency":
+			return s + fmt.Sprintf("held by its key's concurrency cap: running jobs of key %s must end first", x.Key)
 		}
 		held := x.HeldBy
 		if x.Learned != nil && x.Learned.Rule != "" && x.Learned.Rule == held {
