@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/hibiken/asynq"
 
@@ -186,4 +187,47 @@ func ExamplePools() {
 	// acme pending @openai
 	// globex pending @openai
 	// true
+}
+
+func ExampleKey() {
+	rdb, prefix, queueName, done := exampleEnv("ExampleKey")
+	defer done()
+	ctx := context.Background()
+
+	client, err := queue.New(rdb, &queue.Config{Prefix: prefix})
+	if err != nil {
+		panic(err)
+	}
+	defer client.Close()
+	// acme may start 100 jobs a second in all, each of its users one.
+	for name, text := range map[string]string{"acme": "rate=100/s burst=100", "acme/*": "rate=1/s burst=1"} {
+		p, _ := throttle.ParsePolicy(text)
+		if err := client.Limiter().Policies().Set(ctx, name, p); err != nil {
+			panic(err)
+		}
+	}
+	for i, user := range []string{"user-42", "user-42", "user-7"} {
+		info, err := client.Enqueue(ctx, "acme", asynq.NewTask("report", nil),
+			asynq.Queue(queueName), queue.Key(user), asynq.TaskID(fmt.Sprintf("r%d", i)))
+		if err != nil {
+			panic(err)
+		}
+		fmt.Println(info.ID, info.Headers[taskspec.KeyHeader])
+	}
+	// No worker serves the queue yet: the jobs wait in acme's line. The
+	// second of user-42 waits for its key's rate; user-7's only for its
+	// turn, not behind user-42's.
+	for _, id := range []string{"r1", "r2"} {
+		x, err := client.Limiter().Explain(ctx, "acme", queueName, id)
+		if err != nil {
+			panic(err)
+		}
+		fmt.Println(id, x.HeldBy, x.Expected.Sub(x.Now).Round(time.Second))
+	}
+	// Output:
+	// r0 user-42
+	// r1 user-42
+	// r2 user-7
+	// r1 user-42 rate[0] 1s
+	// r2 turn 0s
 }
