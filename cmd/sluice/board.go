@@ -53,6 +53,7 @@ type board struct {
 	tracks   map[string]*track
 	total    int       // tenants known, followed or not, pools included
 	pools    int       // shared pools known, followed or not
+	keys     int       // keys below tenants known, followed or not
 	now      time.Time // Redis time of the last good sample
 	err      string    // why the last sample failed; "" when it went well
 	errSince time.Time
@@ -73,8 +74,9 @@ type track struct {
 // Shared pools and @global have lines too: Kind tells them apart.
 type rowJSON struct {
 	Tenant string `json:"tenant"`
-	// Kind is "tenant", "global" (@global) or "pool" (a shared pool,
-	// "@openai"; the page lists them in a panel of their own).
+	// Kind is "tenant", "global" (@global), "pool" (a shared pool,
+	// "@openai"; the page lists them in a panel of their own) or "key" (a
+	// key below a tenant, "acme/user-42": its starts are its tenant's too).
 	Kind string `json:"kind"`
 	// Policy is the name of the policy that applies ("" when none does)
 	// and Rules its text.
@@ -163,10 +165,12 @@ type boardHeader struct {
 type tenantsDoc struct {
 	boardHeader
 	// TenantsTotal counts the tenants with a policy or state, @global and
-	// the shared pools included (PoolsTotal of them); Tenants lists at most
-	// --max-tenants of them, by name.
+	// the shared pools (PoolsTotal of them) and the keys below tenants
+	// (KeysTotal) included; Tenants lists at most --max-tenants of them,
+	// by name.
 	TenantsTotal int `json:"tenants_total"`
 	PoolsTotal   int `json:"pools_total"`
+	KeysTotal    int `json:"keys_total"`
 	// Decisions are the fleet's decisions per second, from the workers'
 	// metrics (MetricsSources); null without --metrics. TenantLabels says
 	// whether the workers label them by tenant.
@@ -333,10 +337,13 @@ func (b *board) record(cur topSample, names []string, rates decisionRates, err e
 		return
 	}
 	b.err, b.errSince = "", time.Time{}
-	b.total, b.pools = len(names), 0
+	b.total, b.pools, b.keys = len(names), 0, 0
 	for _, n := range names {
-		if scopeKind(n) == kindPool {
+		switch scopeKind(n) {
+		case kindPool:
 			b.pools++
+		case kindKey:
+			b.keys++
 		}
 	}
 	// A tenant followed from this sample on has no earlier reading to
@@ -426,16 +433,19 @@ const (
 	kindTenant = "tenant"
 	kindGlobal = "global"
 	kindPool   = "pool"
+	kindKey    = "key"
 )
 
-// scopeKind is the kind of a line's name: @global, a shared pool or a
-// tenant.
+// scopeKind is the kind of a line's name: @global, a shared pool, a key
+// below a tenant ("acme/user-42") or a tenant.
 func scopeKind(name string) string {
 	switch {
 	case name == throttle.GlobalPolicy:
 		return kindGlobal
 	case throttle.ValidatePool(name) == nil:
 		return kindPool
+	case isKeyName(name):
+		return kindKey
 	}
 	return kindTenant
 }
@@ -461,7 +471,7 @@ func (b *board) tenants() tenantsDoc {
 	b.mu.RLock()
 	defer b.mu.RUnlock()
 	doc := tenantsDoc{
-		boardHeader: b.header(), TenantsTotal: b.total, PoolsTotal: b.pools,
+		boardHeader: b.header(), TenantsTotal: b.total, PoolsTotal: b.pools, KeysTotal: b.keys,
 		Decisions: b.fleet, TenantLabels: b.labelled, MetricsSources: b.sources,
 		Tenants: make([]rowJSON, 0, len(b.tracks)),
 	}

@@ -225,8 +225,8 @@ func TestBoardShowsReservationsAndCooldown(t *testing.T) {
 	require.Zero(t, row.Waiting)
 }
 
-// TestBoardShowsPoolsAndSettledCosts: a line's kind tells tenants, @global
-// and shared pools apart (the page lists pools in a panel of their own),
+// TestBoardShowsPoolsAndSettledCosts: a line's kind tells tenants, @global,
+// keys below tenants and shared pools apart (the page lists pools in a panel of their own),
 // and the cost settled after jobs ran shows on the tenant's line and its
 // pool's, and in the tenant's state.
 func TestBoardShowsPoolsAndSettledCosts(t *testing.T) {
@@ -238,6 +238,7 @@ func TestBoardShowsPoolsAndSettledCosts(t *testing.T) {
 	setPolicy(t, e.cn, "@global", "concurrency=50")
 	setPolicy(t, e.cn, "@openai", "rate=1000/min burst=100")
 	setPolicy(t, e.cn, "@smtp", "concurrency=2")
+	setPolicy(t, e.cn, "acme/*", "rate=10/s")
 	for _, j := range []struct {
 		id          string
 		est, actual int64
@@ -249,6 +250,12 @@ func TestBoardShowsPoolsAndSettledCosts(t *testing.T) {
 		require.NoError(t, e.cn.limiter.Settle(ctx, req, d, j.actual))
 	}
 
+	// a key below acme (after the settlements, so that acme's figures are
+	// the two jobs' alone): a line of its own, of kind key
+	d, err := e.cn.limiter.Do(ctx, throttle.Request{Tenant: "acme", Key: "user-42", ID: "keyed"})
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+	e.row(t, "acme/user-42", "listed", func(tenantsDoc, rowJSON) bool { return true })
 	doc, acme := e.row(t, "acme", "its settled costs", func(_ tenantsDoc, r rowJSON) bool { return r.SettledRefunded > 0 })
 	require.Equal(t, [2]int64{7, 4}, [2]int64{acme.SettledRefunded, acme.SettledExtra}, "refunded 10-3, charged 6-2 extra")
 	require.Equal(t, kindTenant, acme.Kind)
@@ -263,9 +270,10 @@ func TestBoardShowsPoolsAndSettledCosts(t *testing.T) {
 			require.Zero(t, r.SettledRefunded+r.SettledExtra)
 		}
 	}
-	require.Equal(t, map[string]string{"@global": kindGlobal, "@openai": kindPool, "@smtp": kindPool, "acme": kindTenant, "quiet": kindTenant}, kinds)
-	require.Equal(t, 5, doc.TenantsTotal)
+	require.Equal(t, map[string]string{"@global": kindGlobal, "@openai": kindPool, "@smtp": kindPool, "acme": kindTenant, "acme/user-42": kindKey, "quiet": kindTenant}, kinds)
+	require.Equal(t, 6, doc.TenantsTotal)
 	require.Equal(t, 2, doc.PoolsTotal)
+	require.Equal(t, 1, doc.KeysTotal)
 
 	var detail tenantDoc
 	require.Equal(t, http.StatusOK, e.get(t, "/api/tenants/@openai", &detail))

@@ -14,9 +14,9 @@ function isPool(t) {
 
 function showSummary(doc) {
   let starts = 0, inFlight = 0, waiting = 0, reserved = 0, cooling = 0;
-  const tenants = doc.tenants.filter((t) => !isPool(t));
-  // @global's and a pool's starts and jobs in flight are their tenants'
-  // too: not counted twice
+  const tenants = doc.tenants.filter((t) => !isPool(t) && t.kind !== "key");
+  // @global's, a pool's and a key's starts and jobs in flight are their
+  // tenants' too: not counted twice
   for (const t of tenants.filter((t) => t.kind !== "global")) {
     starts += t.starts_per_s;
     inFlight += t.in_flight;
@@ -25,7 +25,7 @@ function showSummary(doc) {
     if (t.cooldown_ms > 0) cooling++;
   }
   const shown = tenants.length;
-  const total = doc.tenants_total - (doc.pools_total || 0);
+  const total = doc.tenants_total - (doc.pools_total || 0) - (doc.keys_total || 0);
   document.getElementById("summary").replaceChildren(
     card("Tenants", count(shown), shown < total ? `followed, of ${count(total)}` : "with a policy or state", "tenants"),
     card("Starts / s", rate(starts), "all tenants", "starts"),
@@ -152,7 +152,7 @@ function row(t) {
 function showTenants(doc) {
   const filter = document.getElementById("filter").value.trim().toLowerCase();
   const tenants = doc.tenants.filter((t) => !isPool(t));
-  const total = doc.tenants_total - (doc.pools_total || 0);
+  const total = doc.tenants_total - (doc.pools_total || 0) - (doc.keys_total || 0);
   let list = tenants.filter((t) => !filter || t.tenant.toLowerCase().includes(filter));
   list.sort((a, b) => {
     const va = a[sortKey], vb = b[sortKey];
