@@ -77,6 +77,7 @@ bench: bench-engine bench-worker
 bench-engine: deps
 	cd bench && $(GO) test -run '^$$' -bench Decisions -benchtime 7x ./engine/
 	$(GO) test -run '^$$' -bench TenantMemory ./throttle/
+	$(GO) test -run '^$$' -bench KeyMemory -benchtime 1x ./throttle/
 
 bench-worker: deps
 	$(GO) test -run '^$$' -bench Gate -benchtime 5x ./worker/

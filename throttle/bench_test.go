@@ -3,8 +3,12 @@ package throttle
 import (
 	"context"
 	"fmt"
+	"strconv"
+	"strings"
+	"sync"
 	"testing"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicehq/sluice/internal/redistest"
@@ -46,4 +50,114 @@ func BenchmarkTenantMemory(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(total)/float64(b.N), "B/active-tenant")
+}
+
+// memKeys is how many keys of one tenant BenchmarkKeyMemory admits.
+const memKeys = 100_000
+
+// BenchmarkKeyMemory reports the Redis memory one active key below a
+// tenant takes: 100,000 keys of one tenant, each admitted once under the
+// tenant's key policy (TENANT/*), on a private server. B/key is the growth
+// of the server's used_memory over the keys: what Redis pays, the
+// keyspace's and the expiries' entries included. usage-B/key is MEMORY
+// USAGE of each key's keys, as BenchmarkTenantMemory measures a tenant.
+// "rate" has one rate rule, slow enough (1/min) that no key expires while
+// the others are admitted (under 10/s a key lives 6 s); its hash holds the
+// fields a faster rate's does. "concurrency" has a concurrency rule and
+// each key's job still running (its slot held, under a 15-byte job id).
+// The tenant itself has no policy, so its keys are all the growth.
+func BenchmarkKeyMemory(b *testing.B) {
+	for _, c := range []struct {
+		name, policy string
+		hold         bool
+	}{
+		{"rate", "rate=1/min", false},
+		{"concurrency", "concurrency=10 lease=10m", true},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			ctx := context.Background()
+			client := redistest.NewServer(b, nil).Client(b)
+			const prefix = "sluice"
+			lim, err := NewLimiter(client, &Config{Prefix: prefix})
+			require.NoError(b, err)
+			b.Cleanup(func() { _ = lim.Close() })
+			p, err := ParsePolicy(c.policy)
+			require.NoError(b, err)
+			var used, usage int64
+			for i := 0; i < b.N; i++ {
+				tenant := fmt.Sprintf("acme-%d", i)
+				require.NoError(b, lim.Policies().Set(ctx, keyPolicyName(tenant, DefaultPolicy), p))
+				admit := func(key string) {
+					req := Request{Tenant: tenant, Key: key}
+					if c.hold {
+						req.ID = "job-" + key
+					}
+					d, err := lim.Do(ctx, req)
+					if err == nil && !d.Allowed {
+						err = fmt.Errorf("key %s denied: %s", key, d)
+					}
+					if err != nil {
+						b.Error(err)
+					}
+				}
+				// the scripts and the policies are loaded before the count
+				admit("warm")
+				keys0, mem0 := dbSize(b, client), usedMemory(b, client)
+				var wg sync.WaitGroup
+				for g := range 64 {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						for k := g; k < memKeys; k += 64 {
+							admit(fmt.Sprintf("user-%06d", k))
+						}
+					}()
+				}
+				wg.Wait()
+				if b.Failed() {
+					return
+				}
+				keys1, mem1 := dbSize(b, client), usedMemory(b, client)
+				require.Equal(b, int64(memKeys), keys1-keys0, "one hash per key, none expired")
+				used += mem1 - mem0
+				pipe := client.Pipeline()
+				var cmds []*redis.IntCmd
+				for k := range memKeys {
+					cmds = append(cmds, pipe.MemoryUsage(ctx, keysFor(prefix, keyPolicyName(tenant, fmt.Sprintf("user-%06d", k))).state))
+					if len(cmds) == 1000 || k == memKeys-1 {
+						_, err := pipe.Exec(ctx)
+						require.NoError(b, err)
+						for _, cmd := range cmds {
+							usage += cmd.Val()
+						}
+						cmds = cmds[:0]
+					}
+				}
+			}
+			n := float64(b.N * memKeys)
+			b.ReportMetric(float64(used)/n, "B/key")
+			b.ReportMetric(float64(usage)/n, "usage-B/key")
+		})
+	}
+}
+
+func dbSize(b *testing.B, c redis.UniversalClient) int64 {
+	n, err := c.DBSize(context.Background()).Result()
+	require.NoError(b, err)
+	return n
+}
+
+// usedMemory is the server's used_memory (INFO memory).
+func usedMemory(b *testing.B, c redis.UniversalClient) int64 {
+	info, err := c.Info(context.Background(), "memory").Result()
+	require.NoError(b, err)
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "used_memory:"); ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			require.NoError(b, err)
+			return n
+		}
+	}
+	b.Fatal("INFO memory has no used_memory")
+	return 0
 }

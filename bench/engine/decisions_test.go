@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"math/rand/v2"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -35,16 +36,31 @@ var tenantNames = func() []string {
 	return out
 }()
 
+// benchKeys is how many keys below each tenant the keyed rows spread
+// over: 80,000 key scopes in all.
+const benchKeys = 8
+
+var keyNames = func() []string {
+	out := make([]string, benchKeys)
+	for i := range out {
+		out[i] = "user-" + strconv.Itoa(i)
+	}
+	return out
+}()
+
 // BenchmarkDecisions compares, in one run, sluice's Admit (one rate rule),
 // a full Admit+Release cycle (rate and concurrency), an admission of cost
 // 10 (rate, window and quota rules) alone and settled to 3 after
-// (Limiter.Settle: the difference is a settlement's Redis time) and
-// redis_rate's Allow
-// (the standard Go GCRA limiter), each with 64 goroutines over 10,000 tenants
-// on a local redis-server. Each iteration runs the three for a second each,
-// one after the other, so that a noisy machine hurts them alike; the
-// figures are medians over the iterations: decisions/s (a cycle counts as
-// one decision), the ratio of each to redis_rate, and the Redis CPU time per
+// (Limiter.Settle: the difference is a settlement's Redis time), jobs of
+// three levels (the tenant's, @global's and a pool's rate; the tenant's,
+// its key's and a pool's rate), a keyed admission of cost 10 settled to 3
+// (the tenant's and its key's rate, window and quota rules) and
+// redis_rate's Allow (the standard Go GCRA limiter), each with 64
+// goroutines over 10,000 tenants (the keyed rows over 8 keys of each) on a
+// local redis-server. Each iteration runs them for a second each, one
+// after the other, so that a noisy machine hurts them alike; the figures
+// are medians over the iterations: decisions/s (a cycle counts as one
+// decision), the ratio of each to redis_rate, and the Redis CPU time per
 // decision. Run with -benchtime Nx. It lives in the bench module, so that
 // the library does not depend on redis_rate.
 func BenchmarkDecisions(b *testing.B) {
@@ -64,14 +80,26 @@ func BenchmarkDecisions(b *testing.B) {
 		require.NoError(b, poolLim.Policies().Set(ctx, name, p))
 	}
 	warm(b, poolLim)
+	// three levels below: the tenant's rate, its key's (*/*) and a pool's
+	keyLim, _ := benchLimiter(b, "rate=1000/s burst=1000")
+	for name, text := range map[string]string{"*/*": "rate=1000/s burst=1000", "@api": "rate=1000000/s burst=100000"} {
+		p, err := throttle.ParsePolicy(text)
+		require.NoError(b, err)
+		require.NoError(b, keyLim.Policies().Set(ctx, name, p))
+	}
+	warmKeys(b, keyLim)
+	// settled costs of keyed jobs: the tenant and its key under the
+	// settle row's rules
+	keySettleLim, _ := benchLimiter(b, "rate=1000/s burst=1000 window=100000/min quota=10000000/day")
+	p, err := throttle.ParsePolicy("rate=1000/s burst=1000 window=100000/min quota=10000000/day")
+	require.NoError(b, err)
+	require.NoError(b, keySettleLim.Policies().Set(ctx, "*/*", p))
+	warmKeys(b, keySettleLim)
 	rl := redis_rate.NewLimiter(client)
 	rlPrefix := redistest.Prefix(b) + ":"
 	limit := redis_rate.Limit{Rate: 1000, Burst: 1000, Period: time.Second}
 	var seq atomic.Int64
-	kinds := []struct {
-		name string
-		one  func(t string) error
-	}{
+	kinds := []benchRow{
 		{"sluice_admit", func(t string) error {
 			_, err := admitLim.Admit(ctx, t, "")
 			return err
@@ -107,6 +135,18 @@ func BenchmarkDecisions(b *testing.B) {
 			}
 			return err
 		}},
+		{"sluice_admit_key3", func(t string) error {
+			_, err := keyLim.Do(ctx, throttle.Request{Tenant: t, Key: keyNames[rand.IntN(benchKeys)], Pools: []string{"@api"}})
+			return err
+		}},
+		{"sluice_admit_key_settle", func(t string) error {
+			req := throttle.Request{Tenant: t, Key: keyNames[rand.IntN(benchKeys)], Cost: 10}
+			d, err := keySettleLim.Do(ctx, req)
+			if err == nil && d.Allowed {
+				err = keySettleLim.Settle(ctx, req, d, 3)
+			}
+			return err
+		}},
 	}
 	rates := make([][]float64, len(kinds))
 	cpus := make([][]float64, len(kinds))
@@ -121,7 +161,14 @@ func BenchmarkDecisions(b *testing.B) {
 		}
 	}
 	b.StopTimer()
-	base := median(rates[2])
+	// a row's median Redis time, by name
+	row := func(name string) int {
+		i := slices.IndexFunc(kinds, func(k benchRow) bool { return k.name == name })
+		require.GreaterOrEqual(b, i, 0, name)
+		return i
+	}
+	cpu := func(name string) float64 { return median(cpus[row(name)]) }
+	base := median(rates[row("redis_rate")])
 	for k, kind := range kinds {
 		b.ReportMetric(median(rates[k]), kind.name+"/s")
 		b.ReportMetric(median(cpus[k]), kind.name+"_redis-µs")
@@ -131,10 +178,21 @@ func BenchmarkDecisions(b *testing.B) {
 	}
 	// a settlement's Redis time: the admission and settlement less the
 	// admission alone
-	b.ReportMetric(median(cpus[5])-median(cpus[3]), "sluice_settle_redis-µs")
+	b.ReportMetric(cpu("sluice_admit_settle")-cpu("sluice_admit_cost10"), "sluice_settle_redis-µs")
 	// a job of three levels (tenant, @global, a pool) against one of its
-	// tenant alone
-	b.ReportMetric(median(cpus[4])/median(cpus[0]), "sluice_3scopes/admit_redis")
+	// tenant alone; one of a tenant, its key and a pool against both
+	b.ReportMetric(cpu("sluice_admit_3scopes")/cpu("sluice_admit"), "sluice_3scopes/admit_redis")
+	b.ReportMetric(cpu("sluice_admit_key3")/cpu("sluice_admit"), "sluice_key3/admit_redis")
+	b.ReportMetric(cpu("sluice_admit_key3")/cpu("sluice_admit_3scopes"), "sluice_key3/3scopes_redis")
+	// a keyed settled job (tenant and key) against one of its tenant alone
+	b.ReportMetric(cpu("sluice_admit_key_settle")/cpu("sluice_admit_settle"), "sluice_key_settle/settle_redis")
+}
+
+// benchRow is a row of BenchmarkDecisions: one decision (or cycle) of a
+// random tenant.
+type benchRow struct {
+	name string
+	one  func(t string) error
 }
 
 // runFor makes decisions with 64 goroutines over random tenants for d.
@@ -208,4 +266,26 @@ func warm(b *testing.B, lim *throttle.Limiter) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// warmKeys loads every tenant's and every key's policies into the cache,
+// as a running worker has, with benchGoroutines goroutines (80,000 keys).
+func warmKeys(b *testing.B, lim *throttle.Limiter) {
+	var wg sync.WaitGroup
+	for g := range benchGoroutines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := g; i < benchTenants; i += benchGoroutines {
+				for _, k := range keyNames {
+					req := throttle.Request{Tenant: tenantNames[i], Key: k, ID: "warm", DryRun: true}
+					if _, err := lim.Do(context.Background(), req); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
 }
