@@ -9,6 +9,8 @@
 --   parked, or about to be, that no line holds yet
 -- KEYS[4], KEYS[5] -> the line's lists of the other two priority levels:
 --   the cap and was_empty count the whole line
+-- KEYS[6] -> the tenant's state hash: its field kw:QUEUE says that the
+--   last turn of the line left every job in it waiting for its key
 -- ARGV[1] -> clock: the current time in µs, or -1 for Redis TIME
 -- ARGV[2] -> cap: the most jobs the line may hold (0: no cap)
 -- ARGV[3] -> the queue
@@ -24,8 +26,10 @@
 --   cap is reached, so the first `joined` of them are in the line (in mode
 --   2, `joined` of them joined); a job that joins leaves the intents;
 --   waiting is the line's length afterwards (every level); was_empty is 1 when the line
---   was empty before and a job joined (the tenant must be made due in the
---   room's index).
+--   was empty before and a job joined, or when a job joined a line whose
+--   jobs all waited for their keys (kw:QUEUE, which it clears): the tenant
+--   must be made due in the room's index (the newcomer may start now,
+--   while the tenant is due only when a key allows one of the others).
 --   Each entry is stored as "LINED_MS<US>" followed by the job, LINED_MS the
 --   Redis time it joined (ms).
 
@@ -43,7 +47,7 @@ local sep = string.char(31)
 -- the jobs of the other priority levels, always counted: they are part of
 -- the line (they make it non-empty, and count towards its cap)
 local others = 0
-for i = 4, #KEYS do others = others + redis.call('LLEN', KEYS[i]) end
+for i = 4, 5 do others = others + redis.call('LLEN', KEYS[i]) end
 -- the level's length is read only to hold a cap: otherwise RPUSH tells it
 local waiting = cap > 0 and redis.call('LLEN', KEYS[1]) + others or false
 local before = waiting
@@ -79,6 +83,8 @@ if not before then before = waiting - pushed end
 local was_empty = 0
 if before == 0 and pushed > 0 then
   redis.call('SADD', KEYS[2], ARGV[3])
+  was_empty = 1
+elseif pushed > 0 and redis.call('HDEL', KEYS[6], 'kw:' .. ARGV[3]) == 1 then
   was_empty = 1
 end
 return { pushed + taken, waiting, was_empty }

@@ -238,6 +238,16 @@ local function room_functions(ts)
     elseif dq0 > 0 then
       call('HDEL', st, dfield)
     end
+    -- jobs left waiting for their keys: a job that joins the line makes
+    -- the tenant due at once (line.lua), rather than when a key allows
+    if nrot > 0 then
+      call('HSET', st, 'kw:' .. queue, '1')
+      -- a hash this made (a tenant without state of its own) does not
+      -- outlive its line for long
+      if not noexpire then call('PEXPIRE', st, '3600000', 'NX') end
+    elseif keyed then
+      call('HDEL', st, 'kw:' .. queue)
+    end
     local waiting = 0
     for i = 1, #lines do waiting = waiting + call('LLEN', lines[i]) end
     return out, retries, due, waiting, head, skipped, midturn and 1 or 0

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicehq/sluice/internal/waitroom"
@@ -218,6 +219,22 @@ func TestRoomKeys(t *testing.T) {
 	tn, err = room.promote(ctx, "acme", "", 100, 100)
 	require.NoError(t, err)
 	require.Empty(t, tn.Promoted)
+	// as a pump would leave it: due when slow's next start is, say later
+	require.NoError(t, e.client.ZAdd(ctx, dueKey(e.prefix, waitroom.DefaultQueue), redis.Z{Score: float64(e.clock.Now().Add(time.Minute).UnixMicro()), Member: "acme"}).Err())
+	due, _, ok, err := room.next(ctx, waitroom.DefaultQueue)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.True(t, due.After(e.clock.Now()))
+	// a job of another key joins: the tenant is due at once (not when a
+	// key allows one of the others), and its turn starts the newcomer
+	wait("c1", "c")
+	due, _, ok, err = room.next(ctx, waitroom.DefaultQueue)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.False(t, due.After(e.clock.Now()), "due now, not in a minute")
+	tn, err = room.promote(ctx, "acme", "", 100, 100)
+	require.NoError(t, err)
+	require.Equal(t, []string{"c1"}, ids(tn))
 
 	// a1 ends: its key's slot goes back and acme's is handed to the head
 	// of the line whose key allows it (a2)

@@ -339,6 +339,7 @@ func (r *room) join(ctx context.Context, tenant string, backlog int64, mode int,
 				keys = append(keys, k.lineAt(queue, o))
 			}
 		}
+		keys = append(keys, k.state)
 		res, err := lua.Line.Run(ctx, r.l.client, keys, args...).Result()
 		if err != nil {
 			return joined, waiting, fmt.Errorf("line of tenant %q: %w", tenant, err)
@@ -350,8 +351,9 @@ func (r *room) join(ctx context.Context, tenant string, backlog int64, mode int,
 		joined, waiting = joined+int(v[0]), v[1]
 		if v[2] == 1 {
 			crashpoint.Hit("room.joined")
-			// The line began: its tenant is due now. Should this fail, the
-			// pumps' sweep finds the line.
+			// The line began (or its jobs all waited for their keys): its
+			// tenant is due now. Should this fail, the pumps' sweep finds
+			// the line.
 			if err := r.mark(ctx, queue, tenant); err != nil {
 				return joined, waiting, err
 			}

@@ -55,6 +55,7 @@ func TestCLI(t *testing.T) {
 		"Cron":        testCron,
 		"Priority":    testPriority,
 		"Pools":       testPools,
+		"Keys":        testKeys,
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -294,7 +295,7 @@ func testFile(t *testing.T, c *cli) {
 	require.NoError(t, os.WriteFile(file, []byte(strings.ReplaceAll(fileLines, "%Q", c.queue)), 0o600))
 	badLines := `enqueue: line 3: not valid JSON: unexpected end of JSON input at byte 50
 enqueue: line 4: no tenant: add "tenant" to the line or give --tenant
-enqueue: line 6: unknown field "queueu"; known: tenant, type, payload, queue, cost, priority, pools, id, process_in, max_retry
+enqueue: line 6: unknown field "queueu"; known: tenant, type, payload, queue, cost, priority, key, pools, id, process_in, max_retry
 enqueue: line 7: "cost" is a JSON string; want a whole number
 enqueue: line 8: cost 0: must be at least 1 (the default)
 enqueue: line 9: process_in "ten minutes": want a duration such as "90s" or "5m"
@@ -507,6 +508,31 @@ enqueue: 2 of 3 lines of `+file+` are bad (reported above): nothing was enqueued
 // testPools: --pool and a line's "pools" name the shared pools a job draws
 // from (taskspec.PoolsHeader); a bad name is refused, naming it, and
 // nothing is enqueued.
+// testKeys: --key and a line's "key" give a job its key below its tenant
+// (the sluice-key header); a key that cannot be used is refused with the
+// fix, nothing enqueued.
+func testKeys(t *testing.T, c *cli) {
+	r := c.run(t, nil, "--tenant", "acme", "--type", "sleep", "--id", "k1", "--key", "user-42")
+	require.Equal(t, 0, r.code, r.stderr)
+	r = c.run(t, nil, "--tenant", "acme", "--type", "sleep", "--id", "k2", "--key", "*")
+	require.Equal(t, 2, r.code)
+	require.Contains(t, r.stderr, `key "*" names every key in a policy's name`)
+
+	file := filepath.Join(t.TempDir(), "jobs.jsonl")
+	require.NoError(t, os.WriteFile(file, []byte(`{"tenant":"acme","type":"sleep","key":"u1","id":"f1"}`+"\n"+`{"tenant":"acme","type":"sleep","key":"","id":"f2"}`+"\n"), 0o600))
+	r = c.run(t, nil, "--file", file)
+	require.Equal(t, 1, r.code)
+	require.Contains(t, r.stderr, `enqueue: line 2: key: invalid tenant: the key is empty`)
+	require.NoError(t, os.WriteFile(file, []byte(`{"tenant":"acme","type":"sleep","key":"u1","id":"f1"}`+"\n"+`{"tenant":"acme","type":"sleep","id":"f2"}`+"\n"), 0o600))
+	r = c.run(t, nil, "--file", file, "--key", "u9", "--quiet")
+	require.Equal(t, 0, r.code, r.stderr)
+	tasks := c.tasks(t)
+	require.Len(t, tasks, 3)
+	for id, want := range map[string]string{"k1": "user-42", "f1": "u1", "f2": "u9"} {
+		require.Equal(t, want, tasks[id].Headers[taskspec.KeyHeader], id)
+	}
+}
+
 func testPools(t *testing.T, c *cli) {
 	r := c.run(t, nil, "--tenant", "acme", "--type", "sleep", "--id", "p1", "--pool", "@api", "--pool", "@db", "--pool", "@api")
 	require.Equal(t, 0, r.code, r.stderr)

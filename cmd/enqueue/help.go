@@ -44,8 +44,7 @@ Modes:
                        {"tenant": "acme", "type": "http", "payload": {...},
                         "queue": "default", "cost": 1, "priority": "high",
                         "key": "user-42", "pools": ["@api"], "id": "order-17",
-                        "process_in": "30s",
-                        "max_retry": 3}
+                        "process_in": "30s", "max_retry": 3}
                      the whole file is checked first: when a line is bad,
                      every bad line is reported with its number and nothing
                      is enqueued. A line without "id" gets one derived from
