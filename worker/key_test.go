@@ -134,6 +134,26 @@ func (r *keyRecorder) orderOf(scope string) []string {
 	return append([]string(nil), r.order[scope]...)
 }
 
+// logOnFailure logs, when t has failed, how many jobs of each scope
+// started and ended: a deadline's message is built before the wait.
+func (r *keyRecorder) logOnFailure(t *testing.T) {
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		scopes := make([]string, 0, len(r.starts))
+		for sc := range r.starts {
+			scopes = append(scopes, sc)
+		}
+		sort.Strings(scopes)
+		for _, sc := range scopes {
+			t.Logf("%s: %d started, %d ended", sc, len(r.starts[sc]), len(r.ends[sc]))
+		}
+	})
+}
+
 // runsByID returns how many times each job ran, by task id.
 func (r *keyRecorder) runsByID() map[string]int {
 	r.mu.Lock()
@@ -193,6 +213,7 @@ func TestKeysShareADownstream(t *testing.T) {
 			return ctx.Err()
 		}
 	})
+	rec.logOnFailure(t)
 	for range 2 {
 		srv := e.server(t, func(c *worker.Config) { c.Asynq.Concurrency = 4 })
 		srv.Handle("call", rec)
@@ -209,7 +230,7 @@ func TestKeysShareADownstream(t *testing.T) {
 		}
 	}
 	total := perKey * len(keys)
-	eventually(t, 60*time.Second, func() bool { return rec.done() == total }, "all %d jobs done (%d)", total, rec.done())
+	eventually(t, 60*time.Second, func() bool { return rec.done() == total }, "all %d jobs done", total)
 	took := time.Since(start)
 	refused := len(ds.answers()) - ds.accepted()
 	t.Logf("%d calls of 4 keys through @api in %s (%.1f/s), %d refused by the downstream, at most %d at once", total, took.Round(time.Millisecond), float64(total)/took.Seconds(), refused, rec.maxRunOf(""))
@@ -274,6 +295,7 @@ func TestKeyDoesNotHoldBackItsTenant(t *testing.T) {
 				return ctx.Err()
 			}
 		})
+		rec.logOnFailure(t)
 		const slow, perOther = 12, 4
 		others := []string{"a", "b", "c"}
 		slowIDs := enqueueKeyed(t, e, "acme", "slow", slow)
@@ -297,7 +319,7 @@ func TestKeyDoesNotHoldBackItsTenant(t *testing.T) {
 			}
 			return n
 		}
-		eventually(t, 10*time.Second, func() bool { return othersDone() == perOther*len(others) }, "the other keys' %d jobs done (%d), behind acme/slow's blocked one", perOther*len(others), othersDone())
+		eventually(t, 10*time.Second, func() bool { return othersDone() == perOther*len(others) }, "the other keys' %d jobs done, behind acme/slow's blocked one", perOther*len(others))
 		t.Logf("the other keys' %d jobs done in %s while acme/slow's first job ran", perOther*len(others), time.Since(start).Round(time.Millisecond))
 		require.Len(t, rec.startsOf("acme/slow"), 1, "acme/slow runs one job at a time")
 		require.Empty(t, rec.endsOf("acme/slow"))
@@ -307,7 +329,7 @@ func TestKeyDoesNotHoldBackItsTenant(t *testing.T) {
 
 		close(release)
 		total := slow + perOther*len(others)
-		eventually(t, 20*time.Second, func() bool { return rec.done() == total }, "all %d jobs done (%d)", total, rec.done())
+		eventually(t, 20*time.Second, func() bool { return rec.done() == total }, "all %d jobs done", total)
 		t.Logf("all %d jobs done in %s", total, time.Since(start).Round(time.Millisecond))
 		for _, k := range append([]string{"slow"}, others...) {
 			require.Equal(t, 1, rec.maxRunOf("acme/"+k), "acme/%s ran more than one job at once", k)
@@ -330,6 +352,64 @@ func TestKeyDoesNotHoldBackItsTenant(t *testing.T) {
 		}, "every slot given back and the line empty")
 	})
 
+	// The other key's jobs join the line after a turn has sent the held
+	// key's backlog to its end, while the key's one job runs: they too
+	// start while the backlog waits. Today they do not: a job joining a
+	// line that is not empty leaves its tenant's due time as the last
+	// turn set it (for the held key's jobs), so they wait for that turn
+	// (about 5 s here), the held slot's lease end, or the held key's
+	// backlog, whose jobs each release hands the freed slot to.
+	t.Run("joining later", func(t *testing.T) {
+		e := setup(t, nil)
+		e.policy(t, "acme", "concurrency=4")
+		e.policy(t, "acme/*", "concurrency=1")
+		release := make(chan struct{})
+		rec := newKeyRecorder(func(ctx context.Context, scope string) error {
+			if scope != "acme/slow" {
+				return nil
+			}
+			select {
+			case <-release:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		})
+		const slow, later = 8, 6
+		slowIDs := enqueueKeyed(t, e, "acme", "slow", slow)
+		for range 2 {
+			srv := e.server(t, func(c *worker.Config) { c.Asynq.Concurrency = 4 })
+			srv.Handle("job", rec)
+			require.NoError(t, srv.Start())
+		}
+		var once sync.Once
+		open := func() { once.Do(func() { close(release) }) }
+		t.Cleanup(open) // before the servers shut down
+		rec.logOnFailure(t)
+		// the first turn promoted acme/slow's first job and sent the rest
+		// to the end of the line
+		eventually(t, 5*time.Second, func() bool { return len(rec.startsOf("acme/slow")) == 1 }, "acme/slow's first job started")
+		start := time.Now()
+		laterIDs := enqueueKeyed(t, e, "acme", "a", later)
+		// jobs of a free key start at once (tens of milliseconds in the
+		// cases above); the deadline is well before the tenant's next due
+		// time (about 5 s) and the held slot's lease end (30 s), either of
+		// which brings them in by another turn
+		eventually(t, 2*time.Second, func() bool { return len(rec.endsOf("acme/a")) == later },
+			"acme/a's %d jobs, which joined the line behind acme/slow's backlog, done", later)
+		t.Logf("acme/a's %d jobs done in %s while acme/slow's first job ran", later, time.Since(start).Round(time.Millisecond))
+		require.Len(t, rec.startsOf("acme/slow"), 1, "acme/slow runs one job at a time")
+
+		open()
+		total := slow + later
+		eventually(t, 20*time.Second, func() bool { return rec.done() == total }, "all %d jobs done", total)
+		require.Equal(t, 1, rec.maxRunOf("acme/slow"))
+		require.Equal(t, 1, rec.maxRunOf("acme/a"))
+		require.Equal(t, slowIDs, rec.orderOf("acme/slow"), "acme/slow's jobs in order")
+		require.Equal(t, laterIDs, rec.orderOf("acme/a"), "acme/a's jobs in order")
+		requireRanOnce(t, rec, total)
+	})
+
 	t.Run("rate", func(t *testing.T) {
 		e := setup(t, nil)
 		ctx := context.Background()
@@ -343,6 +423,7 @@ func TestKeyDoesNotHoldBackItsTenant(t *testing.T) {
 				return ctx.Err()
 			}
 		})
+		rec.logOnFailure(t)
 		const slow, perOther = 6, 5
 		others := []string{"a", "b"}
 		slowIDs := enqueueKeyed(t, e, "acme", "slow", slow)
@@ -367,13 +448,13 @@ func TestKeyDoesNotHoldBackItsTenant(t *testing.T) {
 			}
 			return n
 		}
-		eventually(t, 10*time.Second, func() bool { return othersDone() == perOther*len(scopes) }, "the other jobs' %d done (%d)", perOther*len(scopes), othersDone())
+		eventually(t, 10*time.Second, func() bool { return othersDone() == perOther*len(scopes) }, "the other %d jobs done, behind acme/slow's backlog", perOther*len(scopes))
 		othersTook := time.Since(start)
 		slowStarted := len(rec.startsOf("acme/slow"))
 		t.Logf("the other %d jobs done in %s, when acme/slow (2/s) had started %d of %d", perOther*len(scopes), othersTook.Round(time.Millisecond), slowStarted, slow)
 		require.Less(t, slowStarted, slow, "acme/slow's backlog still waits")
 		total := slow + perOther*len(scopes)
-		eventually(t, 20*time.Second, func() bool { return rec.done() == total }, "all %d jobs done (%d)", total, rec.done())
+		eventually(t, 20*time.Second, func() bool { return rec.done() == total }, "all %d jobs done", total)
 		slowStarts := rec.startsOf("acme/slow")
 		t.Logf("all %d jobs done in %s; acme/slow's from %s to %s", total, time.Since(start).Round(time.Millisecond),
 			slowStarts[0].Sub(start).Round(time.Millisecond), slowStarts[len(slowStarts)-1].Sub(start).Round(time.Millisecond))
