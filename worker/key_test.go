@@ -502,3 +502,38 @@ func requireRanOnce(t *testing.T, rec *keyRecorder, total int) {
 		require.Equal(t, 1, n, "job %s ran %d times", id, n)
 	}
 }
+
+// TestKeysWinNoExtraShare: at saturation the waiting room shares the fleet
+// per tenant, whatever keys a tenant's jobs carry: a tenant that spreads
+// its jobs over 30 keys (each with limits of its own) starts about as many
+// as a tenant whose jobs carry none (fair share is not counted per key).
+func TestKeysWinNoExtraShare(t *testing.T) {
+	e := setup(t, nil)
+	// the same tenant policy for both (a finishing job hands its slot on
+	// in turn alike), and limits of its own for each key of one of them
+	e.policy(t, "split", "concurrency=50")
+	e.policy(t, "whole", "concurrency=50")
+	e.policy(t, "split/*", "concurrency=4")
+	rec := newTenantRecorder(30 * time.Millisecond)
+	jobs := make([]queue.Job, 0, 600)
+	for i := range 300 {
+		jobs = append(jobs,
+			queue.Job{Tenant: "split", Task: asynq.NewTask("job", nil), Options: []asynq.Option{asynq.Queue(e.queue), queue.Key(fmt.Sprintf("k%d", i%30))}},
+			queue.Job{Tenant: "whole", Task: asynq.NewTask("job", nil), Options: []asynq.Option{asynq.Queue(e.queue)}})
+	}
+	for i, res := range e.q.EnqueueBatch(context.Background(), jobs) {
+		require.NoError(t, res.Err, "job %d", i)
+	}
+	srv := e.server(t, func(c *worker.Config) { c.Asynq.Concurrency = 3 })
+	srv.Handle("job", rec)
+	require.NoError(t, srv.Start())
+	total := func() int { return len(rec.startsOf("split")) + len(rec.startsOf("whole")) }
+	eventually(t, 30*time.Second, func() bool { return total() >= 30 }, "the first 30 starts")
+	s0, w0 := len(rec.startsOf("split")), len(rec.startsOf("whole"))
+	eventually(t, 60*time.Second, func() bool { return total() >= 30+200 }, "200 more starts")
+	s, w := len(rec.startsOf("split"))-s0, len(rec.startsOf("whole"))-w0
+	ratio := float64(s) / float64(max(w, 1))
+	t.Logf("a saturated fleet of 3: %d starts of the tenant with 30 keys, %d of the tenant without (%.2f:1)", s, w, ratio)
+	require.GreaterOrEqual(t, ratio, 0.6, "a share per tenant")
+	require.LessOrEqual(t, ratio, 1.6, "no extra share for many keys")
+}
