@@ -272,6 +272,22 @@ func TestKeysShareADownstream(t *testing.T) {
 	}, "every slot of @api and of the keys given back")
 }
 
+// blockSlow is a handler whose acme/slow jobs run until release is
+// closed (or their context ends); the others end at once.
+func blockSlow(release <-chan struct{}) func(context.Context, string) error {
+	return func(ctx context.Context, scope string) error {
+		if scope != "acme/slow" {
+			return nil
+		}
+		select {
+		case <-release:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
 // TestKeyDoesNotHoldBackItsTenant: jobs of one key of acme wait in acme's
 // line (they name no pool) ahead of the jobs of acme's other keys. While
 // the first key's jobs cannot start (its cap or its rate holds them), the
@@ -284,17 +300,7 @@ func TestKeyDoesNotHoldBackItsTenant(t *testing.T) {
 		e.policy(t, "acme", "concurrency=4")
 		e.policy(t, "acme/*", "concurrency=1")
 		release := make(chan struct{})
-		rec := newKeyRecorder(func(ctx context.Context, scope string) error {
-			if scope != "acme/slow" {
-				return nil
-			}
-			select {
-			case <-release:
-				return nil
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		})
+		rec := newKeyRecorder(blockSlow(release))
 		rec.logOnFailure(t)
 		const slow, perOther = 12, 4
 		others := []string{"a", "b", "c"}
@@ -354,27 +360,16 @@ func TestKeyDoesNotHoldBackItsTenant(t *testing.T) {
 
 	// The other key's jobs join the line after a turn has sent the held
 	// key's backlog to its end, while the key's one job runs: they too
-	// start while the backlog waits. Today they do not: a job joining a
-	// line that is not empty leaves its tenant's due time as the last
-	// turn set it (for the held key's jobs), so they wait for that turn
-	// (about 5 s here), the held slot's lease end, or the held key's
-	// backlog, whose jobs each release hands the freed slot to.
+	// start while the backlog waits. (Before, a job joining a line that
+	// was not empty left its tenant's due time as the last turn set it,
+	// for the held key's jobs, so they waited for that turn, about 5 s
+	// here, the held slot's lease end, or the held key's backlog.)
 	t.Run("joining later", func(t *testing.T) {
 		e := setup(t, nil)
 		e.policy(t, "acme", "concurrency=4")
 		e.policy(t, "acme/*", "concurrency=1")
 		release := make(chan struct{})
-		rec := newKeyRecorder(func(ctx context.Context, scope string) error {
-			if scope != "acme/slow" {
-				return nil
-			}
-			select {
-			case <-release:
-				return nil
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		})
+		rec := newKeyRecorder(blockSlow(release))
 		const slow, later = 8, 6
 		slowIDs := enqueueKeyed(t, e, "acme", "slow", slow)
 		for range 2 {
