@@ -252,7 +252,7 @@ func (l *Limiter) do(ctx context.Context, req Request, flags int) (Decision, err
 		// the decision as a ticket there, in time within the started
 		// meters' tolerance
 		d.Reserved = false
-		d.Ticket = ticketFor(d.Slot.UnixMicro(), micros(l.startedTolerance(scopes)), 0, d.Now.UnixMicro(), d.Lease, d.Claim, res.fingerprint())
+		d.Ticket = ticketFor(d.Slot.UnixMicro(), micros(l.startedTolerance(scopes)), 0, d.Now.UnixMicro(), d.Lease, d.Claim, printWith(res.fingerprint(), scopes))
 	}
 	return d, nil
 }

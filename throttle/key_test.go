@@ -295,3 +295,39 @@ func TestExplainKeys(t *testing.T) {
 	require.Equal(t, "pool concurrency", xs[4].HeldBy)
 	require.Contains(t, xs[4].String(), "held by its key's concurrency: running jobs of key pool must end first")
 }
+
+// TestKeyTickets: a keyed job the room sends straight to the engine
+// carries a ticket decided in its key's scope too; it holds at the gate
+// under the same policies, and is decided anew once the key's policy
+// changed.
+func TestKeyTickets(t *testing.T) {
+	t.Parallel()
+	e := setup(t, false, nil)
+	ctx := context.Background()
+	e.policy(t, "acme", "rate=100/s burst=10")
+	e.policy(t, "acme/*", "rate=10/s burst=20 concurrency=2")
+	room := e.lim.room()
+	arrive := func(id string) waitroom.Arrived {
+		t.Helper()
+		a, err := room.Arrive(ctx, waitroom.Arrival{Tenant: "acme", ID: id, Key: "u1", MayGo: true})
+		require.NoError(t, err)
+		require.True(t, a.Straight, id)
+		require.NotEmpty(t, a.Ticket, id)
+		return a
+	}
+	a1 := arrive("j1")
+	st, err := e.lim.Stats(ctx, "acme/u1")
+	require.NoError(t, err)
+	require.Equal(t, int64(1), st.Concurrency.InFlight, "the arrival took the key's slot")
+	d, ok, err := e.lim.Redeem(ctx, Request{Tenant: "acme", Key: "u1", ID: "j1"}, a1.Ticket)
+	require.NoError(t, err)
+	require.True(t, ok, "the ticket holds under the same policies")
+	require.Equal(t, a1.Claim, d.Claim)
+
+	a2 := arrive("j2")
+	e.policy(t, "acme/*", "rate=10/s burst=20 concurrency=3")
+	require.Eventually(t, func() bool {
+		_, ok, err := e.lim.Redeem(ctx, Request{Tenant: "acme", Key: "u1", ID: "j2"}, a2.Ticket)
+		return err == nil && !ok
+	}, 5*time.Second, 10*time.Millisecond, "the key's policy changed: decided anew")
+}

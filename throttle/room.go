@@ -145,7 +145,7 @@ func (r *room) Arrive(ctx context.Context, a waitroom.Arrival) (waitroom.Arrived
 			}
 		}
 		if once || rep.late == lateReserved {
-			d.Ticket = ticketFor(rep.slot, rep.late, rep.slack, rep.now, lease, d.Claim, res.fingerprint())
+			d.Ticket = ticketFor(rep.slot, rep.late, rep.slack, rep.now, lease, d.Claim, printWith(res.fingerprint(), scopes))
 		}
 	}
 	return d, nil

@@ -93,6 +93,30 @@ func (r Resolved) fingerprint() uint32 {
 	return a.fp*16777619 ^ b.fp
 }
 
+// printWith is fp (Resolved.fingerprint: the tenant's and @global's
+// policies) with the policies of the job's other scopes mixed in, its
+// key's and its pools': a ticket decided before one of them changed is
+// decided anew too.
+func printWith(fp uint32, scopes []scope) uint32 {
+	for _, s := range scopes {
+		if inGlobalSlot(s.name) && s.name != GlobalPolicy || isKeyScope(s.name) {
+			f := s.facts
+			if f == nil {
+				f = factsOf(s.policy)
+			}
+			fp = fp*16777619 ^ f.fp
+		}
+	}
+	return fp
+}
+
+// isKeyScope reports whether a scope's name is a key policy's
+// (TENANT/KEY, TENANT/* or */*).
+func isKeyScope(name string) bool {
+	_, _, ok := keyOf(name)
+	return ok
+}
+
 // policyPrint is a policy's fingerprint (its text's FNV-1a; 0 for none).
 func policyPrint(p *Policy) uint32 {
 	if p == nil {
@@ -137,7 +161,7 @@ func (l *Limiter) Redeem(ctx context.Context, req Request, text string) (d Decis
 		return Decision{}, false, fmt.Errorf("redeem tenant %q: %w", req.Tenant, err)
 	}
 	now := l.estimatedNow().UnixMicro()
-	if t.fp != res.fingerprint() || (t.late >= 0 && now > t.slot+t.late) {
+	if t.fp != printWith(res.fingerprint(), scopes) || (t.late >= 0 && now > t.slot+t.late) {
 		// decided by other policies, or too late for its slot (the
 		// started meters were charged for a start up to late after it)
 		return Decision{}, false, nil

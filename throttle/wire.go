@@ -594,7 +594,7 @@ func decodeTurn(prefix, tenant string, raw any, scopes []scope, keyed *keyedPoli
 		}
 		j.Slot, j.Claim, j.Undo = time.UnixMicro(nums[0]), uint64(nums[1]), &promotion{undo: undo, scopes: js}
 		if jonce || late == lateReserved {
-			j.Ticket = ticketFor(nums[0], late, slack, now, leaseOf(js), j.Claim, fp)
+			j.Ticket = ticketFor(nums[0], late, slack, now, leaseOf(js), j.Claim, printWith(fp, js))
 		}
 		t.Promoted = append(t.Promoted, j)
 	}
