@@ -37,7 +37,7 @@ func TestMain(m *testing.M) { redistest.Main(m) }
 // The page is 1400 CSS pixels wide, as a laptop's browser window.
 const (
 	pageWidth    = 1400
-	tenantsPage  = 800
+	tenantsPage  = 1000
 	tenantPage   = 1040
 	pollInterval = 100 * time.Millisecond
 )
