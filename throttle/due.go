@@ -416,6 +416,8 @@ func (r *room) mark(ctx context.Context, queue string, tenants ...string) error 
 		if _, err := r.runRoom(ctx, queue, s, "mark", args...); err != nil {
 			return fmt.Errorf("mark tenants due: %w", err)
 		}
+		// this process's releases know at once (others from the wake)
+		r.l.due.lower(queue, s, r.l.estimatedNow().UnixMicro())
 		return nil
 	})
 }
@@ -426,6 +428,7 @@ func (r *room) markAt(ctx context.Context, queue, tenant string, at time.Time) e
 	if _, err := r.runRoom(ctx, queue, dueShard(tenant), "markat", tenant, at.UnixMicro()); err != nil {
 		return fmt.Errorf("mark tenant %q due: %w", tenant, err)
 	}
+	r.l.due.lower(queue, dueShard(tenant), at.UnixMicro())
 	return nil
 }
 
