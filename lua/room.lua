@@ -1,31 +1,36 @@
--- room.lua: the waiting room's due index: which tenants' lines may next be
--- promoted, and when (docs/architecture.md, "The waiting room"). Scores are
--- Redis times in µs.
+-- room.lua: a shard of the waiting room's due index: which tenants' lines
+-- may next be promoted, and when (docs/architecture.md, "The waiting
+-- room"). Scores are Redis times in µs. A queue's index is split in
+-- shards by tenant (throttle/keys.go); every op runs on one shard, and
+-- the caller combines shards where it must (the pump's take, turn).
 --
 -- The pumps sleep until the earliest due time (at most a second) and wake
 -- on the index's wake channel: an op that makes a tenant due sooner than
--- it was publishes the queue's name there, so that an idle fleet polls
--- nothing.
+-- it was publishes there QUEUE␟SHARD (ARGV[4]), ␟ and the earliest due
+-- time it set, so that an idle fleet polls little.
 --
--- KEYS[1] -> the due index (zset: tenant -> when its line is next due)
+-- KEYS[1] -> the shard (zset: tenant -> when its line is next due)
 -- ARGV[1] -> clock: the current time in µs, or -1 for Redis TIME
 -- ARGV[2] -> the operation
--- ARGV[3] -> the wake channel ("": publish nothing), then the queue's name
+-- ARGV[3] -> the wake channel ("": publish nothing)
+-- ARGV[4] -> QUEUE␟SHARD: the queue's name and the shard's number
 -- ARGV[5..] -> the operation's arguments:
 --   take N HOLD: the due tenants, earliest first, at most N of them, are
 --     held HOLD µs ahead so that one pump serves each.
---     Returns {now, held, next, tenant, due, tenant, due, ...}: held is
+--     Returns {now, held, head, tenant, due, tenant, due, ...}: held is
 --     the score they got, due the one each had (settle may give it back:
---     the tenant keeps its place); next the earliest due time of the
---     tenants not taken (-1: none).
+--     the tenant keeps its place); head the shard's earliest due time
+--     once they are held (-1: empty).
 --   settle HELD [TENANT DUE]...: for each tenant still held at HELD (no one
 --     marked it since), its next due time DUE: now when DUE is 0 (the
 --     k-th such tenant now + k µs, so that they keep their order), out of
---     the index when it is -1. Returns {now}.
---   turn TENANT: is it TENANT's turn to take a freed slot? Returns {now,
---     first, others}: first 1 when no other tenant is due earlier than
---     TENANT (a tenant held by a pump is not due), others 1 when another
---     tenant is due now.
+--     the index when it is -1. Returns {now, head}.
+--   turn TENANT: is it TENANT's turn to take a freed slot, in this shard?
+--     Returns {now, first, others, due, head}: first 1 when no other
+--     tenant is due earlier than TENANT (a tenant held by a pump is not
+--     due), others 1 when another tenant is due now, due TENANT's due time
+--     when it is due now (-1: not), head the shard's earliest due time (the
+--     caller compares the other shards' with due).
 --   requeue TENANT: TENANT, due now or earlier (not held), is due now:
 --     behind the tenants due before (its turn ended). Returns {now}.
 --   mark [TENANT]...: each tenant is due now, or earlier if it was (a line
@@ -62,9 +67,9 @@ local function zadd(z, ...)
   return changed
 end
 
--- the pumps of the queue wake when a tenant became due sooner
-local function wake(changed)
-  if changed > 0 and channel ~= '' then call('PUBLISH', channel, ARGV[4]) end
+-- the pumps of the queue wake when a tenant became due sooner, at due
+local function wake(changed, due)
+  if changed > 0 and channel ~= '' then call('PUBLISH', channel, ARGV[4] .. '\31' .. due) end
 end
 
 local function first()
@@ -76,8 +81,8 @@ if op == 'take' then
   local due = call('ZRANGEBYSCORE', KEYS[1], '-inf', nowf, 'WITHSCORES', 'LIMIT', '0', ARGV[A])
   local held = format('%d', now + tonumber(ARGV[A + 1]))
   out[2] = held
+  out[3] = -1
   if #due > 0 then
-    out[3] = -1
     local z = {}
     for i = 1, #due, 2 do
       z[#z + 1] = held
@@ -86,9 +91,8 @@ if op == 'take' then
       out[#out + 1] = due[i + 1]
     end
     zadd(z, 'XX')
-  else
-    out[3] = first()
   end
+  out[3] = first()
 elseif op == 'settle' then
   local held = tonumber(ARGV[A])
   local k = 0
@@ -105,26 +109,30 @@ elseif op == 'settle' then
       end
     end
   end
+  out[2] = first()
 elseif op == 'mark' or op == 'markat' then
   local z = {}
+  local soonest = nowf
   if op == 'mark' then
     for i = A, #ARGV do
       z[#z + 1] = nowf
       z[#z + 1] = ARGV[i]
     end
   else
+    soonest = ARGV[A + 1] or nowf
     for i = A, #ARGV, 2 do
       z[#z + 1] = ARGV[i + 1]
       z[#z + 1] = ARGV[i]
+      if tonumber(ARGV[i + 1]) < tonumber(soonest) then soonest = ARGV[i + 1] end
     end
   end
-  wake(zadd(z, 'LT', 'CH'))
+  wake(zadd(z, 'LT', 'CH'), soonest)
 elseif op == 'ensure' then
   local changed = 0
   for i = A, #ARGV do
     changed = changed + call('ZADD', KEYS[1], 'NX', nowf, ARGV[i])
   end
-  wake(changed)
+  wake(changed, nowf)
 elseif op == 'markall' then
   local all = call('ZRANGEBYSCORE', KEYS[1], '(' .. nowf, '+inf')
   local z = {}
@@ -134,12 +142,15 @@ elseif op == 'markall' then
   end
   zadd(z, 'XX')
   out[2] = #all
-  wake(#all)
+  wake(#all, nowf)
 elseif op == 'turn' then
   local tenant = ARGV[A]
   local due = call('ZRANGEBYSCORE', KEYS[1], '-inf', nowf, 'LIMIT', '0', '2')
   out[2] = (due[1] == nil or due[1] == tenant) and 1 or 0
   out[3] = ((due[1] and due[1] ~= tenant) or (due[2] and due[2] ~= tenant)) and 1 or 0
+  local score = tonumber(call('ZSCORE', KEYS[1], tenant))
+  out[4] = (score and score <= now) and score or -1
+  out[5] = first()
 elseif op == 'requeue' then
   local score = tonumber(call('ZSCORE', KEYS[1], ARGV[A]))
   if score and score <= now then call('ZADD', KEYS[1], nowf, ARGV[A]) end

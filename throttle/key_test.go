@@ -220,7 +220,7 @@ func TestRoomKeys(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, tn.Promoted)
 	// as a pump would leave it: due when slow's next start is, say later
-	require.NoError(t, e.client.ZAdd(ctx, dueKey(e.prefix, waitroom.DefaultQueue), redis.Z{Score: float64(e.clock.Now().Add(time.Minute).UnixMicro()), Member: "acme"}).Err())
+	require.NoError(t, e.client.ZAdd(ctx, dueKey(e.prefix, waitroom.DefaultQueue, dueShard("acme")), redis.Z{Score: float64(e.clock.Now().Add(time.Minute).UnixMicro()), Member: "acme"}).Err())
 	due, _, ok, err := room.next(ctx, waitroom.DefaultQueue)
 	require.NoError(t, err)
 	require.True(t, ok)

@@ -44,8 +44,10 @@ import (
 // The policy store lives under PREFIX:{p}:policies (hash), PREFIX:{p}:version,
 // PREFIX:{p}:learned (the learned limits' version) and the pub/sub channel
 // PREFIX:policies:changed. The waiting room's due
-// index of a queue is PREFIX:{r}:due:QUEUE (zset: tenant -> due time, µs).
-// The fleet's registry of worker processes (internal/fleet) is PREFIX:{r}:fleet
+// index of a queue is split in dueShards shards, PREFIX:{rN.M}:due:QUEUE
+// (zset: tenant -> due time, µs; dueTags names them), a tenant in the
+// shard dueShard gives it; before, it was one key, PREFIX:{r}:due:QUEUE,
+// which the sweep drains into the shards. The fleet's registry of worker processes (internal/fleet) is PREFIX:{r}:fleet
 // (zset: process -> lease end, ms), PREFIX:{r}:w:PROCESS (hash: the asynq
 // task ids a process runs -> queue), PREFIX:{r}:queues (set) and the
 // recoverer's lock PREFIX:{r}:recover.
@@ -205,13 +207,47 @@ func (k scopeKeys) all() []string {
 	return []string{k.state, k.planned, k.started, k.queues, k.handing, k.intents, k.intentsAt(priorityHigh), k.intentsAt(priorityLow)}
 }
 
-// The waiting room's keys, in a slot of their own: a queue's due index,
-// and the lock one pump takes to sweep for lines missing from them.
-func dueKey(prefix, queue string) string { return prefix + ":{r}:due:" + queue }
-func sweepKey(prefix string) string      { return prefix + ":{r}:sweep" }
+// dueShards is how many shards a queue's due index is split in, so that
+// no one key (and no one Cluster slot) is touched by every job of every
+// tenant: 12 spreads evenly over a Cluster of 1, 2, 3, 4 or 6 masters
+// whose slots are split evenly, and costs an idle pump 12 small calls a
+// second per queue, in one round trip per master. Changing it moves
+// tenants to other shards: it is part of the key layout.
+const dueShards = 12
+
+// dueTags are the shards' hash tags: the slot of tag i lies in the i-th
+// twelfth of the slot space (TestDueShardsSpread), so that shards fall
+// on different masters of any Cluster that gives each master a run of
+// slots.
+var dueTags = [dueShards]string{
+	"r0.67", "r1.33", "r2.61", "r3.12", "r4.22", "r5.61",
+	"r6.49", "r7.15", "r8.10", "r9.63", "r10.45", "r11.19",
+}
+
+// dueShard is the shard of a queue's due index tenant is in: FNV-1a of
+// its name, modulo dueShards. Part of the key layout, like dueShards.
+func dueShard(tenant string) int {
+	h := uint32(2166136261)
+	for i := 0; i < len(tenant); i++ {
+		h ^= uint32(tenant[i])
+		h *= 16777619
+	}
+	return int(h % dueShards)
+}
+
+// The waiting room's keys: a shard of a queue's due index, and in a slot
+// of their own the lock one pump takes to sweep for lines missing from
+// the index and the index of sluice before its shards (drained by the
+// sweep).
+func dueKey(prefix, queue string, shard int) string {
+	return prefix + ":{" + dueTags[shard] + "}:due:" + queue
+}
+func unshardedDueKey(prefix, queue string) string { return prefix + ":{r}:due:" + queue }
+func sweepKey(prefix string) string               { return prefix + ":{r}:sweep" }
 
 // wakeChannel is where room.lua tells the pumps that a queue's line became
-// due sooner (the message is the queue's name).
+// due sooner (the message is QUEUE␟SHARD␟DUE: the queue's name, the
+// shard of its index and the new due time, µs).
 func wakeChannel(prefix string) string { return prefix + ":{r}:wake" }
 
 // markAllKey marks that a pump of the fleet re-marked queue's tenants for

@@ -127,6 +127,10 @@ type Limiter struct {
 
 	shadows shadower // shadow decisions on their way (shadow.go)
 
+	// due is the process's view of the waiting room's due index shards
+	// (due.go), which its pumps and releases share.
+	due dueView
+
 	late      sync.WaitGroup // releaseLate's goroutines
 	closing   chan struct{}
 	closeOnce sync.Once

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/sluicehq/sluice/internal/waitroom"
+	"sort"
 	"sync"
 	"time"
 
@@ -90,7 +91,11 @@ func (p *pump) listen(ctx context.Context, sub *redis.PubSub) {
 			// go-redis reconnects; a wake-up lost meanwhile costs Idle
 			continue
 		}
-		if queues[msg.Payload] {
+		q, shard, due, ok := parseWake(msg.Payload)
+		if queues[q] {
+			if ok {
+				p.r.l.due.lower(q, shard, due)
+			}
 			select {
 			case p.wake <- struct{}{}:
 			default:
@@ -137,7 +142,7 @@ func (p *pump) round(ctx context.Context) (time.Duration, error) {
 	}
 	if time.Since(p.lastSweep) > sweepEvery {
 		p.lastSweep = time.Now()
-		if err := p.r.sweep(ctx, p.cfg.Tasks, p.cfg.Repark); err != nil {
+		if err := p.r.sweep(ctx, p.cfg.Queues, p.cfg.Tasks, p.cfg.Repark); err != nil {
 			p.report(err)
 		}
 	}
@@ -195,16 +200,24 @@ func (p *pump) serve(ctx context.Context, queue string) (time.Duration, error) {
 	if free <= 0 {
 		return p.cfg.Interval, nil
 	}
-	taken, held, next, err := p.r.takeDue(ctx, queue, min(free, p.cfg.Tenants), waitroom.HoldDefault)
-	if err != nil {
-		return p.cfg.Interval, err
+	n := min(free, p.cfg.Tenants)
+	shards := p.shards(queue, n)
+	if len(shards) == 0 {
+		return p.sleep(queue), nil
 	}
+	taken, takeErr := p.r.takeShards(ctx, queue, shards, n, waitroom.HoldDefault)
 	if len(taken) == 0 {
-		if next.IsZero() {
-			return p.cfg.Idle, nil
+		if takeErr != nil {
+			return p.cfg.Interval, takeErr
 		}
-		return min(max(next.Sub(p.r.l.estimatedNow()), time.Millisecond), p.cfg.Idle), nil
+		return p.sleep(queue), nil
 	}
+	if takeErr != nil {
+		p.report(takeErr)
+	}
+	// the n earliest due are served; the others keep their places
+	rest := taken[min(n, len(taken)):]
+	taken = taken[:min(n, len(taken))]
 	// Deficit round robin over the rounds, in the index's order: a tenant's
 	// turn adds its quantum (its weight, in units that share out this
 	// round's room when it is large) to its deficit and promotes while the
@@ -282,7 +295,8 @@ func (p *pump) serve(ctx context.Context, queue string) (time.Duration, error) {
 	// the order of the index: first the turns that go on and the tenants
 	// the room did not reach, at their places; then, in the order served,
 	// those whose turns ended, due now or when their lines may go on
-	settled := make([]dueTenant, 0, len(taken))
+	settled := make([]dueTenant, 0, len(taken)+len(rest))
+	settled = append(settled, rest...)
 	var ended []dueTenant
 	now := p.r.l.estimatedNow().Add(5 * time.Millisecond) // the turns' Redis time, at most
 	for i, d := range taken {
@@ -292,17 +306,57 @@ func (p *pump) serve(ctx context.Context, queue string) (time.Duration, error) {
 		case !ok || turns[i].MidTurn && !at.IsZero() && !at.After(now):
 			settled = append(settled, d)
 		case at.Equal(dueNow) || !at.IsZero() && !at.After(now):
-			ended = append(ended, dueTenant{d.tenant, 0})
+			d.due = 0
+			ended = append(ended, d)
 		case at.IsZero():
-			ended = append(ended, dueTenant{d.tenant, -1})
+			d.due = -1
+			ended = append(ended, d)
 		default:
-			ended = append(ended, dueTenant{d.tenant, at.UnixMicro()})
+			d.due = at.UnixMicro()
+			ended = append(ended, d)
 		}
 	}
-	if err := p.r.settleDue(ctx, queue, held, append(settled, ended...)); err != nil {
+	if err := p.r.settleDue(ctx, queue, append(settled, ended...)); err != nil {
 		return 0, err
 	}
 	return 0, nil
+}
+
+// shards are the shards of queue's index the pump takes from, for a round
+// that serves up to n tenants: those its view does not know or read more
+// than half an Idle ago, and of those it knows to hold due tenants the n
+// whose earliest are the earliest (the n earliest due tenants of the
+// index are in them, as far as the view is right).
+func (p *pump) shards(queue string, n int) []int {
+	view := p.r.l.due.get(queue)
+	now := p.r.l.estimatedNow().UnixMicro()
+	var out, due []int
+	for s, h := range view {
+		switch {
+		case !h.known || h.read.IsZero() || time.Since(h.read) >= p.cfg.Idle/2:
+			out = append(out, s)
+		case h.head >= 0 && h.head <= now:
+			due = append(due, s)
+		}
+	}
+	sort.SliceStable(due, func(i, j int) bool { return view[due[i]].head < view[due[j]].head })
+	return append(out, due[:min(n, len(due))]...)
+}
+
+// sleep is how long the pump may sleep when it took nothing from queue:
+// until the earliest due time its view knows of, at most Idle.
+func (p *pump) sleep(queue string) time.Duration {
+	wait := p.cfg.Idle
+	now := p.r.l.estimatedNow()
+	for _, h := range p.r.l.due.get(queue) {
+		if !h.known {
+			return p.cfg.Interval
+		}
+		if h.head >= 0 {
+			wait = min(wait, max(time.UnixMicro(h.head).Sub(now), time.Millisecond))
+		}
+	}
+	return wait
 }
 
 // handOver gives promoted jobs to the queue engine, then confirms them in

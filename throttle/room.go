@@ -505,194 +505,9 @@ func (r *room) undo(ctx context.Context, p waitroom.Promoted) error {
 	return r.handed(ctx, p.Tenant, []waitroom.Promoted{p})
 }
 
-// The due index (lua/room.lua).
-
-// roomArgs are room.lua's arguments for op on queue's index, then args.
-func (r *room) roomArgs(op, queue string, args ...any) []any {
-	return append([]any{r.l.clockArg(), op, wakeChannel(r.l.cfg.Prefix), queue}, args...)
-}
-
-// runRoom runs room.lua's op on queue's index.
-func (r *room) runRoom(ctx context.Context, queue string, args []any) (any, error) {
-	return r.l.batch.run(ctx, lua.Room, []string{dueKey(r.l.cfg.Prefix, queue)}, args)
-}
-
-// take takes up to n tenants whose lines of queue are due, earliest
-// first, holding them for hold; held is the score they got (settle
-// compares it). When none is due, next is the earliest due time of the
-// index (zero: no line is due at all).
-func (r *room) take(ctx context.Context, queue string, n int, hold time.Duration) (tenants []string, held int64, next time.Time, err error) {
-	due, held, next, err := r.takeDue(ctx, queue, n, hold)
-	for _, d := range due {
-		tenants = append(tenants, d.tenant)
-	}
-	return tenants, held, next, err
-}
-
-// dueTenant is a tenant of a due index with its due time (µs): what take
-// found, or what settle is to set (0: now, -1: out of the index).
-type dueTenant struct {
-	tenant string
-	due    int64
-}
-
-// takeDue is take, which also says when each tenant it took was due: a
-// tenant given that time back keeps its place in the index.
-func (r *room) takeDue(ctx context.Context, queue string, n int, hold time.Duration) (due []dueTenant, held int64, next time.Time, err error) {
-	res, err := r.runRoom(ctx, queue, r.roomArgs("take", queue, n, micros(hold)))
-	if err != nil {
-		return nil, 0, time.Time{}, fmt.Errorf("take due tenants: %w", err)
-	}
-	arr, ok := res.([]any)
-	if !ok || len(arr) < 3 || len(arr)%2 == 0 {
-		return nil, 0, time.Time{}, fmt.Errorf("room.lua: unexpected reply %v", res)
-	}
-	hs, ok := arr[1].(string)
-	nx, okNext := arr[2].(int64)
-	if !ok || !okNext {
-		return nil, 0, time.Time{}, fmt.Errorf("room.lua: unexpected reply %v", res)
-	}
-	held, err = strconv.ParseInt(hs, 10, 64)
-	if err != nil {
-		return nil, 0, time.Time{}, fmt.Errorf("room.lua: unexpected hold %q", hs)
-	}
-	if nx >= 0 {
-		next = time.UnixMicro(nx)
-	}
-	due = make([]dueTenant, 0, (len(arr)-3)/2)
-	for i := 3; i < len(arr); i += 2 {
-		s, ok := arr[i].(string)
-		ds, okDue := arr[i+1].(string)
-		if !ok || !okDue {
-			return nil, 0, time.Time{}, fmt.Errorf("room.lua: unexpected tenant %v %v", arr[i], arr[i+1])
-		}
-		at, err := strconv.ParseInt(ds, 10, 64)
-		if err != nil {
-			return nil, 0, time.Time{}, fmt.Errorf("room.lua: unexpected due time %q", ds)
-		}
-		due = append(due, dueTenant{s, at})
-	}
-	return due, held, next, nil
-}
-
-// settle sets the next due time of tenants a pump took from queue's index
-// at held (zero: out of the index; dueNow: now, in Redis time), unless
-// someone marked them meanwhile.
-func (r *room) settle(ctx context.Context, queue string, held int64, due map[string]time.Time) error {
-	ts := make([]string, 0, len(due))
-	for t := range due {
-		ts = append(ts, t)
-	}
-	sort.Strings(ts)
-	out := make([]dueTenant, 0, len(due))
-	for _, t := range ts {
-		at := due[t]
-		v := int64(-1)
-		switch {
-		case at.Equal(dueNow):
-			v = 0
-		case !at.IsZero():
-			v = at.UnixMicro()
-		}
-		out = append(out, dueTenant{t, v})
-	}
-	return r.settleDue(ctx, queue, held, out)
-}
-
-// settleDue is settle in order: the tenants due now keep the order given.
-func (r *room) settleDue(ctx context.Context, queue string, held int64, due []dueTenant) error {
-	if len(due) == 0 {
-		return nil
-	}
-	args := make([]any, 0, 1+2*len(due))
-	args = append(args, held)
-	for _, d := range due {
-		args = append(args, d.tenant, d.due)
-	}
-	if _, err := r.runRoom(ctx, queue, r.roomArgs("settle", queue, args...)); err != nil {
-		return fmt.Errorf("settle due tenants: %w", err)
-	}
-	return nil
-}
-
-// turnOf reports whether it is tenant's turn in queue's index to take a
-// slot a job of it freed (no other tenant is due before it), and whether
-// another tenant is due now.
-func (r *room) turnOf(ctx context.Context, queue, tenant string) (first, others bool, err error) {
-	key := queue + lineSep + tenant
-	r.mu.Lock()
-	until, ok := r.alone[key]
-	r.mu.Unlock()
-	if ok && time.Now().Before(until) {
-		return true, false, nil
-	}
-	res, err := r.runRoom(ctx, queue, r.roomArgs("turn", queue, tenant))
-	if err != nil {
-		return false, false, fmt.Errorf("turn of tenant %q: %w", tenant, err)
-	}
-	v, err := int64s(res, 3)
-	if err != nil {
-		return false, false, fmt.Errorf("room.lua: %w", err)
-	}
-	first, others = v[1] == 1, v[2] == 1
-	r.mu.Lock()
-	if first && !others {
-		if r.alone == nil || len(r.alone) >= 1024 {
-			r.alone = map[string]time.Time{}
-		}
-		r.alone[key] = time.Now().Add(aloneFor)
-	} else {
-		delete(r.alone, key)
-	}
-	r.mu.Unlock()
-	return first, others, nil
-}
-
-// requeue puts tenant, due now or earlier in queue's index, behind the
-// tenants due before it: its turn ended.
-func (r *room) requeue(ctx context.Context, queue, tenant string) error {
-	if _, err := r.runRoom(ctx, queue, r.roomArgs("requeue", queue, tenant)); err != nil {
-		return fmt.Errorf("requeue tenant %q: %w", tenant, err)
-	}
-	return nil
-}
-
-// dueNow, as a due time given to settle, is the time settle runs (Redis
-// time).
-var dueNow = time.UnixMicro(0)
-
-// mark makes tenants due now in queue's index (or keeps an earlier due
-// time).
-func (r *room) mark(ctx context.Context, queue string, tenants ...string) error {
-	args := make([]any, 0, len(tenants))
-	for _, t := range tenants {
-		args = append(args, t)
-	}
-	if _, err := r.runRoom(ctx, queue, r.roomArgs("mark", queue, args...)); err != nil {
-		return fmt.Errorf("mark tenants due: %w", err)
-	}
-	return nil
-}
-
-// markAt makes tenant due in queue's index at the given time, or keeps an
-// earlier due time.
-func (r *room) markAt(ctx context.Context, queue, tenant string, at time.Time) error {
-	if _, err := r.runRoom(ctx, queue, r.roomArgs("markat", queue, tenant, at.UnixMicro())); err != nil {
-		return fmt.Errorf("mark tenant %q due: %w", tenant, err)
-	}
-	return nil
-}
-
-// markAll makes every tenant in queue's index due now: a policy change
-// may have moved their lines' due times.
-func (r *room) markAll(ctx context.Context, queue string) error {
-	if _, err := r.runRoom(ctx, queue, r.roomArgs("markall", queue)); err != nil {
-		return fmt.Errorf("mark every tenant due: %w", err)
-	}
-	return nil
-}
-
-// sweep makes every tenant whose line is missing from the index due, puts
+// sweep drains the pump's queues' unsharded due indexes (left by a
+// sluice from before the shards) into the shards, makes every tenant
+// whose line is missing from the index due, puts
 // in their lines the parked jobs of intents no line took (sweepOrphans),
 // and pushes further out the fallback of the parked tasks of waiting jobs
 // that come due soon (repark, when set), at most once per sweepEvery
@@ -700,28 +515,26 @@ func (r *room) markAll(ctx context.Context, queue string) error {
 // line and the index leaves the one, a producer that died between parking
 // a job and its line the other, and a line longer than the fallback would
 // otherwise come out of the queue engine's schedule at once.
-func (r *room) sweep(ctx context.Context, tasks waitroom.TaskLookup, repark waitroom.Repark) error {
+func (r *room) sweep(ctx context.Context, queues []string, tasks waitroom.TaskLookup, repark waitroom.Repark) error {
 	ok, err := r.l.client.SetNX(ctx, sweepKey(r.l.cfg.Prefix), 1, sweepEvery-time.Second).Result()
 	if err != nil || !ok {
 		return err
 	}
-	lines, err := r.l.scanLines(ctx)
-	if err != nil {
-		return fmt.Errorf("sweep lines: %w", err)
-	}
-	for queue, tenants := range lines {
-		for start := 0; start < len(tenants); start += 1000 {
-			chunk := tenants[start:min(start+1000, len(tenants))]
-			args := make([]any, len(chunk))
-			for i, t := range chunk {
-				args[i] = t
-			}
-			if _, err := r.runRoom(ctx, queue, r.roomArgs("ensure", queue, args...)); err != nil {
-				return fmt.Errorf("sweep lines: %w", err)
-			}
+	var errs []error
+	for _, q := range queues {
+		if err := r.drainUnsharded(ctx, q); err != nil {
+			errs = append(errs, err)
 		}
 	}
-	var errs []error
+	lines, err := r.l.scanLines(ctx)
+	if err != nil {
+		return errors.Join(append(errs, fmt.Errorf("sweep lines: %w", err))...)
+	}
+	for queue, tenants := range lines {
+		if err := r.ensure(ctx, queue, tenants); err != nil {
+			return errors.Join(append(errs, err)...)
+		}
+	}
 	if repark != nil {
 		for queue, tenants := range lines {
 			inLine := make(map[string]bool, len(tenants))
@@ -734,23 +547,6 @@ func (r *room) sweep(ctx context.Context, tasks waitroom.TaskLookup, repark wait
 		}
 	}
 	return errors.Join(append(errs, r.sweepOrphans(ctx, tasks))...)
-}
-
-// next is the earliest due time in queue's index and the Redis time it
-// was read at; ok is false when no line is due at all.
-func (r *room) next(ctx context.Context, queue string) (due, now time.Time, ok bool, err error) {
-	res, err := r.runRoom(ctx, queue, r.roomArgs("next", queue))
-	if err != nil {
-		return time.Time{}, time.Time{}, false, fmt.Errorf("next due tenant: %w", err)
-	}
-	v, err := int64s(res, 2)
-	if err != nil {
-		return time.Time{}, time.Time{}, false, fmt.Errorf("room.lua: %w", err)
-	}
-	if v[1] < 0 {
-		return time.Time{}, time.UnixMicro(v[0]), false, nil
-	}
-	return time.UnixMicro(v[1]), time.UnixMicro(v[0]), true, nil
 }
 
 // Waiting is how many of tenant's jobs wait in its lines, and when the
@@ -843,13 +639,17 @@ func (r *room) readLines(ctx context.Context, tenant string, queues []string, te
 const maxLines = 10_000
 
 // Lines reads the lines of queues of the tenants in the queues' due
-// indexes (at most 10,000 of them). Empty lines are left out.
+// indexes (every shard; at most 10,000 of them, earliest due first).
+// Empty lines are left out.
 func (r *room) Lines(ctx context.Context, queues ...string) ([]waitroom.Line, error) {
 	var ts, qs []string
 	for _, q := range queues {
-		tenants, err := r.l.client.ZRange(ctx, dueKey(r.l.cfg.Prefix, q), 0, maxLines-1).Result()
+		if len(ts) == maxLines {
+			break
+		}
+		tenants, err := r.linesIndexed(ctx, q, maxLines-len(ts))
 		if err != nil {
-			return nil, fmt.Errorf("read the waiting room's lines: %w", err)
+			return nil, err
 		}
 		for _, t := range tenants {
 			if len(ts) == maxLines {

@@ -219,14 +219,15 @@ func TestRoomPromotesAtEachSlot(t *testing.T) {
 func pumpTurn(t *testing.T, e *env, tenant string) waitroom.Turn {
 	t.Helper()
 	ctx, room := context.Background(), e.lim.room()
-	tenants, held, _, err := room.take(ctx, waitroom.DefaultQueue, 10, waitroom.HoldDefault)
+	taken, err := room.take(ctx, waitroom.DefaultQueue, 10, waitroom.HoldDefault)
 	require.NoError(t, err)
-	require.Equal(t, []string{tenant}, tenants)
+	require.Len(t, taken, 1)
+	require.Equal(t, tenant, taken[0].tenant)
 	turn, err := room.promote(ctx, tenant, waitroom.DefaultQueue, 10, 10)
 	require.NoError(t, err)
 	e.keep(turn.Promoted)
 	room.handOver(ctx, turn.Promoted, (&engine{}).handover)
-	require.NoError(t, room.settle(ctx, waitroom.DefaultQueue, held, map[string]time.Time{tenant: turn.Due}))
+	require.NoError(t, room.settle(ctx, waitroom.DefaultQueue, taken, map[string]time.Time{tenant: turn.Due}))
 	return turn
 }
 
@@ -664,11 +665,11 @@ func TestRoomIndexManyTenants(t *testing.T) {
 		tenants[i] = fmt.Sprint("t", i)
 	}
 	require.NoError(t, room.mark(ctx, waitroom.DefaultQueue, tenants...))
-	taken, _, _, err := room.take(ctx, waitroom.DefaultQueue, len(tenants), waitroom.HoldDefault)
+	taken, err := room.take(ctx, waitroom.DefaultQueue, len(tenants), waitroom.HoldDefault)
 	require.NoError(t, err)
 	require.Len(t, taken, len(tenants))
 	require.NoError(t, room.markAll(ctx, waitroom.DefaultQueue))
-	taken, _, _, err = room.take(ctx, waitroom.DefaultQueue, len(tenants), waitroom.HoldDefault)
+	taken, err = room.take(ctx, waitroom.DefaultQueue, len(tenants), waitroom.HoldDefault)
 	require.NoError(t, err)
 	require.Len(t, taken, len(tenants), "every tenant due again")
 }
@@ -711,7 +712,7 @@ func TestRoomSweepJoinsOrphans(t *testing.T) {
 	require.NoError(t, room.sweepOrphans(ctx, lookup))
 	require.Empty(t, looked, "young intents: their producers may be about to join them")
 	e.clock.Advance(intentAge)
-	require.NoError(t, room.sweep(ctx, lookup, nil))
+	require.NoError(t, room.sweep(ctx, nil, lookup, nil))
 	ws, err := room.WaitingIDs(ctx, "acme", 0)
 	require.NoError(t, err)
 	var ids []string
@@ -811,7 +812,7 @@ func TestRoomPolicyChangeRemarksOnce(t *testing.T) {
 	later := time.Now().Add(time.Hour)
 	require.NoError(t, room.markAt(ctx, waitroom.DefaultQueue, "later", later))
 	score := func() float64 {
-		s, err := e.client.ZScore(ctx, dueKey(e.prefix, waitroom.DefaultQueue), "later").Result()
+		s, err := e.client.ZScore(ctx, dueKey(e.prefix, waitroom.DefaultQueue, dueShard("later")), "later").Result()
 		if isNil(err) {
 			return 0
 		}

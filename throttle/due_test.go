@@ -1,0 +1,304 @@
+package throttle
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/waitroom"
+)
+
+// TestDueShardsSpread: shard i's hash tag lies in the i-th twelfth of the
+// slot space, so that a Cluster whose masters hold even runs of slots (1,
+// 2, 3, 4 or 6 of them) holds as many shards on each; and tenants spread
+// over the shards.
+func TestDueShardsSpread(t *testing.T) {
+	t.Parallel()
+	const width = redistest.ClusterSlots / dueShards
+	seen := map[uint16]bool{}
+	for i := range dueShards {
+		slot := keySlot(dueKey("sluice", "default", i))
+		require.GreaterOrEqual(t, int(slot), i*width, "shard %d", i)
+		require.Less(t, int(slot), (i+1)*width, "shard %d", i)
+		require.False(t, seen[slot])
+		seen[slot] = true
+	}
+	require.NotEqual(t, keySlot(unshardedDueKey("sluice", "default")), keySlot(dueKey("sluice", "default", 0)))
+	var per [dueShards]int
+	for i := range 12000 {
+		per[dueShard(fmt.Sprintf("tenant-%d", i))]++
+	}
+	for i, n := range per {
+		require.InDelta(t, 1000, n, 150, "shard %d of %v", i, per)
+	}
+	require.Equal(t, dueShard("acme"), dueShard("acme"))
+}
+
+// TestRoomTurnAcrossShards: a tenant alone in its shard is not first when
+// a tenant of another shard is due before it; the view of the other
+// shards is read again once it is older than turnFresh.
+func TestRoomTurnAcrossShards(t *testing.T) {
+	t.Parallel()
+	e := setup(t, false, nil)
+	ctx := context.Background()
+	room := e.lim.room()
+	q := waitroom.DefaultQueue
+	a, b := "a", "b"
+	for dueShard(b) == dueShard(a) {
+		b += "b"
+	}
+	require.NoError(t, room.mark(ctx, q, a))
+	first, others, err := room.turnOf(ctx, q, a)
+	require.NoError(t, err)
+	require.True(t, first)
+	require.False(t, others)
+
+	// b, due a minute before a, in another shard: a's turn waits for it
+	require.NoError(t, room.markAt(ctx, q, b, e.clock.Now().Add(-time.Minute)))
+	e.clock.Advance(time.Millisecond)
+	room.alone = nil
+	first, others, err = room.turnOf(ctx, q, a)
+	require.NoError(t, err)
+	require.False(t, first, "b of shard %d is due before a of shard %d", dueShard(b), dueShard(a))
+	require.True(t, others)
+
+	// a pump takes b (the view learns it); a's turn is first again
+	taken, err := room.take(ctx, q, 1, waitroom.HoldDefault)
+	require.NoError(t, err)
+	require.Len(t, taken, 1)
+	require.Equal(t, b, taken[0].tenant, "the earliest due across shards first")
+	first, others, err = room.turnOf(ctx, q, a)
+	require.NoError(t, err)
+	require.True(t, first)
+	require.False(t, others)
+	require.NoError(t, room.settle(ctx, q, taken, map[string]time.Time{b: dueNow}))
+
+	// a change the view does not hear of (no wake) is read once the view
+	// is older than turnFresh
+	require.NoError(t, e.client.ZAdd(ctx, dueKey(e.prefix, q, dueShard(b)), redis.Z{Score: float64(e.clock.Now().Add(-time.Hour).UnixMicro()), Member: b}).Err())
+	time.Sleep(turnFresh + 50*time.Millisecond)
+	room.alone = nil
+	first, _, err = room.turnOf(ctx, q, a)
+	require.NoError(t, err)
+	require.False(t, first)
+}
+
+// TestRoomDrainsTheUnshardedIndex: the tenants an older sluice left in the
+// one-key due index move into their shards, each at its due time, when a
+// pump sweeps.
+func TestRoomDrainsTheUnshardedIndex(t *testing.T) {
+	t.Parallel()
+	e := setup(t, false, nil)
+	ctx := context.Background()
+	room := e.lim.room()
+	q := waitroom.DefaultQueue
+	old := unshardedDueKey(e.prefix, q)
+	now := e.clock.Now()
+	var zs []redis.Z
+	for i := range 2500 {
+		zs = append(zs, redis.Z{Score: float64(now.Add(time.Duration(i+1) * time.Second).UnixMicro()), Member: fmt.Sprint("t", i)})
+	}
+	require.NoError(t, e.client.ZAdd(ctx, old, zs...).Err())
+	// a tenant due sooner in its shard keeps the sooner time
+	require.NoError(t, room.mark(ctx, q, "t7"))
+	require.NoError(t, room.sweep(ctx, []string{q}, nil, nil))
+	n, err := e.client.Exists(ctx, old).Result()
+	require.NoError(t, err)
+	require.Zero(t, n, "the unsharded index is drained")
+	for _, z := range zs {
+		tenant := z.Member.(string)
+		got, err := e.client.ZScore(ctx, dueKey(e.prefix, q, dueShard(tenant)), tenant).Result()
+		require.NoError(t, err, tenant)
+		if tenant == "t7" {
+			require.Equal(t, float64(now.UnixMicro()), got)
+			continue
+		}
+		require.Equal(t, z.Score, got, tenant)
+	}
+	lines, err := room.linesIndexed(ctx, q, 10)
+	require.NoError(t, err)
+	require.Equal(t, []string{"t7", "t0", "t1", "t2", "t3", "t4", "t5", "t6", "t8", "t9"}, lines, "earliest due first across shards")
+}
+
+// TestClusterRoomSpread: on a three-master Cluster the due index of a
+// hundred tenants with lines lands on every master, and a room workload
+// (lines joined, pumps serving them, releases asking for turns, a policy
+// change) spreads its index commands over the three: before the shards,
+// one master, {r}'s, took every one of them.
+func TestClusterRoomSpread(t *testing.T) {
+	t.Parallel()
+	c := redistest.NewCluster(t, nil)
+	e := setupOn(t, c.Client(t), true, nil)
+	cc := e.client.(*redis.ClusterClient)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	room := e.lim.room()
+	q := waitroom.DefaultQueue
+	var tenants []string
+	for i := range 100 {
+		tenants = append(tenants, fmt.Sprintf("tenant-%03d", i))
+	}
+	masters := map[string]redis.ClusterSlot{} // address -> its slots
+	slots, err := cc.ClusterSlots(ctx).Result()
+	require.NoError(t, err)
+	for _, s := range slots {
+		masters[s.Nodes[0].Addr] = s
+	}
+	require.Len(t, masters, 3)
+	for i := range dueShards {
+		slot := cc.ClusterKeySlot(ctx, dueKey(e.prefix, q, i)).Val()
+		require.Equal(t, int64(keySlot(dueKey(e.prefix, q, i))), slot)
+	}
+
+	for _, tenant := range tenants {
+		var ws []waitroom.Waiter
+		for j := range 5 {
+			ws = append(ws, waitroom.Waiter{ID: fmt.Sprintf("%s-%d", tenant, j)})
+		}
+		_, _, err := room.Join(ctx, tenant, 0, ws...)
+		require.NoError(t, err)
+	}
+	// the due entries, per master
+	var mu sync.Mutex
+	entries := map[string]int64{}
+	require.NoError(t, redistest.ForEachMaster(ctx, cc, func(ctx context.Context, node redis.Cmdable) error {
+		addr := node.(*redis.Client).Options().Addr
+		for i := range dueShards {
+			key := dueKey(e.prefix, q, i)
+			if n, err := node.ZCard(ctx, key).Result(); err == nil {
+				mu.Lock()
+				entries[addr] += n
+				mu.Unlock()
+			} else if !strings.HasPrefix(err.Error(), "MOVED") {
+				return err
+			}
+		}
+		return nil
+	}))
+	t.Logf("due entries of %d tenants per master (slots): %s", len(tenants), perMaster(masters, entries))
+	require.Len(t, entries, 3)
+	var sum int64
+	for addr, n := range entries {
+		require.GreaterOrEqual(t, n, int64(15), "master %s", addr)
+		sum += n
+	}
+	require.Equal(t, int64(len(tenants)), sum)
+
+	// the index alone: every tenant marked, asking for its turn (as a
+	// release does) and requeued, taken and settled by a pump, re-marked
+	// for a policy change
+	require.NoError(t, redistest.ForEachMaster(ctx, cc, func(ctx context.Context, node redis.Cmdable) error {
+		return node.ConfigResetStat(ctx).Err()
+	}))
+	for _, tenant := range tenants {
+		require.NoError(t, room.mark(ctx, q, tenant))
+		_, _, err := room.turnOf(ctx, q, tenant)
+		require.NoError(t, err)
+		require.NoError(t, room.requeue(ctx, q, tenant))
+	}
+	taken, err := room.take(ctx, q, len(tenants), waitroom.HoldDefault)
+	require.NoError(t, err)
+	require.Len(t, taken, len(tenants))
+	due := map[string]time.Time{}
+	for _, d := range taken {
+		due[d.tenant] = dueNow
+	}
+	require.NoError(t, room.settle(ctx, q, taken, due))
+	require.NoError(t, room.markAll(ctx, q))
+	index := masterCommands(t, cc, "cmdstat_evalsha", "cmdstat_eval")
+	t.Logf("due index script calls per master (slots): %s", perMaster(masters, index))
+
+	// the whole room: two pumps serve the lines 10 jobs at a time
+	require.NoError(t, redistest.ForEachMaster(ctx, cc, func(ctx context.Context, node redis.Cmdable) error {
+		return node.ConfigResetStat(ctx).Err()
+	}))
+	g := &engine{}
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_ = room.Pump(ctx, &waitroom.PumpConfig{
+				Handover: g.handover,
+				Queues:   []string{q},
+				Free:     func(context.Context, string) (int, error) { return 10, nil },
+				Interval: 5 * time.Millisecond,
+			})
+		}()
+	}
+	waitFor(t, 20*time.Second, func() bool { return len(g.ids()) == 5*len(tenants) })
+	cancel()
+	wg.Wait()
+	all := masterCommands(t, cc)
+	t.Logf("commands per master for two pumps serving the lines (slots): %s", perMaster(masters, all))
+	for name, n := range map[string]map[string]int64{"due index script calls": index, "commands": all} {
+		var total int64
+		for _, v := range n {
+			total += v
+		}
+		require.Len(t, n, 3)
+		for addr, v := range n {
+			require.Greater(t, float64(v)/float64(total), 0.2, "master %s has %d of %d %s", addr, v, total, name)
+		}
+	}
+}
+
+// masterCommands counts the calls of the given commands (every command when
+// none is given) in INFO commandstats, per master.
+func masterCommands(t *testing.T, cc *redis.ClusterClient, names ...string) map[string]int64 {
+	t.Helper()
+	var mu sync.Mutex
+	out := map[string]int64{}
+	require.NoError(t, cc.ForEachMaster(context.Background(), func(ctx context.Context, node *redis.Client) error {
+		info, err := node.Info(ctx, "commandstats").Result()
+		if err != nil {
+			return err
+		}
+		var n int64
+		for _, line := range strings.Split(info, "\n") {
+			name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
+			if !ok || !strings.HasPrefix(name, "cmdstat_") || name == "cmdstat_info" || name == "cmdstat_config|resetstat" {
+				continue
+			}
+			if len(names) > 0 && !slices.Contains(names, name) {
+				continue
+			}
+			calls, _, _ := strings.Cut(strings.TrimPrefix(rest, "calls="), ",")
+			v, _ := strconv.ParseInt(calls, 10, 64)
+			n += v
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		out[node.Options().Addr] = n
+		return nil
+	}))
+	return out
+}
+
+// perMaster prints counts per master, with its slots and share.
+func perMaster(masters map[string]redis.ClusterSlot, n map[string]int64) string {
+	var total int64
+	for _, v := range n {
+		total += v
+	}
+	addrs := make([]string, 0, len(masters))
+	for a := range masters {
+		addrs = append(addrs, a)
+	}
+	sort.Slice(addrs, func(i, j int) bool { return masters[addrs[i]].Start < masters[addrs[j]].Start })
+	var parts []string
+	for _, a := range addrs {
+		parts = append(parts, fmt.Sprintf("%d-%d: %d (%.0f%%)", masters[a].Start, masters[a].End, n[a], 100*float64(n[a])/float64(max(total, 1))))
+	}
+	return strings.Join(parts, ", ")
+}
