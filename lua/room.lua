@@ -43,6 +43,9 @@
 --   markall: every tenant in the index is due now (a policy changed).
 --     Returns {now, count}.
 --   next: Returns {now, the earliest due time (-1: none)}.
+--   heads: with every shard of the queue in KEYS (one server only: the
+--     shards' tags are in different Cluster slots), Returns {now, the
+--     earliest due time of each shard (-1: empty)...}.
 
 local call, tonumber, format = redis.call, tonumber, string.format
 local now = tonumber(ARGV[1])
@@ -156,6 +159,13 @@ elseif op == 'requeue' then
   if score and score <= now then call('ZADD', KEYS[1], nowf, ARGV[A]) end
 elseif op == 'next' then
   out[2] = first()
+elseif op == 'heads' then
+  -- every shard given (KEYS, on one server, where a script may read them
+  -- all): the earliest due time of each
+  for i = 1, #KEYS do
+    local f = call('ZRANGE', KEYS[i], '0', '0', 'WITHSCORES')
+    out[i + 1] = tonumber(f[2]) or -1
+  end
 else
   return redis.error_reply('ERR sluice: room.lua: unknown operation ' .. tostring(op))
 end

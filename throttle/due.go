@@ -364,15 +364,52 @@ func (r *room) heads(ctx context.Context, queue string, except int, fresh time.D
 		}
 		heads[s] = h.head
 	}
-	err := eachShard(stale, func(_, s int) error {
-		_, head, err := r.nextShard(ctx, queue, s)
-		if err != nil {
-			return err
-		}
-		heads[s] = head
-		return nil
-	})
+	_, read, err := r.readHeads(ctx, queue, stale)
+	for i, s := range stale {
+		heads[s] = read[i]
+	}
 	return heads, err
+}
+
+// readHeads reads the earliest due time of each of shards (-1: empty),
+// which the view records, and the Redis time: on one server in one
+// script call (room.lua's heads, every shard in KEYS), on a Cluster one
+// call per shard (their tags are in different slots), which share round
+// trips.
+func (r *room) readHeads(ctx context.Context, queue string, shards []int) (now int64, heads []int64, err error) {
+	heads = make([]int64, len(shards))
+	if len(shards) == 0 {
+		return 0, heads, nil
+	}
+	if !r.l.cluster {
+		keys := make([]string, len(shards))
+		for i, s := range shards {
+			keys[i] = dueKey(r.l.cfg.Prefix, queue, s)
+		}
+		res, err := r.l.batch.run(ctx, lua.Room, keys, r.roomArgs("heads", queue, shards[0]))
+		if err != nil {
+			for _, s := range shards {
+				r.l.due.forget(queue, s)
+			}
+			return 0, nil, fmt.Errorf("next due tenant: %w", err)
+		}
+		v, err := int64s(res, len(shards)+1)
+		if err != nil {
+			return 0, nil, fmt.Errorf("room.lua: %w", err)
+		}
+		for i, s := range shards {
+			heads[i] = v[i+1]
+			r.l.due.set(queue, s, v[i+1])
+		}
+		return v[0], heads, nil
+	}
+	nows := make([]int64, len(shards))
+	err = eachShard(shards, func(i, s int) error {
+		var err error
+		nows[i], heads[i], err = r.nextShard(ctx, queue, s)
+		return err
+	})
+	return nows[0], heads, err
 }
 
 // nextShard is room.lua's next on one shard: the Redis time and the
@@ -500,12 +537,7 @@ func (r *room) drainUnsharded(ctx context.Context, queue string) error {
 // next is the earliest due time in queue's index (every shard read) and
 // the Redis time it was read at; ok is false when no line is due at all.
 func (r *room) next(ctx context.Context, queue string) (due, now time.Time, ok bool, err error) {
-	var nows, heads [dueShards]int64
-	err = eachShard(allShards(), func(_, s int) error {
-		var err error
-		nows[s], heads[s], err = r.nextShard(ctx, queue, s)
-		return err
-	})
+	nowUS, heads, err := r.readHeads(ctx, queue, allShards())
 	if err != nil {
 		return time.Time{}, time.Time{}, false, err
 	}
@@ -515,7 +547,7 @@ func (r *room) next(ctx context.Context, queue string) (due, now time.Time, ok b
 			first = h
 		}
 	}
-	now = time.UnixMicro(nows[0])
+	now = time.UnixMicro(nowUS)
 	if first < 0 {
 		return time.Time{}, now, false, nil
 	}

@@ -201,6 +201,20 @@ func (p *pump) serve(ctx context.Context, queue string) (time.Duration, error) {
 		return p.cfg.Interval, nil
 	}
 	n := min(free, p.cfg.Tenants)
+	if !p.r.l.cluster {
+		// on one server the shards the view lost track of are read in one
+		// call, and only those holding due tenants are taken from: an
+		// idle pump makes one call per Idle, not one per shard
+		var stale []int
+		for s, h := range p.r.l.due.get(queue) {
+			if p.stale(h) {
+				stale = append(stale, s)
+			}
+		}
+		if _, _, err := p.r.readHeads(ctx, queue, stale); err != nil {
+			return p.cfg.Interval, err
+		}
+	}
 	shards := p.shards(queue, n)
 	if len(shards) == 0 {
 		return p.sleep(queue), nil
@@ -333,7 +347,7 @@ func (p *pump) shards(queue string, n int) []int {
 	var out, due []int
 	for s, h := range view {
 		switch {
-		case !h.known || h.read.IsZero() || time.Since(h.read) >= p.cfg.Idle/2:
+		case p.stale(h):
 			out = append(out, s)
 		case h.head >= 0 && h.head <= now:
 			due = append(due, s)
@@ -341,6 +355,12 @@ func (p *pump) shards(queue string, n int) []int {
 	}
 	sort.SliceStable(due, func(i, j int) bool { return view[due[i]].head < view[due[j]].head })
 	return append(out, due[:min(n, len(due))]...)
+}
+
+// stale reports whether the view of a shard is unknown or more than half
+// an Idle old.
+func (p *pump) stale(h shardHead) bool {
+	return !h.known || h.read.IsZero() || time.Since(h.read) >= p.cfg.Idle/2
 }
 
 // sleep is how long the pump may sleep when it took nothing from queue:
