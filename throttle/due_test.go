@@ -161,12 +161,7 @@ func TestClusterRoomSpread(t *testing.T) {
 	}
 
 	for _, tenant := range tenants {
-		var ws []waitroom.Waiter
-		for j := range 5 {
-			ws = append(ws, waitroom.Waiter{ID: fmt.Sprintf("%s-%d", tenant, j)})
-		}
-		_, _, err := room.Join(ctx, tenant, 0, ws...)
-		require.NoError(t, err)
+		joinJobs(t, room, tenant, 5)
 	}
 	// the due entries, per master
 	var mu sync.Mutex

@@ -371,12 +371,7 @@ func TestRoomPump(t *testing.T) {
 	e.policy(t, "heavy", "weight=3")
 	room := e.lim.room()
 	for _, tenant := range []string{"heavy", "light1", "light2"} {
-		var ws []waitroom.Waiter
-		for i := range 30 {
-			ws = append(ws, waitroom.Waiter{ID: fmt.Sprintf("%s-%d", tenant, i)})
-		}
-		_, _, err := room.Join(ctx, tenant, 0, ws...)
-		require.NoError(t, err)
+		joinJobs(t, room, tenant, 30)
 	}
 	// the fleet takes 10 jobs, then nothing until the test says so
 	var mu sync.Mutex
@@ -851,4 +846,16 @@ func TestRoomPolicyChangeRemarksOnce(t *testing.T) {
 	n, err := e.client.Exists(ctx, markAllKey(e.prefix, waitroom.DefaultQueue, version)).Result()
 	require.NoError(t, err)
 	require.Equal(t, int64(1), n, "one pump took the change's re-mark")
+}
+
+// joinJobs puts n jobs in tenant's line of the default queue, with ids
+// TENANT-0, TENANT-1, ...
+func joinJobs(t *testing.T, room *room, tenant string, n int) {
+	t.Helper()
+	ws := make([]waitroom.Waiter, n)
+	for i := range ws {
+		ws[i] = waitroom.Waiter{ID: fmt.Sprintf("%s-%d", tenant, i)}
+	}
+	_, _, err := room.Join(context.Background(), tenant, 0, ws...)
+	require.NoError(t, err)
 }

@@ -3,7 +3,6 @@ package worker_test
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"net/http/httptest"
 	"sort"
 	"sync"
@@ -196,15 +195,9 @@ func TestKeysShareADownstream(t *testing.T) {
 	api := httptest.NewServer(ds)
 	defer api.Close()
 	rec := newKeyRecorder(func(ctx context.Context, _ string) error {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, api.URL, nil)
-		if err != nil {
+		if _, err := get(ctx, api.URL); err != nil {
 			return err
 		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return err
-		}
-		resp.Body.Close()
 		// long enough that the keys' and the pool's caps are met
 		select {
 		case <-time.After(250 * time.Millisecond):
