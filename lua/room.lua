@@ -43,6 +43,11 @@
 --   markall: every tenant in the index is due now (a policy changed).
 --     Returns {now, count}.
 --   next: Returns {now, the earliest due time (-1: none)}.
+--   takeall N HOLD: with several shards in KEYS (one server only), take
+--     on all of them at once: the N tenants due earliest across them are
+--     held HOLD µs ahead. Returns {now, held, {each shard's earliest due
+--     time once they are held}, shard, tenant, due, shard, tenant, due,
+--     ...}, shard the tenant's position in KEYS, earliest due first.
 --   heads: with every shard of the queue in KEYS (one server only: the
 --     shards' tags are in different Cluster slots), Returns {now, the
 --     earliest due time of each shard (-1: empty)...}.
@@ -60,23 +65,24 @@ local out = { now }
 
 -- ZADD of score/member pairs, in pieces: Lua's unpack refuses a table of
 -- about 8,000 entries; returns how many changed (with CH)
-local function zadd(z, ...)
+local function zadd_to(key, z, ...)
   local changed = 0
   for i = 1, #z, 2000 do
     local args = { ... }
     for j = i, math.min(i + 1999, #z) do args[#args + 1] = z[j] end
-    changed = changed + call('ZADD', KEYS[1], unpack(args))
+    changed = changed + call('ZADD', key, unpack(args))
   end
   return changed
 end
+local function zadd(z, ...) return zadd_to(KEYS[1], z, ...) end
 
 -- the pumps of the queue wake when a tenant became due sooner, at due
 local function wake(changed, due)
   if changed > 0 and channel ~= '' then call('PUBLISH', channel, ARGV[4] .. '\31' .. due) end
 end
 
-local function first()
-  local f = call('ZRANGE', KEYS[1], '0', '0', 'WITHSCORES')
+local function first(key)
+  local f = call('ZRANGE', key or KEYS[1], '0', '0', 'WITHSCORES')
   return tonumber(f[2]) or -1
 end
 
@@ -96,6 +102,43 @@ if op == 'take' then
     zadd(z, 'XX')
   end
   out[3] = first()
+elseif op == 'takeall' then
+  -- take on every shard in KEYS at once (one server only): the N due
+  -- tenants due earliest across them (ties by the shards' order in KEYS),
+  -- each held in its shard
+  local n = tonumber(ARGV[A])
+  local held = format('%d', now + tonumber(ARGV[A + 1]))
+  local cand = {}
+  for k = 1, #KEYS do
+    local due = call('ZRANGEBYSCORE', KEYS[k], '-inf', nowf, 'WITHSCORES', 'LIMIT', '0', ARGV[A])
+    for i = 1, #due, 2 do
+      cand[#cand + 1] = { k, due[i], due[i + 1], tonumber(due[i + 1]) }
+    end
+  end
+  table.sort(cand, function(x, y)
+    if x[4] ~= y[4] then return x[4] < y[4] end
+    if x[1] ~= y[1] then return x[1] < y[1] end
+    return x[2] < y[2]
+  end)
+  out[2] = held
+  local took = {}
+  for i = 1, math.min(n, #cand) do
+    local c = cand[i]
+    took[c[1]] = took[c[1]] or {}
+    local z = took[c[1]]
+    z[#z + 1] = held
+    z[#z + 1] = c[2]
+    out[#out + 1] = c[1]
+    out[#out + 1] = c[2]
+    out[#out + 1] = c[3]
+  end
+  for k = 1, #KEYS do
+    if took[k] then zadd_to(KEYS[k], took[k], 'XX') end
+  end
+  -- then each shard's earliest due time once they are held
+  local heads = {}
+  for k = 1, #KEYS do heads[k] = first(KEYS[k]) end
+  table.insert(out, 3, heads)
 elseif op == 'settle' then
   local held = tonumber(ARGV[A])
   local k = 0

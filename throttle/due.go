@@ -159,6 +159,9 @@ func keysOfMap[V any](m map[int]V) []int {
 // they keep their places). What was taken from the shards that answered is
 // returned with the error of those that did not.
 func (r *room) takeShards(ctx context.Context, queue string, shards []int, n int, hold time.Duration) ([]dueTenant, error) {
+	if !r.l.cluster && len(shards) > 1 {
+		return r.takeAll(ctx, queue, shards, n, hold)
+	}
 	got := make([][]dueTenant, len(shards))
 	err := eachShard(shards, func(i, shard int) error {
 		due, head, err := r.takeShard(ctx, queue, shard, n, hold)
@@ -182,6 +185,54 @@ func (r *room) takeShards(ctx context.Context, queue string, shards []int, n int
 		return all[i].shard < all[j].shard
 	})
 	return all, err
+}
+
+// takeAll is takeShards on one server, in one call (room.lua's takeall,
+// every shard in KEYS): the n tenants due earliest across shards, and no
+// others, so that none is to be given back.
+func (r *room) takeAll(ctx context.Context, queue string, shards []int, n int, hold time.Duration) ([]dueTenant, error) {
+	keys := make([]string, len(shards))
+	for i, s := range shards {
+		keys[i] = dueKey(r.l.cfg.Prefix, queue, s)
+	}
+	res, err := r.l.batch.run(ctx, lua.Room, keys, r.roomArgs("takeall", queue, shards[0], n, micros(hold)))
+	if err != nil {
+		for _, s := range shards {
+			r.l.due.forget(queue, s)
+		}
+		return nil, fmt.Errorf("take due tenants: %w", err)
+	}
+	arr, ok := res.([]any)
+	if !ok || len(arr) < 3 || (len(arr)-3)%3 != 0 {
+		return nil, fmt.Errorf("room.lua: unexpected reply %v", res)
+	}
+	hs, ok := arr[1].(string)
+	heads, err := int64s(arr[2], len(shards))
+	if !ok || err != nil {
+		return nil, fmt.Errorf("room.lua: unexpected reply %v", res)
+	}
+	held, err := strconv.ParseInt(hs, 10, 64)
+	if err != nil {
+		return nil, fmt.Errorf("room.lua: unexpected hold %q", hs)
+	}
+	for i, s := range shards {
+		r.l.due.set(queue, s, heads[i])
+	}
+	due := make([]dueTenant, 0, (len(arr)-3)/3)
+	for i := 3; i < len(arr); i += 3 {
+		k, okK := arr[i].(int64)
+		t, okT := arr[i+1].(string)
+		ds, okD := arr[i+2].(string)
+		if !okK || !okT || !okD || k < 1 || int(k) > len(shards) {
+			return nil, fmt.Errorf("room.lua: unexpected tenant %v %v %v", arr[i], arr[i+1], arr[i+2])
+		}
+		at, err := strconv.ParseInt(ds, 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("room.lua: unexpected due time %q", ds)
+		}
+		due = append(due, dueTenant{tenant: t, due: at, shard: shards[k-1], held: held})
+	}
+	return due, nil
 }
 
 // takeShard is room.lua's take on one shard: the tenants it took and the
