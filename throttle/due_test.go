@@ -130,6 +130,60 @@ func TestRoomDrainsTheUnshardedIndex(t *testing.T) {
 	require.Equal(t, []string{"t7", "t0", "t1", "t2", "t3", "t4", "t5", "t6", "t8", "t9"}, lines, "earliest due first across shards")
 }
 
+// TestRoomTakesEarliestAcrossShards: a round's take gives the n tenants
+// due earliest across every shard, earliest first, holds them, and leaves
+// the others where they were; the view learns each shard's earliest due
+// time once they are held.
+func TestRoomTakesEarliestAcrossShards(t *testing.T) {
+	t.Parallel()
+	e := setup(t, false, nil)
+	ctx := context.Background()
+	room := e.lim.room()
+	q := waitroom.DefaultQueue
+	now := e.clock.Now()
+	due := map[string]time.Time{}
+	for i := range 40 {
+		tenant := fmt.Sprint("t", i)
+		// due at now - 40 ms ... now - 1 ms, every shard holding some
+		at := now.Add(-time.Duration(40-i) * time.Millisecond)
+		due[tenant] = at
+		require.NoError(t, e.client.ZAdd(ctx, dueKey(e.prefix, q, dueShard(tenant)), redis.Z{Score: float64(at.UnixMicro()), Member: tenant}).Err())
+	}
+	shards := map[int]bool{}
+	for tenant := range due {
+		shards[dueShard(tenant)] = true
+	}
+	require.Greater(t, len(shards), 6, "the tenants spread over the shards")
+
+	taken, err := room.take(ctx, q, 5, time.Minute)
+	require.NoError(t, err)
+	var got []string
+	for _, d := range taken {
+		got = append(got, d.tenant)
+		require.Equal(t, due[d.tenant].UnixMicro(), d.due, d.tenant)
+		require.Equal(t, dueShard(d.tenant), d.shard, d.tenant)
+	}
+	require.Equal(t, []string{"t0", "t1", "t2", "t3", "t4"}, got, "the earliest due, earliest first")
+	for tenant, at := range due {
+		score, err := e.client.ZScore(ctx, dueKey(e.prefix, q, dueShard(tenant)), tenant).Result()
+		require.NoError(t, err)
+		if slices.Contains(got, tenant) {
+			require.Greater(t, score, float64(now.UnixMicro()), "%s is held", tenant)
+		} else {
+			require.Equal(t, float64(at.UnixMicro()), score, "%s keeps its place", tenant)
+		}
+	}
+	// the view knows each shard's earliest due time now
+	view := e.lim.due.get(q)
+	for s := range dueShards {
+		require.True(t, view[s].known, "shard %d", s)
+	}
+	next, _, ok, err := room.next(ctx, q)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, due["t5"].UnixMicro(), next.UnixMicro(), "t5 is the earliest not held")
+}
+
 // TestClusterRoomSpread: on a three-master Cluster the due index of a
 // hundred tenants with lines lands on every master, and a room workload
 // (lines joined, pumps serving them, releases asking for turns, a policy
