@@ -506,16 +506,17 @@ func (r *room) Release(ctx context.Context, tenant, queue, id string, claim uint
 			first, others = true, false
 		}
 		if !first {
-			// another tenant's turn: the slot goes back, and the tenant
+			// another tenant's turn: the slot goes back (release.lua: no
+			// promotion, so not admit.lua's release op), and the tenant
 			// waits its turn (or keeps its place)
-			t, err := r.release(ctx, tenant, queue, id, claim, 0)
+			lost, err := r.l.releaseTurnless(ctx, tenant, id, claim)
 			if err != nil {
 				return err
 			}
 			if err := r.mark(ctx, queueOf(queue), tenant); err != nil {
 				return err
 			}
-			if claim != 0 && t.Lost > 0 {
+			if claim != 0 && lost {
 				return fmt.Errorf("release tenant %q job %q: %w", tenant, id, ErrClaimLost)
 			}
 			return nil

@@ -93,11 +93,7 @@ func (l *Limiter) release(ctx context.Context, tenant, queue, id string, claim u
 	lost := false
 	var firstErr error
 	for i, keys := range groups {
-		noTTL := 0
-		if l.noExpire {
-			noTTL = 1
-		}
-		args := []any{l.clockArg(), 1, noTTL, id, claim, len(keys), 0}
+		args := []any{l.clockArg(), 1, l.noTTLArg(), id, claim, len(keys), 0}
 		if lines != nil && i == 0 && tenantKeys != nil {
 			// the tenant's group comes first and shares its slot with the line
 			keys = append(keys[:len(keys):len(keys)], lines...)
@@ -134,6 +130,49 @@ func (l *Limiter) release(ctx context.Context, tenant, queue, id string, claim u
 		return waiting, fmt.Errorf("release tenant %q job %q: %w", tenant, id, ErrClaimLost)
 	}
 	return waiting, nil
+}
+
+// releaseTurnless gives back the slots job id holds under claim in its
+// tenant's scope and, on one server, @global's, with release.lua and no
+// line: for a release that found jobs waiting in the tenant's line (so
+// gave back nothing there) when it is another tenant's turn. The key's
+// and the pools' slots went already (releaseBelow; on a Cluster @global's
+// and the pools' went in a call of their own). lost reports a slot no
+// longer held under claim.
+func (l *Limiter) releaseTurnless(ctx context.Context, tenant, id string, claim uint64) (lost bool, err error) {
+	r, err := l.policies.resolve(ctx, tenant)
+	if err != nil {
+		return false, fmt.Errorf("release tenant %q job %q: %w", tenant, id, err)
+	}
+	var keys []string
+	if r.tenant != nil && r.tenant.Concurrency != nil {
+		keys = append(keys, keysFor(l.cfg.Prefix, tenant).state)
+	}
+	if !l.cluster && r.global != nil && r.global.Concurrency != nil {
+		keys = append(keys, keysFor(l.cfg.Prefix, GlobalPolicy).state)
+	}
+	if len(keys) == 0 {
+		return false, nil
+	}
+	res, err := l.batch.runMerged(ctx, lua.Release, keys, []any{l.clockArg(), 1, l.noTTLArg(), id, claim, len(keys), 0}, releaseMerge)
+	if err != nil {
+		return false, fmt.Errorf("release tenant %q job %q: %w", tenant, id, err)
+	}
+	arr, ok := res.([]any)
+	if !ok || len(arr) != 1 {
+		return false, fmt.Errorf("release.lua: unexpected reply %v", res)
+	}
+	v, _ := arr[0].(int64)
+	return v>>8&0xff > 0, nil
+}
+
+// noTTLArg is release.lua's "leave expiries alone" for tests that keep
+// keys from expiring.
+func (l *Limiter) noTTLArg() int {
+	if l.noExpire {
+		return 1
+	}
+	return 0
 }
 
 // belowScopes are the scopes of sc (a job's key below tenant, its pools)
@@ -185,12 +224,8 @@ func (l *Limiter) releaseBelow(ctx context.Context, tenant, id string, claim uin
 			groups[0] = append(groups[0], keys...)
 		}
 	}
-	noTTL := 0
-	if l.noExpire {
-		noTTL = 1
-	}
 	for _, keys := range groups {
-		res, err := l.batch.runMerged(ctx, lua.Release, keys, []any{l.clockArg(), 1, noTTL, id, claim, len(keys), 0}, releaseMerge)
+		res, err := l.batch.runMerged(ctx, lua.Release, keys, []any{l.clockArg(), 1, l.noTTLArg(), id, claim, len(keys), 0}, releaseMerge)
 		if err != nil {
 			return fmt.Errorf("release job %q of tenant %q (key %q, pools %v): %w", id, tenant, sc.Key, sc.Pools, err)
 		}
