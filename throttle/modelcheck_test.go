@@ -290,6 +290,9 @@ func runModelOn(t *testing.T, envs []*env, mix modelMix, seed uint64, steps int,
 			}
 		}
 		now := envs[0].clock.Now()
+		// real time when the step's scripts begin: a TTL read later has
+		// run down by the real time since (recordExpiries)
+		began := time.Now()
 		tenant := mix.tenants[rng.IntN(len(mix.tenants))]
 		id := ids[rng.IntN(len(ids))]
 		where := fmt.Sprintf("%s step %d at +%s tenant %q job %s", mix.name, step, now.Sub(time.Unix(0, 0)).Truncate(time.Millisecond), tenant, id)
@@ -383,7 +386,7 @@ func runModelOn(t *testing.T, envs []*env, mix modelMix, seed uint64, steps int,
 				// the op's expiries first: a release's shortens the hash's
 				// life, a settlement's (like an admission's) only extends
 				for i, e := range envs {
-					recordExpiries(t, e, expiries[i], now, tenant, op >= 70 && op < 85, scopesBelow(tenant, mix)...)
+					recordExpiries(t, e, expiries[i], now, began, tenant, op >= 70 && op < 85, scopesBelow(tenant, mix)...)
 				}
 				settled = true
 			}
@@ -420,7 +423,7 @@ func runModelOn(t *testing.T, envs []*env, mix modelMix, seed uint64, steps int,
 			}
 			if expire {
 				// a release is the one script that shortens a key's life
-				recordExpiries(t, e, expiries[i], now, tenant, op >= 70 && op < 85 && !settled, scopesBelow(tenant, mix)...)
+				recordExpiries(t, e, expiries[i], now, began, tenant, op >= 70 && op < 85 && !settled, scopesBelow(tenant, mix)...)
 			} else if op >= 85 {
 				// renew.lua and cooldown.lua set TTLs of their own, which
 				// real time (slower or faster than the fake clock) must not
@@ -478,7 +481,11 @@ func scopesBelow(tenant string, mix modelMix) []string {
 // key: expireKeys does it at the fake-clock moment instead. Like Redis, a
 // later, shorter TTL does not shorten a longer one the script set before,
 // except after a release (shorten), which sets a hash's TTL outright.
-func recordExpiries(t *testing.T, e *env, expiries map[string]time.Time, now time.Time, tenant string, shorten bool, pools ...string) {
+// A TTL read has run down by the real time since the script set it, at
+// most the time since began (the step's first script): that time is added
+// back, so a slow machine (the race detector, a Cluster's round trips, one
+// read per key) never makes a key die earlier than its script said.
+func recordExpiries(t *testing.T, e *env, expiries map[string]time.Time, now, began time.Time, tenant string, shorten bool, pools ...string) {
 	ctx := context.Background()
 	var keys []string
 	for _, s := range append([]string{tenant, GlobalPolicy}, pools...) {
@@ -490,7 +497,7 @@ func recordExpiries(t *testing.T, e *env, expiries map[string]time.Time, now tim
 		ttl, err := e.client.PTTL(ctx, k).Result()
 		require.NoError(t, err)
 		if ttl > 0 {
-			if at := now.Add(ttl + 5*time.Millisecond); at.After(expiries[k]) || shorten {
+			if at := now.Add(ttl + time.Since(began) + 5*time.Millisecond); at.After(expiries[k]) || shorten {
 				expiries[k] = at
 			}
 			require.NoError(t, e.client.Persist(ctx, k).Err())
