@@ -47,7 +47,9 @@ func newModel(cfg Config) *model {
 
 // meters are rate i's planned and started meters as a decision at now
 // reads them under an interval of unit: charged at another interval, the
-// time they hold ahead of now is scaled to this one.
+// time they hold ahead of now is scaled to this one, the started meter's
+// only for a longer interval (a lowered rate): it holds starts decided
+// already, which a raised rate does not move closer.
 func (s *modelScope) meters(i int, unit, now int64) (planned, started int64) {
 	planned, started = s.planned[i], s.started[i]
 	if i < len(s.intervals) && s.intervals[i] > 0 && s.intervals[i] != unit {
@@ -57,7 +59,10 @@ func (s *modelScope) meters(i int, unit, now int64) (planned, started int64) {
 			}
 			return now + int64(math.Floor(float64(t-now)*(float64(unit)/float64(s.intervals[i]))))
 		}
-		planned, started = scale(planned), scale(started)
+		planned = scale(planned)
+		if unit > s.intervals[i] {
+			started = scale(started)
+		}
 	}
 	return planned, started
 }

@@ -321,7 +321,9 @@ func (rateKind) stats(p *Policy, raw *rawStats, s *Stats) {
 			started = planned // not stored while equal
 		}
 		// meters charged at another interval: what they hold ahead of now
-		// is scaled to this one, as admit.lua reads them
+		// is scaled to this one, as admit.lua reads them (the started
+		// meter's only for a lowered rate: the starts it holds were decided
+		// already, and a raised rate does not move them closer)
 		if was := raw.hash["i"+strconv.Itoa(i+1)]; was > 0 && was != unit {
 			scale := func(t int64) int64 {
 				if t <= raw.now {
@@ -329,7 +331,10 @@ func (rateKind) stats(p *Policy, raw *rawStats, s *Stats) {
 				}
 				return raw.now + int64(float64(t-raw.now)*(float64(unit)/float64(was)))
 			}
-			planned, started = scale(planned), scale(started)
+			planned = scale(planned)
+			if unit > was {
+				started = scale(started)
+			}
 		}
 		tat := max(planned, started, raw.now)
 		s.Rates = append(s.Rates, RateStats{
