@@ -348,10 +348,11 @@ for o = 1, nops do
     end
   end
   -- the quick path first, when the op has its shape (flags: at most
-  -- reserve, hold, no expiry and probe, which changes nothing for a job
-  -- that starts)
+  -- reserve, hold, no expiry, probe, which changes nothing for a job
+  -- that starts, ticket and wait, which it leaves to the general engine
+  -- unless the job may start at once)
   local read = true
-  if nscopes == 1 and flags % 65536 < 64 and flags % 16 < 4 then
+  if nscopes == 1 and flags % 32768 < 64 and flags % 16 < 4 then
     local ref = int(ARGV[E.a])
     local pol = ref > 0 and POL[ref]
     if pol and pol.quick and E.cost == 1 then

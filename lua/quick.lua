@@ -4,7 +4,8 @@
 -- @begin quick
 -- The quick path: the commonest admission, a job of cost 1 in one local
 -- scope whose policy has at most one rate and a concurrency rule, allowed
--- at once. It reads the scope as read_state does (the same fields, in the
+-- at once (a job decided once that comes late for its slot included: its
+-- charges are taken back first, TICKET). It reads the scope as read_state does (the same fields, in the
 -- same order), makes decide's checks and apply's writes with locals (the
 -- general engine's tables cost the decision about a third), and answers
 -- as the general engine does. Anything else (a denial, a reservation, a
@@ -32,6 +33,13 @@ local function quick(pol, st, flags, o)
     inc, off = pol.unit[1], pol.off[1]
     P, astored = num(v[j]) or 0, v[j + 1]
     A = astored and num(astored) or P
+    if E.ticket then
+      -- a job decided once that comes late (TICKET): its own charges at
+      -- its slot are taken back where they are the last, as the general
+      -- engine's read_state does
+      if P == E.ticket + inc then P = E.ticket end
+      if A == E.ticket + E.tslack + inc then A = E.ticket + E.tslack end
+    end
     if P + inc - off > now then return v end
     tolerance = tolerance or num(ARGV[5])
     if max(A, now) + inc - now - off - min(tolerance, floor(inc / 4)) > 0 then return v end

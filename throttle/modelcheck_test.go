@@ -538,7 +538,7 @@ func expireKeys(t *testing.T, e *env, expiries map[string]time.Time, now time.Ti
 func TestModelWithExpiry(t *testing.T) {
 	steps := 1000
 	if testing.Short() {
-		steps = 300
+		steps = 600
 	}
 	for i, mix := range modelMixes {
 		t.Run(mix.name, func(t *testing.T) {
@@ -711,5 +711,104 @@ func requireSameState(t *testing.T, envs []*env, tenant, where string) {
 		} else {
 			require.Equal(t, first, state, "%s: the state of limiter %d differs from limiter 1", where, i+1)
 		}
+	}
+}
+
+// TestQuickPathTickets holds the quick path to the general engine for the
+// gate's commonest question after the room's: a job decided once (a
+// ticket from an arrival that went straight) that comes late for its slot
+// and is decided anew, its own charges taken back first. Random arrivals,
+// late decisions, plain admissions and releases on two limiters, one
+// deciding everything with the general engine: the same decisions, and
+// the same state in every key after every step.
+func TestQuickPathTickets(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for i, rule := range []string{
+		"rate=100/s burst=20 concurrency=6",
+		"rate=200/s burst=60",
+		"rate=1000/s burst=400 concurrency=8",
+	} {
+		t.Run(rule, func(t *testing.T) {
+			t.Parallel()
+			quick, general := setup(t, false, modelConfig), setup(t, false, modelConfig)
+			general.lim.general = true
+			envs := []*env{quick, general}
+			for _, e := range envs {
+				e.policy(t, "acme", rule)
+			}
+			rng := rand.New(rand.NewPCG(uint64(500+i), 7))
+			tickets := make([]map[string]string, len(envs))
+			for k := range tickets {
+				tickets[k] = map[string]string{}
+			}
+			var late, lateAllowed, arrivals int
+			for step := 0; step < 1500; step++ {
+				advance := time.Duration(rng.IntN(8_000)) * time.Microsecond
+				if rng.IntN(10) == 0 {
+					advance = time.Duration(rng.IntN(400)) * time.Millisecond
+				}
+				id := fmt.Sprintf("job-%d", rng.IntN(6))
+				op := rng.IntN(100)
+				burst := 1 + rng.IntN(12)
+				where := fmt.Sprintf("%s step %d job %s op %d", rule, step, id, op)
+				var first Decision
+				for k, e := range envs {
+					e.clock.Advance(advance)
+					var d Decision
+					var err error
+					switch {
+					case op < 30:
+						var a waitroom.Arrived
+						a, err = e.lim.room().Arrive(ctx, waitroom.Arrival{Tenant: "acme", ID: id, MayGo: true})
+						require.NoError(t, err, where)
+						if a.Straight && a.Ticket != "" {
+							tickets[k][id] = a.Ticket
+						}
+						d = Decision{Allowed: a.Straight, Slot: a.Slot, RetryAfter: -1}
+						if k == 0 {
+							arrivals++
+						}
+					case op < 60:
+						tk, ok := tickets[k][id]
+						if !ok {
+							continue
+						}
+						delete(tickets[k], id)
+						d, err = e.lim.Do(ctx, Request{Tenant: "acme", ID: id, Reserve: true, Ticket: tk})
+						require.NoError(t, err, where)
+						if k == 0 {
+							late++
+							if d.Allowed {
+								lateAllowed++
+							}
+						}
+					case op < 75:
+						// other jobs, which use up the burst
+						for n := range burst {
+							d, err = e.lim.Do(ctx, Request{Tenant: "acme", ID: fmt.Sprintf("other-%d", n%3)})
+							require.NoError(t, err, where)
+						}
+					default:
+						require.NoError(t, e.lim.Release(ctx, "acme", id, 0), where)
+						for n := range 3 {
+							require.NoError(t, e.lim.Release(ctx, "acme", fmt.Sprintf("other-%d", n), 0), where)
+						}
+						delete(tickets[k], id)
+					}
+					if k == 0 {
+						first = d
+					} else {
+						require.Equal(t, first.Allowed, d.Allowed, where)
+						require.Equal(t, first.Slot, d.Slot, where)
+						requireSameDecision(t, decisionOf(first), d, where+": differs from the general engine")
+					}
+				}
+				requireSameState(t, envs, "acme", where)
+			}
+			t.Logf("%s: %d arrivals, %d late decisions (%d allowed)", rule, arrivals, late, lateAllowed)
+			require.Greater(t, late, 80, "too few late decisions to mean anything")
+			require.Greater(t, lateAllowed, late/2, "too few late decisions allowed (the quick path's case)")
+		})
 	}
 }
