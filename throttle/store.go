@@ -21,9 +21,11 @@ var ErrNoPolicy = errors.New("no policy")
 //
 // Every change bumps a version number and is announced on a pub/sub channel.
 // Readers (the Limiter) cache policies and drop the cache when either says
-// something changed, so a change takes effect fleet-wide within
-// PollInterval even when a pub/sub message is lost. Changing a policy never
-// touches a tenant's throttle state.
+// something changed: a change takes effect fleet-wide as soon as it is
+// announced; messages lost while a reader's subscription was down are made
+// up for when it is back (the reader reads the version then), and at the
+// latest within PollInterval. Changing a policy never touches a tenant's
+// throttle state.
 //
 // A PolicyStore is safe for concurrent use. Close stops its watcher.
 type PolicyStore struct {
@@ -38,6 +40,9 @@ type PolicyStore struct {
 	// changes counts the policy changes this store learned of (announced,
 	// or seen in the version), not the invalidations of its own start
 	changes atomic.Uint64
+	// resubscribed counts the times the policy channel's subscription was
+	// made again (a new connection), after which the version is read
+	resubscribed atomic.Uint64
 	// learned are the tenants' learned limits (learned.go), read with
 	// their policies; dropped one by one when a learned limit changes.
 	learned     map[string]*learnedEntry
@@ -65,8 +70,11 @@ type storedPolicy struct {
 	Updated time.Time `json:"updated"`
 }
 
-// PollIntervalDefault is how often a PolicyStore checks the version number.
-const PollIntervalDefault = 250 * time.Millisecond
+// PollIntervalDefault is how often a PolicyStore checks the version number:
+// the safety net under the policy channel, whose messages bring a change
+// to every process at once (and which, when its connection is made again,
+// makes the store read the version at once).
+const PollIntervalDefault = 5 * time.Second
 
 // maxCachedPolicies bounds the cache; past it the cache starts afresh.
 const maxCachedPolicies = 200_000
@@ -792,15 +800,44 @@ func (s *PolicyStore) watch() {
 	_, _ = sub.Receive(rctx)
 	rcancel()
 	s.invalidate()
-	msgs := sub.Channel()
+	// Subscriptions come through too: one after the first is go-redis
+	// subscribing again on a new connection, after messages may have been
+	// lost: the versions are read at once.
+	msgs := sub.ChannelWithSubscriptions()
 	tick := time.NewTicker(s.poll)
 	defer tick.Stop()
+	poll := func() {
+		pctx, pcancel := context.WithTimeout(ctx, min(s.poll, 5*time.Second))
+		v, lv, err := s.readVersions(pctx)
+		pcancel()
+		if err != nil {
+			return
+		}
+		if old := s.version.Swap(v); old != v {
+			s.invalidate()
+			if old >= 0 {
+				s.changes.Add(1)
+			}
+		}
+		s.checkLearned(lv)
+	}
+	// the version as of the subscription: a change later lost on the
+	// channel shows as a new one
+	poll()
 	for {
 		select {
 		case <-s.stop:
 			return
-		case msg, ok := <-msgs:
+		case m, ok := <-msgs:
 			if !ok {
+				continue
+			}
+			msg, isMsg := m.(*redis.Message)
+			if !isMsg {
+				if sm, ok := m.(*redis.Subscription); ok && sm.Kind == "subscribe" {
+					s.resubscribed.Add(1)
+					poll()
+				}
 				continue
 			}
 			if v, tenant, ok := parseLearnedMessage(msg.Payload); ok {
@@ -811,19 +848,7 @@ func (s *PolicyStore) watch() {
 			s.invalidate()
 			s.changes.Add(1)
 		case <-tick.C:
-			pctx, pcancel := context.WithTimeout(ctx, s.poll)
-			v, lv, err := s.readVersions(pctx)
-			pcancel()
-			if err != nil {
-				continue
-			}
-			if old := s.version.Swap(v); old != v {
-				s.invalidate()
-				if old >= 0 {
-					s.changes.Add(1)
-				}
-			}
-			s.checkLearned(lv)
+			poll()
 		}
 	}
 }

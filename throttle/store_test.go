@@ -5,6 +5,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+
 	"github.com/stretchr/testify/require"
 )
 
@@ -394,4 +398,76 @@ func TestPolicyStoreChangesOnlyWhatChanges(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, deleted)
 	require.Equal(t, v+2, version())
+}
+
+// TestPolicyStoreMakesUpForLostMessages: a change announced while a
+// reader's subscription is down (its connection killed) is lost on the
+// channel; the reader reads the version as soon as it has subscribed
+// again, and follows the change long before its version poll would.
+func TestPolicyStoreMakesUpForLostMessages(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	server := redistest.NewServer(t, nil)
+	client := server.Client(t)
+	prefix := redistest.Prefix(t)
+	writer, err := NewPolicyStore(client, &StoreConfig{Prefix: prefix})
+	require.NoError(t, err)
+	defer writer.Close()
+	reader, err := NewPolicyStore(client, &StoreConfig{Prefix: prefix, PollInterval: time.Hour})
+	require.NoError(t, err)
+	defer reader.Close()
+	require.NoError(t, writer.Set(ctx, "acme", mustPolicy(t, "rate=1/s")))
+	resolved := func() string {
+		t.Helper()
+		r, err := reader.Resolve(ctx, "acme")
+		require.NoError(t, err)
+		return r.Policy.String()
+	}
+	// the reader's watcher is up and has the policy cached
+	deadline := time.Now().Add(5 * time.Second)
+	for resolved() != "rate=1/s" {
+		require.True(t, time.Now().Before(deadline))
+		time.Sleep(5 * time.Millisecond)
+	}
+	waitSubscribed := func() {
+		t.Helper()
+		for {
+			n, err := client.PubSubNumSub(ctx, policiesChannel(prefix)).Result()
+			require.NoError(t, err)
+			if n[policiesChannel(prefix)] > 0 {
+				return
+			}
+			require.True(t, time.Now().Before(deadline), "the reader never subscribed")
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	waitSubscribed()
+	// an announced change reaches it: its watcher is past its start
+	before := reader.changes.Load()
+	require.NoError(t, writer.Set(ctx, "acme", mustPolicy(t, "rate=3/s")))
+	for reader.changes.Load() == before || resolved() != "rate=3/s" {
+		require.True(t, time.Now().Before(deadline), "the announced change never reached the reader")
+		time.Sleep(5 * time.Millisecond)
+	}
+	changes := reader.changes.Load()
+	// the subscription's connection dies, and the change is written and
+	// announced (as Set does) in the same batch, before the reader can
+	// subscribe again: its message reaches no one
+	var published *redis.IntCmd
+	_, err = client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		p.ClientKillByFilter(ctx, "TYPE", "pubsub")
+		p.HSet(ctx, policiesKey(prefix), "acme", mustEncode(t, "rate=2/s"))
+		p.Incr(ctx, policiesVersionKey(prefix))
+		published = p.Publish(ctx, policiesChannel(prefix), "changed")
+		return nil
+	})
+	require.NoError(t, err)
+	require.Zero(t, published.Val(), "the message was lost")
+
+	deadline = time.Now().Add(10 * time.Second)
+	for resolved() != "rate=2/s" || reader.changes.Load() == changes {
+		require.True(t, time.Now().Before(deadline), "the change never reached the reader (its poll is an hour)")
+		time.Sleep(5 * time.Millisecond)
+	}
+	require.Positive(t, reader.resubscribed.Load(), "followed on subscribing again")
 }
