@@ -64,6 +64,8 @@ var (
 	adaptSrc string
 	//go:embed settle.lua
 	settleSrc string
+	//go:embed forward.lua
+	forwardSrc string
 )
 
 // admitScript is admit.lua with its parts: the rule kinds' functions, the
@@ -120,10 +122,13 @@ var (
 	// Settle moves a finished job's charges from its estimated cost to its
 	// actual cost.
 	Settle = redis.NewScript(include(settleSrc, clockSrc, "clock"))
+	// Forward moves a queue's due scheduled and retried asynq tasks to its
+	// pending list, as asynq's forwarder does.
+	Forward = redis.NewScript(forwardSrc)
 )
 
 // All lists every script, for loading them into a server ahead of pipelines.
-var All = []*redis.Script{Admit, Release, Renew, Cooldown, Stats, Room, Line, Handover, Capacity, Fleet, Recover, Repark, Prioritize, Adapt, Wait, Settle}
+var All = []*redis.Script{Admit, Release, Renew, Cooldown, Stats, Room, Line, Handover, Capacity, Fleet, Recover, Repark, Prioritize, Adapt, Wait, Settle, Forward}
 
 // include puts the part of from between "-- @begin NAME" and "-- @end NAME"
 // into src at the line "-- @include NAME": a piece scripts share is written

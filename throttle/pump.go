@@ -146,7 +146,7 @@ func (p *pump) round(ctx context.Context) (time.Duration, error) {
 			p.report(err)
 		}
 	}
-	wait := p.cfg.Idle
+	wait := p.idle()
 	var firstErr error
 	for _, q := range p.cfg.Queues {
 		w, err := p.serve(ctx, q)
@@ -358,15 +358,25 @@ func (p *pump) shards(queue string, n int) []int {
 }
 
 // stale reports whether the view of a shard is unknown or more than half
-// an Idle old.
+// an idle old.
 func (p *pump) stale(h shardHead) bool {
-	return !h.known || h.read.IsZero() || time.Since(h.read) >= p.cfg.Idle/2
+	return !h.known || h.read.IsZero() || time.Since(h.read) >= p.idle()/2
+}
+
+// idle is the longest the pump sleeps while no line it knows of is due:
+// Idle, or QuietIdleFactor Idles while another pump of the fleet polls
+// (PumpConfig.Quiet).
+func (p *pump) idle() time.Duration {
+	if p.cfg.Quiet != nil && p.cfg.Quiet() {
+		return waitroom.QuietIdleFactor * p.cfg.Idle
+	}
+	return p.cfg.Idle
 }
 
 // sleep is how long the pump may sleep when it took nothing from queue:
-// until the earliest due time its view knows of, at most Idle.
+// until the earliest due time its view knows of, at most idle.
 func (p *pump) sleep(queue string) time.Duration {
-	wait := p.cfg.Idle
+	wait := p.idle()
 	now := p.r.l.estimatedNow()
 	for _, h := range p.r.l.due.get(queue) {
 		if !h.known {

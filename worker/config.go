@@ -40,10 +40,14 @@ const (
 	// needs room for the jobs that run at once plus, for each throttled
 	// tenant, about its rate × InProcessWait (100/s × 1.5 s = 150).
 	ConcurrencyDefault = 100
-	// DelayedTaskCheckIntervalDefault is how often asynq moves due
-	// scheduled and deferred jobs to the pending list (asynq's own default,
-	// 5 s, would bring deferred jobs back seconds late). It must stay below
-	// the lead.
+	// DelayedTaskCheckIntervalDefault is how often due scheduled and
+	// deferred jobs move to the pending list (asynq's own default, 5 s,
+	// would bring deferred jobs back seconds late); it is below the lead.
+	// In a fleet of Servers one process does it for the fleet (the holder
+	// of the recoverer's lock), and each Server's own asynq forwarder keeps
+	// asynq's default unless Asynq.DelayedTaskCheckInterval says otherwise,
+	// so that idle workers cost Redis what stock asynq servers do. An asynq
+	// server set up with Configure gets it as its DelayedTaskCheckInterval.
 	DelayedTaskCheckIntervalDefault = 200 * time.Millisecond
 	// TaskCheckIntervalDefault is about how long an idle asynq worker
 	// sleeps between polls (asynq sleeps half to one and a half times it;
@@ -130,10 +134,13 @@ func (c GateConfig) validate() error {
 
 // Config configures a Server. The zero value is ready to use.
 type Config struct {
-	// Asynq configures the asynq server. Concurrency,
-	// DelayedTaskCheckInterval and TaskCheckInterval get sluice's defaults
-	// when zero; IsFailure, RetryDelayFunc and ErrorHandler are wrapped
-	// (see Gate.Configure), so set your own there as usual.
+	// Asynq configures the asynq server. Concurrency and
+	// TaskCheckInterval get sluice's defaults when zero;
+	// DelayedTaskCheckInterval keeps asynq's (5 s), since one process of
+	// the fleet moves due deferred jobs back every
+	// DelayedTaskCheckIntervalDefault for all of them; IsFailure,
+	// RetryDelayFunc and ErrorHandler are wrapped (see Gate.Configure), so
+	// set your own there as usual.
 	Asynq asynq.Config
 	// Gate configures the gate every job passes.
 	Gate GateConfig
@@ -171,7 +178,6 @@ type Config struct {
 
 func (c Config) withDefaults() Config {
 	c.Asynq.Concurrency = cmp.Or(c.Asynq.Concurrency, ConcurrencyDefault)
-	c.Asynq.DelayedTaskCheckInterval = cmp.Or(c.Asynq.DelayedTaskCheckInterval, DelayedTaskCheckIntervalDefault)
 	c.Asynq.TaskCheckInterval = cmp.Or(c.Asynq.TaskCheckInterval, TaskCheckIntervalDefault)
 	c.ShutdownWait = cmp.Or(c.ShutdownWait, ShutdownWaitDefault)
 	c.RecoverLease = cmp.Or(c.RecoverLease, RecoverLeaseDefault)
@@ -188,8 +194,10 @@ func (c Config) validate() error {
 		return fmt.Errorf("worker config: Prefix %q is given with a Limiter, which has its own prefix; give one or the other", c.Prefix)
 	case c.Asynq.Concurrency < 1:
 		return fmt.Errorf("worker config: Asynq.Concurrency %d: must be at least 1", c.Asynq.Concurrency)
-	case c.Asynq.DelayedTaskCheckInterval >= c.Gate.Lead:
+	case c.Asynq.DelayedTaskCheckInterval != 0 && c.Asynq.DelayedTaskCheckInterval >= c.Gate.Lead:
 		return fmt.Errorf("worker config: Asynq.DelayedTaskCheckInterval %s must be below Gate.Lead %s, or deferred jobs come back after their slot", c.Asynq.DelayedTaskCheckInterval, c.Gate.Lead)
+	case c.Gate.Lead <= DelayedTaskCheckIntervalDefault:
+		return fmt.Errorf("worker config: Gate.Lead %s must exceed %s, how often the fleet moves due deferred jobs back (DelayedTaskCheckIntervalDefault), or they come back after their slot", c.Gate.Lead, DelayedTaskCheckIntervalDefault)
 	case c.RecoverLease < time.Second || c.RecoverLease > 10*time.Minute:
 		return fmt.Errorf("worker config: RecoverLease %s: must be between 1s and 10m (a shorter lease finds a dead worker sooner; a worker paused longer than it has its jobs run twice)", c.RecoverLease)
 	case c.ShutdownWait < 0:

@@ -426,6 +426,7 @@ func TestConfigValidation(t *testing.T) {
 		{Gate: worker.GateConfig{BackoffMin: 2 * time.Second, BackoffMax: time.Second}},
 		{Gate: worker.GateConfig{CallTimeout: time.Millisecond}},
 		{Asynq: asynq.Config{DelayedTaskCheckInterval: time.Second}},
+		{Gate: worker.GateConfig{Lead: 150 * time.Millisecond}},
 		{Limiter: lim, Prefix: "x"},
 	} {
 		_, err := worker.New(client, &c)

@@ -24,6 +24,11 @@ import (
 // this server when they may start and the fleet has room.
 func (g *Gate) Configure(cfg *asynq.Config) {
 	g.setHooks(cfg)
+	// without a Server's recoverer, nothing else moves deferred jobs
+	// back in time: asynq's own forwarder does it often
+	if cfg.DelayedTaskCheckInterval == 0 {
+		cfg.DelayedTaskCheckInterval = DelayedTaskCheckIntervalDefault
+	}
 	concurrency := cfg.Concurrency
 	if concurrency < 1 {
 		concurrency = runtime.NumCPU() // asynq's default
@@ -79,9 +84,6 @@ func (g *Gate) setHooks(cfg *asynq.Config) {
 			handler.HandleError(ctx, task, err)
 		}
 	})
-	if cfg.DelayedTaskCheckInterval == 0 {
-		cfg.DelayedTaskCheckInterval = DelayedTaskCheckIntervalDefault
-	}
 	if cfg.TaskCheckInterval == 0 {
 		cfg.TaskCheckInterval = TaskCheckIntervalDefault
 	}

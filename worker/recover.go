@@ -149,6 +149,13 @@ func newRecoverer(g *Gate, lim *throttle.Limiter, asynqRedis redis.UniversalClie
 	return r, nil
 }
 
+// follower reports whether another process of the fleet holds the
+// recoverer's lock, and with it the fleet's polling (the pump's index
+// reads, the lines' samples, the forwarder): false without a recoverer.
+func (r *recoverer) follower() bool {
+	return r != nil && r.on.Load() && !r.leader.Load()
+}
+
 // lockTTL is the life of the recoverer's lock: the holder renews it every
 // check; when it dies, another process takes it at its next beat, before
 // the dead holder's own lease runs out.
@@ -187,8 +194,8 @@ func (r *recoverer) signal() {
 }
 
 // start registers the process (its first beat, made before it takes
-// jobs) and runs its beats, its records and the lock holder's checks
-// until stop.
+// jobs) and runs its beats, its records, the lock holder's checks and its
+// forwarder until stop.
 func (r *recoverer) start(queues []string) {
 	if r == nil {
 		return
@@ -199,10 +206,11 @@ func (r *recoverer) start(queues []string) {
 		r.stop = cancel
 		r.beat(ctx, true)
 		r.on.Store(true)
-		r.wg.Add(3)
+		r.wg.Add(4)
 		go func() { defer r.wg.Done(); r.beats(ctx) }()
 		go func() { defer r.wg.Done(); r.records(ctx) }()
 		go func() { defer r.wg.Done(); r.checks(ctx) }()
+		go func() { defer r.wg.Done(); r.forwards(ctx, DelayedTaskCheckIntervalDefault) }()
 	})
 }
 

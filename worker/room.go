@@ -42,7 +42,7 @@ func newRoomMetrics(reg prometheus.Registerer, tenants bool) (*roomMetrics, erro
 		}, []string{"reason"}),
 		waiting: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "sluice_room_waiting",
-			Help: "Jobs waiting in their tenants' lines, as this worker's pump last sampled them (every 5s).",
+			Help: "Jobs waiting in their tenants' lines, as last sampled (every 5s) by the one worker of the fleet that reports them (the holder of the recoverer's lock).",
 		}, labels),
 		oldest: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "sluice_room_oldest_wait_seconds",
@@ -159,6 +159,9 @@ func (g *Gate) startPump(queues []string, concurrency int) {
 				Free: func(ctx context.Context, queue string) (int, error) {
 					return g.gauge.Free(ctx, []string{queue})
 				},
+				// the fleet's lock holder polls the index; the others sleep
+				// longer, woken by the wake channel
+				Quiet: g.rec.follower,
 				OnTurn: func(_ string, t waitroom.Turn, handed, gone int) {
 					g.rm.promoted.Add(float64(handed))
 					g.rm.skipped.WithLabelValues("gone").Add(float64(gone))
@@ -175,7 +178,9 @@ func (g *Gate) startPump(queues []string, concurrency int) {
 }
 
 // sampleLines keeps the waiting metrics of the lines of queues, every
-// sampleEvery.
+// sampleEvery, while this worker holds the fleet's lock (or runs without
+// a recoverer): one worker of a fleet reports them, so that idle workers
+// do not each read every line, and a sum across workers is the fleet's.
 func (g *Gate) sampleLines(ctx context.Context, queues []string) {
 	t := time.NewTicker(sampleEvery)
 	defer t.Stop()
@@ -184,6 +189,11 @@ func (g *Gate) sampleLines(ctx context.Context, queues []string) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		}
+		if g.rec.follower() {
+			g.rm.waiting.Reset()
+			g.rm.oldest.Reset()
+			continue
 		}
 		lines, err := g.room.Lines(ctx, queues...)
 		if err != nil {

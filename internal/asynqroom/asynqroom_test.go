@@ -5,7 +5,6 @@ import (
 	"errors"
 	"github.com/sluicehq/sluice/internal/waitroom"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -46,47 +45,11 @@ func TestHandoverPinsAsynqLayout(t *testing.T) {
 
 	// a real asynq server: "retry" fails once (into the retry set, an hour
 	// away), everything else succeeds
-	var mu sync.Mutex
-	ran := map[string]int{}
-	headers := map[string]map[string]string{}
-	mux := asynq.NewServeMux()
-	mux.HandleFunc("job", func(ctx context.Context, task *asynq.Task) error {
-		id, _ := asynq.GetTaskID(ctx)
-		mu.Lock()
-		defer mu.Unlock()
-		ran[id]++
-		headers[id] = task.Headers()
-		if id == "retry" && ran[id] == 1 {
-			return errors.New("the first try fails")
-		}
-		return nil
-	})
-	srv := asynq.NewServerFromRedisClient(client, asynq.Config{
-		Queues:                   map[string]int{queue: 1},
-		Concurrency:              4,
-		TaskCheckInterval:        10 * time.Millisecond,
-		DelayedTaskCheckInterval: time.Hour,
-		RetryDelayFunc:           func(int, error, *asynq.Task) time.Duration { return time.Hour },
-		LogLevel:                 asynq.FatalLevel,
-	})
-	require.NoError(t, srv.Start(mux))
-	defer srv.Shutdown()
-	runs := func(id string) int {
-		mu.Lock()
-		defer mu.Unlock()
-		return ran[id]
-	}
-	waitFor := func(what string, cond func() bool) {
-		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for !cond() {
-			require.False(t, time.Now().After(deadline), "timed out waiting for %s", what)
-			time.Sleep(5 * time.Millisecond)
-		}
-	}
+	log := retryServer(t, client, queue)
+	runs := log.runs
 
 	enqueue("retry")
-	waitFor("the retry task to fail once", func() bool {
+	waitFor(t, "the retry task to fail once", func() bool {
 		info, err := insp.GetTaskInfo(queue, "retry")
 		return err == nil && info.State == asynq.TaskStateRetry
 	})
@@ -125,18 +88,16 @@ func TestHandoverPinsAsynqLayout(t *testing.T) {
 	require.Equal(t, []waitroom.HandoverResult{waitroom.Handed, waitroom.Handed, waitroom.Gone, waitroom.Gone, waitroom.Gone}, res)
 
 	// asynq runs what was handed over, once each, and leaves the rest
-	waitFor("the handed-over tasks to run", func() bool { return runs("parked") == 1 && runs("retry") == 2 })
+	waitFor(t, "the handed-over tasks to run", func() bool { return runs("parked") == 1 && runs("retry") == 2 })
 	for _, id := range []string{"parked", "retry"} {
-		waitFor(id+" to leave asynq", func() bool {
+		waitFor(t, id+" to leave asynq", func() bool {
 			_, err := insp.GetTaskInfo(queue, id)
 			return errors.Is(err, asynq.ErrTaskNotFound)
 		})
 	}
-	mu.Lock()
-	require.Equal(t, map[string]string{"trace": "parked", taskspec.DecidedHeader: decided["parked"]}, headers["parked"],
+	require.Equal(t, map[string]string{"trace": "parked", taskspec.DecidedHeader: decided["parked"]}, log.headersOf("parked"),
 		"the decision appended to the task's message replaces the one it had; its other headers are kept")
-	require.Equal(t, map[string]string{"trace": "retry", taskspec.DecidedHeader: "stale"}, headers["retry"], "no decision: the task is left as it was")
-	mu.Unlock()
+	require.Equal(t, map[string]string{"trace": "retry", taskspec.DecidedHeader: "stale"}, log.headersOf("retry"), "no decision: the task is left as it was")
 	info, err := insp.GetTaskInfo(queue, "archived")
 	require.NoError(t, err)
 	require.Equal(t, asynq.TaskStateArchived, info.State)
@@ -146,7 +107,7 @@ func TestHandoverPinsAsynqLayout(t *testing.T) {
 
 	// a task pending already counts as handed over, and PendingKey is the
 	// list asynq's Inspector counts
-	srv.Stop()
+	log.srv.Stop()
 	enqueue("pending")
 	require.Equal(t, "pending", state("pending"))
 	n, err := client.LLen(ctx, PendingKey(queue)).Result()

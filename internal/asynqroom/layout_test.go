@@ -107,18 +107,10 @@ func TestRecoverPinsAsynqLayout(t *testing.T) {
 		defer mu.Unlock()
 		return ran[id]
 	}
-	waitFor := func(what string, cond func() bool) {
-		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for !cond() {
-			require.False(t, time.Now().After(deadline), "timed out waiting for %s", what)
-			time.Sleep(5 * time.Millisecond)
-		}
-	}
 	for _, id := range []string{"dead", "alive", "often"} {
 		_, err := ac.Enqueue(asynq.NewTask("job", nil), asynq.Queue(queue), asynq.TaskID(id), asynq.MaxRetry(0))
 		require.NoError(t, err)
-		waitFor(id+" running", func() bool { return runs(id) == 1 })
+		waitFor(t, id+" running", func() bool { return runs(id) == 1 })
 	}
 	// asynq's layout of an active task, as recover.lua reads it
 	for _, id := range []string{"dead", "alive", "often"} {
@@ -152,8 +144,8 @@ func TestRecoverPinsAsynqLayout(t *testing.T) {
 	require.Equal(t, []Recovered{NotActive}, res)
 
 	require.NoError(t, insp.UnpauseQueue(queue))
-	waitFor("the given-back task to run again", func() bool { return runs("dead") == 2 })
-	waitFor("it to leave asynq", func() bool {
+	waitFor(t, "the given-back task to run again", func() bool { return runs("dead") == 2 })
+	waitFor(t, "it to leave asynq", func() bool {
 		_, err := insp.GetTaskInfo(queue, "dead")
 		return errors.Is(err, asynq.ErrTaskNotFound)
 	})

@@ -326,6 +326,12 @@ type PumpConfig struct {
 	// makes one due sooner (the index's wake channel), so Idle only bounds
 	// what a lost wake-up costs. PumpIdleDefault when zero.
 	Idle time.Duration
+	// Quiet, when set, says whether another pump of the fleet polls the
+	// index every Idle (the worker holding the fleet's lock runs that
+	// one): while it says so, this pump sleeps up to QuietIdleFactor
+	// times Idle, woken by the wake channel and its own due times as
+	// before, so that idle workers' pumps cost Redis next to nothing.
+	Quiet func() bool
 	// Tenants is the most tenants served in one round. PumpTenantsDefault
 	// when zero.
 	Tenants int
@@ -346,6 +352,10 @@ type PumpConfig struct {
 	// schedule at that time.
 	Repark Repark
 }
+
+// QuietIdleFactor is how many Idles a quiet pump (PumpConfig.Quiet) sleeps
+// at the most while no line it knows of is due.
+const QuietIdleFactor = 10
 
 // WithDefaults is c with its zero durations and counts set to their
 // defaults.
