@@ -54,11 +54,11 @@ const (
 	// asynq's default is 1 s). It bounds how long a job handed to an idle
 	// queue waits for a worker: a straight or promoted job, or the job a
 	// finished one handed its concurrency slot to. Measured (BenchmarkIdle,
-	// BenchmarkWake; BENCHMARKS.md): enqueue to handler p50/p99 7.5/12.7 ms
-	// at 10 ms, 34/71 ms at 50 ms, 70/124 ms at 100 ms; an idle worker then
-	// makes Redis process about 310, 88 and 59 commands a second (a stock
-	// asynq server: 280, 58, 29). A fleet of more than a few hundred
-	// workers raises it to 50–100 ms.
+	// BenchmarkWake; BENCHMARKS.md): enqueue to handler p50/p99 6.8/15.5 ms
+	// at 10 ms, 37/59 ms at 50 ms, 55/147 ms at 100 ms; an idle worker of
+	// a fleet of 32 then makes Redis process about 283, 61 and 32 commands
+	// a second (a stock asynq server: 280, 60, 30). A fleet of more than a
+	// few hundred workers raises it to 50–100 ms.
 	TaskCheckIntervalDefault = 10 * time.Millisecond
 )
 
