@@ -178,7 +178,7 @@ func TestLearnedLimitMissedAnnouncement(t *testing.T) {
 	e := setup(t, true, nil)
 	ctx := context.Background()
 	e.policy(t, "acme", "rate=100/s")
-	polling := otherWorker(t, &env{client: e.client, prefix: e.prefix, clock: &fakeClock{}}, 0)
+	polling := otherWorker(t, &env{client: e.client, prefix: e.prefix, clock: &fakeClock{}}, 250*time.Millisecond)
 	polling.clock = nil
 	r, err := polling.Policies().Resolve(ctx, "acme")
 	require.NoError(t, err)

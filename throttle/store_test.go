@@ -225,8 +225,9 @@ func TestPolicyChangeSeenByOtherWorkers(t *testing.T) {
 	ctx := context.Background()
 	// this one hardly ever polls: it learns of changes from pub/sub
 	other := otherWorker(t, e, time.Hour)
-	// this one learns from its version poll
-	polling := otherWorker(t, e, 0)
+	// this one learns from its version poll (every 250 ms: the default
+	// poll, a last resort, is 5 s)
+	polling := otherWorker(t, e, 250*time.Millisecond)
 	// other subscribes before anything is announced, so it hears every
 	// announcement; its watcher drops the cache once the subscription is live
 	_, err := other.policies.Resolve(ctx, "acme")
