@@ -312,7 +312,10 @@ func (p *pump) serve(ctx context.Context, queue string) (time.Duration, error) {
 	settled := make([]dueTenant, 0, len(taken)+len(rest))
 	settled = append(settled, rest...)
 	var ended []dueTenant
-	now := p.r.l.estimatedNow().Add(5 * time.Millisecond) // the turns' Redis time, at most
+	// due times up to now are due now, in the order served; later ones are
+	// kept as they are, even a few ms ahead: made due now, the tenant
+	// would be taken again at once for a turn that promotes nothing
+	now := p.r.l.estimatedNow()
 	for i, d := range taken {
 		at, ok := due[d.tenant]
 		switch {
