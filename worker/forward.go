@@ -3,21 +3,57 @@ package worker
 import (
 	"context"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/sluicehq/sluice/internal/asynqroom"
 )
 
-// forwardQueuesEvery is how often the forwarder reads again which queues
+// fleetQueuesEvery is how often the lock holder reads again which queues
 // the fleet serves.
-const forwardQueuesEvery = 5 * time.Second
+const fleetQueuesEvery = 5 * time.Second
 
 const errForward = "forward"
 
+// fleetQueues are the queues a worker of the fleet serves (the registry's
+// set, read at most every fleetQueuesEvery) with this process's own: the
+// lock holder moves their due jobs and samples their lines, whichever
+// queues it serves itself. A read that fails keeps the last one.
+type fleetQueues struct {
+	mu     sync.Mutex
+	queues []string
+	read   time.Time
+}
+
+func (r *recoverer) fleetQueues(ctx context.Context) ([]string, error) {
+	r.fq.mu.Lock()
+	defer r.fq.mu.Unlock()
+	if r.fq.queues != nil && time.Since(r.fq.read) < fleetQueuesEvery {
+		return r.fq.queues, nil
+	}
+	cctx, cancel := context.WithTimeout(ctx, r.g.cfg.CallTimeout)
+	qs, err := r.fleet.Queues(cctx)
+	cancel()
+	if err != nil {
+		if r.fq.queues != nil {
+			return r.fq.queues, err
+		}
+		return r.queues, err
+	}
+	out := append(qs[:0:0], r.queues...)
+	for _, q := range qs {
+		if !slices.Contains(out, q) {
+			out = append(out, q)
+		}
+	}
+	r.fq.queues, r.fq.read = out, time.Now()
+	return out, nil
+}
+
 // forwards moves the fleet's due scheduled and deferred jobs to their
-// pending lists every DelayedTaskCheckIntervalDefault, while this process holds the fleet's
-// lock (the recoverer's leader), for every queue a worker of the fleet
-// serves: one process of the fleet polls asynq's schedule often, so that a
+// pending lists every interval (DelayedTaskCheckIntervalDefault), while
+// this process holds the fleet's lock, for every queue a worker of the
+// fleet serves: one process polls asynq's schedule often, so that a
 // deferred job comes back before its slot, while each worker's own asynq
 // forwarder polls at asynq's default (5 s), which then costs Redis the
 // same whatever the fleet's size. When the holder dies, the next takes
@@ -26,8 +62,6 @@ const errForward = "forward"
 func (r *recoverer) forwards(ctx context.Context, every time.Duration) {
 	t := time.NewTicker(every)
 	defer t.Stop()
-	var queues []string
-	var read time.Time
 	for {
 		select {
 		case <-ctx.Done():
@@ -35,30 +69,16 @@ func (r *recoverer) forwards(ctx context.Context, every time.Duration) {
 		case <-t.C:
 		}
 		if !r.leader.Load() {
-			queues = nil
 			continue
 		}
 		// asynq's keys are written only once their layout is known
 		if ok, err := r.g.layout.Checked(); !ok || err != nil {
 			continue
 		}
-		if queues == nil || time.Since(read) > forwardQueuesEvery {
-			cctx, cancel := context.WithTimeout(ctx, r.g.cfg.CallTimeout)
-			qs, err := r.fleet.Queues(cctx)
-			cancel()
-			if err != nil {
-				if ctx.Err() == nil {
-					r.g.m.err(errForward)
-					r.g.warn(errForward, "sluice: could not read the fleet's queues to move their due jobs; asynq's own forwarders move them meanwhile", "err", err)
-				}
-				continue
-			}
-			queues, read = append(qs[:0:0], r.queues...), time.Now()
-			for _, q := range qs {
-				if !slices.Contains(queues, q) {
-					queues = append(queues, q)
-				}
-			}
+		queues, err := r.fleetQueues(ctx)
+		if err != nil && ctx.Err() == nil {
+			r.g.m.err(errForward)
+			r.g.warn(errForward, "sluice: could not read the fleet's queues; their due jobs are moved for the queues known", "err", err)
 		}
 		for _, q := range queues {
 			cctx, cancel := context.WithTimeout(ctx, r.g.cfg.CallTimeout)

@@ -101,6 +101,9 @@ type recoverer struct {
 
 	// the lock holder's view of the asynq leases (queue -> task -> seen)
 	seen map[string]map[string]leaseSeen
+	// the queues the fleet serves, for the lock holder's forwarder and
+	// line samples
+	fq fleetQueues
 
 	// contact is when this process last reached Redis (a beat or a check);
 	// grace is until when it takes no process for dead: after it could not

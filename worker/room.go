@@ -177,10 +177,11 @@ func (g *Gate) startPump(queues []string, concurrency int) {
 	})
 }
 
-// sampleLines keeps the waiting metrics of the lines of queues, every
-// sampleEvery, while this worker holds the fleet's lock (or runs without
-// a recoverer): one worker of a fleet reports them, so that idle workers
-// do not each read every line, and a sum across workers is the fleet's.
+// sampleLines keeps the waiting metrics of the lines of the fleet's queues
+// (of queues, without a recoverer), every sampleEvery, while this worker
+// holds the fleet's lock: one worker of a fleet reports them, so that idle
+// workers do not each read every line, and a sum across workers is the
+// fleet's.
 func (g *Gate) sampleLines(ctx context.Context, queues []string) {
 	t := time.NewTicker(sampleEvery)
 	defer t.Stop()
@@ -195,7 +196,12 @@ func (g *Gate) sampleLines(ctx context.Context, queues []string) {
 			g.rm.oldest.Reset()
 			continue
 		}
-		lines, err := g.room.Lines(ctx, queues...)
+		sampled := queues
+		if g.rec != nil && g.rec.on.Load() {
+			// the lock holder reports every queue of the fleet
+			sampled, _ = g.rec.fleetQueues(ctx)
+		}
+		lines, err := g.room.Lines(ctx, sampled...)
 		if err != nil {
 			if ctx.Err() == nil {
 				g.m.err(errRoom)
