@@ -14,6 +14,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/throttle"
 )
@@ -66,6 +67,9 @@ type e2eRound struct {
 	// Profile, in a round that is profiled (not counted in the figures):
 	// every command Redis ran from the first enqueue to the last job done.
 	Profile *redisProfile
+	// Masters, on a Cluster: each master's share of the commands the
+	// round made Redis process (scripts' own commands included)
+	Masters []float64
 }
 
 func (r e2eRound) jobsPerSec() float64 {
@@ -99,6 +103,10 @@ func runE2E(ctx context.Context, o options, ec e2eConfig) ([]e2eRound, error) {
 			}
 		}
 	}
+	if o.cluster {
+		// the slow log is one node's: no profiled round on a Cluster
+		return out, nil
+	}
 	// One more sluice round of the fleet's job, with every command Redis
 	// runs logged: where sluice's cost goes (the logging costs Redis too,
 	// so the round is not counted).
@@ -115,12 +123,33 @@ const e2eTimeout = 5 * time.Minute
 
 func runE2ERound(ctx context.Context, o options, ec e2eConfig, setup, handler string, profile bool) (e2eRound, error) {
 	r := e2eRound{Setup: setup, Handler: handler, Jobs: ec.jobs, Load: loadAvg()}
-	srv, err := startRedis(ctx)
-	if err != nil {
-		return r, err
+	var rdb redis.UniversalClient
+	var addr string
+	var masters []*redis.Client
+	if o.cluster {
+		c, err := redistest.StartCluster(&redistest.ClusterOptions{Masters: 3})
+		if err != nil {
+			return r, err
+		}
+		defer c.Stop()
+		addr = strings.Join(c.Addrs(), ",")
+		for _, m := range c.Masters() {
+			mc := redis.NewClient(&redis.Options{Addr: m.Addr(), PoolSize: 2})
+			defer mc.Close()
+			masters = append(masters, mc)
+		}
+	} else {
+		srv, err := startRedis(ctx)
+		if err != nil {
+			return r, err
+		}
+		defer srv.stop()
+		addr = srv.addr
+		sc := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 2})
+		defer sc.Close()
+		masters = []*redis.Client{sc}
 	}
-	defer srv.stop()
-	rdb := redis.NewClient(&redis.Options{Addr: srv.addr, PoolSize: 64})
+	rdb = newClient(addr, o.cluster, 64)
 	defer rdb.Close()
 
 	var enq enqueuer
@@ -164,8 +193,11 @@ func runE2ERound(ctx context.Context, o options, ec e2eConfig, setup, handler st
 	}
 	defer ds.close()
 
-	args := []string{"-setup", setup, "-redis", srv.addr, "-concurrency", strconv.Itoa(o.cfg.conc),
+	args := []string{"-setup", setup, "-redis", addr, "-concurrency", strconv.Itoa(o.cfg.conc),
 		"-procs", strconv.Itoa(o.cfg.workers), "-handler", handler}
+	if o.cluster {
+		args = append(args, "-cluster")
+	}
 	var procs []*workerProc
 	stopAll := func() {
 		for _, p := range procs {
@@ -201,14 +233,22 @@ func runE2ERound(ctx context.Context, o options, ec e2eConfig, setup, handler st
 		}
 		return total
 	}
+	redisTotals := func() (cpu float64, cmds []float64) {
+		for _, m := range masters {
+			cpu += redisCPU(ctx, m)
+			n, _ := redisInfo(ctx, m, "stats", "total_commands_processed")
+			cmds = append(cmds, n)
+		}
+		return cpu, cmds
+	}
 	wcpu0 := workersCPU()
-	cpu0 := redisCPU(ctx, rdb)
+	cpu0, cmds0 := redisTotals()
 	start := time.Now()
 	stopProfile := make(chan struct{})
 	profiled := make(chan *redisProfile, 1)
 	if profile {
 		go func() {
-			pc := redis.NewClient(&redis.Options{Addr: srv.addr, PoolSize: 2})
+			pc := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 2})
 			defer pc.Close()
 			p, err := profileRedis(ctx, pc, start, 0, e2eTimeout, stopProfile)
 			if err != nil {
@@ -265,7 +305,17 @@ func runE2ERound(ctx context.Context, o options, ec e2eConfig, setup, handler st
 		}
 	}
 	r.EnqErrs = int(errs.Load())
-	r.RedisCPU = redisCPU(ctx, rdb) - cpu0
+	cpu1, cmds1 := redisTotals()
+	r.RedisCPU = cpu1 - cpu0
+	if o.cluster {
+		total := 0.0
+		for i := range cmds1 {
+			total += cmds1[i] - cmds0[i]
+		}
+		for i := range cmds1 {
+			r.Masters = append(r.Masters, (cmds1[i]-cmds0[i])/max(total, 1))
+		}
+	}
 	r.WorkerCPU = time.Duration((workersCPU() - wcpu0) * float64(time.Second))
 	close(stopProfile)
 	r.Profile = <-profiled
@@ -387,6 +437,22 @@ func (b *benchmark) e2eMarkdown(out io.Writer) {
 		each = append(each, fmt.Sprintf("%s %s %.0f", r.Handler, setupTitle(r.Setup), r.jobsPerSec()))
 	}
 	p("Every round, in order (jobs/s): %s.", strings.Join(each, "; "))
+	if len(b.e2e) > 0 && len(b.e2e[0].Masters) > 0 {
+		p("")
+		p("**On a Redis Cluster of %d masters** (`-cluster`: every round's Redis is a private Cluster;", len(b.e2e[0].Masters))
+		p("Redis CPU is the masters' sum). Each master's share of the commands a round made Redis")
+		p("process, scripts' own commands included:")
+		p("")
+		var shares []string
+		for _, r := range b.e2e {
+			var m []string
+			for _, f := range r.Masters {
+				m = append(m, fmt.Sprintf("%.0f%%", 100*f))
+			}
+			shares = append(shares, fmt.Sprintf("%s %s %s", r.Handler, setupTitle(r.Setup), strings.Join(m, "/")))
+		}
+		p("%s.", strings.Join(shares, "; "))
+	}
 	for _, r := range b.e2e {
 		for _, pr := range r.Problems {
 			p("")

@@ -63,6 +63,7 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 	allowance := fs.Duration("allowance", 20*time.Millisecond, "jitter the downstream forgives on a rate (GCRA tolerance)")
 	save := fs.String("save", "", "also save the run's recordings to this file (for -render)")
 	render := fs.String("render", "", "run nothing: write the report of the run saved in this file (with -out)")
+	cluster := fs.Bool("cluster", false, "run the end-to-end rounds on a private Redis Cluster of 3 masters (redis-server with cluster support)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -120,7 +121,7 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	o := options{cfg: cfg, setups: chosen, scenarios: kinds, allowance: *allowance, log: stderr}
+	o := options{cfg: cfg, setups: chosen, scenarios: kinds, allowance: *allowance, log: stderr, cluster: *cluster}
 	var prev previous
 	if *out != "" {
 		prev = readPrevious(filepath.Join(*out, "benchmarks.md"))

@@ -36,6 +36,8 @@ type options struct {
 	// scenarios to run: kindFleet, kindSaturation, kindEndToEnd
 	scenarios []string
 	log       io.Writer // progress lines
+	// cluster runs the end-to-end rounds on a 3-master Redis Cluster
+	cluster bool
 }
 
 // runData is what one set-up's run recorded.

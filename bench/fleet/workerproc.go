@@ -177,7 +177,8 @@ func wikiRetryIn() time.Duration { return time.Duration(rand.IntN(10)) * time.Se
 func runWorker(args []string) int {
 	fs := flag.NewFlagSet("fleetbench worker", flag.ContinueOnError)
 	setup := fs.String("setup", "", "xrate, redisrate, sluice or plain")
-	addr := fs.String("redis", "", "Redis address host:port")
+	addr := fs.String("redis", "", "Redis address host:port (with -cluster: the Cluster's nodes, comma-separated)")
+	cluster := fs.Bool("cluster", false, "-redis names the nodes of a Redis Cluster")
 	conc := fs.Int("concurrency", 100, "asynq Concurrency")
 	procs := fs.Int("procs", 1, "worker processes in the fleet (set-up 1 divides each limit by it)")
 	limitsFile := fs.String("limits", "", "JSON file of tenant → limits (set-ups 1 and 2)")
@@ -185,21 +186,21 @@ func runWorker(args []string) int {
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	if err := workerMain(*setup, *addr, *conc, *procs, *limitsFile, *kind); err != nil {
+	if err := workerMain(*setup, *addr, *cluster, *conc, *procs, *limitsFile, *kind); err != nil {
 		fmt.Fprintln(os.Stderr, "fleetbench worker:", err)
 		return 1
 	}
 	return 0
 }
 
-func workerMain(setup, addr string, conc, procs int, limitsFile, kind string) error {
+func workerMain(setup, addr string, cluster bool, conc, procs int, limitsFile, kind string) error {
 	if addr == "" || conc < 1 || procs < 1 {
 		return errors.New("-redis, -concurrency ≥ 1 and -procs ≥ 1 are required")
 	}
 	if kind != handlerHTTP && kind != handlerNoop {
 		return fmt.Errorf("-handler %q: want http or noop", kind)
 	}
-	rdb := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 100})
+	rdb := newClient(addr, cluster, 100)
 	defer rdb.Close()
 
 	var deliveries, calls atomic.Int64
@@ -369,7 +370,7 @@ func xrateMiddleware(lim map[string]limits, procs int, denied *denials) asynq.Mi
 // by the fleet (GCRA in Redis, keyed by tenant); a denied task is retried
 // after the RetryAfter redis_rate gives (no reservation: every denied task
 // aims at the next free token). No concurrency cap.
-func redisRateMiddleware(rdb *redis.Client, lim map[string]limits, denied *denials) asynq.MiddlewareFunc {
+func redisRateMiddleware(rdb redis.UniversalClient, lim map[string]limits, denied *denials) asynq.MiddlewareFunc {
 	rl := redis_rate.NewLimiter(rdb)
 	return func(next asynq.Handler) asynq.Handler {
 		return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
@@ -388,4 +389,13 @@ func redisRateMiddleware(rdb *redis.Client, lim map[string]limits, denied *denia
 			return asRateLimit(next.ProcessTask(ctx, t))
 		})
 	}
+}
+
+// newClient is a client of the Redis at addr, or of the Cluster whose nodes
+// addr lists (comma-separated).
+func newClient(addr string, cluster bool, pool int) redis.UniversalClient {
+	if cluster {
+		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(addr, ","), PoolSize: pool})
+	}
+	return redis.NewClient(&redis.Options{Addr: addr, PoolSize: pool})
 }

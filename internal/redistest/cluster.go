@@ -188,6 +188,20 @@ func NewCluster(tb testing.TB, opts *ClusterOptions) *Cluster {
 	return c
 }
 
+// StartCluster starts a private Cluster, formed and ready, for a program
+// that is not a test (a benchmark's own process); the caller stops it with
+// Stop.
+func StartCluster(opts *ClusterOptions) (*Cluster, error) {
+	var o ClusterOptions
+	if opts != nil {
+		o = *opts
+	}
+	return startCluster(o)
+}
+
+// Stop stops every node of a Cluster StartCluster started.
+func (c *Cluster) Stop() { c.stop() }
+
 func startCluster(opts ClusterOptions) (*Cluster, error) {
 	o := opts.withDefaults()
 	if o.Masters < 1 || o.Masters > ClusterSlots || o.Replicas < 0 {
