@@ -59,21 +59,14 @@ func (r *recoverer) fleetQueues(ctx context.Context) ([]string, error) {
 // same whatever the fleet's size. When the holder dies, the next takes
 // the lock within its life (lockTTL); meanwhile asynq's forwarders bring
 // deferred jobs back at most their interval late.
-func (r *recoverer) forwards(ctx context.Context, every time.Duration) {
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+func (r *recoverer) forwards(ctx context.Context, interval time.Duration) {
+	every(ctx, interval, func() {
 		if !r.leader.Load() {
-			continue
+			return
 		}
 		// asynq's keys are written only once their layout is known
 		if ok, err := r.g.layout.Checked(); !ok || err != nil {
-			continue
+			return
 		}
 		queues, err := r.fleetQueues(ctx)
 		if err != nil && ctx.Err() == nil {
@@ -88,6 +81,21 @@ func (r *recoverer) forwards(ctx context.Context, every time.Duration) {
 				r.g.m.err(errForward)
 				r.g.warn(errForward, "sluice: could not move a queue's due jobs to its pending list; asynq's own forwarders move them meanwhile", "queue", q, "err", err)
 			}
+		}
+	})
+}
+
+// every calls fn every interval until ctx ends, the first time an interval
+// from now.
+func every(ctx context.Context, interval time.Duration, fn func()) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			fn()
 		}
 	}
 }

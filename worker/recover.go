@@ -238,16 +238,7 @@ func (r *recoverer) leave() {
 }
 
 func (r *recoverer) beats(ctx context.Context) {
-	t := time.NewTicker(r.lease / 3)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			r.beat(ctx, false)
-		}
-	}
+	every(ctx, r.lease/3, func() { r.beat(ctx, false) })
 }
 
 // beat renews the process's lease. A process found unregistered after its
@@ -381,23 +372,18 @@ func (r *recoverer) flush(ctx context.Context) error {
 // checks runs the lock holder's checks every checkEvery, while this
 // process holds the lock (its beats say when it took it).
 func (r *recoverer) checks(ctx context.Context) {
-	t := time.NewTicker(checkEvery)
-	defer t.Stop()
-	for n := 0; ; n++ {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	n := 0
+	every(ctx, checkEvery, func() {
+		n++
 		if !r.leader.Load() {
 			clear(r.seen)
-			continue
+			return
 		}
-		if err := r.check(ctx, n%2 == 0); err != nil && ctx.Err() == nil {
+		if err := r.check(ctx, n%2 == 1); err != nil && ctx.Err() == nil {
 			r.g.m.err(errRecover)
 			r.g.warn(errRecover, "sluice: the recoverer met an error; it tries again in a second", "worker", r.id, "err", err)
 		}
-	}
+	})
 }
 
 // check gives back the tasks of lapsed processes and, with orphans, the

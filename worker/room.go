@@ -183,18 +183,11 @@ func (g *Gate) startPump(queues []string, concurrency int) {
 // workers do not each read every line, and a sum across workers is the
 // fleet's.
 func (g *Gate) sampleLines(ctx context.Context, queues []string) {
-	t := time.NewTicker(sampleEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	every(ctx, sampleEvery, func() {
 		if g.rec.follower() {
 			g.rm.waiting.Reset()
 			g.rm.oldest.Reset()
-			continue
+			return
 		}
 		sampled := queues
 		if g.rec != nil && g.rec.on.Load() {
@@ -207,7 +200,7 @@ func (g *Gate) sampleLines(ctx context.Context, queues []string) {
 				g.m.err(errRoom)
 				g.warn(errRoom, "sluice: could not sample the waiting room's lines for sluice_room_waiting; it tries again", "err", err)
 			}
-			continue
+			return
 		}
 		now := time.Now()
 		waiting := map[string]int64{}
@@ -225,11 +218,11 @@ func (g *Gate) sampleLines(ctx context.Context, queues []string) {
 		if !g.rm.tenants {
 			g.rm.waiting.WithLabelValues().Set(float64(waiting[""]))
 			g.rm.oldest.WithLabelValues().Set(oldest[""].Seconds())
-			continue
+			return
 		}
 		for t, n := range waiting {
 			g.rm.waiting.WithLabelValues(t).Set(float64(n))
 			g.rm.oldest.WithLabelValues(t).Set(oldest[t].Seconds())
 		}
-	}
+	})
 }
