@@ -166,8 +166,10 @@ func TestPolicyStoreGarbage(t *testing.T) {
 	require.NoError(t, all[2].Err)
 
 	// a broken default or @global stops every tenant that would use it
+	// (written as a change is, version and announcement, but not by Set)
 	require.NoError(t, e.client.HSet(ctx, policiesKey(e.prefix), GlobalPolicy, "garbage").Err())
 	require.NoError(t, e.client.Incr(ctx, policiesVersionKey(e.prefix)).Err())
+	require.NoError(t, e.client.Publish(ctx, policiesChannel(e.prefix), "changed").Err())
 	require.Eventually(t, func() bool {
 		_, err := e.lim.Admit(ctx, "good", "j")
 		return err != nil
