@@ -149,15 +149,21 @@ func dbSize(b *testing.B, c redis.UniversalClient) int64 {
 
 // usedMemory is the server's used_memory (INFO memory).
 func usedMemory(b *testing.B, c redis.UniversalClient) int64 {
-	info, err := c.Info(context.Background(), "memory").Result()
-	require.NoError(b, err)
+	return infoInt(b, c, "memory", "used_memory")
+}
+
+// infoInt is the number field of INFO section.
+func infoInt(tb testing.TB, c redis.UniversalClient, section, field string) int64 {
+	tb.Helper()
+	info, err := c.Info(context.Background(), section).Result()
+	require.NoError(tb, err)
 	for _, line := range strings.Split(info, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "used_memory:"); ok {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), field+":"); ok {
 			n, err := strconv.ParseInt(v, 10, 64)
-			require.NoError(b, err)
+			require.NoError(tb, err)
 			return n
 		}
 	}
-	b.Fatal("INFO memory has no used_memory")
+	tb.Fatalf("INFO %s has no %s", section, field)
 	return 0
 }

@@ -2,8 +2,6 @@ package throttle
 
 import (
 	"context"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -46,17 +44,7 @@ func TestMergeLearned(t *testing.T) {
 // commands is how many commands Redis has run so far (INFO stats).
 func commands(t *testing.T, e *env) int64 {
 	t.Helper()
-	info, err := e.client.Info(context.Background(), "stats").Result()
-	require.NoError(t, err)
-	for _, line := range strings.Split(info, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "total_commands_processed:"); ok {
-			n, err := strconv.ParseInt(v, 10, 64)
-			require.NoError(t, err)
-			return n
-		}
-	}
-	t.Fatal("no total_commands_processed in INFO")
-	return 0
+	return infoInt(t, e.client, "stats", "total_commands_processed")
 }
 
 func TestLearnedLimitReachesTheFleet(t *testing.T) {
