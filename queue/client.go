@@ -122,7 +122,7 @@ func New(client redis.UniversalClient, cfg *Config) (*Client, error) {
 		}
 		q.lim, q.ownLimiter = lim, true
 	}
-	q.room = q.lim.Room()
+	q.room = waitroom.Of(q.lim)
 	ac := c.AsynqRedis
 	if ac == nil {
 		ac = client

@@ -168,7 +168,7 @@ func TestJobsWaitInTheirLine(t *testing.T) {
 		require.Equal(t, asynq.TaskStateScheduled, info.State, "job %d waits for its slot", i)
 		ids = append(ids, info.ID)
 	}
-	ws, err := e.lim.Room().WaitingIDs(ctx, "acme", 10)
+	ws, err := waitroom.Of(e.lim).WaitingIDs(ctx, "acme", 10)
 	require.NoError(t, err)
 	var lined []string
 	for _, w := range ws {
@@ -194,7 +194,7 @@ func TestLongLinesParkLonger(t *testing.T) {
 	for i := 0; i < 100; i++ {
 		ws = append(ws, waitroom.Waiter{ID: fmt.Sprint("w", i), Queue: e.queue})
 	}
-	_, _, err := e.lim.Room().Join(ctx, "slow", 0, ws...)
+	_, _, err := waitroom.Of(e.lim).Join(ctx, "slow", 0, ws...)
 	require.NoError(t, err)
 	info, err := e.q.Enqueue(ctx, "slow", asynq.NewTask("email", nil), asynq.Queue(e.queue))
 	require.NoError(t, err)
@@ -237,7 +237,7 @@ func TestBacklogCapsTheLine(t *testing.T) {
 // handing them to asynq.
 func turnRoom(t *testing.T, e *env, tenant string, n int) {
 	t.Helper()
-	ws, err := e.lim.Room().WaitingIDs(context.Background(), tenant, int64(n))
+	ws, err := waitroom.Of(e.lim).WaitingIDs(context.Background(), tenant, int64(n))
 	require.NoError(t, err)
 	for _, w := range ws {
 		require.NoError(t, e.inspector.RunTask(w.Queue, w.ID))
@@ -340,7 +340,7 @@ func TestEnqueueBatchReportsEveryJob(t *testing.T) {
 		rated = append(rated, res[i].Info.ID)
 	}
 	require.Equal(t, int64(3), e.waiting(t, "capped"))
-	ws, err := e.lim.Room().WaitingIDs(ctx, "rated", 100)
+	ws, err := waitroom.Of(e.lim).WaitingIDs(ctx, "rated", 100)
 	require.NoError(t, err)
 	var lined []string
 	for _, w := range ws {
@@ -444,7 +444,7 @@ func TestEnqueueBatchLongLine(t *testing.T) {
 		require.NoError(t, res[i].Err, "job %d", i)
 		ids = append(ids, res[i].Info.ID)
 	}
-	ws, err := e.lim.Room().WaitingIDs(ctx, "big", 0)
+	ws, err := waitroom.Of(e.lim).WaitingIDs(ctx, "big", 0)
 	require.NoError(t, err)
 	lined := make([]string, 0, len(ws))
 	for _, w := range ws {
@@ -471,7 +471,7 @@ func TestEnqueueBatchLongLine(t *testing.T) {
 func orphan(t *testing.T, e *env, tenant, id string) {
 	t.Helper()
 	ctx := context.Background()
-	a, err := e.lim.Room().Arrive(ctx, waitroom.Arrival{Tenant: tenant, ID: id, Queue: e.queue})
+	a, err := waitroom.Of(e.lim).Arrive(ctx, waitroom.Arrival{Tenant: tenant, ID: id, Queue: e.queue})
 	require.NoError(t, err)
 	require.False(t, a.Straight)
 	task := asynq.NewTaskWithHeaders("email", nil, map[string]string{taskspec.TenantHeader: tenant})
@@ -496,7 +496,7 @@ func TestEnqueueRetryJoinsAnOrphan(t *testing.T) {
 	require.NoError(t, err, "the retry of a parked job that is in no line")
 	require.Equal(t, "lost", info.ID)
 	require.Equal(t, asynq.TaskStateScheduled, info.State)
-	ws, err := e.lim.Room().WaitingIDs(ctx, "acme", 0)
+	ws, err := waitroom.Of(e.lim).WaitingIDs(ctx, "acme", 0)
 	require.NoError(t, err)
 	require.Equal(t, []waitroom.Waiter{{ID: "lost", Queue: e.queue, Cost: 1}}, ws, "the retry put the job in its line")
 
@@ -534,7 +534,7 @@ func TestEnqueueRetryJoinsAnOrphan(t *testing.T) {
 	info, err = q.Enqueue(ctx, "solo", asynq.NewTask("email", nil), asynq.Queue(e.queue), asynq.TaskID("lost2"))
 	require.NoError(t, err)
 	require.Equal(t, asynq.TaskStateScheduled, info.State)
-	ws, err = e.lim.Room().WaitingIDs(ctx, "solo", 0)
+	ws, err = waitroom.Of(e.lim).WaitingIDs(ctx, "solo", 0)
 	require.NoError(t, err)
 	require.Equal(t, []waitroom.Waiter{{ID: "lost2", Queue: e.queue, Cost: 1}}, ws)
 	st, err := e.lim.Stats(ctx, "solo")

@@ -3,7 +3,7 @@
 //
 // Client.Enqueue sets the tenant header (taskspec.TenantHeader) and the job's cost
 // (Cost, taskspec.CostHeader) and passes asynq's own options through, and it
-// brings the job to the waiting room (throttle.Limiter.Room; docs/architecture.md), with the tenant's
+// brings the job to the waiting room (throttle's room; docs/architecture.md), with the tenant's
 // policy read once from the policy store:
 //
 //   - A job its tenant may start now, while the fleet has room for it (the

@@ -48,13 +48,13 @@
 //     [Limiter.Stats] and [Limiter.Tenants] read the state; [Limiter.Reset]
 //     forgets a tenant's state.
 //
-// [Limiter.Room] is the waiting room, which the queue and worker packages
-// share: a job its tenant cannot start now waits in the tenant's line in
-// Redis, one per queue, charged nothing ([Room.Arrive], [Room.Join]); a
-// pump ([Room.Pump]) promotes a line's head when it may start, serving the
-// due tenants in turn by their weight=, and hands it to the queue engine;
-// [Room.Release] hands a freed concurrency slot to the head of the line in
-// the same script run. A policy's backlog= caps each line
+// The limiter's waiting room (reached by sluice's own packages, not part of
+// this API) is what the queue and worker packages share: a job its tenant
+// cannot start now waits in the tenant's line in Redis, one per queue,
+// charged nothing; a pump promotes a line's head when it may start,
+// serving the due tenants in turn by their weight=, and hands it to the
+// queue engine; a release hands a freed concurrency slot to the head of
+// the line in the same script run. A policy's backlog= caps each line
 // ([ErrBacklogFull]).
 //
 // Every key of one tenant shares one Redis Cluster hash tag; a tenant's

@@ -434,7 +434,7 @@ func ExampleLimiter_ExplainLine() {
 		log.Fatal(err)
 	}
 	// Three jobs wait in acme's line (queue.Client puts them there).
-	if _, _, err := lim.Room().Join(ctx, "acme", 0, waitroom.Waiter{ID: "job-1"}, waitroom.Waiter{ID: "job-2"}, waitroom.Waiter{ID: "job-3", Cost: 2}); err != nil {
+	if _, _, err := waitroom.Of(lim).Join(ctx, "acme", 0, waitroom.Waiter{ID: "job-1"}, waitroom.Waiter{ID: "job-2"}, waitroom.Waiter{ID: "job-3", Cost: 2}); err != nil {
 		log.Fatal(err)
 	}
 	xs, err := lim.ExplainLine(ctx, "acme", "", 0)

@@ -2,7 +2,12 @@ package throttle
 
 import "github.com/sluicehq/sluice/internal/fleet"
 
-// Fleet returns the registry of the fleet's worker processes under the
-// limiter's prefix: the worker package's recoverer uses it (see package
-// worker); an application has no need to.
-func (l *Limiter) Fleet() *fleet.Registry { return fleet.New(l.client, l.cfg.Prefix) }
+// The registry of the fleet's worker processes under the limiter's prefix:
+// the worker package's recoverer reaches it through fleet.Of; an
+// application has no need to.
+func init() {
+	fleet.Of = func(l any) *fleet.Registry {
+		lim := l.(*Limiter)
+		return fleet.New(lim.client, lim.cfg.Prefix)
+	}
+}

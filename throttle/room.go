@@ -34,10 +34,12 @@ type room struct {
 	alone map[string]time.Time
 }
 
-// Room returns the limiter's waiting room, which sluice's queue and worker
-// packages drive (an application enqueues and runs jobs with them, and
-// never calls the room itself).
-func (l *Limiter) Room() waitroom.Room { return l.room() }
+// The limiter's waiting room is what sluice's queue and worker packages
+// drive (an application enqueues and runs jobs with them, and never calls
+// the room itself): they reach it through waitroom.Of.
+func init() {
+	waitroom.Of = func(l any) waitroom.Room { return l.(*Limiter).room() }
+}
 
 // room is the limiter's waiting room as its own type.
 func (l *Limiter) room() *room { return &room{l: l} }

@@ -17,7 +17,7 @@
 // hooks it needs, wrapping the application's own (see the examples), and
 // starts the pump for the configured queues.
 //
-// The waiting room (throttle.Limiter.Room; docs/architecture.md): producers using queue.Client park the
+// The waiting room (throttle's room; docs/architecture.md): producers using queue.Client park the
 // jobs their tenants cannot start now in the tenants' lines in Redis,
 // charged nothing, instead of asynq's pending list. The pump (started by
 // Server.Start and Gate.Configure, ended by Gate.Stop and Server.Shutdown)

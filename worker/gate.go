@@ -102,7 +102,7 @@ func NewGate(lim *throttle.Limiter, asynqRedis redis.UniversalClient, cfg *GateC
 		log:        c.Logger,
 		asynq:      asynq.NewClientFromRedisClient(asynqRedis),
 		inspector:  asynq.NewInspectorFromRedisClient(asynqRedis),
-		room:       lim.Room(),
+		room:       waitroom.Of(lim),
 		handover:   asynqroom.Handover(asynqRedis),
 		gauge:      asynqroom.NewGauge(asynqRedis),
 		layout:     asynqroom.NewLayout(asynqRedis),

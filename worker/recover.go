@@ -126,7 +126,7 @@ func newRecoverer(g *Gate, lim *throttle.Limiter, asynqRedis redis.UniversalClie
 	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
 	r := &recoverer{
 		g:       g,
-		fleet:   lim.Fleet(),
+		fleet:   fleet.Of(lim),
 		asynq:   asynqRedis,
 		id:      fmt.Sprintf("%s:%d:%s", host, os.Getpid(), hex.EncodeToString(b[:])),
 		lease:   lease,

@@ -12,6 +12,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/stretchr/testify/require"
 
+	fleetreg "github.com/sluicehq/sluice/internal/fleet"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/worker"
 )
@@ -211,7 +212,7 @@ func TestRecovererRecordsRejoinsAndLeaves(t *testing.T) {
 	}
 	srv.Handle("job", rec)
 	require.NoError(t, srv.Start())
-	fleet := e.lim.Fleet()
+	fleet := fleetreg.Of(e.lim)
 	members, err := fleet.Members(ctx)
 	require.NoError(t, err)
 	require.Len(t, members, 1, "Start registers the process")

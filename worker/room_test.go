@@ -11,6 +11,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicehq/sluice/internal/waitroom"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/taskspec"
 	"github.com/sluicehq/sluice/throttle"
@@ -373,7 +374,7 @@ func TestRoomServesACostlyHead(t *testing.T) {
 
 func waitingOf(t *testing.T, e *env, tenant string) int64 {
 	t.Helper()
-	n, _, err := e.lim.Room().Waiting(context.Background(), tenant)
+	n, _, err := waitroom.Of(e.lim).Waiting(context.Background(), tenant)
 	require.NoError(t, err)
 	return n
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
+	"github.com/sluicehq/sluice/internal/waitroom"
 	"github.com/sluicehq/sluice/taskspec"
 	"github.com/sluicehq/sluice/throttle"
 )
@@ -535,7 +536,7 @@ const nextPerLine = 10
 
 // next explains the first jobs of each of tenant's lines.
 func (b *board) next(ctx context.Context, tenant string) ([]nextJSON, error) {
-	heads, err := b.cn.limiter.Room().WaitingIDs(ctx, tenant, 1)
+	heads, err := waitroom.Of(b.cn.limiter).WaitingIDs(ctx, tenant, 1)
 	if err != nil {
 		return nil, err
 	}

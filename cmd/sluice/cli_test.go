@@ -443,7 +443,7 @@ func seedState(t *testing.T, c *cli) {
 		require.NoError(t, err)
 		require.True(t, d.Allowed)
 	}
-	_, _, err := l.Room().Join(ctx, "acme", 100, waitroom.Waiter{ID: "job-3"}, waitroom.Waiter{ID: "job-4"}, waitroom.Waiter{ID: "job-5"})
+	_, _, err := waitroom.Of(l).Join(ctx, "acme", 100, waitroom.Waiter{ID: "job-3"}, waitroom.Waiter{ID: "job-4"}, waitroom.Waiter{ID: "job-5"})
 	require.NoError(t, err)
 	_, err = l.Cooldown(ctx, "cooling", time.Hour)
 	require.NoError(t, err)

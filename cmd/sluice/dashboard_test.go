@@ -152,7 +152,7 @@ func TestBoardFollowsATenant(t *testing.T) {
 		require.True(t, d.Allowed)
 		claims = append(claims, d.Claim)
 	}
-	_, _, err := e.cn.limiter.Room().Join(ctx, "acme", 100, waitroom.Waiter{ID: "queued-1"}, waitroom.Waiter{ID: "queued-2"})
+	_, _, err := waitroom.Of(e.cn.limiter).Join(ctx, "acme", 100, waitroom.Waiter{ID: "queued-1"}, waitroom.Waiter{ID: "queued-2"})
 	require.NoError(t, err)
 	e.decisions.WithLabelValues("allowed", "", "acme").Add(3)
 	e.decisions.WithLabelValues("denied", "concurrency", "acme").Add(4)

@@ -12,6 +12,7 @@ import (
 	"github.com/hibiken/asynq"
 
 	"github.com/sluicehq/sluice/internal/human"
+	"github.com/sluicehq/sluice/internal/waitroom"
 	"github.com/sluicehq/sluice/taskspec"
 	"github.com/sluicehq/sluice/throttle"
 )
@@ -32,7 +33,7 @@ const jobsPageSize = 500
 // in the line: asynq holds them in its schedule, parked, until a worker
 // promotes them.
 var waitingIDs = func(ctx context.Context, cn *conn, tenant string, queues []string) (map[string]taskspec.Priority, error) {
-	room := cn.limiter.Room()
+	room := waitroom.Of(cn.limiter)
 	tenants := []string{tenant}
 	if tenant == "" {
 		lines, err := room.Lines(ctx, queues...)

@@ -7,6 +7,7 @@ import (
 	"github.com/hibiken/asynq"
 
 	"github.com/sluicehq/sluice/internal/human"
+	"github.com/sluicehq/sluice/internal/waitroom"
 	"github.com/sluicehq/sluice/taskspec"
 	"github.com/sluicehq/sluice/throttle"
 )
@@ -50,7 +51,7 @@ func jobsPrioritize(a *app, c *command, o *opts, args []string) error {
 		}
 		was := taskspec.Priority(before.Priority)
 		if was != p {
-			moved, err := cn.limiter.Room().Prioritize(a.ctx, tenant, info.Queue, info.ID, int(p))
+			moved, err := waitroom.Of(cn.limiter).Prioritize(a.ctx, tenant, info.Queue, info.ID, int(p))
 			if err != nil {
 				return fmt.Errorf("prioritize %s: %w", describeTask(info), err)
 			}

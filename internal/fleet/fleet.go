@@ -33,6 +33,12 @@ func New(client redis.UniversalClient, prefix string) *Registry {
 
 // The registry's keys, in the {r} slot of sluice's keys (throttle/keys.go
 // names the rest).
+// Of returns the registry under the prefix of a *throttle.Limiter. Package
+// throttle, which imports this one, sets it; the worker package's
+// recoverer reaches the registry through it, so that it is no part of
+// throttle's public API.
+var Of func(limiter any) *Registry
+
 func fleetKey(prefix string) string           { return prefix + ":{r}:fleet" }
 func recoverLockKey(prefix string) string     { return prefix + ":{r}:recover" }
 func fleetQueuesKey(prefix string) string     { return prefix + ":{r}:queues" }

@@ -255,6 +255,12 @@ const (
 // in order, what became of it.
 type Handover func(ctx context.Context, jobs []Promoted) []HandoverResult
 
+// Of returns the waiting room of a *throttle.Limiter. Package throttle,
+// which imports this one, sets it; sluice's queue, worker and command
+// packages reach the room through it, so that the room is no part of
+// throttle's public API.
+var Of func(limiter any) Room
+
 // Spare tells how many more jobs of queue the fleet can take now, counting
 // the one it is asked for, which it takes (internal/asynqroom's
 // Gauge.Spare): 1 is the last place.
