@@ -269,7 +269,12 @@ func TestPolicyChangeSeenByOtherWorkers(t *testing.T) {
 	waitForRule(t, polling, "quota", time.Second)
 	d, err = other.Do(ctx, Request{Tenant: "acme", ID: "probe", DryRun: true})
 	require.NoError(t, err)
-	require.Equal(t, "concurrency", d.Rule, "without a message, a worker that does not poll still has the old policy")
+	// unless its subscription was made again meanwhile (a health check that
+	// timed out on a loaded machine), when it reads the version, as a reader
+	// that may have lost messages does
+	if other.policies.resubscribed.Load() == 0 {
+		require.Equal(t, "concurrency", d.Rule, "without a message, a worker that does not poll still has the old policy")
+	}
 
 	// a deletion is seen as well: acme falls back to the default policy
 	e.policy(t, DefaultPolicy, "window=1/day")
