@@ -66,6 +66,8 @@ var (
 	settleSrc string
 	//go:embed forward.lua
 	forwardSrc string
+	//go:embed block.lua
+	blockSrc string
 )
 
 // admitScript is admit.lua with its parts: the rule kinds' functions, the
@@ -125,10 +127,12 @@ var (
 	// Forward moves a queue's due scheduled and retried asynq tasks to its
 	// pending list, as asynq's forwarder does.
 	Forward = redis.NewScript(forwardSrc)
+	// Block grants, renews and takes back blocks of starts and slots.
+	Block = redis.NewScript(include(include(blockSrc, clockSrc, "clock"), slotSrc, "slot"))
 )
 
 // All lists every script, for loading them into a server ahead of pipelines.
-var All = []*redis.Script{Admit, Release, Renew, Cooldown, Stats, Room, Line, Handover, Capacity, Fleet, Recover, Repark, Prioritize, Adapt, Wait, Settle, Forward}
+var All = []*redis.Script{Admit, Release, Renew, Cooldown, Stats, Room, Line, Handover, Capacity, Fleet, Recover, Repark, Prioritize, Adapt, Wait, Settle, Forward, Block}
 
 // include puts the part of from between "-- @begin NAME" and "-- @end NAME"
 // into src at the line "-- @include NAME": a piece scripts share is written

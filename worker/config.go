@@ -104,6 +104,14 @@ type GateConfig struct {
 	// default: a failed call that the downstream did count keeps its
 	// estimate.
 	RefundFailed bool
+	// NoBlocks decides every job one by one. By default a tenant far from
+	// its limits (rate and concurrency rules, half its burst and half its
+	// concurrency free) is served from blocks: the process takes many of
+	// its starts and slots in one call and starts its jobs from them with
+	// no call of their own (docs/operations.md says what a block can cost
+	// when a limit is lowered or a process dies). A block's unused slots
+	// count as in flight in the tenant's stats.
+	NoBlocks bool
 }
 
 func (c GateConfig) withDefaults() GateConfig {

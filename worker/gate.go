@@ -17,6 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/internal/asynqroom"
+	"github.com/sluicehq/sluice/internal/blocks"
 	"github.com/sluicehq/sluice/taskspec"
 	"github.com/sluicehq/sluice/throttle"
 )
@@ -61,10 +62,14 @@ type Gate struct {
 	asynqRedis   redis.UniversalClient
 	registration *asynqroom.Registration
 
-	renewals renewer    // the running jobs' leases
-	rec      *recoverer // Server's; nil for a gate used alone
-	layout   *asynqroom.Layout
-	roomOff  atomic.Bool // asynq's layout is not the one the room writes
+	renewals renewer      // the running jobs' leases
+	blocks   *blocks.Pool // nil with NoBlocks
+	// blockSlots is how many concurrency slots a block asks for: the
+	// Server's concurrency
+	blockSlots atomic.Int64
+	rec        *recoverer // Server's; nil for a gate used alone
+	layout     *asynqroom.Layout
+	roomOff    atomic.Bool // asynq's layout is not the one the room writes
 
 	stopping chan struct{}
 	stopOnce sync.Once
@@ -77,6 +82,10 @@ type Gate struct {
 	usageLogged atomic.Bool
 	logLimit    logLimiter
 }
+
+// blockSlotsDefault is how many concurrency slots a block asks for when
+// the gate does not know its process's concurrency (Configure tells it).
+const blockSlotsDefault = 16
 
 // NewGate returns a gate over lim. asynqRedis is the Redis client of asynq's
 // queues: the gate enqueues there the copy of a job deferred at its retry
@@ -121,6 +130,17 @@ func NewGate(lim *throttle.Limiter, asynqRedis redis.UniversalClient, cfg *GateC
 		return nil, fmt.Errorf("worker: register metrics: %w", err)
 	}
 	g.m = m
+	g.blockSlots.Store(blockSlotsDefault)
+	if !c.NoBlocks {
+		g.blocks = blocks.NewPool(blocks.Of(lim), &blocks.Config{
+			Slots:       func() int { return int(g.blockSlots.Load()) },
+			CallTimeout: c.CallTimeout,
+			OnError: func(op string, err error) {
+				g.m.err(errBlock)
+				g.warn(errBlock, "sluice: a block of starts could not be "+op+"; its jobs are decided one by one, its slots free themselves with their lease", "err", err)
+			},
+		})
+	}
 	if g.rm, err = newRoomMetrics(reg, c.TenantLabels); err != nil {
 		return nil, fmt.Errorf("worker: register metrics: %w", err)
 	}
@@ -163,6 +183,9 @@ func (g *Gate) Stop() {
 		}
 		g.pumpWG.Wait()
 		g.down.stopAdapting()
+		if g.blocks != nil {
+			g.blocks.Close()
+		}
 		if g.registration != nil {
 			ctx, cancel := context.WithTimeout(context.Background(), g.cfg.CallTimeout)
 			if err := g.registration.Close(ctx); err != nil {
@@ -321,7 +344,21 @@ func (g *Gate) process(ctx context.Context, j *job, next asynq.Handler) error {
 	}
 	j.policies = &r
 	mode, budget := g.overflow(j)
-	if t := j.task.Headers()[taskspec.DecidedHeader]; t != "" && j.tenant != "" {
+	ticket := j.task.Headers()[taskspec.DecidedHeader]
+	if ticket == "" && g.blocks != nil && j.tenant != "" && j.key == "" && len(j.pools) == 0 && !g.stopped() {
+		// a tenant far from its limits: started from its block
+		if s, ok := g.blocks.Take(ctx, j.tenant, j.policies, j.cost, j.policies.Policy != nil && j.policies.Policy.Concurrency != nil); ok {
+			defer s.Done()
+			d, _ := s.Decision.(throttle.Decision)
+			d.Now = s.Now
+			g.m.blocks.Inc()
+			g.m.decision(j.tenant, verdictAllowed, "")
+			waited := time.Since(start)
+			g.m.wait.Observe(waited.Seconds())
+			return g.run(ctx, j, Admission{Tenant: j.tenant, ID: j.id, Cost: j.cost, Decision: d, Waited: waited}, next)
+		}
+	}
+	if t := ticket; t != "" && j.tenant != "" {
 		// decided once, ahead: started on that decision, at its slot
 		if err := g.redeem(ctx, j, t, budget, start, next); err != errAskAgain {
 			return err

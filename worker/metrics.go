@@ -33,6 +33,7 @@ const (
 	errRoom        = "room"
 	errShadow      = "shadow"
 	errSettle      = "settle"
+	errBlock       = "block"
 	errUsage       = "usage"
 
 	settleRefund = "refund"
@@ -57,6 +58,7 @@ type metrics struct {
 	inFlight  *prometheus.GaugeVec
 	renewals  *prometheus.CounterVec
 	tickets   *prometheus.CounterVec
+	blocks    prometheus.Counter
 	errors    *prometheus.CounterVec
 	outcomes  *prometheus.CounterVec
 	// unknownTypes counts the jobs of types no handler takes (Server only).
@@ -106,9 +108,13 @@ func newMetrics(reg prometheus.Registerer, tenants bool) (*metrics, error) {
 			Name: "sluice_worker_tickets_total",
 			Help: "Jobs that came with the decision the waiting room made for them, by result (redeemed: started on it with no further decision; asked: decided anew, the job being late for its slot, retried or its slot gone; reserved: a reservation, decided by the gate at its slot).",
 		}, []string{"result"}),
+		blocks: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sluice_worker_block_starts_total",
+			Help: "Jobs started from a block of their tenant's starts and slots, with no call to Redis of their own (a tenant far from its limits).",
+		}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_worker_errors_total",
-			Help: "Errors of the gate, by kind (redis, policy, cost, tenant_header, no_tenant, cost_header, pools_header, id_header, copy, release, cooldown, room, shadow, settle, usage: a response's usage unreadable, recover, asynq_layout: the waiting room is off, downstream).",
+			Help: "Errors of the gate, by kind (redis, policy, cost, tenant_header, no_tenant, cost_header, pools_header, id_header, copy, release, cooldown, room, shadow, settle, usage: a response's usage unreadable, recover, asynq_layout: the waiting room is off, downstream, block: a block could not be taken, renewed or given back).",
 		}, []string{"kind"}),
 		outcomes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_worker_handler_outcomes_total",
@@ -127,7 +133,7 @@ func newMetrics(reg prometheus.Registerer, tenants bool) (*metrics, error) {
 			Help: "Cost settled after jobs ran (worker.SettleCost, the http handler's usage), by direction: refund (jobs cheaper than their estimate) or extra (dearer).",
 		}, withTenant("direction")),
 	}
-	for _, c := range []prometheus.Collector{m.decisions, m.deferrals, m.drops, m.wait, m.inFlight, m.renewals, m.tickets, m.errors, m.outcomes, m.unknownTypes, m.shadows, m.settled} {
+	for _, c := range []prometheus.Collector{m.decisions, m.deferrals, m.drops, m.wait, m.inFlight, m.renewals, m.tickets, m.blocks, m.errors, m.outcomes, m.unknownTypes, m.shadows, m.settled} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

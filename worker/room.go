@@ -129,6 +129,7 @@ const sampleEvery = 5 * time.Second
 // when they may start and the fleet serving queues has room for them. A
 // gate runs one pump; later calls do nothing.
 func (g *Gate) startPump(queues []string, concurrency int) {
+	g.blockSlots.Store(int64(concurrency))
 	g.pumpOnce.Do(func() {
 		ctx, cancel := context.WithCancel(context.Background())
 		// the fleet's capacity counts this worker while it lives
