@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/taskspec"
 )
 
 // TestFaults breaks what a fleet depends on while jobs flow — worker
@@ -26,6 +27,7 @@ import (
 func TestFaults(t *testing.T) {
 	bin := buildTestWorker(t)
 	t.Run("WorkersKilled", func(t *testing.T) { testWorkersKilled(t, bin) })
+	t.Run("BlocksKilled", func(t *testing.T) { testBlocksKilled(t, bin) })
 	t.Run("RedisRestart", func(t *testing.T) {
 		redistest.SkipOnCluster(t, "kills and restarts a private single server; a Cluster's node failure is ClusterFailover")
 		t.Run("AOF", func(t *testing.T) { testRedisRestart(t, bin, false) })
@@ -106,6 +108,57 @@ func testWorkersKilled(t *testing.T, bin string) {
 	t.Logf("concurrency=%d, 3 workers, 2 SIGKILLed %s apart mid-job (%d job(s) running on them): all %d jobs completed; at most %d running at once, as the handlers counted; %d start(s) with a retry counted (a give-back is not one); %d job(s) finished twice",
 		limit, lastKill.Sub(killedAt[first.pid]).Round(time.Millisecond), len(killedJobs), len(ids), most, retries, twice)
 	require.LessOrEqual(t, most, limit)
+	require.Zero(t, f.env.queueInfo(t).Archived)
+}
+
+// testBlocksKilled SIGKILLs a worker that holds blocks of a tenant's
+// concurrency slots (its jobs come from asynq's own client, so the gate
+// decides them, from blocks while the tenant is far from its limit) while
+// it runs jobs on them: its slots stay counted until their lease ends, so
+// the survivors never run more than the cap, and every job completes.
+func testBlocksKilled(t *testing.T, bin string) {
+	f := newFleet(t, bin)
+	f.args = []string{"-concurrency", "16", "-recover-lease", "2s"}
+	const limit = 24
+	f.env.policy(t, "acme", fmt.Sprintf("rate=100000/s burst=50000 concurrency=%d lease=2s", limit))
+	procs := []*proc{f.start(t), f.start(t), f.start(t)}
+	ac := asynq.NewClientFromRedisClient(f.env.asynq)
+	defer ac.Close()
+	const n = 150
+	for range n {
+		task := asynq.NewTaskWithHeaders("rec", []byte(`{"ms":300}`), map[string]string{taskspec.TenantHeader: "acme"})
+		_, err := ac.Enqueue(task, asynq.Queue(f.env.queue), asynq.MaxRetry(3))
+		require.NoError(t, err)
+	}
+	// a worker running jobs while blocks' slots are held
+	state := f.env.prefix + ":{t:acme}:s"
+	blockSlots := func() int {
+		fields, err := f.env.client.HKeys(context.Background(), state).Result()
+		require.NoError(t, err)
+		k := 0
+		for _, h := range fields {
+			if strings.HasPrefix(h, "h:b") {
+				k++
+			}
+		}
+		return k
+	}
+	var held int
+	poll(t, 20*time.Second, 5*time.Millisecond, func() bool { held = blockSlots(); return held > 0 }, "blocks' slots held")
+	victim := f.runningOn(t, procs, time.Time{})
+	killedAt := f.kill(t, victim)
+	killedJobs := f.openOn(t, victim.pid)
+	f.start(t)
+	poll(t, 60*time.Second, 200*time.Millisecond, func() bool { return len(f.finishedIDs(t)) == n }, "all %d jobs done, the killed ones included", n)
+
+	starts := runs(f.records(t), map[int]time.Time{victim.pid: killedAt})
+	most := maxConcurrent(starts, "acme")
+	st, err := f.env.lim.Stats(context.Background(), "acme")
+	require.NoError(t, err)
+	t.Logf("concurrency=%d, 3 workers of 16, one SIGKILLed mid-job (%d job(s) running on it) while %d slots were held in blocks: all %d jobs completed, at most %d running at once, as the handlers counted; %d in flight after",
+		limit, len(killedJobs), held, n, most, st.Concurrency.InFlight)
+	require.LessOrEqual(t, most, limit)
+	require.Positive(t, len(killedJobs))
 	require.Zero(t, f.env.queueInfo(t).Archived)
 }
 
