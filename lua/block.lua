@@ -24,7 +24,7 @@
 -- KEYS: [1] the tenant's state hash
 -- ARGV:
 --   [1] clock: the time to decide at, or -1 for Redis TIME
---   [2] op: 1 grant, 2 renew, 3 return
+--   [2] op: 1 grant, 2 renew, 3 return; plus 16 to set no expiry (tests)
 --   grant: [3] block id, [4] claim token, [5] starts wanted (cost units),
 --     [6] slots wanted, [7] the longest window (µs), [8] number of rates,
 --     then per rate its unit (the increment of cost 1, µs, as admit.lua
@@ -43,8 +43,8 @@
 --     were charged at another interval: admit.lua re-times them first), 3
 --     too near a rate's limit, 4 too near the concurrency limit, 5 no
 --     window (a burst too small to span one)
---   renew: how many of the block's slots were renewed (one missing was
---     taken as stale: the holder stops using it)
+--   renew: how many of the block's slots were renewed (one whose lease
+--     ran out is not: the holder stops using the block)
 --   return: how many slots were freed, and 1 when every rate's unused
 --     starts were given back (0: a charge came after the block's, which
 --     keeps them)
@@ -62,7 +62,8 @@ end
 
 local now = now_us()
 local st = KEYS[1]
-local op = ARGV[2]
+local opn = tonumber(ARGV[2])
+local op, noexpire = tostring(opn % 16), opn >= 16
 local id, claim = ARGV[3], ARGV[4]
 
 local function field(j)
@@ -71,6 +72,7 @@ end
 
 -- make the hash live at least until t (GT extends, NX gives a first TTL)
 local function extend_to(t)
+  if noexpire then return end
   local ms = fmt(floor((t - now) / 1000) + 2)
   if call('PEXPIRE', st, ms, 'GT') == 0 then
     call('PEXPIRE', st, ms, 'NX')
@@ -162,7 +164,7 @@ if op == '1' then
     h[#h + 1] = 'y'; h[#h + 1] = fmt(need + 2000000)
   end
   local until_ = max(need, held)
-  if until_ > (num(v[2]) or 0) then
+  if until_ > (num(v[2]) or 0) and not noexpire then
     h[#h + 1] = 'x'; h[#h + 1] = fmt(until_ + 1000000)
     call('HSET', st, unpack(h))
     extend_to(until_ + 1000000)
@@ -181,14 +183,16 @@ if op == '2' then
   local es = slot_text(fmt(e), claim)
   local h, renewed = {}, 0
   for j = 1, k do
-    if v[j] and held_by(v[j], claim) then
+    -- a slot whose lease ran out is not renewed: single decisions may
+    -- have counted it free since
+    if v[j] and held_by(v[j], claim) and slot_lease(v[j]) > now then
       h[#h + 1] = names[j]; h[#h + 1] = es
       renewed = renewed + 1
     end
   end
   if renewed > 0 then
     local x = num(call('HGET', st, 'x')) or 0
-    if e > x then
+    if e > x and not noexpire then
       h[#h + 1] = 'x'; h[#h + 1] = fmt(e + 1000000)
       extend_to(e + 1000000)
     end

@@ -66,9 +66,13 @@ func (e blockEngine) Grant(ctx context.Context, w blocks.Want) (*blocks.Grant, e
 	if err := ValidateTenant(w.Tenant); err != nil {
 		return nil, err
 	}
-	g := &blocks.Grant{ID: uuid.NewString()[:8], Claim: newClaim(), Tenant: w.Tenant}
+	id := uuid.NewString()[:8]
+	if e.l.blockID != nil {
+		id = e.l.blockID()
+	}
+	g := &blocks.Grant{ID: id, Claim: newClaim(), Tenant: w.Tenant}
 	ch := &blockCharge{}
-	args := []any{e.l.clockArg(), 1, g.ID, g.Claim, w.Starts, max(w.Slots, 0), micros(w.Window), len(p.Rates)}
+	args := []any{e.l.clockArg(), 1 | e.l.noTTLFlag(), g.ID, g.Claim, w.Starts, max(w.Slots, 0), micros(w.Window), len(p.Rates)}
 	for _, r := range p.Rates {
 		_, unit, off := rateArgs(r, 1)
 		args = append(args, unit, off)
@@ -125,7 +129,7 @@ func (e blockEngine) Renew(ctx context.Context, g *blocks.Grant) (int, error) {
 		return 0, nil
 	}
 	res, err := e.l.batch.run(ctx, lua.Block, []string{keysFor(e.l.cfg.Prefix, g.Tenant).state},
-		[]any{e.l.clockArg(), 2, g.ID, g.Claim, g.Slots, micros(g.Lease)})
+		[]any{e.l.clockArg(), 2 | e.l.noTTLFlag(), g.ID, g.Claim, g.Slots, micros(g.Lease)})
 	if err != nil {
 		return 0, fmt.Errorf("renew block of tenant %q: %w", g.Tenant, err)
 	}
@@ -144,7 +148,7 @@ func (e blockEngine) Return(ctx context.Context, g *blocks.Grant, unused int64, 
 	if unused < 0 {
 		unused = 0
 	}
-	args := []any{e.l.clockArg(), 3, g.ID, g.Claim, g.Slots, min(unused, ch.starts), ch.starts, last.UnixMicro(), len(ch.units)}
+	args := []any{e.l.clockArg(), 3 | e.l.noTTLFlag(), g.ID, g.Claim, g.Slots, min(unused, ch.starts), ch.starts, last.UnixMicro(), len(ch.units)}
 	for i, u := range ch.units {
 		args = append(args, strconv.FormatInt(u, 10), ch.planned0[i], ch.started0[i], ch.planned[i], ch.started[i])
 	}

@@ -113,6 +113,9 @@ type Limiter struct {
 	clock func() time.Time
 	// noExpire makes the scripts set no TTLs (tests compare with and without).
 	noExpire bool
+	// blockID, when set, names new blocks (tests: the same names on every
+	// limiter compared)
+	blockID func() string
 	// general makes admit.lua decide with its general engine only (tests
 	// compare it with the quick path).
 	general bool

@@ -1,6 +1,7 @@
 package throttle
 
 import (
+	"fmt"
 	"math"
 	"slices"
 	"sort"
@@ -613,4 +614,131 @@ func (m *model) settle(now int64, tenant, id string, actual int64) bool {
 		}
 	}
 	return true
+}
+
+// modelBlock is a block the model granted: what its return needs.
+type modelBlock struct {
+	tenant, id string
+	n          int64
+	slots      int
+	lease      int64
+	units      []int64
+	p1, a1     []int64 // the meters before it
+	p2, a2     []int64 // and after it
+}
+
+// grantBlock is lua/block.lua's grant: a block for a tenant whose own
+// policy has rate and concurrency rules only (and @global none), out of a
+// cooldown, with its meters charged at the interval in force; its window a
+// quarter of the smallest burst (at most vmax, at least 1 ms); as many
+// starts as all conform at now with half the burst kept, charged as if at
+// the window's end; a quarter of the free slots within half the limit.
+func (m *model) grantBlock(now int64, tenant, id string, want int64, kwant int, vmax int64) (*modelBlock, int64, bool) {
+	if tenant == "" || m.policies[GlobalPolicy].HasRules() {
+		return nil, 0, false
+	}
+	p := m.resolve(tenant, "")[0].policy
+	if p == nil || p.Window != nil || p.Quota != nil || p.Adapt != nil || (len(p.Rates) == 0 && p.Concurrency == nil) {
+		return nil, 0, false
+	}
+	st := m.scope(tenant)
+	if st.cooldown > now {
+		return nil, 0, false
+	}
+	v := vmax
+	for _, r := range p.Rates {
+		_, _, off := rateArgs(r, 1)
+		v = min(v, off/4)
+	}
+	if v < 1000 {
+		return nil, 0, false
+	}
+	b := &modelBlock{tenant: tenant, id: id, n: want}
+	for i, r := range p.Rates {
+		_, unit, off := rateArgs(r, 1)
+		var P, A int64
+		if i < len(st.planned) {
+			P, A = st.planned[i], st.started[i]
+			if i < len(st.intervals) && st.intervals[i] != 0 && st.intervals[i] != unit && (P > now || A > now) {
+				return nil, 0, false
+			}
+		}
+		top := now + off/2
+		b.n = min(b.n, floorDiv(top-max(P, now+v), unit), floorDiv(top-max(A, now+v), unit))
+		b.units, b.p1, b.a1 = append(b.units, unit), append(b.p1, P), append(b.a1, A)
+	}
+	if b.n < 1 {
+		return nil, 0, false
+	}
+	if c := p.Concurrency; c != nil && kwant > 0 {
+		live := int64(0)
+		for _, until := range st.holders {
+			if until > now {
+				live++
+			}
+		}
+		k := min(int64(kwant), c.Limit/2-live, floorDiv(c.Limit-live, 4))
+		if k < 1 {
+			return nil, 0, false
+		}
+		b.slots, b.lease = int(k), micros(c.lease())
+	}
+	for len(st.planned) < len(p.Rates) {
+		st.planned, st.started, st.intervals = append(st.planned, 0), append(st.started, 0), append(st.intervals, 0)
+	}
+	for i, unit := range b.units {
+		st.planned[i] = max(b.p1[i], now+v) + b.n*unit
+		st.started[i] = max(b.a1[i], now+v) + b.n*unit
+		st.intervals[i] = unit
+		b.p2, b.a2 = append(b.p2, st.planned[i]), append(b.a2, st.started[i])
+	}
+	for j := 1; j <= b.slots; j++ {
+		st.holders[fmt.Sprintf("b%s:%d", id, j)] = now + b.lease
+	}
+	return b, v, true
+}
+
+// returnBlock is lua/block.lua's return: the block's slots freed; on each
+// meter where its charge is still the last, the used starts charged from
+// the meter before it as if all came at last (at most the window's end),
+// or the meter as before it when none was used.
+func (m *model) returnBlock(b *modelBlock, unused, last int64) {
+	st := m.scope(b.tenant)
+	for j := 1; j <= b.slots; j++ {
+		delete(st.holders, fmt.Sprintf("b%s:%d", b.id, j))
+	}
+	used := b.n - unused
+	for i, unit := range b.units {
+		if i >= len(st.intervals) || st.intervals[i] != unit {
+			continue
+		}
+		back := func(m, m1, m2 int64) int64 {
+			if used == 0 {
+				return m1
+			}
+			return max(m1, min(last, m2-b.n*unit)) + used*unit
+		}
+		P, A := st.planned[i], st.started[i]
+		if P == b.p2[i] {
+			st.planned[i] = back(P, b.p1[i], b.p2[i])
+		}
+		if A == b.a2[i] {
+			st.started[i] = back(A, b.a1[i], b.a2[i])
+		}
+	}
+}
+
+// renewBlock is lua/block.lua's renew: the block's live slots get a new
+// lease; it returns how many.
+func (m *model) renewBlock(now int64, b *modelBlock) int {
+	st := m.scope(b.tenant)
+	n := 0
+	for j := 1; j <= b.slots; j++ {
+		h := fmt.Sprintf("b%s:%d", b.id, j)
+		if until, ok := st.holders[h]; ok && until > now {
+			st.holders[h] = now + b.lease
+			n++
+		}
+	}
+	return n
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicehq/sluice/internal/blocks"
 	"github.com/sluicehq/sluice/internal/waitroom"
 )
 
@@ -171,6 +173,21 @@ var modelMixes = []modelMix{
 		tenants:  []string{"", "a"},
 		maxStep:  time.Second,
 	},
+	{
+		// roomy policies: blocks of starts and slots (block.lua) among
+		// single decisions
+		name: "blocks",
+		policies: map[string]string{
+			"a": "rate=50/s burst=40 concurrency=12 lease=1s",
+			"b": "rate=30/s burst=20 rate=900/min burst=200",
+			"c": "concurrency=16 lease=2s",
+		},
+		tenants: []string{"a", "b", "c"},
+		change: map[string]string{
+			"a": "rate=20/s burst=30 concurrency=8 lease=1s",
+		},
+		maxStep: 3 * time.Second,
+	},
 }
 
 // TestModel drives admit.lua and the Go reference model with the same random
@@ -251,11 +268,17 @@ func runModelOn(t *testing.T, envs []*env, mix modelMix, seed uint64, steps int,
 	apply(mix.policies)
 	rng := rand.New(rand.NewPCG(seed, 42))
 	settleRng := rand.New(rand.NewPCG(seed, 43))
+	blockRng := rand.New(rand.NewPCG(seed, 44))
+	type openBlock struct {
+		g  *blocks.Grant
+		mb *modelBlock
+	}
+	open := make([][]openBlock, len(envs)) // blocks granted, per limiter
 	ids := make([]string, 24)
 	for i := range ids {
 		ids[i] = fmt.Sprintf("job-%d", i)
 	}
-	var tally [5]int
+	var tally [6]int
 	// the decisions that started jobs, per limiter, for their settlement
 	type started struct {
 		d    Decision
@@ -376,6 +399,49 @@ func runModelOn(t *testing.T, envs []*env, mix modelMix, seed uint64, steps int,
 			}
 			tally[3]++
 		}
+		// blocks (drawn from a generator of their own, as settlements):
+		// a grant, or an open block's return or renewal
+		if tenant != "" && blockRng.IntN(100) < 12 {
+			switch k := blockRng.IntN(10); {
+			case k < 5 || len(open[0]) == 0:
+				want, kwant := 1+blockRng.Int64N(40), blockRng.IntN(6)
+				vmax := time.Duration(5+blockRng.IntN(200)) * time.Millisecond
+				for i, e := range envs {
+					e.lim.blockID = func() string { return fmt.Sprint("s", step) }
+					r, err := e.lim.Policies().Resolve(ctx, tenant)
+					require.NoError(t, err, where)
+					g, err := blocks.Of(e.lim).Grant(ctx, blocks.Want{Tenant: tenant, Policies: &r, Starts: want, Slots: kwant, Window: vmax})
+					mb, v, ok := models[i].grantBlock(now.UnixMicro(), tenant, fmt.Sprint("s", step), want, kwant, micros(vmax))
+					if !ok {
+						require.ErrorIs(t, err, blocks.ErrNoBlock, where+": block")
+						continue
+					}
+					require.NoError(t, err, where+": block")
+					require.Equal(t, [3]int64{mb.n, v, int64(mb.slots)}, [3]int64{g.Starts, micros(g.Window), int64(g.Slots)}, where+": block's starts, window and slots")
+					open[i] = append(open[i], openBlock{g, mb})
+					if i == 0 {
+						tally[5]++
+					}
+				}
+			case k < 8:
+				j := blockRng.IntN(len(open[0]))
+				unused := blockRng.Int64N(open[0][j].mb.n + 1)
+				last := open[0][j].g.At.Add(time.Duration(blockRng.Int64N(int64(open[0][j].g.Window) + 1)))
+				for i, e := range envs {
+					b := open[i][j]
+					require.NoError(t, blocks.Of(e.lim).Return(ctx, b.g, unused, last), where+": block's return")
+					models[i].returnBlock(b.mb, unused, last.UnixMicro())
+					open[i] = slices.Delete(open[i], j, j+1)
+				}
+			default:
+				j := blockRng.IntN(len(open[0]))
+				for i, e := range envs {
+					n, err := blocks.Of(e.lim).Renew(ctx, open[i][j].g)
+					require.NoError(t, err, where+": block's renewal")
+					require.Equal(t, models[i].renewBlock(now.UnixMicro(), open[i][j].mb), n, where+": block's renewal")
+				}
+			}
+		}
 		// the job ran and reports its actual cost: settled before or after
 		// other jobs' charges, cheaper or dearer (drawn from a generator of
 		// its own, so that the other steps' sequence is unchanged)
@@ -435,7 +501,7 @@ func runModelOn(t *testing.T, envs []*env, mix modelMix, seed uint64, steps int,
 			requireSameState(t, envs, tenant, where)
 		}
 	}
-	t.Logf("%s: %d decisions, %d allowed, %d reserved, %d cooldowns, %d settlements", mix.name, tally[0], tally[1], tally[2], tally[3], tally[4])
+	t.Logf("%s: %d decisions, %d allowed, %d reserved, %d cooldowns, %d settlements, %d blocks", mix.name, tally[0], tally[1], tally[2], tally[3], tally[4], tally[5])
 	// the sequence must have exercised both outcomes
 	require.Greater(t, tally[1], tally[0]/20, "too few admissions to mean anything")
 	require.Greater(t, tally[0]-tally[1], tally[0]/20, "too few denials to mean anything")
