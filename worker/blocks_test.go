@@ -2,12 +2,16 @@ package worker_test
 
 import (
 	"context"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/hibiken/asynq"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/throttle"
 	"github.com/sluicehq/sluice/worker"
 )
 
@@ -84,8 +88,16 @@ func TestBlocksLowerLimit(t *testing.T) {
 	e := setup(t, client)
 	e.policy(t, "acme", "rate=10000/s burst=5000")
 	rec := newRecorder(0)
+	var mu sync.Mutex
+	var admitted []time.Time // the admissions' Redis times
 	srv := e.server(t, func(c *worker.Config) { c.Asynq.Concurrency = 10 })
-	srv.Handle("job", rec)
+	srv.Handle("job", asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
+		a, _ := worker.AdmissionFrom(ctx)
+		mu.Lock()
+		admitted = append(admitted, a.Decision.Now)
+		mu.Unlock()
+		return rec.ProcessTask(ctx, task)
+	}))
 	require.NoError(t, srv.Start())
 	defer srv.Shutdown()
 	g := srv.Gate().Gatherer()
@@ -99,10 +111,15 @@ func TestBlocksLowerLimit(t *testing.T) {
 		return err == nil && r.Policy.String() == "rate=200/s"
 	}, "the lowered policy in the limiter's cache")
 	blocks0 := metric(t, g, "sluice_worker_block_starts_total", nil)
-	from := len(rec.startTimes())
+	mu.Lock()
+	from := len(admitted)
+	mu.Unlock()
 	e.enqueueDirect(t, "acme", 10, "")
 	eventually(t, 20*time.Second, func() bool { return rec.doneCount() == 210 }, "jobs done at the lowered rate")
 	require.Equal(t, blocks0, metric(t, g, "sluice_worker_block_starts_total", nil), "no block under the lowered policy")
-	starts := rec.startTimes()[from:]
-	require.Zero(t, nonConformingTol(starts, 200, 1, time.Millisecond), "the lowered rate holds for every job after it: %v", starts)
+	mu.Lock()
+	after := slices.Clone(admitted[from:])
+	mu.Unlock()
+	slices.SortFunc(after, time.Time.Compare)
+	require.Empty(t, nonConformingTol(after, 200, 1, throttle.ToleranceDefault), "the lowered rate holds for every job after it: %v", after)
 }

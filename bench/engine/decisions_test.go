@@ -16,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicehq/sluice/internal/blocks"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/throttle"
 )
@@ -95,10 +96,25 @@ func BenchmarkDecisions(b *testing.B) {
 	require.NoError(b, err)
 	require.NoError(b, keySettleLim.Policies().Set(ctx, "*/*", p))
 	warmKeys(b, keySettleLim)
+	var seq atomic.Int64
+	// busy tenants far from their limits: one decision and release per
+	// job, or starts from blocks (internal/blocks, as the worker's gate
+	// takes them), falling back to single decisions when no block is had
+	busyLim, _ := benchLimiter(b, "rate=1000000/s burst=100000 concurrency=10000")
+	warm(b, busyLim)
+	pool := blocks.NewPool(blocks.Of(busyLim), &blocks.Config{Slots: func() int { return benchGoroutines }})
+	defer pool.Close()
+	busyCycle := func(t string) error {
+		id := strconv.FormatInt(seq.Add(1), 36)
+		d, err := busyLim.Admit(ctx, t, id)
+		if err == nil && d.Allowed {
+			err = busyLim.Release(ctx, t, id, d.Claim)
+		}
+		return err
+	}
 	rl := redis_rate.NewLimiter(client)
 	rlPrefix := redistest.Prefix(b) + ":"
 	limit := redis_rate.Limit{Rate: 1000, Burst: 1000, Period: time.Second}
-	var seq atomic.Int64
 	kinds := []benchRow{
 		{"sluice_admit", func(t string) error {
 			_, err := admitLim.Admit(ctx, t, "")
@@ -138,6 +154,21 @@ func BenchmarkDecisions(b *testing.B) {
 		{"sluice_admit_key3", func(t string) error {
 			_, err := keyLim.Do(ctx, throttle.Request{Tenant: t, Key: keyNames[rand.IntN(benchKeys)], Pools: []string{"@api"}})
 			return err
+		}},
+		{"sluice_busy_admit_release", func(t string) error {
+			return busyCycle(busyTenant(t))
+		}},
+		{"sluice_busy_block", func(t string) error {
+			t = busyTenant(t)
+			r, err := busyLim.Policies().Resolve(ctx, t)
+			if err != nil {
+				return err
+			}
+			if s, ok := pool.Take(ctx, t, &r, 1, true); ok {
+				s.Done()
+				return nil
+			}
+			return busyCycle(t)
 		}},
 		{"sluice_admit_key_settle", func(t string) error {
 			req := throttle.Request{Tenant: t, Key: keyNames[rand.IntN(benchKeys)], Cost: 10}
@@ -184,8 +215,24 @@ func BenchmarkDecisions(b *testing.B) {
 	b.ReportMetric(cpu("sluice_admit_3scopes")/cpu("sluice_admit"), "sluice_3scopes/admit_redis")
 	b.ReportMetric(cpu("sluice_admit_key3")/cpu("sluice_admit"), "sluice_key3/admit_redis")
 	b.ReportMetric(cpu("sluice_admit_key3")/cpu("sluice_admit_3scopes"), "sluice_key3/3scopes_redis")
+	// a start from a block against a decision and release of its own, for
+	// busy tenants far from their limits (amortised Redis time per start)
+	b.ReportMetric(cpu("sluice_busy_block")/cpu("sluice_busy_admit_release"), "sluice_block/cycle_redis")
 	// a keyed settled job (tenant and key) against one of its tenant alone
 	b.ReportMetric(cpu("sluice_admit_key_settle")/cpu("sluice_admit_settle"), "sluice_key_settle/settle_redis")
+}
+
+// busyTenants is how many tenants the busy rows spread over: a few, each
+// with many jobs at once.
+const busyTenants = 16
+
+// busyTenant maps a random tenant to one of the busy rows' tenants.
+func busyTenant(t string) string {
+	var h uint32
+	for i := 0; i < len(t); i++ {
+		h = h*31 + uint32(t[i])
+	}
+	return "busy-" + strconv.Itoa(int(h%busyTenants))
 }
 
 // benchRow is a row of BenchmarkDecisions: one decision (or cycle) of a

@@ -52,9 +52,10 @@ type Pool struct {
 	returns []*block            // retired blocks to give back
 	closed  bool
 
-	wake chan struct{}
-	stop chan struct{}
-	done chan struct{}
+	wake    chan struct{}
+	stop    chan struct{}
+	done    chan struct{}
+	looping bool // the loop runs (from the first grant on)
 }
 
 type tenantBlocks struct {
@@ -77,7 +78,8 @@ type block struct {
 	nextRenew time.Time
 }
 
-// NewPool returns a pool spending the blocks eng grants. Close it.
+// NewPool returns a pool spending the blocks eng grants. Close it: from its
+// first block on it runs a goroutine that renews and gives blocks back.
 func NewPool(eng Engine, cfg *Config) *Pool {
 	c := Config{}
 	if cfg != nil {
@@ -101,10 +103,8 @@ func NewPool(eng Engine, cfg *Config) *Pool {
 	if c.OnError == nil {
 		c.OnError = func(string, error) {}
 	}
-	p := &Pool{eng: eng, cfg: c, tenants: map[string]*tenantBlocks{}, held: map[*block]struct{}{},
+	return &Pool{eng: eng, cfg: c, tenants: map[string]*tenantBlocks{}, held: map[*block]struct{}{},
 		wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
-	go p.loop()
-	return p
 }
 
 // Start is a job started from a block: Done gives its slot back to the
@@ -219,6 +219,10 @@ func (p *Pool) Take(ctx context.Context, tenant string, policies any, cost int64
 			return nil, false
 		}
 		t.cur = b
+		if !p.looping {
+			p.looping = true
+			go p.loop()
+		}
 		if g.Slots > 0 {
 			b.nextRenew = sent.Add(g.Lease / 3)
 			p.held[b] = struct{}{}
@@ -394,7 +398,11 @@ func (p *Pool) Close() {
 		return
 	}
 	p.closed = true
+	looping := p.looping
 	p.mu.Unlock()
+	if !looping {
+		return
+	}
 	close(p.stop)
 	<-p.done
 }
