@@ -49,16 +49,12 @@
 --     starts were given back (0: a charge came after the block's, which
 --     keeps them)
 
-local call, tonumber, unpack, format = redis.call, tonumber, unpack, string.format
+local call, tonumber, unpack = redis.call, tonumber, unpack
 local floor, max, min = math.floor, math.max, math.min
 local num = tonumber
 
 -- @include clock
 -- @include slot
-
-local function fmt(v)
-  return format('%d', v)
-end
 
 local now = now_us()
 local st = KEYS[1]
@@ -66,17 +62,10 @@ local opn = tonumber(ARGV[2])
 local op, noexpire = tostring(opn % 16), opn >= 16
 local id, claim = ARGV[3], ARGV[4]
 
+-- @include expire
+
 local function field(j)
   return 'h:b' .. id .. ':' .. j
-end
-
--- make the hash live at least until t (GT extends, NX gives a first TTL)
-local function extend_to(t)
-  if noexpire then return end
-  local ms = fmt(floor((t - now) / 1000) + 2)
-  if call('PEXPIRE', st, ms, 'GT') == 0 then
-    call('PEXPIRE', st, ms, 'NX')
-  end
 end
 
 if op == '1' then
@@ -167,7 +156,7 @@ if op == '1' then
   if until_ > (num(v[2]) or 0) and not noexpire then
     h[#h + 1] = 'x'; h[#h + 1] = fmt(until_ + 1000000)
     call('HSET', st, unpack(h))
-    extend_to(until_ + 1000000)
+    extend_to(st, until_ + 1000000)
   else
     call('HSET', st, unpack(h))
   end
@@ -194,7 +183,7 @@ if op == '2' then
     local x = num(call('HGET', st, 'x')) or 0
     if e > x and not noexpire then
       h[#h + 1] = 'x'; h[#h + 1] = fmt(e + 1000000)
-      extend_to(e + 1000000)
+      extend_to(st, e + 1000000)
     end
     call('HSET', st, unpack(h))
   end

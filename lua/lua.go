@@ -68,6 +68,8 @@ var (
 	forwardSrc string
 	//go:embed block.lua
 	blockSrc string
+	//go:embed expire.lua
+	expireSrc string
 )
 
 // admitScript is admit.lua with its parts: the rule kinds' functions, the
@@ -123,12 +125,12 @@ var (
 	Adapt = redis.NewScript(include(adaptSrc, clockSrc, "clock"))
 	// Settle moves a finished job's charges from its estimated cost to its
 	// actual cost.
-	Settle = redis.NewScript(include(settleSrc, clockSrc, "clock"))
+	Settle = redis.NewScript(include(include(settleSrc, clockSrc, "clock"), expireSrc, "expire"))
 	// Forward moves a queue's due scheduled and retried asynq tasks to its
 	// pending list, as asynq's forwarder does.
 	Forward = redis.NewScript(forwardSrc)
 	// Block grants, renews and takes back blocks of starts and slots.
-	Block = redis.NewScript(include(include(blockSrc, clockSrc, "clock"), slotSrc, "slot"))
+	Block = redis.NewScript(include(include(include(blockSrc, clockSrc, "clock"), slotSrc, "slot"), expireSrc, "expire"))
 )
 
 // All lists every script, for loading them into a server ahead of pipelines.

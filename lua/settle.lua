@@ -39,15 +39,11 @@
 --   hash, the cost refunded and charged extra by settlements (sluice
 --   stats), kept while the scope's state lives.
 
-local call, unpack, format = redis.call, unpack, string.format
+local call, unpack = redis.call, unpack
 local floor, max, min = math.floor, math.max, math.min
 local num = tonumber
 
 -- @include clock
-
-local function fmt(v)
-  return format('%d', v)
-end
 
 local now = now_us()
 local est, act = num(ARGV[2]), num(ARGV[3])
@@ -55,14 +51,7 @@ local tp, ta = num(ARGV[4]), num(ARGV[5])
 local noexpire = floor(num(ARGV[6]) / 16) % 2 == 1
 local nscopes = num(ARGV[7])
 
--- make key live at least until time t, never shortening its life
-local function extend_to(key, t)
-  if noexpire or t <= now then return end
-  local ms = fmt(floor((t - now) / 1000) + 2)
-  if call('PEXPIRE', key, ms, 'GT') == 0 then
-    call('PEXPIRE', key, ms, 'NX')
-  end
-end
+-- @include expire
 
 -- the increment of cost c on a rate of limit per period: ceil(per * c /
 -- lim), exactly, as admit.lua's scope() computes it
