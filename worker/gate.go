@@ -710,6 +710,9 @@ func (g *Gate) after(ctx context.Context, j *job, err error) error {
 		// The pause starts before the slot is released, so no other job of
 		// the tenant starts in between.
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.cfg.CallTimeout)
+		if g.blocks != nil {
+			g.blocks.Retire(scope)
+		}
 		_, cerr := g.lim.Cooldown(cctx, scope, d)
 		cancel()
 		if cerr != nil {

@@ -230,6 +230,23 @@ func (p *Pool) Take(ctx context.Context, tenant string, policies any, cost int64
 	}
 }
 
+// Retire takes tenant's open block out of service (its downstream asked
+// for a pause: no job of it starts from a block granted before) and asks
+// for no block for a while.
+func (p *Pool) Retire(tenant string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	t := p.tenants[tenant]
+	if t == nil {
+		return
+	}
+	if t.cur != nil {
+		p.retire(t.cur)
+		t.cur = nil
+	}
+	t.noUntil = time.Now().Add(noneFor)
+}
+
 // sized sets the size of the tenant's next block from how its last one
 // went: doubled when it ran out in the first half of its window, halved
 // when half of it went unused, and no block for a while when it served
