@@ -56,9 +56,11 @@ type Pool struct {
 	stop    chan struct{}
 	done    chan struct{}
 	looping bool // the loop runs (from the first grant on)
+	pruneAt int  // the number of tenants known at which idle ones are forgotten
 }
 
 type tenantBlocks struct {
+	used     time.Time // last taken from
 	policies any
 	cur      *block
 	want     int64
@@ -104,7 +106,7 @@ func NewPool(eng Engine, cfg *Config) *Pool {
 		c.OnError = func(string, error) {}
 	}
 	return &Pool{eng: eng, cfg: c, tenants: map[string]*tenantBlocks{}, held: map[*block]struct{}{},
-		wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+		wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}), pruneAt: pruneMin}
 }
 
 // Start is a job started from a block: Done gives its slot back to the
@@ -139,9 +141,13 @@ func (p *Pool) Take(ctx context.Context, tenant string, policies any, cost int64
 	}
 	t := p.tenants[tenant]
 	if t == nil {
+		if len(p.tenants) >= p.pruneAt {
+			p.prune(time.Now())
+		}
 		t = &tenantBlocks{policies: policies, want: p.cfg.MinStarts}
 		p.tenants[tenant] = t
 	}
+	t.used = time.Now()
 	if !p.eng.Same(t.policies, policies) {
 		// a changed policy: the blocks taken under the old one go
 		if t.cur != nil {
@@ -228,6 +234,26 @@ func (p *Pool) Take(ctx context.Context, tenant string, policies any, cost int64
 			p.held[b] = struct{}{}
 		}
 	}
+}
+
+// idleFor is how long a tenant with no block is remembered (its block size
+// and its pause) after its last job; pruneMin is how many tenants the pool
+// knows before it first looks for idle ones.
+const (
+	idleFor  = time.Minute
+	pruneMin = 1024
+)
+
+// prune forgets the tenants with no block whose last job is older than
+// idleFor, and sets when to look again (at twice the tenants left, so that
+// the scans cost O(1) per new tenant). p.mu is held.
+func (p *Pool) prune(now time.Time) {
+	for name, t := range p.tenants {
+		if t.cur == nil && t.granting == nil && now.Sub(t.used) > idleFor {
+			delete(p.tenants, name)
+		}
+	}
+	p.pruneAt = max(2*len(p.tenants), pruneMin)
 }
 
 // Retire takes tenant's open block out of service (its downstream asked

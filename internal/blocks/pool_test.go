@@ -159,3 +159,23 @@ func TestPoolRetiresBlocksAtWindowEnd(t *testing.T) {
 	_, returned := eng.state()
 	require.Equal(t, int64(MinStartsDefault-3), returned["0"])
 }
+
+func TestPoolForgetsIdleTenants(t *testing.T) {
+	ctx := context.Background()
+	p := NewPool(&fakeEngine{none: true}, nil)
+	defer p.Close()
+	pol := new(int)
+	for i := range pruneMin {
+		p.Take(ctx, strconv.Itoa(i), pol, 1, false)
+	}
+	p.mu.Lock()
+	for _, tb := range p.tenants {
+		tb.used = time.Now().Add(-2 * idleFor)
+	}
+	p.mu.Unlock()
+	p.Take(ctx, "new", pol, 1, false)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	require.Len(t, p.tenants, 1, "the idle tenants forgotten when a new one comes")
+	require.Equal(t, pruneMin, p.pruneAt)
+}
