@@ -74,6 +74,9 @@ type pump struct {
 	owed      map[string]int64
 	lastSweep time.Time
 	wake      chan struct{}
+	// full: the last round found a queue's fleet without room for its due
+	// lines (a kick then calls for a round)
+	full bool
 }
 
 // listen turns wake-ups for the pump's queues into a signal.
@@ -106,17 +109,32 @@ func (p *pump) listen(ctx context.Context, sub *redis.PubSub) {
 
 func (p *pump) run(ctx context.Context) {
 	for ctx.Err() == nil {
+		began := time.Now()
 		wait, err := p.round(ctx)
 		if err != nil && ctx.Err() == nil {
 			p.report(err)
 			wait = max(wait, p.cfg.Interval)
 		}
 		if wait > 0 {
+			var kick <-chan struct{}
+			if p.full {
+				kick = p.cfg.Kick
+			}
 			t := time.NewTimer(wait)
 			select {
 			case <-ctx.Done():
 			case <-t.C:
 			case <-p.wake:
+			case <-kick:
+				// the jobs that end in the next moments are served too
+				if gap := waitroom.KickGap - time.Since(began); gap > 0 {
+					g := time.NewTimer(gap)
+					select {
+					case <-ctx.Done():
+					case <-g.C:
+					}
+					g.Stop()
+				}
 			}
 			t.Stop()
 		}
@@ -148,6 +166,7 @@ func (p *pump) round(ctx context.Context) (time.Duration, error) {
 	}
 	wait := p.idle()
 	var firstErr error
+	p.full = false
 	for _, q := range p.cfg.Queues {
 		w, err := p.serve(ctx, q)
 		if err != nil && firstErr == nil {
@@ -198,6 +217,7 @@ func (p *pump) serve(ctx context.Context, queue string) (time.Duration, error) {
 		return p.cfg.Interval, err
 	}
 	if free <= 0 {
+		p.full = true
 		return p.cfg.Interval, nil
 	}
 	n := min(free, p.cfg.Tenants)

@@ -425,6 +425,57 @@ func TestRoomPump(t *testing.T) {
 	<-done
 }
 
+// TestRoomPumpKicked: a pump that found the fleet full looks again when a
+// job of its worker ends (PumpConfig.Kick), not after its Interval (an
+// hour here): the line's next job is handed over at once.
+func TestRoomPumpKicked(t *testing.T) {
+	t.Parallel()
+	e := setup(t, true, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	room := e.lim.room()
+	joinJobs(t, room, "acme", 5)
+	var mu sync.Mutex
+	free, asked := 1, 0
+	g := &engine{}
+	kick := make(chan struct{}, 1)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = room.Pump(ctx, &waitroom.PumpConfig{
+			Handover: func(ctx context.Context, jobs []waitroom.Promoted) []waitroom.HandoverResult {
+				mu.Lock()
+				free -= len(jobs)
+				mu.Unlock()
+				return g.handover(ctx, jobs)
+			},
+			Queues: []string{waitroom.DefaultQueue},
+			Free: func(context.Context, string) (int, error) {
+				mu.Lock()
+				defer mu.Unlock()
+				asked++
+				return free, nil
+			},
+			Interval: time.Hour,
+			Idle:     time.Hour,
+			Kick:     kick,
+		})
+	}()
+	waitFor(t, 5*time.Second, func() bool { return len(g.ids()) == 1 })
+	// the fleet is full: the pump looked and waits its hour
+	waitFor(t, 5*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return asked >= 2 })
+	for want := 2; want <= 5; want++ {
+		// a job ends: its slot is free, and the pump is told
+		mu.Lock()
+		free++
+		mu.Unlock()
+		kick <- struct{}{}
+		waitFor(t, 5*time.Second, func() bool { return len(g.ids()) == want })
+	}
+	cancel()
+	<-done
+}
+
 func waitFor(t *testing.T, timeout time.Duration, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)

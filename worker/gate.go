@@ -67,7 +67,8 @@ type Gate struct {
 	// blockSlots is how many concurrency slots a block asks for: the
 	// Server's concurrency
 	blockSlots atomic.Int64
-	rec        *recoverer // Server's; nil for a gate used alone
+	kick       chan struct{} // a job ended (the pump's PumpConfig.Kick)
+	rec        *recoverer    // Server's; nil for a gate used alone
 	layout     *asynqroom.Layout
 	roomOff    atomic.Bool // asynq's layout is not the one the room writes
 
@@ -116,6 +117,7 @@ func NewGate(lim *throttle.Limiter, asynqRedis redis.UniversalClient, cfg *GateC
 		gauge:      asynqroom.NewGauge(asynqRedis),
 		layout:     asynqroom.NewLayout(asynqRedis),
 		stopping:   make(chan struct{}),
+		kick:       make(chan struct{}, 1),
 		asynqRedis: asynqRedis,
 	}
 	reg := c.Registerer
@@ -165,8 +167,18 @@ func (g *Gate) wrap(h asynq.Handler) asynq.Handler {
 		g.active.add()
 		defer g.active.done()
 		defer g.rec.started(ctx)()
+		// the job's end may leave the fleet room: the pump looks
+		defer g.kickPump()
 		return g.process(ctx, g.identify(ctx, task), h)
 	})
+}
+
+// kickPump tells the worker's pump that a job ended.
+func (g *Gate) kickPump() {
+	select {
+	case g.kick <- struct{}{}:
+	default:
+	}
 }
 
 // Stop ends every in-process wait at once, handing the waiting jobs back to

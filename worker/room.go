@@ -163,6 +163,7 @@ func (g *Gate) startPump(queues []string, concurrency int) {
 				// the fleet's lock holder polls the index; the others sleep
 				// longer, woken by the wake channel
 				Quiet: g.rec.follower,
+				Kick:  g.kick,
 				OnTurn: func(_ string, t waitroom.Turn, handed, gone int) {
 					g.rm.promoted.Add(float64(handed))
 					g.rm.skipped.WithLabelValues("gone").Add(float64(gone))

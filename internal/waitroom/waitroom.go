@@ -308,8 +308,12 @@ type TaskLookup func(ctx context.Context, tenant string, jobs []Waiter) ([]TaskS
 // Defaults of PumpConfig.
 const (
 	PumpIntervalDefault = 20 * time.Millisecond
-	PumpIdleDefault     = time.Second
-	PumpTenantsDefault  = 256
+	// KickGap is the least time between two of a pump's rounds that
+	// ended jobs call for (PumpConfig.Kick): the jobs that end meanwhile
+	// are served together.
+	KickGap            = 2 * time.Millisecond
+	PumpIdleDefault    = time.Second
+	PumpTenantsDefault = 256
 )
 
 // PumpConfig configures a pump.
@@ -327,6 +331,11 @@ type PumpConfig struct {
 	// Interval is how often the pump looks again while the fleet has no
 	// room for the lines that are due. PumpIntervalDefault when zero.
 	Interval time.Duration
+	// Kick, when set, says that a job of the pump's worker ended: while
+	// the fleet had no room, the pump looks again then (at most every
+	// KickGap) rather than after Interval, so that the slot the job left
+	// is filled from the lines before the pending list runs dry.
+	Kick <-chan struct{}
 	// Idle is the longest the pump sleeps while no line is due: it wakes
 	// for the next due line, and at once when a line begins or a release
 	// makes one due sooner (the index's wake channel), so Idle only bounds
