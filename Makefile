@@ -90,7 +90,7 @@ bench-worker: deps
 # a few minutes); it writes its report to a temporary directory.
 .PHONY: bench-fleet-small
 bench-fleet: deps
-	cd bench && $(GO) run ./fleet -config full -out ../docs
+	cd bench && $(GO) run ./fleet -config full -allowance 2ms -out ../docs
 
 bench-fleet-small: deps
 	@out=$$(mktemp -d) && cd bench && $(GO) run ./fleet -config small -out "$$out"

@@ -43,7 +43,7 @@ func conforms(t *testing.T, r Rate, starts []int64, where string) {
 func TestBlockStartsConform(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	trials := 12
+	trials := 32
 	if testing.Short() {
 		trials = 4
 	}
@@ -52,9 +52,12 @@ func TestBlockStartsConform(t *testing.T) {
 			t.Parallel()
 			rng := rand.New(rand.NewPCG(uint64(trial), 41))
 			e := setup(t, false, exactConfig)
-			text := fmt.Sprintf("rate=%d/s burst=%d", 50+rng.IntN(4000), 8+rng.IntN(400))
+			// bursts spanning 100 ms to 1 s (a shorter one gets no block)
+			r := 50 + rng.IntN(2000)
+			text := fmt.Sprintf("rate=%d/s burst=%d", r, max(8, r*(100+rng.IntN(900))/1000))
 			if rng.IntN(2) == 0 {
-				text += fmt.Sprintf(" rate=%d/min burst=%d", 3000+rng.IntN(100000), 50+rng.IntN(2000))
+				r := 3000 + rng.IntN(100000)
+				text += fmt.Sprintf(" rate=%d/min burst=%d", r, max(50, r*(100+rng.IntN(900))/60000))
 			}
 			clim := 0
 			if rng.IntN(3) > 0 {
@@ -76,6 +79,25 @@ func TestBlockStartsConform(t *testing.T) {
 			held := map[string]uint64{} // single jobs holding a slot
 			slots := 0                  // blocks' slots held
 			var granted, fromBlocks, single int
+			// edge makes single decisions at at up to the first denial
+			// (the meters' edge), recording the allowed starts
+			edge := func(at time.Time, name string) int {
+				n := 0
+				for k := range 5000 {
+					id := fmt.Sprintf("%s-%d", name, k)
+					d, err := e.lim.Do(ctx, Request{Tenant: "acme", ID: id, Policies: &res})
+					require.NoError(t, err)
+					if !d.Allowed {
+						break
+					}
+					starts = append(starts, at.UnixMicro())
+					n++
+					if d.Claim != 0 {
+						held[id] = d.Claim
+					}
+				}
+				return n
+			}
 			for step := range 600 {
 				e.clock.Advance(time.Duration(rng.IntN(15_000)) * time.Microsecond)
 				now := e.clock.Now()
@@ -83,11 +105,16 @@ func TestBlockStartsConform(t *testing.T) {
 				// blocks whose time came are given back, their unused part
 				// too
 				for i := 0; i < len(open); i++ {
-					if now.After(open[i].ends) || rng.IntN(20) == 0 {
+					if now.After(open[i].ends) || rng.IntN(6) == 0 {
 						require.NoError(t, eng.Return(ctx, open[i].g, open[i].unused, open[i].last), where)
 						slots -= open[i].g.Slots
 						open = slices.Delete(open, i, i+1)
 						i--
+						if rng.IntN(2) == 0 {
+							// the edge: single jobs up to the first denial
+							// on the meters the return left
+							single += edge(now, fmt.Sprint("back-", step, "-", i))
+						}
 					}
 				}
 				switch op := rng.IntN(10); {
@@ -96,7 +123,7 @@ func TestBlockStartsConform(t *testing.T) {
 					// denial (the meters' edge)
 					n := 1
 					if rng.IntN(10) == 0 {
-						n = 400
+						n = 5000
 					}
 					for k := range n {
 						id := fmt.Sprintf("job-%d-%d", step, k)
@@ -113,12 +140,12 @@ func TestBlockStartsConform(t *testing.T) {
 					}
 				case op < 8:
 					g, err := eng.Grant(ctx, blocks.Want{Tenant: "acme", Policies: &res, Starts: 1 + rng.Int64N(300),
-						Slots: rng.IntN(30), Window: time.Duration(2+rng.IntN(150)) * time.Millisecond})
+						Slots: rng.IntN(30), Window: time.Duration(20+rng.IntN(200)) * time.Millisecond})
 					if err == blocks.ErrNoBlock {
 						continue
 					}
 					require.NoError(t, err, where)
-					require.True(t, now.Equal(g.At), "%s: granted at %s", where, g.At)
+					require.True(t, now.Equal(g.At), "%s: granted at %s, now %s", where, g.At, now)
 					require.Positive(t, g.Starts, where)
 					granted++
 					slots += g.Slots
@@ -135,6 +162,12 @@ func TestBlockStartsConform(t *testing.T) {
 					}
 					fromBlocks += int(used)
 					open = append(open, grant{g: g, unused: g.Starts - used, last: last, ends: now.Add(g.Window)})
+					if rng.IntN(2) == 0 {
+						// the edge: single jobs up to the first denial inside
+						// the block's window, before some of its starts
+						e.clock.Advance(time.Duration(rng.Int64N(g.Window.Microseconds())) * time.Microsecond)
+						single += edge(e.clock.Now(), fmt.Sprint("edge-", step))
+					}
 				default:
 					for id, claim := range held {
 						if rng.IntN(2) == 0 {
@@ -251,4 +284,40 @@ func TestBlockDeclined(t *testing.T) {
 	e.clock.Advance(1100 * time.Millisecond)
 	_, err = eng.Grant(ctx, blocks.Want{Tenant: "acme", Policies: &res, Starts: 10, Window: 100 * time.Millisecond})
 	require.NoError(t, err, "after it")
+}
+
+// TestBlockReturnAtTheLastStart: a block given back before its starts
+// came (the worker knows the last of them) leaves the meters charged as if
+// all came then, so that single jobs decided at once leave room for them:
+// every start, the block's late ones included, conforms.
+func TestBlockReturnAtTheLastStart(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := setup(t, false, exactConfig)
+	e.policy(t, "acme", "rate=100/s burst=100")
+	res, err := e.lim.Policies().Resolve(ctx, "acme")
+	require.NoError(t, err)
+	eng := blocks.Of(e.lim)
+	g, err := eng.Grant(ctx, blocks.Want{Tenant: "acme", Policies: &res, Starts: 1000, Window: 25 * time.Millisecond})
+	require.NoError(t, err)
+	require.Equal(t, int64(47), g.Starts, "half the burst less the window")
+	// 40 starts of the block at the end of its window, the rest given
+	// back now
+	last := g.At.Add(g.Window - time.Millisecond)
+	const used = 40
+	require.NoError(t, eng.Return(ctx, g, g.Starts-used, last))
+	var starts []int64
+	for range used {
+		starts = append(starts, last.UnixMicro())
+	}
+	for i := 0; ; i++ {
+		d, err := e.lim.Do(ctx, Request{Tenant: "acme", ID: fmt.Sprint("j", i), Policies: &res})
+		require.NoError(t, err)
+		if !d.Allowed {
+			break
+		}
+		starts = append(starts, e.clock.Now().UnixMicro())
+	}
+	require.LessOrEqual(t, len(starts), 100, "the block's starts kept their room")
+	conforms(t, res.Policy.Rates[0], starts, "a block given back before its starts")
 }

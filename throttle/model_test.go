@@ -630,7 +630,7 @@ type modelBlock struct {
 // grantBlock is lua/block.lua's grant: a block for a tenant whose own
 // policy has rate and concurrency rules only (and @global none), out of a
 // cooldown, with its meters charged at the interval in force; its window a
-// quarter of the smallest burst (at most vmax, at least 1 ms); as many
+// quarter of the smallest burst (at most vmax, at least 25 ms); as many
 // starts as all conform at now with half the burst kept, charged as if at
 // the window's end; a quarter of the free slots within half the limit.
 func (m *model) grantBlock(now int64, tenant, id string, want int64, kwant int, vmax int64) (*modelBlock, int64, bool) {
@@ -650,7 +650,7 @@ func (m *model) grantBlock(now int64, tenant, id string, want int64, kwant int, 
 		_, _, off := rateArgs(r, 1)
 		v = min(v, off/4)
 	}
-	if v < 1000 {
+	if v < 25000 {
 		return nil, 0, false
 	}
 	b := &modelBlock{tenant: tenant, id: id, n: want}
@@ -667,7 +667,7 @@ func (m *model) grantBlock(now int64, tenant, id string, want int64, kwant int, 
 		b.n = min(b.n, floorDiv(top-max(P, now+v), unit), floorDiv(top-max(A, now+v), unit))
 		b.units, b.p1, b.a1 = append(b.units, unit), append(b.p1, P), append(b.a1, A)
 	}
-	if b.n < 1 {
+	if b.n < 2 {
 		return nil, 0, false
 	}
 	if c := p.Concurrency; c != nil && kwant > 0 {
