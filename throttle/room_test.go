@@ -374,27 +374,13 @@ func TestRoomPump(t *testing.T) {
 		joinJobs(t, room, tenant, 30)
 	}
 	// the fleet takes 10 jobs, then nothing until the test says so
-	var mu sync.Mutex
-	free := 10
-	g := &engine{}
+	f := &fleetRoom{free: 10}
+	g := &f.engine
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		_ = room.Pump(ctx, &waitroom.PumpConfig{
-			Handover: func(ctx context.Context, jobs []waitroom.Promoted) []waitroom.HandoverResult {
-				mu.Lock()
-				free -= len(jobs)
-				mu.Unlock()
-				return g.handover(ctx, jobs)
-			},
-			Queues: []string{waitroom.DefaultQueue},
-			Free: func(context.Context, string) (int, error) {
-				mu.Lock()
-				defer mu.Unlock()
-				return free, nil
-			},
-			Interval: 5 * time.Millisecond,
-		})
+		_ = room.Pump(ctx, &waitroom.PumpConfig{Handover: f.handover, Free: f.Free, Queues: []string{waitroom.DefaultQueue},
+			Interval: 5 * time.Millisecond})
 	}()
 	count := func() map[string]int {
 		out := map[string]int{}
@@ -412,9 +398,7 @@ func TestRoomPump(t *testing.T) {
 	require.Positive(t, c["light2"])
 
 	// room for everything: every line drains, none left behind
-	mu.Lock()
-	free = 1000
-	mu.Unlock()
+	f.add(1000)
 	waitFor(t, 5*time.Second, func() bool { return len(g.ids()) == 90 })
 	for _, tenant := range []string{"heavy", "light1", "light2"} {
 		n, _, err := room.Waiting(ctx, tenant)
@@ -435,45 +419,58 @@ func TestRoomPumpKicked(t *testing.T) {
 	defer cancel()
 	room := e.lim.room()
 	joinJobs(t, room, "acme", 5)
-	var mu sync.Mutex
-	free, asked := 1, 0
-	g := &engine{}
+	f := &fleetRoom{free: 1}
+	g := &f.engine
 	kick := make(chan struct{}, 1)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		_ = room.Pump(ctx, &waitroom.PumpConfig{
-			Handover: func(ctx context.Context, jobs []waitroom.Promoted) []waitroom.HandoverResult {
-				mu.Lock()
-				free -= len(jobs)
-				mu.Unlock()
-				return g.handover(ctx, jobs)
-			},
-			Queues: []string{waitroom.DefaultQueue},
-			Free: func(context.Context, string) (int, error) {
-				mu.Lock()
-				defer mu.Unlock()
-				asked++
-				return free, nil
-			},
-			Interval: time.Hour,
-			Idle:     time.Hour,
-			Kick:     kick,
-		})
+		_ = room.Pump(ctx, &waitroom.PumpConfig{Handover: f.handover, Free: f.Free, Queues: []string{waitroom.DefaultQueue},
+			Interval: time.Hour, Idle: time.Hour, Kick: kick})
 	}()
 	waitFor(t, 5*time.Second, func() bool { return len(g.ids()) == 1 })
 	// the fleet is full: the pump looked and waits its hour
-	waitFor(t, 5*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return asked >= 2 })
+	waitFor(t, 5*time.Second, func() bool { return f.looks() >= 2 })
 	for want := 2; want <= 5; want++ {
 		// a job ends: its slot is free, and the pump is told
-		mu.Lock()
-		free++
-		mu.Unlock()
+		f.add(1)
 		kick <- struct{}{}
 		waitFor(t, 5*time.Second, func() bool { return len(g.ids()) == want })
 	}
 	cancel()
 	<-done
+}
+
+// fleetRoom is a fleet's pending list with free places for a pump: its
+// hand-over takes them, Free reports them (and counts the looks).
+type fleetRoom struct {
+	engine
+	mu          sync.Mutex
+	free, asked int
+}
+
+func (f *fleetRoom) handover(ctx context.Context, jobs []waitroom.Promoted) []waitroom.HandoverResult {
+	f.add(-len(jobs))
+	return f.engine.handover(ctx, jobs)
+}
+
+func (f *fleetRoom) Free(context.Context, string) (int, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.asked++
+	return f.free, nil
+}
+
+func (f *fleetRoom) add(n int) {
+	f.mu.Lock()
+	f.free += n
+	f.mu.Unlock()
+}
+
+func (f *fleetRoom) looks() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.asked
 }
 
 func waitFor(t *testing.T, timeout time.Duration, cond func() bool) {
