@@ -68,7 +68,7 @@ e2e: deps
 # cluster is the Cluster pass: SLUICE_TEST_CLUSTER=1 makes the shared test
 # client a Cluster client.
 cluster test-cluster: deps
-	SLUICE_TEST_CLUSTER=1 $(GO) test -race -count=1 -timeout 5m $(CLUSTER_PKGS)
+	SLUICE_TEST_CLUSTER=1 $(GO) test -race -count=1 -timeout 10m $(CLUSTER_PKGS)
 
 # bench runs the engine's and the worker gate's benchmarks (BENCHMARKS.md);
 # the fleet benchmark has its own target.
