@@ -88,9 +88,9 @@ if op == '1' then
   for i = 1, nr do
     V = min(V, floor(num(ARGV[a + 2 * i - 1]) / 4))
   end
-  -- a burst spanning less than 100 ms gets no block: the few ms by which
-  -- a start reaches the downstream late weigh too much against it (the
-  -- fleet benchmark's strict downstream refused more with them)
+  -- a burst spanning less than 100 ms gets no block: a cautious choice
+  -- (docs/operations.md), the few ms by which a start reaches the
+  -- downstream weighing more against so short a window
   if V < MIN_WINDOW then return { 0, 5 } end
   local n = want
   local meters = {}
