@@ -34,6 +34,17 @@ func conforms(t *testing.T, r Rate, starts []int64, where string) {
 	}
 }
 
+// blockEnv is a limiter on the fake clock with no started-meter tolerance,
+// tenant acme under policy, acme's resolved policies and the block engine.
+func blockEnv(t *testing.T, policy string) (*env, Resolved, blocks.Engine) {
+	t.Helper()
+	e := setup(t, false, exactConfig)
+	e.policy(t, "acme", policy)
+	res, err := e.lim.Policies().Resolve(context.Background(), "acme")
+	require.NoError(t, err)
+	return e, res, blocks.Of(e.lim)
+}
+
 // TestBlockStartsConform is the property test of blocks: random policies,
 // random decisions of single jobs, random blocks spent at random times
 // inside their windows and given back with random parts unused. Every
@@ -51,7 +62,6 @@ func TestBlockStartsConform(t *testing.T) {
 		t.Run(fmt.Sprint(trial), func(t *testing.T) {
 			t.Parallel()
 			rng := rand.New(rand.NewPCG(uint64(trial), 41))
-			e := setup(t, false, exactConfig)
 			// bursts spanning 100 ms to 1 s (a shorter one gets no block)
 			r := 50 + rng.IntN(2000)
 			text := fmt.Sprintf("rate=%d/s burst=%d", r, max(8, r*(100+rng.IntN(900))/1000))
@@ -64,10 +74,7 @@ func TestBlockStartsConform(t *testing.T) {
 				clim = 8 + rng.IntN(200)
 				text += fmt.Sprintf(" concurrency=%d", clim)
 			}
-			e.policy(t, "acme", text)
-			res, err := e.lim.Policies().Resolve(ctx, "acme")
-			require.NoError(t, err)
-			eng := blocks.Of(e.lim)
+			e, res, eng := blockEnv(t, text)
 			var starts []int64
 			type grant struct {
 				g      *blocks.Grant
@@ -197,11 +204,7 @@ func TestBlockStartsConform(t *testing.T) {
 func TestBlockReturn(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	e := setup(t, false, exactConfig)
-	e.policy(t, "acme", "rate=100/s burst=100 concurrency=40")
-	res, err := e.lim.Policies().Resolve(ctx, "acme")
-	require.NoError(t, err)
-	eng := blocks.Of(e.lim)
+	e, res, eng := blockEnv(t, "rate=100/s burst=100 concurrency=40")
 	d, err := e.lim.Do(ctx, Request{Tenant: "acme", ID: "first", Policies: &res})
 	require.NoError(t, err)
 	require.True(t, d.Allowed)
@@ -293,11 +296,7 @@ func TestBlockDeclined(t *testing.T) {
 func TestBlockReturnAtTheLastStart(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	e := setup(t, false, exactConfig)
-	e.policy(t, "acme", "rate=100/s burst=100")
-	res, err := e.lim.Policies().Resolve(ctx, "acme")
-	require.NoError(t, err)
-	eng := blocks.Of(e.lim)
+	e, res, eng := blockEnv(t, "rate=100/s burst=100")
 	g, err := eng.Grant(ctx, blocks.Want{Tenant: "acme", Policies: &res, Starts: 1000, Window: 25 * time.Millisecond})
 	require.NoError(t, err)
 	require.Equal(t, int64(47), g.Starts, "half the burst less the window")
