@@ -19,6 +19,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/asynqroom"
 	"github.com/sluicehq/sluice/internal/crashpoint"
+	"github.com/sluicehq/sluice/internal/jobpath"
 	"github.com/sluicehq/sluice/taskspec"
 	"github.com/sluicehq/sluice/throttle"
 )
@@ -92,6 +93,7 @@ type Client struct {
 	lim        *throttle.Limiter
 	ownLimiter bool
 	room       waitroom.Room
+	path       jobpath.Engine[throttle.Request, throttle.Decision]
 	gauge      *asynqroom.Gauge
 	asynq      *asynq.Client
 	inspector  *asynq.Inspector
@@ -123,6 +125,7 @@ func New(client redis.UniversalClient, cfg *Config) (*Client, error) {
 		q.lim, q.ownLimiter = lim, true
 	}
 	q.room = waitroom.Of(q.lim)
+	q.path = jobpath.Of(q.lim).(jobpath.Engine[throttle.Request, throttle.Decision])
 	ac := c.AsynqRedis
 	if ac == nil {
 		ac = client
@@ -298,7 +301,7 @@ func (j *job) later() bool {
 // refusing first a cost its policies (its tenant's, @global's, its pools')
 // could never admit.
 func (c *Client) sendLater(ctx context.Context, j *job) (*asynq.TaskInfo, error) {
-	err := c.lim.CheckCost(ctx, throttle.Request{Tenant: j.tenant, Cost: j.opts.cost, Pools: j.opts.pools, Key: j.opts.key, Policies: j.policies})
+	err := c.path.CheckCost(ctx, throttle.Request{Tenant: j.tenant, Cost: j.opts.cost, Pools: j.opts.pools, Key: j.opts.key, Policies: j.policies})
 	var ce *throttle.CostError
 	if errors.As(err, &ce) {
 		return nil, err

@@ -36,8 +36,8 @@ const (
 	// DecidedHeader carries the decision the waiting room made for the job
 	// when it let it start (a straight arrival, or a promotion from its
 	// line): the worker's gate starts the job on it, at its slot, without
-	// deciding again (throttle.Limiter.Redeem). The room's hand-over adds it
-	// to a promoted job's task.
+	// deciding again (internal/jobpath's Redeem). The room's hand-over adds
+	// it to a promoted job's task.
 	DecidedHeader = "sluice-decided"
 	// ParkedHeader is "1" on the task of a job queue.Client parked in
 	// asynq's schedule at its fallback time while the job waits in its

@@ -116,14 +116,15 @@ func (l *Limiter) requestScopes(ctx context.Context, req Request, cost int64) (R
 	return res, scopes, nil
 }
 
-// CheckCost reports whether a job of req could ever be admitted for its
+// checkCost reports whether a job of req could ever be admitted for its
 // cost: a *CostError when req.Cost is more than a rule of its tenant's,
 // @global's or one of its pools' policies can ever admit (a burst, a window
 // or a quota smaller than the cost), nil otherwise. It reads the policy
-// cache and decides nothing; queue.Client calls it for the jobs it sends
-// to asynq without deciding on them, so that a producer hears of such a
-// job at once rather than a worker deferring it until a policy changes.
-func (l *Limiter) CheckCost(ctx context.Context, req Request) error {
+// cache and decides nothing; queue.Client calls it (through jobpath.Of)
+// for the jobs it sends to asynq without deciding on them, so that a
+// producer hears of such a job at once rather than a worker deferring it
+// until a policy changes.
+func (l *Limiter) checkCost(ctx context.Context, req Request) error {
 	if req.Tenant != "" {
 		if err := ValidateTenant(req.Tenant); err != nil {
 			return err

@@ -47,8 +47,9 @@ type Decision struct {
 	// Now is the Redis server time the decision was made at.
 	Now time.Time
 	// Ticket, for a job allowed at a Slot ahead (Request.Wait), is the
-	// decision to start it on once the Slot comes (Limiter.Redeem): it no
-	// longer holds when the job comes later than the rate's tolerance.
+	// decision to start it on once the Slot comes (sluice's worker gate
+	// starts a job on its ticket without deciding again): it no longer
+	// holds when the job comes later than the rate's tolerance.
 	Ticket string
 
 	// planned and started are where an allowed job was charged (µs, Redis

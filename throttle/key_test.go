@@ -8,6 +8,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicehq/sluice/internal/jobpath"
 	"github.com/sluicehq/sluice/internal/waitroom"
 )
 
@@ -90,7 +91,7 @@ func TestKeys(t *testing.T) {
 	require.Equal(t, "*/*", st.Policy)
 	require.Equal(t, int64(1), st.Concurrency.InFlight)
 	e.clock.Advance(time.Second)
-	require.NoError(t, e.lim.RenewAll(ctx, []Held{{Tenant: "beta", ID: "k1-a", Claim: d1.Claim, Key: "k1"}})[0])
+	require.NoError(t, e.lim.renewAll(ctx, []jobpath.Held{{Tenant: "beta", ID: "k1-a", Claim: d1.Claim, Key: "k1"}})[0])
 	st, err = e.lim.Stats(ctx, "beta/k1")
 	require.NoError(t, err)
 	require.Equal(t, e.clock.Now().Add(LeaseDefault).UnixMicro(), st.Concurrency.Holders[0].LeaseEnd.UnixMicro(), "renewed with the job")
@@ -319,7 +320,7 @@ func TestKeyTickets(t *testing.T) {
 	st, err := e.lim.Stats(ctx, "acme/u1")
 	require.NoError(t, err)
 	require.Equal(t, int64(1), st.Concurrency.InFlight, "the arrival took the key's slot")
-	d, ok, err := e.lim.Redeem(ctx, Request{Tenant: "acme", Key: "u1", ID: "j1"}, a1.Ticket)
+	d, ok, err := e.lim.redeem(ctx, Request{Tenant: "acme", Key: "u1", ID: "j1"}, a1.Ticket)
 	require.NoError(t, err)
 	require.True(t, ok, "the ticket holds under the same policies")
 	require.Equal(t, a1.Claim, d.Claim)
@@ -327,7 +328,7 @@ func TestKeyTickets(t *testing.T) {
 	a2 := arrive("j2")
 	e.policy(t, "acme/*", "rate=10/s burst=20 concurrency=3")
 	require.Eventually(t, func() bool {
-		_, ok, err := e.lim.Redeem(ctx, Request{Tenant: "acme", Key: "u1", ID: "j2"}, a2.Ticket)
+		_, ok, err := e.lim.redeem(ctx, Request{Tenant: "acme", Key: "u1", ID: "j2"}, a2.Ticket)
 		return err == nil && !ok
 	}, 5*time.Second, 10*time.Millisecond, "the key's policy changed: decided anew")
 }

@@ -209,9 +209,10 @@ type Request struct {
 	// charged then, instead of being denied; the caller waits until Slot.
 	Wait time.Duration
 	// Ticket is the decision the waiting room made for the job ahead of
-	// time (see Redeem), when it no longer holds (the job comes late for
-	// its slot): where the job's charge on a rate's started meter is still
-	// the last, it is taken back, so that the job is charged once, now.
+	// time (Decision.Ticket), when it no longer holds (the job comes late
+	// for its slot): where the job's charge on a rate's started meter is
+	// still the last, it is taken back, so that the job is charged once,
+	// now.
 	Ticket string
 	// Pools are the shared pools the job draws from ("@openai", "@smtp"):
 	// every rule of every pool's policy applies with the tenant's and

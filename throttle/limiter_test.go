@@ -107,8 +107,13 @@ func TestCostError(t *testing.T) {
 		{"other", 21, 20, "@global window (20/s)"},
 	} {
 		e.clock.Advance(time.Second)
-		_, err := e.lim.Do(ctx, Request{Tenant: c.tenant, ID: "j", Cost: c.cost})
+		// checkCost (queue.Client's, for the jobs it sends on undecided)
+		// says so too, deciding nothing
 		var ce *CostError
+		require.ErrorAs(t, e.lim.checkCost(ctx, Request{Tenant: c.tenant, Cost: c.cost}), &ce, c.tenant)
+		require.Equal(t, CostError{Tenant: c.tenant, Cost: c.cost, Max: c.max, Rule: c.rule}, *ce)
+		require.NoError(t, e.lim.checkCost(ctx, Request{Tenant: c.tenant, Cost: c.max}))
+		_, err := e.lim.Do(ctx, Request{Tenant: c.tenant, ID: "j", Cost: c.cost})
 		require.ErrorAs(t, err, &ce, c.tenant)
 		require.Equal(t, CostError{Tenant: c.tenant, Cost: c.cost, Max: c.max, Rule: c.rule}, *ce)
 		require.Contains(t, err.Error(), fmt.Sprintf("cost %d exceeds the %d", c.cost, c.max))
@@ -117,6 +122,13 @@ func TestCostError(t *testing.T) {
 		require.NoError(t, err)
 		require.True(t, d.Allowed, c.tenant)
 	}
+
+	// a pool's rules bound the cost of the jobs that name it
+	p := setup(t, false, nil)
+	p.policy(t, "@openai", "rate=90000/min burst=20000")
+	err := p.lim.checkCost(ctx, Request{Tenant: "acme", Cost: 30000, Pools: []string{"@openai"}})
+	require.EqualError(t, err, `tenant "acme": cost 30000 exceeds the 20000 that @openai rate[0] (90000/min burst 20000) allows at once; raise that limit or split the job`)
+	require.NoError(t, p.lim.checkCost(ctx, Request{Tenant: "acme", Cost: 4000, Pools: []string{"@openai"}}))
 }
 
 func TestBadInputs(t *testing.T) {

@@ -68,7 +68,7 @@ func (e *env) redeem(t *testing.T, tenant, id string) Decision {
 	t.Helper()
 	ticket, ok := e.tickets.Load(id)
 	require.True(t, ok, "no ticket for %s", id)
-	d, ok, err := e.lim.Redeem(context.Background(), Request{Tenant: tenant, ID: id}, ticket.(string))
+	d, ok, err := e.lim.redeem(context.Background(), Request{Tenant: tenant, ID: id}, ticket.(string))
 	require.NoError(t, err)
 	require.True(t, ok, "%s's ticket %s does not hold", id, ticket)
 	return d

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicehq/sluice/internal/blocks"
+	"github.com/sluicehq/sluice/internal/jobpath"
 	"github.com/sluicehq/sluice/internal/waitroom"
 )
 
@@ -378,7 +379,7 @@ func runModelOn(t *testing.T, envs []*env, mix modelMix, seed uint64, steps int,
 			}
 		case op < 97:
 			for i, e := range envs {
-				err := e.lim.RenewAll(ctx, []Held{{Tenant: tenant, ID: id, Pools: poolsOf(id), Key: keyOf(tenant, id)}})[0]
+				err := e.lim.renewAll(ctx, []jobpath.Held{{Tenant: tenant, ID: id, Pools: poolsOf(id), Key: keyOf(tenant, id)}})[0]
 				if !errors.Is(err, ErrClaimLost) {
 					require.NoError(t, err, where)
 				}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicehq/sluice/internal/jobpath"
 	"github.com/sluicehq/sluice/internal/waitroom"
 )
 
@@ -113,7 +114,7 @@ func TestPoolConcurrency(t *testing.T) {
 	require.Equal(t, int64(1), st.Concurrency.InFlight, "j1 holds a's slot; j2 of b took nothing")
 
 	e.clock.Advance(time.Second)
-	require.Equal(t, []error{nil}, e.lim.RenewAll(ctx, []Held{{Tenant: "a", ID: "j1", Claim: d1.Claim, Pools: db}}))
+	require.Equal(t, []error{nil}, e.lim.renewAll(ctx, []jobpath.Held{{Tenant: "a", ID: "j1", Claim: d1.Claim, Pools: db}}))
 	st, err = e.lim.Stats(ctx, "@db")
 	require.NoError(t, err)
 	require.Equal(t, int64(1), st.Concurrency.InFlight)

@@ -600,7 +600,7 @@ func TestRoomDecidesOnce(t *testing.T) {
 	require.Positive(t, tk.slack, "a roomy tenant's ticket has slack")
 	require.LessOrEqual(t, tk.slack, int64(25000))
 	e.clock.Advance(time.Duration(tk.late)*time.Microsecond + time.Microsecond)
-	_, ok, err = e.lim.Redeem(ctx, Request{Tenant: "roomy", ID: "r1"}, a.Ticket)
+	_, ok, err = e.lim.redeem(ctx, Request{Tenant: "roomy", ID: "r1"}, a.Ticket)
 	require.NoError(t, err)
 	require.False(t, ok, "too late for its slot")
 	// decided anew: its own charge, the last, is taken back first
@@ -617,7 +617,7 @@ func TestRoomDecidesOnce(t *testing.T) {
 	b := arrive(t, e, "roomy", "r2", true)
 	require.NotEmpty(t, b.Ticket)
 	e.policy(t, "roomy", "rate=100/s burst=40 concurrency=5")
-	_, ok, err = e.lim.Redeem(ctx, Request{Tenant: "roomy", ID: "r2"}, b.Ticket)
+	_, ok, err = e.lim.redeem(ctx, Request{Tenant: "roomy", ID: "r2"}, b.Ticket)
 	require.NoError(t, err)
 	require.False(t, ok, "the policy changed since")
 
@@ -628,16 +628,16 @@ func TestRoomDecidesOnce(t *testing.T) {
 	c := arrive(t, e, "pool", "r3", true)
 	require.NotEmpty(t, c.Ticket)
 	e.clock.Advance(LeaseDefault / 2)
-	d, ok, err = e.lim.Redeem(ctx, Request{Tenant: "pool", ID: "r3"}, c.Ticket)
+	d, ok, err = e.lim.redeem(ctx, Request{Tenant: "pool", ID: "r3"}, c.Ticket)
 	require.NoError(t, err)
 	require.True(t, ok)
 	require.Equal(t, c.Claim, d.Claim)
 	e.clock.Advance(LeaseDefault - time.Second)
-	_, ok, err = e.lim.Redeem(ctx, Request{Tenant: "pool", ID: "r3"}, c.Ticket)
+	_, ok, err = e.lim.redeem(ctx, Request{Tenant: "pool", ID: "r3"}, c.Ticket)
 	require.NoError(t, err)
 	require.True(t, ok, "renewed at the first redemption, the slot is still held")
 	e.clock.Advance(2 * LeaseDefault)
-	_, ok, err = e.lim.Redeem(ctx, Request{Tenant: "pool", ID: "r3"}, c.Ticket)
+	_, ok, err = e.lim.redeem(ctx, Request{Tenant: "pool", ID: "r3"}, c.Ticket)
 	require.NoError(t, err)
 	require.False(t, ok, "its lease ran out")
 
@@ -649,7 +649,7 @@ func TestRoomDecidesOnce(t *testing.T) {
 	st, err = e.lim.Stats(ctx, "tight")
 	require.NoError(t, err)
 	require.Equal(t, int64(1), st.Reservations)
-	d, ok, err = e.lim.Redeem(ctx, Request{Tenant: "tight", ID: "t1"}, n.Ticket)
+	d, ok, err = e.lim.redeem(ctx, Request{Tenant: "tight", ID: "t1"}, n.Ticket)
 	require.NoError(t, err)
 	require.False(t, ok, "decided by the gate")
 	require.True(t, d.Reserved)
@@ -657,7 +657,7 @@ func TestRoomDecidesOnce(t *testing.T) {
 
 	// unreadable tickets are decided anew
 	for _, bad := range []string{"", "x", "1:2:3", "2:1:1:1:1:1:1", "1:-5:0:0:0:0:0"} {
-		_, ok, err := e.lim.Redeem(ctx, Request{Tenant: "roomy", ID: "r9"}, bad)
+		_, ok, err := e.lim.redeem(ctx, Request{Tenant: "roomy", ID: "r9"}, bad)
 		require.NoError(t, err)
 		require.False(t, ok, "%q", bad)
 	}

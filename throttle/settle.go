@@ -12,12 +12,12 @@ import (
 // Settled costs: a job admitted on an estimated cost (Request.Cost) is
 // settled to its actual cost once it ran, by lua/settle.lua, on every
 // rate, window and quota meter of every scope it was charged in. Where it
-// was charged travels in its Decision (Do, Redeem); nothing per job is
-// stored in Redis.
+// was charged travels in its Decision (from Do, or the ticket the worker's
+// gate started it on); nothing per job is stored in Redis.
 
 // Settle settles the cost of a job that ran: req is the request it was
 // admitted on (its Tenant, its Cost: the estimate it was charged, and
-// its Policies), d the decision it started on (from Do or Redeem), and
+// its Policies), d the decision it started on (from Do, or its ticket), and
 // actual the cost it turned out to have; 0 refunds the whole estimate (a
 // job that failed before it used anything). A cheaper job is refunded, a
 // dearer one charged the difference, possibly into debt: the tenant's next

@@ -50,7 +50,7 @@ var errShadowBacklog = errors.New("shadow decisions: too many wait to be sent (R
 // noShadow is the end of a job whose tenant has no shadow: nothing to do.
 func noShadow() {}
 
-// Shadow records that job req.ID of req.Tenant started at at (Redis time,
+// shadow records that job req.ID of req.Tenant started at at (Redis time,
 // as Decision.Now gives it; zero: now), for the tenant's shadow policy
 // (Resolved.Shadow; req.Policies, or the cached policies when nil): the
 // shadow decides whether it would have let the job start then, as if it
@@ -61,8 +61,9 @@ func noShadow() {}
 // not block. Call the returned end when the job ends: it gives back the
 // shadow concurrency slot the job holds. A tenant without a shadow costs
 // nothing (the policy cache says so); req.Cost is the job's cost (0: 1),
-// req's other options are ignored. Shadow is safe for concurrent use.
-func (l *Limiter) Shadow(req Request, at time.Time, counted func(Decision, error)) (end func()) {
+// req's other options are ignored. shadow is safe for concurrent use; the
+// worker's gate calls it, through jobpath.Of, for every job it starts.
+func (l *Limiter) shadow(req Request, at time.Time, counted func(Decision, error)) (end func()) {
 	res := req.Policies
 	if res == nil {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -502,8 +503,9 @@ func (s *shadower) exec(ctx context.Context, l *Limiter, cmds []*shadowCmd) {
 }
 
 // ShadowStats is what a tenant's shadow policy would have done to its jobs
-// as they started (Limiter.Shadow), counted by the whole fleet since the
-// shadow was set as it is now: a changed shadow counts afresh.
+// as they started (the worker's gate records every start), counted by the
+// whole fleet since the shadow was set as it is now: a changed shadow
+// counts afresh.
 type ShadowStats struct {
 	// Name is the name the shadow is stored under: ShadowPrefix and the
 	// tenant, or "*".

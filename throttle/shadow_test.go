@@ -165,7 +165,7 @@ func TestShadowCountsEqualEnforcement(t *testing.T) {
 				r, err := shadow.lim.Policies().Resolve(ctx, "acme")
 				require.NoError(t, err)
 				require.NotNil(t, r.Shadow)
-				ends[ev.a.id] = shadow.lim.Shadow(Request{Tenant: "acme", ID: ev.a.id, Cost: ev.a.cost, Policies: &r}, d.Now, counted)
+				ends[ev.a.id] = shadow.lim.shadow(Request{Tenant: "acme", ID: ev.a.id, Cost: ev.a.cost, Policies: &r}, d.Now, counted)
 			}
 			flushShadows(t, shadow.lim)
 
@@ -212,15 +212,15 @@ func TestShadowNothingToDoAndBadInput(t *testing.T) {
 	e.policy(t, ShadowPrefix+"*", "rate=1/s") // tried on a tenant that follows the default
 	var errs []error
 	counted := func(_ Decision, err error) { errs = append(errs, err) }
-	e.lim.Shadow(Request{Tenant: "acme", ID: "job-1"}, time.Time{}, counted)()
+	e.lim.shadow(Request{Tenant: "acme", ID: "job-1"}, time.Time{}, counted)()
 	e.lim.shadows.mu.Lock()
 	require.Empty(t, e.lim.shadows.pending, "no shadow, nothing queued")
 	require.False(t, e.lim.shadows.running, "no loop started")
 	e.lim.shadows.mu.Unlock()
 	require.Empty(t, errs)
 
-	e.lim.Shadow(Request{Tenant: "globex"}, time.Time{}, counted)()
-	e.lim.Shadow(Request{Tenant: "@bad", ID: "job-1"}, time.Time{}, counted)()
+	e.lim.shadow(Request{Tenant: "globex"}, time.Time{}, counted)()
+	e.lim.shadow(Request{Tenant: "@bad", ID: "job-1"}, time.Time{}, counted)()
 	require.Len(t, errs, 2)
 	require.ErrorContains(t, errs[0], `shadow of tenant "globex": the shadow "@shadow:globex" has a concurrency rule, which needs the job's id`)
 	require.ErrorIs(t, errs[1], ErrInvalidTenant)
@@ -244,7 +244,7 @@ func TestShadowSlotOfADeadProcessFreesAtItsLease(t *testing.T) {
 			got = append(got, d)
 		}
 	}
-	e.lim.Shadow(Request{Tenant: "acme", ID: "job-1"}, time.Time{}, counted) // never ends
+	e.lim.shadow(Request{Tenant: "acme", ID: "job-1"}, time.Time{}, counted) // never ends
 	flushShadows(t, e.lim)
 	require.NoError(t, e.lim.Close()) // the process is gone: no renewal, no end
 
@@ -254,10 +254,10 @@ func TestShadowSlotOfADeadProcessFreesAtItsLease(t *testing.T) {
 	lim.clock = e.clock.Now
 	defer lim.Close()
 	e.clock.Advance(1900 * time.Millisecond)
-	lim.Shadow(Request{Tenant: "acme", ID: "job-2"}, time.Time{}, counted)()
+	lim.shadow(Request{Tenant: "acme", ID: "job-2"}, time.Time{}, counted)()
 	flushShadows(t, lim)
 	e.clock.Advance(200 * time.Millisecond)
-	lim.Shadow(Request{Tenant: "acme", ID: "job-3"}, time.Time{}, counted)()
+	lim.shadow(Request{Tenant: "acme", ID: "job-3"}, time.Time{}, counted)()
 	flushShadows(t, lim)
 	mu.Lock()
 	defer mu.Unlock()

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/jobpath"
 	"github.com/sluicehq/sluice/internal/waitroom"
 	"github.com/sluicehq/sluice/lua"
 )
@@ -268,26 +269,16 @@ const lateRelease = 2 * time.Second
 // ErrClaimLost when a slot is no longer held under the claim: the lease ran
 // out before the renewal, or a later admission of the job took the slot
 // over. The job may keep running but no longer counts; a slot another claim
-// holds is left alone. Renew is shorthand for RenewAll with one job.
+// holds is left alone.
 func (l *Limiter) Renew(ctx context.Context, tenant, id string, claim uint64) error {
-	return l.RenewAll(ctx, []Held{{Tenant: tenant, ID: id, Claim: claim}})[0]
+	return l.renewAll(ctx, []jobpath.Held{{Tenant: tenant, ID: id, Claim: claim}})[0]
 }
 
-// Held is a running job holding concurrency slots under a claim, in its
-// tenant's, @global's, its key's (Request.Key) and its pools' scopes
-// (Request.Pools).
-type Held struct {
-	Tenant string
-	ID     string
-	Claim  uint64
-	Pools  []string
-	Key    string
-}
-
-// RenewAll renews the leases of several running jobs in one round trip (a
-// worker renews all its running jobs at once), and returns each one's
-// error, in order, as Renew would.
-func (l *Limiter) RenewAll(ctx context.Context, jobs []Held) []error {
+// renewAll renews the leases of several running jobs in one round trip (a
+// worker renews all its running jobs at once, through jobpath.Of), and
+// returns each one's error, in order, as Renew would. Renew is renewAll
+// with one job.
+func (l *Limiter) renewAll(ctx context.Context, jobs []jobpath.Held) []error {
 	errs := make([]error, len(jobs))
 	var calls []*call
 	owner := []int{} // the job of each call
@@ -334,7 +325,7 @@ func (l *Limiter) RenewAll(ctx context.Context, jobs []Held) []error {
 // renewCalls are the renew.lua calls of one job: one per group of its
 // scopes that hold slots and share a slot (one, or on a Cluster one per
 // scope); none when no scope holds one.
-func (l *Limiter) renewCalls(ctx context.Context, h Held) ([]*call, error) {
+func (l *Limiter) renewCalls(ctx context.Context, h jobpath.Held) ([]*call, error) {
 	if h.Tenant != "" {
 		if err := ValidateTenant(h.Tenant); err != nil {
 			return nil, err

@@ -51,7 +51,7 @@ type Stats struct {
 	// difference between two snapshots gives starts per second.
 	Started int64
 	// Shadow is what the tenant's shadow policy would have done to its
-	// jobs (Limiter.Shadow), nil when it has none.
+	// jobs as the workers started them, nil when it has none.
 	Shadow *ShadowStats
 	// Leftovers counts the charges a two-step admission on Redis Cluster
 	// could not take back exactly, because another process admitted a job

@@ -754,8 +754,9 @@ type Resolved struct {
 	// is applied (Learned.Rule).
 	Learned *LearnedLimit
 	// Shadow is the policy tried on the tenant's jobs without being
-	// enforced (Limiter.Shadow), nil when none is; ShadowName is the name
-	// it is stored under: ShadowPrefix and the tenant, or "*".
+	// enforced (the worker's gate records its starts), nil when none is;
+	// ShadowName is the name it is stored under: ShadowPrefix and the
+	// tenant, or "*".
 	Shadow     *Policy
 	ShadowName string
 	// Adaptive is the state of the policy's adaptive rule, nil when it has

@@ -96,9 +96,10 @@ func controlAt(s string) int {
 
 // ShadowPrefix starts the name of a shadow policy: "@shadow:acme" is tried
 // on acme's jobs as they start, decided and counted as if it were enforced,
-// holding nothing back (Limiter.Shadow, Stats.Shadow); "@shadow:*" is tried
-// on the tenants that follow the default policy and have no shadow of their
-// own. A shadow stands beside the enforced policy, which keeps working.
+// holding nothing back (the worker's gate records the starts; Stats.Shadow);
+// "@shadow:*" is tried on the tenants that follow the default policy and
+// have no shadow of their own. A shadow stands beside the enforced policy,
+// which keeps working.
 const ShadowPrefix = "@shadow:"
 
 // MaxPoolLen is the longest pool name, in bytes, its @ included.

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/jobpath"
 )
 
 // Decide once: the waiting room decides a job when it may start (a
@@ -127,7 +129,7 @@ func policyPrint(p *Policy) uint32 {
 	return h.Sum32()
 }
 
-// Redeem starts a job on the decision the waiting room made for it ahead
+// redeem starts a job on the decision the waiting room made for it ahead
 // of time, the ticket it carries (queue.Client and the room's hand-over
 // put it in the job's headers), without a round trip when the ticket holds:
 // the returned decision is Allowed, its Slot the job's start time and Now
@@ -140,8 +142,9 @@ func policyPrint(p *Policy) uint32 {
 // claim. A ticket that only carries a reservation (a tenant near its
 // limits) says when its slot is (Reserved, Slot, RetryAfter): the caller
 // waits for it, then asks. A ticket whose lease has run a third or more is
-// renewed first, which is the one round trip Redeem may take.
-func (l *Limiter) Redeem(ctx context.Context, req Request, text string) (d Decision, ok bool, err error) {
+// renewed first, which is the one round trip redeem may take. The worker's
+// gate calls it through jobpath.Of.
+func (l *Limiter) redeem(ctx context.Context, req Request, text string) (d Decision, ok bool, err error) {
 	t, ok := parseTicket(text)
 	if !ok {
 		return Decision{}, false, nil
@@ -175,7 +178,7 @@ func (l *Limiter) Redeem(ctx context.Context, req Request, text string) (d Decis
 		Slot: time.UnixMicro(t.slot), Now: time.UnixMicro(now), planned: t.slot, started: t.slot + t.slack}
 	if lease > 0 {
 		if t.leaseEnd-now < micros(lease)*2/3 {
-			if err := l.RenewAll(ctx, []Held{{Tenant: req.Tenant, ID: req.ID, Claim: t.claim, Pools: req.Pools, Key: req.Key}})[0]; err != nil {
+			if err := l.renewAll(ctx, []jobpath.Held{{Tenant: req.Tenant, ID: req.ID, Claim: t.claim, Pools: req.Pools, Key: req.Key}})[0]; err != nil {
 				if errors.Is(err, ErrClaimLost) {
 					return Decision{}, false, nil
 				}

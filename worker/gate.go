@@ -18,6 +18,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/asynqroom"
 	"github.com/sluicehq/sluice/internal/blocks"
+	"github.com/sluicehq/sluice/internal/jobpath"
 	"github.com/sluicehq/sluice/taskspec"
 	"github.com/sluicehq/sluice/throttle"
 )
@@ -55,6 +56,7 @@ type Gate struct {
 	asynq     *asynq.Client
 	inspector *asynq.Inspector
 	room      waitroom.Room
+	path      jobpath.Engine[throttle.Request, throttle.Decision]
 	handover  waitroom.Handover
 	gauge     *asynqroom.Gauge
 	// asynqRedis is the client of asynq's queues; registration counts the
@@ -113,6 +115,7 @@ func NewGate(lim *throttle.Limiter, asynqRedis redis.UniversalClient, cfg *GateC
 		asynq:      asynq.NewClientFromRedisClient(asynqRedis),
 		inspector:  asynq.NewInspectorFromRedisClient(asynqRedis),
 		room:       waitroom.Of(lim),
+		path:       jobpath.Of(lim).(jobpath.Engine[throttle.Request, throttle.Decision]),
 		handover:   asynqroom.Handover(asynqRedis),
 		gauge:      asynqroom.NewGauge(asynqRedis),
 		layout:     asynqroom.NewLayout(asynqRedis),
@@ -443,7 +446,7 @@ var errAskAgain = errors.New("sluice: decide the job anew")
 // as a retried or deferred job does, or its concurrency slot is gone).
 func (g *Gate) redeem(ctx context.Context, j *job, ticket string, budget time.Duration, start time.Time, next asynq.Handler) error {
 	cctx, cancel := context.WithTimeout(ctx, g.cfg.CallTimeout)
-	d, ok, err := g.lim.Redeem(cctx, throttle.Request{Tenant: j.tenant, ID: j.id, Cost: j.cost, Pools: j.pools, Key: j.key, Policies: j.policies}, ticket)
+	d, ok, err := g.path.Redeem(cctx, throttle.Request{Tenant: j.tenant, ID: j.id, Cost: j.cost, Pools: j.pools, Key: j.key, Policies: j.policies}, ticket)
 	cancel()
 	if err == nil && !ok && d.Reserved {
 		// it holds a reservation for its slot: asked there, not before
@@ -467,7 +470,7 @@ func (g *Gate) redeem(ctx context.Context, j *job, ticket string, budget time.Du
 			return errAskAgain
 		}
 		// a sleep may overrun (a stalled process): is it still in time?
-		if d, ok, err = g.lim.Redeem(ctx, throttle.Request{Tenant: j.tenant, ID: j.id, Cost: j.cost, Pools: j.pools, Key: j.key, Policies: j.policies}, ticket); err != nil || !ok {
+		if d, ok, err = g.path.Redeem(ctx, throttle.Request{Tenant: j.tenant, ID: j.id, Cost: j.cost, Pools: j.pools, Key: j.key, Policies: j.policies}, ticket); err != nil || !ok {
 			g.m.tickets.WithLabelValues(ticketAsked).Inc()
 			return errAskAgain
 		}
@@ -661,7 +664,7 @@ func (g *Gate) run(ctx context.Context, j *job, a Admission, next asynq.Handler)
 	if j.policies != nil && j.policies.Shadow != nil {
 		// the start, decided by the tenant's shadow policy in the
 		// background; nothing waits for it
-		defer g.lim.Shadow(throttle.Request{Tenant: j.tenant, ID: j.id, Cost: j.cost, Policies: j.policies}, a.Decision.Now, g.shadowCounted(j.tenant))()
+		defer g.path.Shadow(throttle.Request{Tenant: j.tenant, ID: j.id, Cost: j.cost, Policies: j.policies}, a.Decision.Now, g.shadowCounted(j.tenant))()
 	}
 	returned := false
 	var herr error

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/jobpath"
 	"github.com/sluicehq/sluice/throttle"
 )
 
@@ -125,12 +126,12 @@ func (r *renewer) loop(done chan struct{}) {
 // renewAll renews the jobs' leases in one round trip.
 func (r *renewer) renewAll(due []*held, shortest time.Duration) {
 	g := r.g
-	jobs := make([]throttle.Held, len(due))
+	jobs := make([]jobpath.Held, len(due))
 	for i, h := range due {
-		jobs[i] = throttle.Held{Tenant: h.j.tenant, ID: h.j.id, Claim: h.claim, Pools: h.j.pools, Key: h.j.key}
+		jobs[i] = jobpath.Held{Tenant: h.j.tenant, ID: h.j.id, Claim: h.claim, Pools: h.j.pools, Key: h.j.key}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), min(g.cfg.CallTimeout, shortest/3))
-	errs := g.lim.RenewAll(ctx, jobs)
+	errs := g.path.RenewAll(ctx, jobs)
 	cancel()
 	for i, h := range due {
 		r.counted(h, errs[i])

@@ -10,9 +10,21 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicehq/sluice/internal/jobpath"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/throttle"
 )
+
+// recordShadowStarts records n starts of jobs of tenant for its shadow, as
+// the worker's gate does, and closes lim, which sends them.
+func recordShadowStarts(t *testing.T, lim *throttle.Limiter, tenant string, n int) {
+	t.Helper()
+	path := jobpath.Of(lim).(jobpath.Engine[throttle.Request, throttle.Decision])
+	for i := range n {
+		path.Shadow(throttle.Request{Tenant: tenant, ID: fmt.Sprint("job-", i)}, time.Time{}, nil)()
+	}
+	require.NoError(t, lim.Close())
+}
 
 // testShadow: a shadow policy is set, shown, listed, applied from a file
 // and deleted with --shadow beside the tenant's enforced policy; bad input
@@ -80,11 +92,7 @@ func testShadow(t *testing.T, c *cli) {
 	require.Equal(t, result{code: 1, stderr: "sluice: no shadow policy for \"bob\"; set one with: sluice policy set bob 'RULES' --shadow\n"}, r)
 
 	// what it would have denied: 10 starts at once under rate=5/s
-	lim := c.limiter(t)
-	for i := range 10 {
-		lim.Shadow(throttle.Request{Tenant: "acme", ID: fmt.Sprint("job-", i)}, time.Time{}, nil)()
-	}
-	require.NoError(t, lim.Close()) // sends what waits
+	recordShadowStarts(t, c.limiter(t), "acme", 10)
 	stats := c.mustRun(t, "stats", "acme")
 	require.Regexp(t, `(?m)^shadow +@shadow:acme: rate=5/s \(not enforced\) would have denied 9 of 10 \(90%\) starts in the last \S+; by rate\[0\] 9; each would have waited \S+ on average$`, stats)
 	table := strings.Split(c.mustRun(t, "stats"), "\n")
@@ -158,10 +166,7 @@ func TestBoardShowsShadow(t *testing.T) {
 
 	lim, err := throttle.NewLimiter(redistest.Client(t), &throttle.Config{Prefix: e.cn.prefix})
 	require.NoError(t, err)
-	for i := range 10 {
-		lim.Shadow(throttle.Request{Tenant: "acme", ID: fmt.Sprint("job-", i)}, time.Time{}, nil)()
-	}
-	require.NoError(t, lim.Close()) // sends what waits
+	recordShadowStarts(t, lim, "acme", 10)
 	_, row = e.row(t, "acme", "the shadow's decisions", func(_ tenantsDoc, r rowJSON) bool { return r.Shadow.Decisions == 10 })
 	require.Equal(t, "@shadow:acme", row.Shadow.Name)
 	require.Equal(t, "rate=5/s", row.Shadow.Rules)

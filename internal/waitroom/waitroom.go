@@ -148,7 +148,7 @@ type Arrived struct {
 	Claim    uint64
 	// Ticket is the decision to carry with a straight job
 	// (taskspec.DecidedHeader): the worker's gate starts the job on it
-	// (throttle.Limiter.Redeem) without deciding again. Empty when the
+	// (jobpath.Engine.Redeem) without deciding again. Empty when the
 	// gate must decide (on a Cluster with @global rules, which the room
 	// does not see).
 	Ticket string
