@@ -70,6 +70,8 @@ var (
 	blockSrc string
 	//go:embed expire.lua
 	expireSrc string
+	//go:embed park.lua
+	parkSrc string
 )
 
 // admitScript is admit.lua with its parts: the rule kinds' functions, the
@@ -116,6 +118,10 @@ var (
 	// Wait records a new job that is to wait in its line, when the fleet
 	// has no room for it (admit.lua's arrive op, without the decision).
 	Wait = redis.NewScript(include(waitSrc, clockSrc, "clock"))
+	// Park parks a new job's asynq task and puts the job in its line in one
+	// run, when the fleet has no room for it (wait.lua, asynq's schedule
+	// and line.lua at once, on one server).
+	Park = redis.NewScript(include(parkSrc, clockSrc, "clock"))
 	// Prioritize moves a waiting job to another priority level of its line.
 	Prioritize = redis.NewScript(prioritizeSrc)
 	// Repark pushes the fallback of the waiting room's parked asynq tasks
@@ -134,7 +140,7 @@ var (
 )
 
 // All lists every script, for loading them into a server ahead of pipelines.
-var All = []*redis.Script{Admit, Release, Renew, Cooldown, Stats, Room, Line, Handover, Capacity, Fleet, Recover, Repark, Prioritize, Adapt, Wait, Settle, Forward, Block}
+var All = []*redis.Script{Admit, Release, Renew, Cooldown, Stats, Room, Line, Handover, Capacity, Fleet, Recover, Repark, Prioritize, Adapt, Wait, Park, Settle, Forward, Block}
 
 // include puts the part of from between "-- @begin NAME" and "-- @end NAME"
 // into src at the line "-- @include NAME": a piece scripts share is written

@@ -86,7 +86,7 @@ func (c *Client) EnqueueBatch(ctx context.Context, jobs []Job) []Result {
 		j.skipRoom = !c.roomOn(ctx)
 		if j.later() {
 			res[i].Info, err = c.sendLater(ctx, j)
-		} else if err = c.arrive(ctx, j); err == nil {
+		} else if err = c.arrive(ctx, j, c.gauge.Take(ctx, j.opts.queue)); err == nil {
 			if j.arrived.Straight {
 				res[i].Info, err = c.sendStraight(ctx, j)
 			} else {

@@ -96,6 +96,7 @@ type Client struct {
 	path       jobpath.Engine[throttle.Request, throttle.Decision]
 	gauge      *asynqroom.Gauge
 	asynq      *asynq.Client
+	asynqRedis redis.UniversalClient
 	inspector  *asynq.Inspector
 	layout     *asynqroom.Layout
 	layoutLog  sync.Once
@@ -130,7 +131,7 @@ func New(client redis.UniversalClient, cfg *Config) (*Client, error) {
 	if ac == nil {
 		ac = client
 	}
-	q.asynq = asynq.NewClientFromRedisClient(ac)
+	q.asynq, q.asynqRedis = asynq.NewClientFromRedisClient(ac), ac
 	q.inspector = asynq.NewInspectorFromRedisClient(ac)
 	q.gauge = asynqroom.NewGauge(ac)
 	q.layout = asynqroom.NewLayout(ac)
@@ -193,7 +194,13 @@ func (c *Client) Enqueue(ctx context.Context, tenant string, task *asynq.Task, o
 	if j.later() {
 		return c.sendLater(ctx, j)
 	}
-	if err := c.arrive(ctx, j); err != nil {
+	mayGo := c.gauge.Take(ctx, j.opts.queue)
+	if !mayGo {
+		if info, ok, err := c.parkAtOnce(ctx, j); ok {
+			return info, err
+		}
+	}
+	if err := c.arrive(ctx, j, mayGo); err != nil {
 		return nil, err
 	}
 	if j.arrived.Straight {
@@ -312,11 +319,46 @@ func (c *Client) sendLater(ctx context.Context, j *job) (*asynq.TaskInfo, error)
 	return c.enqueue(ctx, j, j.opts.pass)
 }
 
-// arrive brings the job to the waiting room: straight through, or to wait.
-func (c *Client) arrive(ctx context.Context, j *job) error {
+// parkAtOnce parks a job the fleet has no room for in asynq's schedule and
+// puts it in its line in one call (waitroom.Room.Park). It reports false,
+// having written nothing, when the job is to take the three steps
+// (arrive, park, join) instead: asynq's keys are apart from sluice's (a
+// Cluster, or another Redis), the task is one asynq's client writes
+// otherwise (Unique), or a task of its id exists (the steps say what it
+// is: a conflict, or an orphan to join to its line).
+func (c *Client) parkAtOnce(ctx context.Context, j *job) (*asynq.TaskInfo, bool, error) {
+	j.headers[taskspec.ParkedHeader] = "1"
+	t, ok := asynqroom.Compose(j.id, j.opts.queue, j.typ, j.payload, j.headers, j.opts.pass)
+	if !ok {
+		delete(j.headers, taskspec.ParkedHeader)
+		return nil, false, nil
+	}
+	p, err := c.room.Park(ctx, waitroom.Parking{
+		Tenant: j.tenant, Job: j.waiter(), Policies: j.policies,
+		Fallback: c.cfg.Fallback, MaxPark: maxFallback, Task: asynqroom.EngineTaskOf(t), Engine: c.asynqRedis,
+	})
+	if errors.Is(err, waitroom.ErrApart) || (err == nil && p.Conflict) {
+		delete(j.headers, taskspec.ParkedHeader)
+		return nil, false, nil
+	}
+	var be *throttle.BacklogError
+	var ce *throttle.CostError
+	if errors.As(err, &be) || errors.As(err, &ce) {
+		return nil, true, err
+	}
+	if err != nil {
+		return nil, true, fmt.Errorf("enqueue %s task for tenant %q: %w", j.typ, j.tenant, err)
+	}
+	crashpoint.Hit("queue.parked-at-once")
+	return t.Info(p.At), true, nil
+}
+
+// arrive brings the job to the waiting room: straight through (when
+// mayGo: the fleet has room for it), or to wait.
+func (c *Client) arrive(ctx context.Context, j *job, mayGo bool) error {
 	a, err := c.room.Arrive(ctx, waitroom.Arrival{
 		Tenant: j.tenant, ID: j.id, Queue: j.opts.queue, Cost: j.opts.cost, Priority: int(j.opts.priority), Key: j.opts.key,
-		MayGo: c.gauge.Take(ctx, j.opts.queue), Policies: j.policies,
+		MayGo: mayGo, Policies: j.policies,
 	})
 	if err != nil {
 		var be *throttle.BacklogError
@@ -415,10 +457,12 @@ func (c *Client) park(ctx context.Context, j *job) (*asynq.TaskInfo, error) {
 // line's tail in early.
 func (c *Client) fallback(j *job) time.Duration {
 	need := max(j.policies.Policy.Pace(), j.policies.Global.Pace())
-	const maxFallback = 30 * 24 * time.Hour
 	waiting := min(j.arrived.Waiting+1, int64(maxFallback/max(need, time.Nanosecond)))
 	return min(max(c.cfg.Fallback, 2*time.Duration(waiting)*need*time.Duration(j.opts.cost)), maxFallback)
 }
+
+// maxFallback is the longest a waiting job's task is parked.
+const maxFallback = 30 * 24 * time.Hour
 
 // unpark takes out of asynq a parked job that did not join its line (the
 // line was full, or Redis failed): its error is err, or the full line's.

@@ -63,40 +63,13 @@ const lineSep = "\x1f"
 // already gets a *BacklogError (ErrBacklogFull), and a cost no rule can
 // ever admit a *CostError, with nothing written.
 func (r *room) Arrive(ctx context.Context, a waitroom.Arrival) (waitroom.Arrived, error) {
-	if err := ValidateTenant(a.Tenant); err != nil {
+	if err := r.checkArrival(a); err != nil {
 		return waitroom.Arrived{}, err
 	}
-	if strings.Contains(a.Queue, lineSep) {
-		return waitroom.Arrived{}, fmt.Errorf("arrival of tenant %q: queue %q holds the byte 0x1f, which sluice keeps for itself; rename the queue", a.Tenant, a.Queue)
-	}
-	if err := checkPriority(a.Priority); err != nil {
-		return waitroom.Arrived{}, fmt.Errorf("arrival of tenant %q: %w", a.Tenant, err)
-	}
 	cost := max(a.Cost, 1)
-	res, _ := a.Policies.(*Resolved)
-	if res == nil {
-		rs, err := r.l.resolved(ctx, a.Tenant)
-		if err != nil {
-			return waitroom.Arrived{}, fmt.Errorf("arrival of tenant %q: %w", a.Tenant, err)
-		}
-		res = &rs
-	}
-	scopes := r.scopes(a.Tenant, *res)
-	if a.Key != "" {
-		ks, err := r.l.keyScope(ctx, a.Tenant, a.Key)
-		if err != nil {
-			return waitroom.Arrived{}, fmt.Errorf("arrival of tenant %q: %w", a.Tenant, err)
-		}
-		if ks != nil {
-			// decided with the tenant's (in its slot), and with its
-			// window or quota again at the start
-			scopes = slices.Insert(scopes, 1, *ks)
-		}
-	}
-	for _, s := range scopes {
-		if f := s.facts; f.maxCost >= 0 && cost > f.maxCost {
-			return waitroom.Arrived{}, &CostError{Tenant: a.Tenant, Cost: cost, Max: f.maxCost, Rule: s.name + " " + f.maxCostRule}
-		}
+	res, scopes, err := r.arrivalScopes(ctx, a, cost)
+	if err != nil {
+		return waitroom.Arrived{}, err
 	}
 	var backlog int64
 	if res.Policy != nil {
@@ -152,6 +125,132 @@ func (r *room) Arrive(ctx context.Context, a waitroom.Arrival) (waitroom.Arrived
 	}
 	return d, nil
 }
+
+// checkArrival says what is wrong with a new job's tenant, queue or
+// priority.
+func (r *room) checkArrival(a waitroom.Arrival) error {
+	if err := ValidateTenant(a.Tenant); err != nil {
+		return err
+	}
+	if strings.Contains(a.Queue, lineSep) {
+		return fmt.Errorf("arrival of tenant %q: queue %q holds the byte 0x1f, which sluice keeps for itself; rename the queue", a.Tenant, a.Queue)
+	}
+	if err := checkPriority(a.Priority); err != nil {
+		return fmt.Errorf("arrival of tenant %q: %w", a.Tenant, err)
+	}
+	return nil
+}
+
+// arrivalScopes are the scopes a new job is decided in, under its
+// policies (a.Policies, or resolved now): its tenant's, @global's and its
+// key's. It returns a *CostError for a cost a rule of one of them can
+// never admit.
+func (r *room) arrivalScopes(ctx context.Context, a waitroom.Arrival, cost int64) (*Resolved, []scope, error) {
+	res, _ := a.Policies.(*Resolved)
+	if res == nil {
+		rs, err := r.l.resolved(ctx, a.Tenant)
+		if err != nil {
+			return nil, nil, fmt.Errorf("arrival of tenant %q: %w", a.Tenant, err)
+		}
+		res = &rs
+	}
+	scopes := r.scopes(a.Tenant, *res)
+	if a.Key != "" {
+		ks, err := r.l.keyScope(ctx, a.Tenant, a.Key)
+		if err != nil {
+			return nil, nil, fmt.Errorf("arrival of tenant %q: %w", a.Tenant, err)
+		}
+		if ks != nil {
+			// decided with the tenant's (in its slot), and with its
+			// window or quota again at the start
+			scopes = slices.Insert(scopes, 1, *ks)
+		}
+	}
+	for _, s := range scopes {
+		if f := s.facts; f.maxCost >= 0 && cost > f.maxCost {
+			return nil, nil, &CostError{Tenant: a.Tenant, Cost: cost, Max: f.maxCost, Rule: s.name + " " + f.maxCostRule}
+		}
+	}
+	return res, scopes, nil
+}
+
+// Park parks a new job's task in the queue engine's schedule and puts the
+// job in its line, in one run of park.lua (see waitroom.Room.Park).
+func (r *room) Park(ctx context.Context, p waitroom.Parking) (waitroom.Parked, error) {
+	if r.l.cluster || !sameServer(p.Engine, r.l.client) {
+		return waitroom.Parked{}, waitroom.ErrApart
+	}
+	j := p.Job
+	a := waitroom.Arrival{Tenant: p.Tenant, ID: j.ID, Queue: j.Queue, Cost: j.Cost, Priority: j.Priority, Key: j.Key, Policies: p.Policies}
+	if err := r.checkArrival(a); err != nil {
+		return waitroom.Parked{}, err
+	}
+	cost := max(j.Cost, 1)
+	res, _, err := r.arrivalScopes(ctx, a, cost)
+	if err != nil {
+		return waitroom.Parked{}, err
+	}
+	var backlog int64
+	if res.Policy != nil {
+		backlog = res.Policy.Backlog
+	}
+	need := max(res.Policy.Pace(), res.Global.Pace())
+	k := keysFor(r.l.cfg.Prefix, p.Tenant)
+	q := queueOf(j.Queue)
+	keys := []string{k.lineAt(q, j.Priority)}
+	for _, o := range priorities {
+		if o != j.Priority {
+			keys = append(keys, k.lineAt(q, o))
+		}
+	}
+	t := p.Task
+	keys = append(keys, k.queues, k.state, t.TaskKey, t.ScheduleKey, t.QueuesKey)
+	w := waitroom.Waiter{ID: j.ID, Queue: j.Queue, Cost: cost, Key: j.Key}
+	res2, err := lua.Park.Run(ctx, r.l.client, keys, r.l.clockArg(), backlog, q, lineTail(w), t.ID, t.Msg,
+		micros(p.Fallback), 2*micros(need)*cost, micros(p.MaxPark), t.Queue).Result()
+	if err != nil {
+		return waitroom.Parked{}, fmt.Errorf("park a job of tenant %q: %w", p.Tenant, err)
+	}
+	v, err := int64s(res2, 4)
+	if err != nil {
+		return waitroom.Parked{}, fmt.Errorf("park.lua: %w", err)
+	}
+	switch v[0] {
+	case parkConflict:
+		return waitroom.Parked{Conflict: true}, nil
+	case arriveFull:
+		return waitroom.Parked{Waiting: v[1]}, &BacklogError{Tenant: p.Tenant, Backlog: v[1], Limit: backlog}
+	}
+	d := waitroom.Parked{Waiting: v[1], At: time.UnixMicro(v[3])}
+	if v[2] == 1 {
+		crashpoint.Hit("room.joined")
+		// The line began: its tenant is due now. Should this fail, the
+		// pumps' sweep finds the line.
+		if err := r.mark(ctx, q, p.Tenant); err != nil {
+			return d, err
+		}
+	}
+	return d, nil
+}
+
+// sameServer reports whether client e is the limiter's own client c, or a
+// client of one server and database with it.
+func sameServer(e any, c redis.UniversalClient) bool {
+	if e == any(c) {
+		return true
+	}
+	a, ok1 := e.(*redis.Client)
+	b, ok2 := c.(*redis.Client)
+	if !ok1 || !ok2 {
+		return false
+	}
+	oa, ob := a.Options(), b.Options()
+	// a Sentinel client's address names no server ("FailoverClient")
+	return oa.Network == ob.Network && oa.Addr == ob.Addr && oa.DB == ob.DB && oa.Addr != "FailoverClient"
+}
+
+// parkConflict is park.lua's verdict for a job whose task id is taken.
+const parkConflict = -2
 
 // arriveToWait is Arrive for a job the fleet has no room for: it waits
 // whatever its rules say, so wait.lua checks the line's cap and records

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 )
 
@@ -906,4 +907,112 @@ func joinJobs(t *testing.T, room *room, tenant string, n int) {
 	}
 	_, _, err := room.Join(context.Background(), tenant, 0, ws...)
 	require.NoError(t, err)
+}
+
+// TestRoomPark: a job parked in one call is in its line as a joined job
+// is (in order, its tenant due in the index), its task is in the engine's
+// schedule at its fallback, and the line's cap, a task id taken, a cost no
+// rule admits and an engine on another server write nothing.
+func TestRoomPark(t *testing.T) {
+	t.Parallel()
+	e := setup(t, false, nil)
+	if e.lim.cluster {
+		t.Skip("on a Cluster the room parks nothing in one call (TestRoomParkApart)")
+	}
+	ctx := context.Background()
+	e.policy(t, "acme", "rate=10/s burst=2 backlog=2")
+	room := e.lim.room()
+	queue := "q-" + e.prefix
+	task := func(id string) waitroom.EngineTask {
+		return waitroom.EngineTask{TaskKey: "asynq:{" + queue + "}:t:" + id, ScheduleKey: "asynq:{" + queue + "}:scheduled",
+			QueuesKey: e.prefix + ":asynq-queues", Queue: queue, ID: id, Msg: []byte("msg of " + id)}
+	}
+	park := func(tenant, id string, cost int64) (waitroom.Parked, error) {
+		return room.Park(ctx, waitroom.Parking{Tenant: tenant, Job: waitroom.Waiter{ID: id, Queue: queue, Cost: cost},
+			Fallback: time.Hour, MaxPark: 30 * 24 * time.Hour, Task: task(id), Engine: e.client})
+	}
+	lines := func() []waitroom.Line {
+		ls, err := room.Lines(ctx, queue)
+		require.NoError(t, err)
+		return ls
+	}
+	require.Empty(t, lines())
+
+	p, err := park("acme", "j1", 1)
+	require.NoError(t, err)
+	require.False(t, p.Conflict)
+	require.Equal(t, int64(1), p.Waiting)
+	require.Equal(t, e.clock.Now().Add(time.Hour).UnixMicro(), p.At.UnixMicro(), "parked at its fallback")
+	require.Equal(t, []waitroom.Line{{Tenant: "acme", Queue: queue, Waiting: 1, Oldest: time.UnixMilli(e.clock.Now().UnixMilli())}}, lines(),
+		"its line began: the tenant is due")
+	h, err := e.client.HGetAll(ctx, task("j1").TaskKey).Result()
+	require.NoError(t, err)
+	require.Equal(t, map[string]string{"msg": "msg of j1", "state": "scheduled"}, h)
+	score, err := e.client.ZScore(ctx, task("j1").ScheduleKey, "j1").Result()
+	require.NoError(t, err)
+	require.Equal(t, float64(e.clock.Now().Add(time.Hour).Unix()), score)
+	require.True(t, e.client.SIsMember(ctx, task("j1").QueuesKey, queue).Val())
+
+	p, err = park("acme", "j2", 2)
+	require.NoError(t, err)
+	require.Equal(t, int64(2), p.Waiting)
+	ids, err := room.WaitingIDs(ctx, "acme", 10)
+	require.NoError(t, err)
+	require.Equal(t, []waitroom.Waiter{{ID: "j1", Queue: queue, Cost: 1}, {ID: "j2", Queue: queue, Cost: 2}}, ids, "in its line as Join puts it")
+
+	// nothing written: the line at its cap, a task id taken, a cost no
+	// rule admits, an engine on another server
+	_, err = park("acme", "j3", 1)
+	var be *BacklogError
+	require.ErrorAs(t, err, &be)
+	require.Equal(t, int64(2), be.Limit)
+	p, err = park("acme", "j1", 1)
+	require.NoError(t, err)
+	require.True(t, p.Conflict)
+	e.policy(t, "costly", "rate=10/s burst=3")
+	_, err = park("costly", "c1", 4)
+	var ce *CostError
+	require.ErrorAs(t, err, &ce)
+	other := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	defer other.Close()
+	_, err = room.Park(ctx, waitroom.Parking{Tenant: "acme", Job: waitroom.Waiter{ID: "j4", Queue: queue}, Fallback: time.Hour, Task: task("j4"), Engine: other})
+	require.ErrorIs(t, err, waitroom.ErrApart)
+	for _, id := range []string{"j3", "c1", "j4"} {
+		n, err := e.client.Exists(ctx, task(id).TaskKey).Result()
+		require.NoError(t, err)
+		require.Zero(t, n, id)
+	}
+	ids, err = room.WaitingIDs(ctx, "acme", 10)
+	require.NoError(t, err)
+	require.Len(t, ids, 2)
+	st, err := e.lim.Stats(ctx, "costly")
+	require.NoError(t, err)
+	require.Zero(t, st.Waiting)
+
+	// the pump promotes a parked job as a joined one
+	d, err := room.promote(ctx, "acme", queue, 1, 1)
+	require.NoError(t, err)
+	require.Len(t, d.Promoted, 1)
+	require.Equal(t, "j1", d.Promoted[0].ID)
+}
+
+// TestRoomParkApart: on a Cluster (or with the engine's keys on another
+// client's server) Park writes nothing and says so.
+func TestRoomParkApart(t *testing.T) {
+	t.Parallel()
+	e := setup(t, false, nil)
+	ctx := context.Background()
+	e.policy(t, "acme", "rate=10/s")
+	engine := any(e.client)
+	if !e.lim.cluster {
+		c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+		defer c.Close()
+		engine = c
+	}
+	_, err := e.lim.room().Park(ctx, waitroom.Parking{Tenant: "acme", Job: waitroom.Waiter{ID: "j1"}, Fallback: time.Hour,
+		Task: waitroom.EngineTask{TaskKey: e.prefix + ":t", ScheduleKey: e.prefix + ":s", QueuesKey: e.prefix + ":q", Queue: "default", ID: "j1"}, Engine: engine})
+	require.ErrorIs(t, err, waitroom.ErrApart)
+	st, err := e.lim.Stats(ctx, "acme")
+	require.NoError(t, err)
+	require.Zero(t, st.Waiting)
 }

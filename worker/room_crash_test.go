@@ -14,7 +14,9 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicehq/sluice/internal/asynqroom"
 	"github.com/sluicehq/sluice/internal/crashpoint"
+	"github.com/sluicehq/sluice/internal/redistest"
 )
 
 // TestRoomCrashPoints kills a process of the waiting room at each step of
@@ -40,6 +42,12 @@ func TestRoomCrashPoints(t *testing.T) {
 			testProducerKilledParked(t, bin, producer, retry)
 		})
 	}
+	// A producer dies right after it parked a job in one call (the fleet
+	// had no room): the job is in its line already.
+	t.Run("queue.parked-at-once", func(t *testing.T) {
+		t.Parallel()
+		testProducerKilledParkedAtOnce(t, bin, producer)
+	})
 	// A worker dies: after its pump promoted jobs, before asynq has them;
 	// after asynq has them, before the handing set knows; in a release that
 	// handed a freed slot on, before asynq has the job. Another worker's
@@ -127,6 +135,14 @@ func testProducerKilledParked(t *testing.T, bin, producer string, retry bool) {
 	if retry {
 		f.start(t)
 		f.start(t)
+	} else if !redistest.ClusterMode() {
+		// the fleet's room as its workers would register it: the jobs the
+		// rate holds back wait by their rules, in three steps (arrive,
+		// park, join), and the crash falls between park and join (with
+		// no room, the producer would park and join in one call)
+		reg, err := asynqroom.Register(ctx, f.env.client, []string{f.env.queue}, 200, nil)
+		require.NoError(t, err)
+		defer func() { require.NoError(t, reg.Close(ctx)) }()
 	}
 	acked, err := produce(0, true)
 	require.Error(t, err, "the producer dies at queue.parked")
@@ -174,6 +190,48 @@ func testProducerKilledParked(t *testing.T, bin, producer string, retry bool) {
 	require.Zero(t, n, "no intent is left")
 	t.Logf("producer killed at queue.parked (retried: %v): all %d jobs ran once within %s of %s, the parked job's fallback an hour away",
 		retry, len(ids), took.Round(100*time.Millisecond), map[bool]string{true: "the retry", false: "the workers' start"}[retry])
+}
+
+// testProducerKilledParkedAtOnce kills a producer right after it parked
+// its twelfth job (no worker runs: the fleet has no room, and each job is
+// parked and put in its line in one call): the job is in its line, with
+// no intent left to sweep, and once workers start every job runs once.
+func testProducerKilledParkedAtOnce(t *testing.T, bin, producer string) {
+	if redistest.ClusterMode() {
+		t.Skip("on a Cluster a producer parks a job and puts it in its line in three steps (the queue.parked cases)")
+	}
+	f := newFleet(t, bin)
+	f.env.policy(t, "acme", crashPolicy)
+	ctx := context.Background()
+	cmd := exec.Command(producer, "-redis", f.url, "-prefix", f.env.prefix, "-queue", f.env.queue,
+		"-tenant", "acme", "-n", "40", "-payload", `{"ms":100}`, "-id", "job")
+	cmd.Env = append(os.Environ(), crashpoint.Env+"=queue.parked-at-once@12")
+	out, err := cmd.Output()
+	require.Error(t, err, "the producer dies at queue.parked-at-once")
+	acked := strings.Fields(string(out))
+	require.Len(t, acked, 11, "the jobs before the twelfth were acknowledged")
+	st, err := f.env.lim.Stats(ctx, "acme")
+	require.NoError(t, err)
+	require.Equal(t, int64(12), st.Waiting, "the twelfth job is in its line too")
+	n, err := f.env.client.Exists(ctx, f.env.prefix+":{t:acme}:j").Result()
+	require.NoError(t, err)
+	require.Zero(t, n, "no intent was recorded")
+	info, err := f.env.inspector.GetTaskInfo(f.env.queue, "job-11")
+	require.NoError(t, err)
+	require.Equal(t, asynq.TaskStateScheduled, info.State, "the twelfth job is parked")
+
+	f.start(t)
+	f.start(t)
+	ids := append(acked, "job-11")
+	f.waitDone(t, ids, time.Now(), 30*time.Second)
+	done := f.finishedIDs(t)
+	for _, id := range ids {
+		require.Equal(t, 1, done[id], "job %s ran once", id)
+	}
+	require.LessOrEqual(t, maxConcurrent(runs(f.records(t), nil), "acme"), 3)
+	st, err = f.env.lim.Stats(ctx, "acme")
+	require.NoError(t, err)
+	require.Zero(t, st.Waiting)
 }
 
 func testWorkerKilledInRoom(t *testing.T, bin, point string) {

@@ -39,6 +39,16 @@ type Room interface {
 	// and a cost no rule can ever admit a *throttle.CostError, with
 	// nothing written.
 	Arrive(ctx context.Context, a Arrival) (Arrived, error)
+	// Park is Arrive, park and JoinArrived at once for a new job the fleet
+	// has no room for (it waits in its line whatever its rules say): its
+	// task goes to the queue engine's schedule and the job to its line in
+	// one script run, with no moment at which the task is parked in no
+	// line. It returns ErrApart, having written nothing, where the
+	// engine's keys are not on the room's server (a Cluster, another
+	// client); Parked.Conflict when a task of the job's id exists (the
+	// caller takes the three steps, which say what it is); a
+	// *throttle.BacklogError when the line holds its cap.
+	Park(ctx context.Context, p Parking) (Parked, error)
 	// TakeBack gives back what a straight arrival took (its task could
 	// not be enqueued).
 	TakeBack(ctx context.Context, d Arrived) error
@@ -167,6 +177,49 @@ type Arrived struct {
 	// (TakeBack gives it back); callers pass it along untouched.
 	Undo any
 }
+
+// Parking is a new job for Room.Park: the job in its tenant's line, and
+// its task as the queue engine keeps it.
+type Parking struct {
+	Tenant string
+	Job    Waiter
+	// Policies are the job's policies, as in Arrival.
+	Policies any
+	// Fallback is the least time the task stays parked; longer when its
+	// line is long (twice the time the line needs at its tenant's and
+	// @global's pace, throttle.Policy.Pace), up to MaxPark.
+	Fallback, MaxPark time.Duration
+	// Task is the engine's side (internal/asynqroom makes it).
+	Task EngineTask
+	// Engine is the Redis client of the engine's keys: Park runs only
+	// where it is the room's own.
+	Engine any
+}
+
+// EngineTask is a task to write into the queue engine's schedule: its
+// keys (its hash, the schedule, the set of queue names), its queue's name
+// and its encoded message.
+type EngineTask struct {
+	TaskKey, ScheduleKey, QueuesKey string
+	Queue, ID                       string
+	Msg                             []byte
+}
+
+// Parked is what Room.Park did.
+type Parked struct {
+	// Conflict reports a task of the job's id in the engine already:
+	// nothing was written.
+	Conflict bool
+	// Waiting is how many jobs wait in the line, the job included.
+	Waiting int64
+	// At is when the task comes out of the engine's schedule, should no
+	// pump promote it first.
+	At time.Time
+}
+
+// ErrApart says that Room.Park cannot run: the queue engine's keys are not
+// on the room's server.
+var ErrApart = errors.New("sluice: the queue engine's keys are apart from the waiting room's")
 
 // Waiter is a job to put in its tenant's line.
 type Waiter struct {

@@ -1,0 +1,63 @@
+-- park.lua: a new job that is to wait in its tenant's line whatever its
+-- rules say (the fleet has no room for it now) is parked in asynq's
+-- schedule and put in its line in one run: what wait.lua, asynq's own
+-- schedule script and line.lua do in three calls, with no moment at which
+-- the task is parked in no line (so no intent is recorded). Only where
+-- asynq's keys and the tenant's are on one server (not on a Cluster: a
+-- tenant's keys and a queue's are in different slots there). The task is
+-- written as asynq v0.26's client writes a scheduled task (its message
+-- encoded by internal/asynqroom, which pins the layout).
+--
+-- KEYS[1] -> the tenant's line of the job's queue: its list of the job's
+--   priority level
+-- KEYS[2], KEYS[3] -> the line's lists of the other two levels
+-- KEYS[4] -> the set of the queues the tenant has a line in
+-- KEYS[5] -> the tenant's state hash (its field kw:QUEUE, as line.lua)
+-- KEYS[6] -> asynq:{QUEUE}:t:<id>, the task's hash
+-- KEYS[7] -> asynq:{QUEUE}:scheduled
+-- KEYS[8] -> asynq:queues
+-- ARGV[1] -> clock: the current time in µs, or -1 for Redis TIME
+-- ARGV[2] -> the line's cap (0: none)
+-- ARGV[3] -> the queue, as the line's keys name it
+-- ARGV[4] -> the job's line entry without its time ("COST<US>QUEUE<US>ID")
+-- ARGV[5] -> the task id
+-- ARGV[6] -> the task message
+-- ARGV[7] -> the least time the task stays parked (µs)
+-- ARGV[8] -> the time the line needs per waiting job (µs, 0: none): the
+--   task stays parked at least that times the jobs waiting with it
+-- ARGV[9] -> the longest time a task is parked (µs)
+-- ARGV[10] -> the queue's name, as asynq:queues lists it
+-- Returns: {verdict, waiting, was_empty, at}: verdict 0 the job is parked
+--   and in its line, -1 the line is at its cap, -2 a task of that id
+--   exists (asynq's "conflict": nothing is written either way); waiting
+--   how many jobs wait in the line (with it); was_empty as line.lua's (the
+--   tenant must be made due in the room's index); at when the task comes
+--   out of asynq's schedule (µs) should no pump promote it first.
+
+local call, tonumber, format, floor = redis.call, tonumber, string.format, math.floor
+-- @include clock
+
+if call('EXISTS', KEYS[6]) == 1 then
+  return { -2, 0, 0, 0 }
+end
+local waiting = 0
+for i = 1, 3 do waiting = waiting + call('LLEN', KEYS[i]) end
+local cap = tonumber(ARGV[2])
+if cap > 0 and waiting >= cap then
+  return { -1, waiting, 0, 0 }
+end
+local now = now_us()
+local park = math.min(math.max(tonumber(ARGV[7]), (waiting + 1) * tonumber(ARGV[8])), tonumber(ARGV[9]))
+local at = now + park
+call('SADD', KEYS[8], ARGV[10])
+call('HSET', KEYS[6], 'msg', ARGV[6], 'state', 'scheduled')
+call('ZADD', KEYS[7], format('%d', floor(at / 1000000)), ARGV[5])
+call('RPUSH', KEYS[1], format('%d', floor(now / 1000)) .. string.char(31) .. ARGV[4])
+local was_empty = 0
+if waiting == 0 then
+  call('SADD', KEYS[4], ARGV[3])
+  was_empty = 1
+elseif call('HDEL', KEYS[5], 'kw:' .. ARGV[3]) == 1 then
+  was_empty = 1
+end
+return { 0, waiting + 1, was_empty, at }
