@@ -2,7 +2,9 @@
 -- rules say (the fleet has no room for it now) is parked in asynq's
 -- schedule and put in its line in one run: what wait.lua, asynq's own
 -- schedule script and line.lua do in three calls, with no moment at which
--- the task is parked in no line (so no intent is recorded). Only where
+-- the task is parked in no line (so no intent is recorded). A job that
+-- arrived and was told to wait by its rules is parked and joins its line
+-- with it too, its intent taken back. Only where
 -- asynq's keys and the tenant's are on one server (not on a Cluster: a
 -- tenant's keys and a queue's are in different slots there). The task is
 -- written as asynq v0.26's client writes a scheduled task (its message
@@ -16,6 +18,10 @@
 -- KEYS[6] -> asynq:{QUEUE}:t:<id>, the task's hash
 -- KEYS[7] -> asynq:{QUEUE}:scheduled
 -- KEYS[8] -> asynq:queues
+-- KEYS[9] -> the tenant's intents of the job's priority level: a job in
+--   its line has none (one that arrived had its intent recorded by
+--   admit.lua's arrive op; an earlier arrival of the job may have left
+--   one)
 -- ARGV[1] -> clock: the current time in µs, or -1 for Redis TIME
 -- ARGV[2] -> the line's cap (0: none)
 -- ARGV[3] -> the queue, as the line's keys name it
@@ -53,6 +59,7 @@ call('SADD', KEYS[8], ARGV[10])
 call('HSET', KEYS[6], 'msg', ARGV[6], 'state', 'scheduled')
 call('ZADD', KEYS[7], format('%d', floor(at / 1000000)), ARGV[5])
 call('RPUSH', KEYS[1], format('%d', floor(now / 1000)) .. string.char(31) .. ARGV[4])
+call('ZREM', KEYS[9], ARGV[4])
 local was_empty = 0
 if waiting == 0 then
   call('SADD', KEYS[4], ARGV[3])

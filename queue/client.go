@@ -100,6 +100,7 @@ type Client struct {
 	inspector  *asynq.Inspector
 	layout     *asynqroom.Layout
 	layoutLog  sync.Once
+	lines      lineMemory
 }
 
 // New returns a client over the caller's Redis client, which holds sluice's
@@ -195,8 +196,9 @@ func (c *Client) Enqueue(ctx context.Context, tenant string, task *asynq.Task, o
 		return c.sendLater(ctx, j)
 	}
 	mayGo := c.gauge.Take(ctx, j.opts.queue)
-	if !mayGo {
-		if info, ok, err := c.parkAtOnce(ctx, j); ok {
+	if !mayGo || c.lines.waiting(j.tenant, j.opts.queue) {
+		// it waits in its line whatever its rules say: no decision
+		if info, ok, err := c.parkAtOnce(ctx, j, false); ok {
 			return info, err
 		}
 	}
@@ -205,6 +207,9 @@ func (c *Client) Enqueue(ctx context.Context, tenant string, task *asynq.Task, o
 	}
 	if j.arrived.Straight {
 		return c.sendStraight(ctx, j)
+	}
+	if info, ok, err := c.parkAtOnce(ctx, j, true); ok {
+		return info, err
 	}
 	info, err := c.park(ctx, j)
 	if err != nil {
@@ -319,14 +324,17 @@ func (c *Client) sendLater(ctx context.Context, j *job) (*asynq.TaskInfo, error)
 	return c.enqueue(ctx, j, j.opts.pass)
 }
 
-// parkAtOnce parks a job the fleet has no room for in asynq's schedule and
-// puts it in its line in one call (waitroom.Room.Park). It reports false,
-// having written nothing, when the job is to take the three steps
-// (arrive, park, join) instead: asynq's keys are apart from sluice's (a
-// Cluster, or another Redis), the task is one asynq's client writes
-// otherwise (Unique), or a task of its id exists (the steps say what it
-// is: a conflict, or an orphan to join to its line).
-func (c *Client) parkAtOnce(ctx context.Context, j *job) (*asynq.TaskInfo, bool, error) {
+// parkAtOnce parks a job that is to wait in asynq's schedule and puts it
+// in its line in one call (waitroom.Room.Park): a job the fleet has no
+// room for, or whose tenant's line holds jobs already (the room would
+// have it wait either way, undecided), or one that arrived (and its
+// rules have it wait: its intent is taken back). It reports false, having
+// written nothing, when the job is to take the steps (arrive, park,
+// join) instead: asynq's keys are apart from sluice's (a Cluster, or
+// another Redis), the task is one asynq's client writes otherwise
+// (Unique), or a task of its id exists (the steps say what it is: a
+// conflict, or an orphan to join to its line).
+func (c *Client) parkAtOnce(ctx context.Context, j *job, arrived bool) (*asynq.TaskInfo, bool, error) {
 	j.headers[taskspec.ParkedHeader] = "1"
 	t, ok := asynqroom.Compose(j.id, j.opts.queue, j.typ, j.payload, j.headers, j.opts.pass)
 	if !ok {
@@ -341,14 +349,23 @@ func (c *Client) parkAtOnce(ctx context.Context, j *job) (*asynq.TaskInfo, bool,
 		delete(j.headers, taskspec.ParkedHeader)
 		return nil, false, nil
 	}
-	var be *throttle.BacklogError
-	var ce *throttle.CostError
-	if errors.As(err, &be) || errors.As(err, &ce) {
+	if err != nil {
+		var be *throttle.BacklogError
+		var ce *throttle.CostError
+		if !errors.As(err, &be) && !errors.As(err, &ce) {
+			err = fmt.Errorf("enqueue %s task for tenant %q: %w", j.typ, j.tenant, err)
+		}
+		if arrived {
+			// the job will not wait: the sweep need not look for it
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), CleanupTimeoutDefault)
+			defer cancel()
+			if ferr := c.room.Forget(cctx, j.tenant, j.waiter()); ferr != nil {
+				return nil, true, fmt.Errorf("%w (and dropping its intent failed: %v)", err, ferr)
+			}
+		}
 		return nil, true, err
 	}
-	if err != nil {
-		return nil, true, fmt.Errorf("enqueue %s task for tenant %q: %w", j.typ, j.tenant, err)
-	}
+	c.lines.saw(j.tenant, j.opts.queue)
 	crashpoint.Hit("queue.parked-at-once")
 	return t.Info(p.At), true, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/waitroom"
 	"strings"
 	"testing"
@@ -540,4 +541,55 @@ func TestEnqueueRetryJoinsAnOrphan(t *testing.T) {
 	st, err := e.lim.Stats(ctx, "solo")
 	require.NoError(t, err)
 	require.Zero(t, st.Reservations, "the straight arrival's slot was given back")
+}
+
+// TestEnqueueParksInOneCall: a job its rules have wait, in a fleet with
+// room, arrives (its intent recorded) and is parked and put in its line in
+// one call that takes the intent back; the jobs after it, whose tenant's
+// line holds jobs, are parked at once without arriving; the line keeps
+// their order and no intent is left. With the fleet full every job is
+// parked at once.
+func TestEnqueueParksInOneCall(t *testing.T) {
+	t.Parallel()
+	e := setup(t, nil)
+	if redistest.ClusterMode() {
+		t.Skip("on a Cluster jobs wait in three steps (arrive, park, join)")
+	}
+	ctx := context.Background()
+	e.policy(t, "acme", "rate=1/s burst=1")
+	e.fleet(t, 10)
+	q, err := queue.New(e.client, &queue.Config{Limiter: e.lim}) // asynq's keys on sluice's client: one call
+	require.NoError(t, err)
+	defer q.Close()
+	ids := []string{"a", "b", "c", "d"}
+	for _, id := range ids {
+		info, err := q.Enqueue(ctx, "acme", asynq.NewTask("email", nil), asynq.Queue(e.queue), asynq.TaskID(id))
+		require.NoError(t, err)
+		want := asynq.TaskStateScheduled
+		if id == "a" {
+			want = asynq.TaskStatePending
+		}
+		require.Equal(t, want, info.State, id)
+		got, err := e.inspector.GetTaskInfo(e.queue, id)
+		require.NoError(t, err)
+		require.Equal(t, want, got.State, id)
+		require.Equal(t, info.NextProcessAt.Unix(), got.NextProcessAt.Unix(), id)
+	}
+	ws, err := waitroom.Of(e.lim).WaitingIDs(ctx, "acme", 0)
+	require.NoError(t, err)
+	require.Equal(t, []waitroom.Waiter{{ID: "b", Queue: e.queue, Cost: 1}, {ID: "c", Queue: e.queue, Cost: 1}, {ID: "d", Queue: e.queue, Cost: 1}}, ws)
+	n, err := e.client.Exists(ctx, e.prefix+":{t:acme}:j").Result()
+	require.NoError(t, err)
+	require.Zero(t, n, "no intent is left")
+	ls, err := waitroom.Of(e.lim).Lines(ctx, e.queue)
+	require.NoError(t, err)
+	require.Len(t, ls, 1, "the tenant is due in the room's index")
+
+	// a full line refuses the next job and keeps nothing of it
+	e.policy(t, "acme", "rate=1/s burst=1 backlog=3")
+	_, err = q.Enqueue(ctx, "acme", asynq.NewTask("email", nil), asynq.Queue(e.queue), asynq.TaskID("e"))
+	require.ErrorIs(t, err, throttle.ErrBacklogFull)
+	_, err = e.inspector.GetTaskInfo(e.queue, "e")
+	require.ErrorIs(t, err, asynq.ErrTaskNotFound)
+	require.Equal(t, int64(3), e.waiting(t, "acme"))
 }

@@ -204,7 +204,7 @@ func (r *room) Park(ctx context.Context, p waitroom.Parking) (waitroom.Parked, e
 		}
 	}
 	t := p.Task
-	keys = append(keys, k.queues, k.state, t.TaskKey, t.ScheduleKey, t.QueuesKey)
+	keys = append(keys, k.queues, k.state, t.TaskKey, t.ScheduleKey, t.QueuesKey, k.intentsAt(j.Priority))
 	w := waitroom.Waiter{ID: j.ID, Queue: j.Queue, Cost: cost, Key: j.Key}
 	res2, err := lua.Park.Run(ctx, r.l.client, keys, r.l.clockArg(), backlog, q, lineTail(w), t.ID, t.Msg,
 		micros(p.Fallback), 2*micros(need)*cost, micros(p.MaxPark), t.Queue).Result()

@@ -989,6 +989,16 @@ func TestRoomPark(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, st.Waiting)
 
+	// a job that arrived (its intent recorded) is in its line with no
+	// intent once parked
+	_, err = room.Arrive(ctx, waitroom.Arrival{Tenant: "solo", ID: "s1", Queue: queue})
+	require.NoError(t, err)
+	intents := keysFor(e.prefix, "solo").intentsAt(priorityNormal)
+	require.Equal(t, int64(1), e.client.ZCard(ctx, intents).Val(), "the arrival's intent")
+	_, err = park("solo", "s1", 1)
+	require.NoError(t, err)
+	require.Zero(t, e.client.ZCard(ctx, intents).Val(), "taken back")
+
 	// the pump promotes a parked job as a joined one
 	d, err := room.promote(ctx, "acme", queue, 1, 1)
 	require.NoError(t, err)

@@ -118,7 +118,7 @@ func scriptNames() map[string]string {
 	names := map[string]string{}
 	for name, s := range map[string]*redis.Script{"admit.lua": lua.Admit, "release.lua": lua.Release, "renew.lua": lua.Renew,
 		"cooldown.lua": lua.Cooldown, "stats.lua": lua.Stats, "room.lua": lua.Room, "line.lua": lua.Line, "handover.lua": lua.Handover, "capacity.lua": lua.Capacity,
-		"wait.lua": lua.Wait, "fleet.lua": lua.Fleet, "recover.lua": lua.Recover, "repark.lua": lua.Repark, "prioritize.lua": lua.Prioritize, "adapt.lua": lua.Adapt} {
+		"wait.lua": lua.Wait, "park.lua": lua.Park, "block.lua": lua.Block, "settle.lua": lua.Settle, "forward.lua": lua.Forward, "fleet.lua": lua.Fleet, "recover.lua": lua.Recover, "repark.lua": lua.Repark, "prioritize.lua": lua.Prioritize, "adapt.lua": lua.Adapt} {
 		names[s.Hash()] = "sluice " + name
 	}
 	return names

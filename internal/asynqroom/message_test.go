@@ -121,7 +121,7 @@ func park(t *testing.T, client redis.UniversalClient, task Task, least time.Dura
 	t.Helper()
 	base := redistest.Prefix(t) + ":{t:" + task.ID + "}:"
 	e := EngineTaskOf(task)
-	keys := []string{base + "l", base + "lh", base + "ll", base + "q", base + "s", e.TaskKey, e.ScheduleKey, e.QueuesKey}
+	keys := []string{base + "l", base + "lh", base + "ll", base + "q", base + "s", e.TaskKey, e.ScheduleKey, e.QueuesKey, base + "j"}
 	res, err := lua.Park.Run(context.Background(), client, keys, -1, 0, task.Queue, "\x1f\x1f"+task.ID, task.ID, e.Msg,
 		least.Microseconds(), 0, (30 * 24 * time.Hour).Microseconds(), task.Queue).Int64Slice()
 	require.NoError(t, err)

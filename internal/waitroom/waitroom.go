@@ -39,11 +39,13 @@ type Room interface {
 	// and a cost no rule can ever admit a *throttle.CostError, with
 	// nothing written.
 	Arrive(ctx context.Context, a Arrival) (Arrived, error)
-	// Park is Arrive, park and JoinArrived at once for a new job the fleet
-	// has no room for (it waits in its line whatever its rules say): its
-	// task goes to the queue engine's schedule and the job to its line in
-	// one script run, with no moment at which the task is parked in no
-	// line. It returns ErrApart, having written nothing, where the
+	// Park is Arrive, park and JoinArrived at once for a new job that is
+	// to wait in its line whatever its rules say (the fleet has no room
+	// for it, or its tenant's line holds jobs already): its task goes to
+	// the queue engine's schedule and the job to its line in one script
+	// run, with no moment at which the task is parked in no line. For a
+	// job that arrived and is to wait it is park and JoinArrived at once:
+	// a job in its line has no intent. It returns ErrApart, having written nothing, where the
 	// engine's keys are not on the room's server (a Cluster, another
 	// client); Parked.Conflict when a task of the job's id exists (the
 	// caller takes the three steps, which say what it is); a
