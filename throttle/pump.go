@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/internal/crashpoint"
+	"github.com/sluicehq/sluice/lua"
 )
 
 // The pump: whoever runs jobs runs one, and it moves waiting jobs from
@@ -541,12 +542,9 @@ func (r *room) Release(ctx context.Context, tenant, queue, id string, claim uint
 		if !first {
 			// another tenant's turn: the slot goes back (release.lua: no
 			// promotion, so not admit.lua's release op), and the tenant
-			// waits its turn (or keeps its place)
-			lost, err := r.l.releaseTurnless(ctx, tenant, id, claim)
+			// waits its turn (or keeps its place): both in one round trip
+			lost, err := r.releaseAndMark(ctx, tenant, queueOf(queue), id, claim)
 			if err != nil {
-				return err
-			}
-			if err := r.mark(ctx, queueOf(queue), tenant); err != nil {
 				return err
 			}
 			if claim != 0 && lost {
@@ -593,4 +591,32 @@ func (r *room) Release(ctx context.Context, tenant, queue, id string, claim uint
 		return fmt.Errorf("release tenant %q job %q: %w", tenant, id, ErrClaimLost)
 	}
 	return turnErr
+}
+
+// releaseAndMark is releaseTurnless and mark at once: the job's slots go
+// back and its tenant is due now in queue's index, the two scripts sent in
+// one pipeline (in that order, on one server).
+func (r *room) releaseAndMark(ctx context.Context, tenant, queue, id string, claim uint64) (lost bool, err error) {
+	rc, err := r.l.releaseTurnlessCall(ctx, tenant, id, claim)
+	if err != nil {
+		return false, err
+	}
+	shard := dueShard(tenant)
+	mc := &call{ctx: ctx, script: lua.Room, keys: []string{dueKey(r.l.cfg.Prefix, queue, shard)}, args: r.roomArgs("mark", queue, shard, tenant)}
+	calls := []*call{mc}
+	if rc != nil {
+		calls = []*call{rc, mc}
+	}
+	r.l.batch.runAll(calls)
+	if rc != nil {
+		if lost, err = turnlessLost(tenant, id, rc.res, rc.err); err != nil {
+			return false, err
+		}
+	}
+	if mc.err != nil {
+		return lost, fmt.Errorf("mark tenants due: %w", mc.err)
+	}
+	// this process's releases know at once (others from the wake)
+	r.l.due.lower(queue, shard, r.l.estimatedNow().UnixMicro())
+	return lost, nil
 }

@@ -133,17 +133,18 @@ func (l *Limiter) release(ctx context.Context, tenant, queue, id string, claim u
 	return waiting, nil
 }
 
-// releaseTurnless gives back the slots job id holds under claim in its
-// tenant's scope and, on one server, @global's, with release.lua and no
-// line: for a release that found jobs waiting in the tenant's line (so
-// gave back nothing there) when it is another tenant's turn. The key's
+// releaseTurnlessCall is the call that gives back the slots job id holds
+// under claim in its tenant's scope and, on one server, @global's, with
+// release.lua and no line: for a release that found jobs waiting in the
+// tenant's line (so gave back nothing there) when it is another tenant's
+// turn (room.releaseAndMark sends it with the tenant's mark). The key's
 // and the pools' slots went already (releaseBelow; on a Cluster @global's
-// and the pools' went in a call of their own). lost reports a slot no
-// longer held under claim.
-func (l *Limiter) releaseTurnless(ctx context.Context, tenant, id string, claim uint64) (lost bool, err error) {
+// and the pools' went in a call of their own). nil: the job holds no slot
+// to give back.
+func (l *Limiter) releaseTurnlessCall(ctx context.Context, tenant, id string, claim uint64) (*call, error) {
 	r, err := l.policies.resolve(ctx, tenant)
 	if err != nil {
-		return false, fmt.Errorf("release tenant %q job %q: %w", tenant, id, err)
+		return nil, fmt.Errorf("release tenant %q job %q: %w", tenant, id, err)
 	}
 	var keys []string
 	if r.tenant != nil && r.tenant.Concurrency != nil {
@@ -153,9 +154,13 @@ func (l *Limiter) releaseTurnless(ctx context.Context, tenant, id string, claim 
 		keys = append(keys, keysFor(l.cfg.Prefix, GlobalPolicy).state)
 	}
 	if len(keys) == 0 {
-		return false, nil
+		return nil, nil
 	}
-	res, err := l.batch.runMerged(ctx, lua.Release, keys, []any{l.clockArg(), 1, l.noTTLArg(), id, claim, len(keys), 0}, releaseMerge)
+	return &call{ctx: ctx, script: lua.Release, keys: keys, payload: []any{l.clockArg(), 1, l.noTTLArg(), id, claim, len(keys), 0}, merge: releaseMerge}, nil
+}
+
+// turnlessLost reads that call's reply: whether the claim held no slot.
+func turnlessLost(tenant, id string, res any, err error) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("release tenant %q job %q: %w", tenant, id, err)
 	}
