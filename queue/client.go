@@ -174,8 +174,11 @@ type job struct {
 // A job that may start now goes to asynq's pending list (TaskInfo.State
 // pending); any other waits in its tenant's line and shows in asynq as
 // scheduled, at its fallback time (Config.Fallback): a worker promotes it
-// when it may start. A job given ProcessAt or ProcessIn is scheduled by
-// asynq as asked and passes the workers' gate when it is due.
+// when it may start. A job of a tenant whose line this client put a job
+// in within the last 50 ms waits too (behind the jobs it finds there, or,
+// should the line have emptied, for the next turn of its tenant, due at
+// once). A job given ProcessAt or ProcessIn is scheduled by asynq as
+// asked and passes the workers' gate when it is due.
 //
 // It returns an *InvalidError (ErrInvalid) for bad input and a
 // *throttle.CostError for a cost the tenant's policy can never admit, both
