@@ -7,7 +7,6 @@ import (
 	"github.com/sluicehq/sluice/internal/waitroom"
 	"sort"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -79,10 +78,6 @@ type pump struct {
 	// full: the last round found a queue's fleet without room for its due
 	// lines (a kick then calls for a round)
 	full bool
-	// deaf is when the wake channel last failed (unix ns; 0: never): a
-	// wake-up may have been lost then, so the pump is not quiet for a
-	// while after (idle)
-	deaf atomic.Int64
 }
 
 // listen turns wake-ups for the pump's queues into a signal.
@@ -97,14 +92,7 @@ func (p *pump) listen(ctx context.Context, sub *redis.PubSub) {
 			if ctx.Err() != nil || errors.Is(err, redis.ErrClosed) {
 				return
 			}
-			// go-redis reconnects; a wake-up lost meanwhile is found by
-			// the pump's own reads: it polls every Idle for a while, and
-			// looks now
-			p.deaf.Store(time.Now().UnixNano())
-			select {
-			case p.wake <- struct{}{}:
-			default:
-			}
+			// go-redis reconnects; a wake-up lost meanwhile costs Idle
 			continue
 		}
 		q, shard, due, ok := parseWake(msg.Payload)
@@ -401,13 +389,10 @@ func (p *pump) stale(h shardHead) bool {
 
 // idle is the longest the pump sleeps while no line it knows of is due:
 // Idle, or QuietIdleFactor Idles while another pump of the fleet polls
-// (PumpConfig.Quiet) and the pump's wake channel has not failed within
-// that long (a wake-up lost when it failed would cost a quiet pump up to
-// QuietIdleFactor Idles: one serving a queue the polling pump does not).
+// (PumpConfig.Quiet).
 func (p *pump) idle() time.Duration {
-	quiet := waitroom.QuietIdleFactor * p.cfg.Idle
-	if p.cfg.Quiet != nil && p.cfg.Quiet() && time.Since(time.Unix(0, p.deaf.Load())) >= quiet {
-		return quiet
+	if p.cfg.Quiet != nil && p.cfg.Quiet() {
+		return waitroom.QuietIdleFactor * p.cfg.Idle
 	}
 	return p.cfg.Idle
 }

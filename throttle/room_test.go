@@ -3,17 +3,13 @@ package throttle
 import (
 	"context"
 	"fmt"
-	"strconv"
+	"github.com/sluicehq/sluice/internal/waitroom"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
-
-	"github.com/sluicehq/sluice/internal/redistest"
-	"github.com/sluicehq/sluice/internal/waitroom"
-	"github.com/sluicehq/sluice/lua"
 )
 
 // engine is a stand-in queue engine for the room's tests: it records the
@@ -442,50 +438,6 @@ func TestRoomPumpKicked(t *testing.T) {
 		kick <- struct{}{}
 		waitFor(t, 5*time.Second, func() bool { return len(g.ids()) == want })
 	}
-	cancel()
-	<-done
-}
-
-// TestRoomPumpWakeLost: a quiet pump (another pump of the fleet polls the
-// index, PumpConfig.Quiet) sleeps QuietIdleFactor Idles, woken by the
-// wake channel. When that channel fails (its connection killed), a wake-up
-// may be lost: the pump then looks at once and polls every Idle for a
-// while, so a line that became due without a wake-up (as one whose wake
-// was lost) is served within about an Idle, not ten.
-func TestRoomPumpWakeLost(t *testing.T) {
-	t.Parallel()
-	client := redistest.NewServer(t, nil).Client(t)
-	e := setupOn(t, client, true, nil)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	room := e.lim.room()
-	f := &fleetRoom{free: 100}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = room.Pump(ctx, &waitroom.PumpConfig{Handover: f.handover, Free: f.Free, Queues: []string{waitroom.DefaultQueue},
-			Idle: time.Second, Quiet: func() bool { return true }})
-	}()
-	channel := wakeChannel(e.prefix)
-	waitFor(t, 5*time.Second, func() bool {
-		n, err := client.PubSubNumSub(ctx, channel).Result()
-		return err == nil && n[channel] == 1
-	})
-	require.NoError(t, client.ClientKillByFilter(ctx, "TYPE", "pubsub").Err())
-
-	// a line and its tenant due in the index, with no wake-up published
-	q := waitroom.DefaultQueue
-	k := keysFor(e.prefix, "acme")
-	_, err := lua.Line.Run(ctx, client, []string{k.lineAt(q, priorityNormal), k.queues, k.intentsAt(priorityNormal), k.lineAt(q, priorityHigh), k.lineAt(q, priorityLow), k.state},
-		-1, 0, q, joinAll, lineTail(waitroom.Waiter{ID: "j1", Queue: q})).Result()
-	require.NoError(t, err)
-	shard := dueShard("acme")
-	_, err = lua.Room.Run(ctx, client, []string{dueKey(e.prefix, q, shard)}, -1, "mark", "", q+lineSep+strconv.Itoa(shard), "acme").Result()
-	require.NoError(t, err)
-	lined := time.Now()
-	// a quiet pump would find it after up to 10 s
-	waitFor(t, 4*time.Second, func() bool { return len(f.ids()) == 1 })
-	t.Logf("served %s after it became due with no wake-up", time.Since(lined).Round(10*time.Millisecond))
 	cancel()
 	<-done
 }
