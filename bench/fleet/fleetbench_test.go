@@ -105,6 +105,7 @@ func TestBadFlags(t *testing.T) {
 		{"-setups", "xrate,celery"},
 		{"-workers", "-1"},
 		{"-allowance", "5s"},
+		{"-flood-concurrency", "10"}, // the small saturation fleet's own 10 slots: it would bind
 		{"-nope"},
 	} {
 		var stdout, stderr bytes.Buffer

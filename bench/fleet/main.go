@@ -64,6 +64,7 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 	save := fs.String("save", "", "also save the run's recordings to this file (for -render)")
 	render := fs.String("render", "", "run nothing: write the report of the run saved in this file (with -out)")
 	cluster := fs.Bool("cluster", false, "run the end-to-end rounds on a private Redis Cluster of 3 masters (redis-server with cluster support)")
+	floodConc := fs.Int("flood-concurrency", 0, "give the saturation scenario's flooding tenant a concurrency rule of this many (more than the fleet's slots; 0: no limits)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -121,7 +122,11 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	o := options{cfg: cfg, setups: chosen, scenarios: kinds, allowance: *allowance, log: stderr, cluster: *cluster}
+	if sc := satPresets[cfg.name]; *floodConc != 0 && *floodConc <= sc.workers*sc.conc {
+		fmt.Fprintf(stderr, "fleetbench: -flood-concurrency %d: want 0 (no limits) or more than the saturation fleet's %d slots, so that it never binds\n", *floodConc, sc.workers*sc.conc)
+		return 2
+	}
+	o := options{cfg: cfg, setups: chosen, scenarios: kinds, allowance: *allowance, log: stderr, cluster: *cluster, floodConc: *floodConc}
 	var prev previous
 	if *out != "" {
 		prev = readPrevious(filepath.Join(*out, "benchmarks.md"))
@@ -231,13 +236,18 @@ func bench(ctx context.Context, o options) (*benchmark, error) {
 		}
 	}
 	if o.runs(kindSaturation) {
-		sw, err := newSaturationWorkload(o.cfg.name, satPresets[o.cfg.name], o.cfg.seed)
+		sc := satPresets[o.cfg.name]
+		sc.floodConc = o.floodConc
+		sw, err := newSaturationWorkload(o.cfg.name, sc, o.cfg.seed)
 		if err != nil {
 			return nil, err
 		}
-		sc := sw.sat
-		fmt.Fprintf(o.log, "saturation %s: a tenant with no limits sends %d jobs at %s, %d small tenants trickle; the fleet runs %d at once (%.0f jobs/s at most)\n",
-			o.cfg.name, sc.big, sc.bigAt, sc.small, sc.workers*sc.conc, sc.capacity())
+		limits := "no limits"
+		if sc.floodConc > 0 {
+			limits = sw.tenants[0].policyText()
+		}
+		fmt.Fprintf(o.log, "saturation %s: a tenant with %s sends %d jobs at %s, %d small tenants trickle; the fleet runs %d at once (%.0f jobs/s at most)\n",
+			o.cfg.name, limits, sc.big, sc.bigAt, sc.small, sc.workers*sc.conc, sc.capacity())
 		b.sat = &scenario{w: sw}
 		for _, s := range o.setups {
 			rd, err := runSetup(ctx, o, sw, s)

@@ -245,7 +245,13 @@ func TestSaturationWorkload(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, w.jobs, again.jobs, "%s: deterministic", name)
 	}
-	_, err := newSaturationWorkload("bad", satConfig{}, 5)
+	// -flood-concurrency gives the flooding tenant a rule that never binds
+	sc := satPresets["small"]
+	sc.floodConc = 50
+	w, err := newSaturationWorkload("small", sc, 5)
+	require.NoError(t, err)
+	require.Equal(t, "concurrency=50", w.tenants[0].policyText())
+	_, err = newSaturationWorkload("bad", satConfig{}, 5)
 	require.Error(t, err)
 }
 

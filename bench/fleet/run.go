@@ -38,6 +38,10 @@ type options struct {
 	log       io.Writer // progress lines
 	// cluster runs the end-to-end rounds on a 3-master Redis Cluster
 	cluster bool
+	// floodConc, when positive, gives the saturation scenario's flooding
+	// tenant a concurrency rule of that many (above the fleet's slots, so
+	// that it never binds, but its jobs hold and release slots)
+	floodConc int
 }
 
 // runData is what one set-up's run recorded.

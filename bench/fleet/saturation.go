@@ -27,6 +27,7 @@ type satConfig struct {
 	workers   int           // worker processes
 	conc      int           // asynq Concurrency of each: the fleet runs workers×conc jobs at once
 	drain     time.Duration // how long after the small tenants' last job a set-up may take
+	floodConc int           // the flooding tenant's concurrency rule; 0: it has no limits
 }
 
 // satPresets are the saturation scenario of each config.
@@ -67,7 +68,7 @@ func newSaturationWorkload(name string, sc satConfig, seed uint64) (*workload, e
 	}
 	r := rand.New(rand.NewPCG(seed, 0x5a7))
 	w := &workload{kind: kindSaturation, sat: sc}
-	w.tenants = append(w.tenants, tenant{id: 0, name: "t0000", class: classBig, hold: sc.hold, jobs: sc.big})
+	w.tenants = append(w.tenants, tenant{id: 0, name: "t0000", class: classBig, hold: sc.hold, jobs: sc.big, conc: int64(sc.floodConc)})
 	for i := 1; i <= sc.small; i++ {
 		t := tenant{id: i, name: fmt.Sprintf("t%04d", i), class: classRate, rate: sc.smallRate, burst: sc.burst, hold: sc.hold}
 		t.jobs = max(1, int(sc.trickle*sc.span.Seconds()))
@@ -163,9 +164,18 @@ func (b *benchmark) saturationMarkdown(out io.Writer) {
 	p := func(format string, args ...any) { fmt.Fprintf(out, format+"\n", args...) }
 	w, sc := b.sat.w, b.sat.w.sat
 	small := w.tenants[1]
-	p("## Saturation: a tenant with no limits floods the fleet")
+	if sc.floodConc > 0 {
+		p("## Saturation: a tenant whose limits never bind floods the fleet")
+	} else {
+		p("## Saturation: a tenant with no limits floods the fleet")
+	}
 	p("")
-	p("- 1 tenant with **no limits**, `%s`: **%s jobs enqueued at once at t=%.0fs**.", w.tenants[0].name, thousands(int64(sc.big)), sc.bigAt.Seconds())
+	if sc.floodConc > 0 {
+		p("- 1 tenant whose only rule never binds, `%s`, `%s` (more than the fleet's slots): **%s jobs enqueued at once at t=%.0fs**.",
+			w.tenants[0].name, w.tenants[0].policyText(), thousands(int64(sc.big)), sc.bigAt.Seconds())
+	} else {
+		p("- 1 tenant with **no limits**, `%s`: **%s jobs enqueued at once at t=%.0fs**.", w.tenants[0].name, thousands(int64(sc.big)), sc.bigAt.Seconds())
+	}
 	p("- %d small tenants, each `%s` and sending %.0f job(s) a second at random times within %.0f s:", sc.small, small.policyText(), sc.trickle, sc.span.Seconds())
 	p("  their limits never hold a job back (they are measured on the jobs their limits would start")
 	p("  at once), so what they wait is the queue alone.")
