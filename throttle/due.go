@@ -351,10 +351,7 @@ func (r *room) settleDue(ctx context.Context, queue string, due []dueTenant) err
 // than turnFresh read again.
 func (r *room) turnOf(ctx context.Context, queue, tenant string) (first, others bool, err error) {
 	key := queue + lineSep + tenant
-	r.mu.Lock()
-	until, ok := r.alone[key]
-	r.mu.Unlock()
-	if ok && time.Now().Before(until) {
+	if r.lately(&r.alone, key) {
 		return true, false, nil
 	}
 	shard := dueShard(tenant)
@@ -384,16 +381,11 @@ func (r *room) turnOf(ctx context.Context, queue, tenant string) (first, others 
 			}
 		}
 	}
-	r.mu.Lock()
 	if first && !others {
-		if r.alone == nil || len(r.alone) >= 1024 {
-			r.alone = map[string]time.Time{}
-		}
-		r.alone[key] = time.Now().Add(aloneFor)
+		r.remember(&r.alone, key, aloneFor)
 	} else {
-		delete(r.alone, key)
+		r.remember(&r.alone, key, 0)
 	}
-	r.mu.Unlock()
 	return first, others, nil
 }
 

@@ -507,10 +507,16 @@ func (r *room) Release(ctx context.Context, tenant, queue, id string, claim uint
 		return err
 	}
 	// the small release first: with nobody waiting it is all there is (the
-	// job's key's and pools' slots go in the same call)
-	waiting, err := r.l.release(ctx, tenant, queue, id, claim, sc)
-	if !waiting || err != nil {
-		return err
+	// job's key's and pools' slots go in the same call). On one server,
+	// where it gives back nothing at all while jobs wait, a tenant whose
+	// line held jobs at its last release goes straight to the hand-on.
+	queued := queue + lineSep + tenant
+	if r.l.cluster || !r.lately(&r.queued, queued) {
+		waiting, err := r.l.release(ctx, tenant, queue, id, claim, sc)
+		if !waiting || err != nil {
+			return err
+		}
+		r.remember(&r.queued, queued, queuedFor)
 	}
 	if sc.Key != "" || (len(sc.Pools) > 0 && !r.l.cluster) {
 		// nothing of the tenant's slot was given back (and on one server
@@ -556,6 +562,12 @@ func (r *room) Release(ctx context.Context, tenant, queue, id string, claim uint
 	t, err := r.release(ctx, tenant, queue, id, claim, 1)
 	if err != nil {
 		return err
+	}
+	if t.Waiting > 0 {
+		r.remember(&r.queued, queued, queuedFor)
+	} else {
+		// the line is empty: the next release asks again
+		r.remember(&r.queued, queued, 0)
 	}
 	if len(t.Promoted) > 0 {
 		crashpoint.Hit("room.released")

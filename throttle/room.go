@@ -32,6 +32,11 @@ type room struct {
 	// on without asking each time
 	mu    sync.Mutex
 	alone map[string]time.Time
+	// queued remembers, for a short while (queuedFor), the tenants of a
+	// queue whose release found jobs waiting in their line: on one server
+	// the next release of theirs goes straight to the hand-on, without
+	// the small release that would only say so again
+	queued map[string]time.Time
 }
 
 // The limiter's waiting room is what sluice's queue and worker packages
@@ -50,6 +55,37 @@ var _ waitroom.Room = (*room)(nil)
 // tenant that becomes due meanwhile waits at most that much longer for a
 // slot.
 const aloneFor = 50 * time.Millisecond
+
+// queuedFor is how long a release trusts that its tenant's line still
+// holds jobs, unless a hand-on finds it empty first. Trusted wrongly (other
+// processes emptied the line), it costs a release a script run more than
+// it needed: the hand-on finds the line empty and only gives back, and the
+// next release asks again.
+const queuedFor = time.Second
+
+// lately reports whether *m, one of the room's memories, holds key until
+// after now.
+func (r *room) lately(m *map[string]time.Time, key string) bool {
+	r.mu.Lock()
+	until, ok := (*m)[key]
+	r.mu.Unlock()
+	return ok && time.Now().Before(until)
+}
+
+// remember sets key in the memory *m until d from now (forgets it when d
+// is 0), keeping the memory small.
+func (r *room) remember(m *map[string]time.Time, key string, d time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if d == 0 {
+		delete(*m, key)
+		return
+	}
+	if *m == nil || len(*m) >= 1024 {
+		*m = map[string]time.Time{}
+	}
+	(*m)[key] = time.Now().Add(d)
+}
 
 // lineSep separates the fields of a line entry; a queue name may not hold it.
 const lineSep = "\x1f"

@@ -3,13 +3,16 @@ package throttle
 import (
 	"context"
 	"fmt"
-	"github.com/sluicehq/sluice/internal/waitroom"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/waitroom"
+	"github.com/sluicehq/sluice/lua"
 )
 
 // engine is a stand-in queue engine for the room's tests: it records the
@@ -315,6 +318,107 @@ func TestRoomReleaseKeepsTheLineDue(t *testing.T) {
 	turn = pumpTurn()
 	require.Len(t, turn.Promoted, 1)
 	require.Equal(t, "b4", turn.Promoted[0].ID)
+}
+
+// scriptCounts counts the runs of each of sluice's scripts a client makes
+// (EVALSHA, and EVAL after NOSCRIPT), by the script's hash.
+type scriptCounts struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (c *scriptCounts) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (c *scriptCounts) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		c.observe(cmd)
+		return next(ctx, cmd)
+	}
+}
+
+func (c *scriptCounts) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, cmd := range cmds {
+			c.observe(cmd)
+		}
+		return next(ctx, cmds)
+	}
+}
+
+func (c *scriptCounts) observe(cmd redis.Cmder) {
+	if cmd.Name() != "evalsha" {
+		return
+	}
+	sha, _ := cmd.Args()[1].(string)
+	c.mu.Lock()
+	if c.n == nil {
+		c.n = map[string]int{}
+	}
+	c.n[sha]++
+	c.mu.Unlock()
+}
+
+// take returns the counts of script, then zeroes them all.
+func (c *scriptCounts) take(script *redis.Script) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := c.n[script.Hash()]
+	c.n = nil
+	return n
+}
+
+// TestRoomReleaseHandsOnInOneStep: on one server, a release whose
+// tenant's line held jobs at its last release goes straight to the
+// hand-on (admit.lua's release op, one script run), without the small
+// release (release.lua) that would only say again that jobs wait; once
+// the line is empty, a release is the small release alone again.
+func TestRoomReleaseHandsOnInOneStep(t *testing.T) {
+	t.Parallel()
+	if redistest.ClusterMode() {
+		t.Skip("on a Cluster the small release gives back @global's slot even while jobs wait: it is never skipped")
+	}
+	client := redistest.Client(t)
+	counts := &scriptCounts{}
+	client.AddHook(counts)
+	e := setupOn(t, client, false, nil)
+	ctx := context.Background()
+	e.policy(t, "acme", "concurrency=1")
+	room := e.lim.room()
+	require.Equal(t, []string{"a1"}, line(t, e, "acme", "a1", "a2", "a3"))
+	d, err := e.lim.Admit(ctx, "acme", "a1")
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+	claim := d.Claim
+	g := &engine{}
+	counts.take(lua.Release)
+
+	// a1 ends: the small release finds a2 and a3 waiting, and the hand-on
+	// gives a1's slot to a2
+	require.NoError(t, room.Release(ctx, "acme", waitroom.DefaultQueue, "a1", claim, waitroom.Scopes{}, g.handover, nil))
+	require.Equal(t, []string{"a2"}, g.ids())
+	require.Equal(t, 1, counts.take(lua.Release), "the first release asks whether jobs wait")
+
+	// a2 ends: a3 still waited at a1's release, so the slot goes straight
+	// to it
+	e.keep(g.handed)
+	claim = e.redeem(t, "acme", "a2").Claim
+	counts.take(lua.Release)
+	require.NoError(t, room.Release(ctx, "acme", waitroom.DefaultQueue, "a2", claim, waitroom.Scopes{}, g.handover, nil))
+	require.Equal(t, []string{"a2", "a3"}, g.ids())
+	require.Zero(t, counts.take(lua.Release), "no small release: the hand-on alone")
+
+	// a3 ends with the line empty (a2's hand-on said so): the small
+	// release alone gives the slot back
+	e.keep(g.handed)
+	claim = e.redeem(t, "acme", "a3").Claim
+	counts.take(lua.Release)
+	require.NoError(t, room.Release(ctx, "acme", waitroom.DefaultQueue, "a3", claim, waitroom.Scopes{}, g.handover, nil))
+	require.Equal(t, 1, counts.take(lua.Release))
+	st, err := e.lim.Stats(ctx, "acme")
+	require.NoError(t, err)
+	require.Zero(t, st.Concurrency.InFlight, "every slot is back")
+	require.Zero(t, st.Waiting)
+	require.Equal(t, []string{"a2", "a3"}, g.ids(), "nothing more handed on")
 }
 
 // TestRoomGoneAndRunningJobs: a line entry whose job the engine no longer
