@@ -78,6 +78,49 @@ type pump struct {
 	// full: the last round found a queue's fleet without room for its due
 	// lines (a kick then calls for a round)
 	full bool
+	// seen are, per queue, the tenants this pump took from the index
+	// within the last seenFor, with their weights
+	seen map[string]map[string]seenTenant
+}
+
+// seenTenant is a tenant a pump took, its weight and when.
+type seenTenant struct {
+	weight int64
+	at     time.Time
+}
+
+// seenFor is how long a pump counts a tenant it took among those sharing
+// out a round's room (dueWeight).
+const seenFor = time.Second
+
+// dueWeight records the tenants a round of queue took, with their weights,
+// and returns the weight of every tenant the pump took within seenFor,
+// these included. Several pumps take the due tenants between them: a
+// round that took only some of them still shares out its room as if all
+// of them were in it, so that a tenant's quantum does not grow with the
+// tenants other pumps hold at that moment.
+func (p *pump) dueWeight(queue string, tenants []string, weights []int64) int64 {
+	if p.seen == nil {
+		p.seen = map[string]map[string]seenTenant{}
+	}
+	m := p.seen[queue]
+	if m == nil {
+		m = map[string]seenTenant{}
+		p.seen[queue] = m
+	}
+	now := time.Now()
+	for i, t := range tenants {
+		m[t] = seenTenant{weight: weights[i], at: now}
+	}
+	var total int64
+	for t, s := range m {
+		if now.Sub(s.at) > seenFor {
+			delete(m, t)
+			continue
+		}
+		total += s.weight
+	}
+	return total
 }
 
 // listen turns wake-ups for the pump's queues into a signal.
@@ -269,7 +312,11 @@ func (p *pump) serve(ctx context.Context, queue string) (time.Duration, error) {
 		}
 		total += weights[i]
 	}
-	unit := max(1, int64(free)/total)
+	names := make([]string, len(taken))
+	for i, d := range taken {
+		names[i] = d.tenant
+	}
+	unit := max(1, int64(free)/max(total, p.dueWeight(queue, names, weights)))
 	budgets := make([]int, len(taken))
 	left := free
 	for i := range taken {
