@@ -3,9 +3,12 @@ package throttle_test
 import (
 	"context"
 	"fmt"
-	"github.com/sluicehq/sluice/internal/waitroom"
 	"log"
+	"maps"
+	"slices"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/waitroom"
 
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/throttle"
@@ -331,15 +334,15 @@ acme:
 	if err != nil {
 		log.Fatal(err)
 	}
-	fmt.Println(policies["acme"])
-	fmt.Print(string(throttle.FormatPolicyFile(policies)))
+	for _, name := range slices.Sorted(maps.Keys(policies)) {
+		fmt.Printf("%s: %s\n", name, policies[name])
+	}
 
 	// Every entry is checked; an error names the line, the entry and the field.
 	_, err = throttle.ParsePolicyFile([]byte("acme:\n  rate: 100/s\n  concurrency: 0\n"))
 	fmt.Println(err)
 	// Output:
-	// rate=100/s burst=20 rate=5000/h quota=10000/day tz=America/Los_Angeles
-	// '*': rate=10/s concurrency=2
+	// *: rate=10/s concurrency=2
 	// acme: rate=100/s burst=20 rate=5000/h quota=10000/day tz=America/Los_Angeles
 	// policy file line 3, "acme": concurrency=0: must be a whole number of at least 1
 }

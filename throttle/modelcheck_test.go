@@ -651,7 +651,7 @@ func requireStatsMatch(t *testing.T, m *model, e *env, scope string, now int64, 
 		require.Equal(t, &WindowStats{Window: *w, Started: countAfter(ms.startedLog, now-d), Planned: countAfter(ms.plannedLog, now-d)}, st.Window, where)
 	}
 	if q := p.Quota; q != nil {
-		start, end := q.WindowAt(time.UnixMicro(now))
+		start, end := q.windowAt(time.UnixMicro(now))
 		used := ms.quota[start.UnixMicro()]
 		require.Equal(t, used, st.Quota.Used, where+": quota used")
 		require.Equal(t, ms.quota[end.UnixMicro()], st.Quota.ReservedInNextWindow, where+": quota in the next window")

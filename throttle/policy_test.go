@@ -1,11 +1,16 @@
 package throttle
 
 import (
+	"bytes"
+	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"gopkg.in/yaml.v3"
 )
 
 // canonicalPolicies are policy texts in their canonical form: String gives
@@ -409,12 +414,12 @@ empty: ""
 	}
 	require.Equal(t, want, texts)
 
-	// FormatPolicyFile writes what ParsePolicyFile reads back
-	formatted := FormatPolicyFile(got)
+	// formatPolicyFile writes what ParsePolicyFile reads back
+	formatted := formatPolicyFile(got)
 	back, err := ParsePolicyFile(formatted)
 	require.NoError(t, err, string(formatted))
 	require.Equal(t, got, back)
-	require.Equal(t, formatted, FormatPolicyFile(back))
+	require.Equal(t, formatted, formatPolicyFile(back))
 	require.True(t, strings.HasPrefix(string(formatted), "'*': "), string(formatted))
 
 	// anchors, aliases and merge keys share settings between entries
@@ -456,8 +461,8 @@ tilde: ~
 	for _, name := range []string{"yes", "no", "on", "null", "~", "123", "1e3", "a: b", "#x", "- x", "'q'", `"dq"`, "ünï code", "[x]", "{y}", "&a", "!t", "%7B"} {
 		odd[name] = mustPolicy(t, "rate=1/s")
 	}
-	back, err = ParsePolicyFile(FormatPolicyFile(odd))
-	require.NoError(t, err, string(FormatPolicyFile(odd)))
+	back, err = ParsePolicyFile(formatPolicyFile(odd))
+	require.NoError(t, err, string(formatPolicyFile(odd)))
 	require.Equal(t, odd, back)
 
 	for _, empty := range []string{"", "# nothing yet\n", "{}"} {
@@ -465,7 +470,7 @@ tilde: ~
 		require.NoError(t, err, empty)
 		require.Empty(t, got, empty)
 	}
-	require.Empty(t, FormatPolicyFile(nil))
+	require.Empty(t, formatPolicyFile(nil))
 }
 
 func TestParsePolicyFileErrors(t *testing.T) {
@@ -515,4 +520,17 @@ func TestDuplicateRatesCollapse(t *testing.T) {
 	ps, err := ParsePolicyFile([]byte("acme:\n  rate: [1/s, 1/s]\n"))
 	require.NoError(t, err)
 	require.Equal(t, "rate=1/s", ps["acme"].String())
+}
+
+// formatPolicyFile writes policies as a YAML file that ParsePolicyFile
+// should read back, one line per policy in its text form, sorted by name.
+func formatPolicyFile(policies map[string]*Policy) []byte {
+	names := slices.Sorted(maps.Keys(policies))
+	var b bytes.Buffer
+	for _, n := range names {
+		key, _ := yaml.Marshal(n)
+		val, _ := yaml.Marshal(policies[n].String())
+		fmt.Fprintf(&b, "%s: %s", strings.TrimSpace(string(key)), val)
+	}
+	return b.Bytes()
 }

@@ -73,8 +73,8 @@ func (q *Quota) compile() error {
 	return nil
 }
 
-// WindowAt returns the calendar window [start, end) that contains t.
-func (q *Quota) WindowAt(t time.Time) (start, end time.Time) {
+// windowAt returns the calendar window [start, end) that contains t.
+func (q *Quota) windowAt(t time.Time) (start, end time.Time) {
 	if q.schedule == nil {
 		if err := q.compile(); err != nil {
 			return time.Time{}, time.Time{}
@@ -104,7 +104,7 @@ func (q *Quota) WindowAt(t time.Time) (start, end time.Time) {
 // the window containing now (give or take clock skew) and the two after it.
 func (q *Quota) bounds(now time.Time) []int64 {
 	const skew = 2 * time.Second
-	start, _ := q.WindowAt(now.Add(-skew))
+	start, _ := q.windowAt(now.Add(-skew))
 	if start.IsZero() {
 		start = now.Add(-skew).Add(-time.Second)
 	}
@@ -258,7 +258,7 @@ func (quotaKind) stats(p *Policy, raw *rawStats, s *Stats) {
 	if q == nil {
 		return
 	}
-	start, end := q.WindowAt(s.Now)
+	start, end := q.windowAt(s.Now)
 	qs := &QuotaStats{Quota: *q, WindowStart: start, WindowEnd: end}
 	for _, slot := range [][2]string{{"qa", "qc"}, {"qb", "qd"}} {
 		switch raw.hash[slot[0]] {
