@@ -368,19 +368,20 @@ func ExampleLimiter_Learn() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	r, _ := lim.Policies().Resolve(ctx, "acme")
-	fmt.Println(out, "|", r.Policy, "|", r.Learned.Rule)
+	// The limit is one more rate rule of acme's; its policy is unchanged.
+	st, _ := lim.Stats(ctx, "acme")
+	fmt.Println(out, "|", st.Learned.Rule, st.Rates[1].Rate, "|", st.Rules)
 
 	// Said again, nothing is written; a limit above the policy's clears it.
 	out, _ = lim.Learn(ctx, "acme", throttle.LearnedLimit{Limit: 40, Window: time.Second})
 	fmt.Println(out)
 	out, _ = lim.Learn(ctx, "acme", throttle.LearnedLimit{Limit: 500, Window: time.Second})
-	r, _ = lim.Policies().Resolve(ctx, "acme")
-	fmt.Println(out, "|", r.Policy, "|", r.Learned == nil)
+	st, _ = lim.Stats(ctx, "acme")
+	fmt.Println(out, "|", len(st.Rates), "rate rule |", st.Learned == nil)
 	// Output:
-	// learned | rate=100/s burst=5 rate=40/s | rate[1]
+	// learned | rate[1] 40/s | rate=100/s burst=5
 	// kept
-	// cleared | rate=100/s burst=5 | true
+	// cleared | 1 rate rule | true
 }
 
 func ExampleLimiter_Adapt() {
@@ -410,15 +411,15 @@ func ExampleLimiter_Adapt() {
 		log.Fatal(err)
 	}
 	fmt.Println(c.From, "→", c.To, c.Reason)
-	r, _ := lim.Policies().Resolve(ctx, "acme")
-	fmt.Println(r.Policy, "|", r.Adaptive.Rule, r.Adaptive.Rate)
+	st, _ := lim.Stats(ctx, "acme")
+	fmt.Println(st.Adaptive.Rule, st.Adaptive.Rate, "|", st.Rates[0].Rate)
 
 	// More 429s in the same interval: cut once, not again.
-	c, _ = lim.Adapt(ctx, "acme", throttle.AdaptReport{Throttled: 5, Seq: r.Adaptive.Seq})
+	c, _ = lim.Adapt(ctx, "acme", throttle.AdaptReport{Throttled: 5, Seq: st.Adaptive.Seq})
 	fmt.Printf("%d %q\n", c.To, c.Reason)
 	// Output:
 	// 50 → 37 throttled
-	// rate=37/s adapt=10..200/s | rate[0] 37/s
+	// rate[0] 37/s | 37/s
 	// 37 ""
 }
 

@@ -194,7 +194,7 @@ func lowers(p *Policy, ll LearnedLimit) bool {
 	if p != nil {
 		p = p.atCeiling() // an adaptive rule may rise to its ceiling
 	}
-	pace := p.Pace()
+	pace := p.pace()
 	return pace == 0 || ll.Rate().Interval() > pace
 }
 

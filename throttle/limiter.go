@@ -226,11 +226,12 @@ type Request struct {
 	// own policy then limits the sum of its keys. A key's scope lives in
 	// its tenant's Redis slot.
 	Key string
-	// Policies, when set, are the policies to decide by, as
-	// PolicyStore.Resolve returned them for Tenant: a caller that reads
-	// them too (for the overflow mode, say) decides by the same ones. Nil:
+
+	// policies, when set, are the policies to decide by, as sluice's
+	// worker or producer resolved them for the job
+	// (jobpath.Engine.With): it decides by the same ones everywhere. Nil:
 	// the limiter resolves them.
-	Policies *Resolved
+	policies *jobPolicies
 }
 
 // Admit decides whether job id of tenant may start now, taking a

@@ -409,7 +409,7 @@ func runModelOn(t *testing.T, envs []*env, mix modelMix, seed uint64, steps int,
 				vmax := time.Duration(5+blockRng.IntN(200)) * time.Millisecond
 				for i, e := range envs {
 					e.lim.blockID = func() string { return fmt.Sprint("s", step) }
-					r, err := e.lim.Policies().Resolve(ctx, tenant)
+					r, err := e.lim.Policies().policiesFor(ctx, tenant)
 					require.NoError(t, err, where)
 					g, err := blocks.Of(e.lim).Grant(ctx, blocks.Want{Tenant: tenant, Policies: &r, Starts: want, Slots: kwant, Window: vmax})
 					mb, v, ok := models[i].grantBlock(now.UnixMicro(), tenant, fmt.Sprint("s", step), want, kwant, micros(vmax))

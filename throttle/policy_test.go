@@ -119,8 +119,8 @@ func TestPolicyFields(t *testing.T) {
 	require.Equal(t, "0 9 * * *", p.Quota.Reset)
 	require.Equal(t, "Europe/Paris", p.Quota.TZ)
 	require.Equal(t, &Concurrency{Limit: 5, Lease: 30 * time.Second}, p.Concurrency)
-	require.Equal(t, OverflowWait, p.OverflowMode())
-	require.Equal(t, 500*time.Millisecond, p.WaitLimit())
+	require.Equal(t, OverflowWait, p.Overflow)
+	require.Equal(t, 500*time.Millisecond, p.MaxWait)
 	require.Equal(t, int64(50000), p.Backlog)
 	require.True(t, p.FailOpen)
 	require.True(t, p.HasRules())
@@ -132,14 +132,11 @@ func TestPolicyFields(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, &Policy{}, empty)
 	require.False(t, empty.HasRules())
-	require.Equal(t, OverflowDefer, empty.OverflowMode())
-	require.Equal(t, MaxWaitDefault, empty.WaitLimit())
 	max, _ = empty.maxCostOf()
 	require.Equal(t, int64(-1), max)
 	var none *Policy
 	require.Equal(t, "", none.String())
 	require.False(t, none.HasRules())
-	require.Equal(t, OverflowDefer, none.OverflowMode())
 }
 
 func TestPolicyPace(t *testing.T) {
@@ -155,10 +152,10 @@ func TestPolicyPace(t *testing.T) {
 	} {
 		p, err := ParsePolicy(text)
 		require.NoError(t, err, text)
-		require.Equal(t, want, p.Pace(), text)
+		require.Equal(t, want, p.pace(), text)
 	}
 	var none *Policy
-	require.Zero(t, none.Pace())
+	require.Zero(t, none.pace())
 }
 
 func TestPolicyInvalid(t *testing.T) {

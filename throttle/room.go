@@ -145,10 +145,10 @@ func (r *room) checkArrival(a waitroom.Arrival) error {
 // policies (a.Policies, or resolved now): its tenant's, @global's and its
 // key's. It returns a *CostError for a cost a rule of one of them can
 // never admit.
-func (r *room) arrivalScopes(ctx context.Context, a waitroom.Arrival, cost int64) (*Resolved, []scope, error) {
-	res, _ := a.Policies.(*Resolved)
+func (r *room) arrivalScopes(ctx context.Context, a waitroom.Arrival, cost int64) (*jobPolicies, []scope, error) {
+	res := jobPoliciesOf(a.Policies)
 	if res == nil {
-		rs, err := r.l.resolved(ctx, a.Tenant)
+		rs, err := r.l.policies.policiesFor(ctx, a.Tenant)
 		if err != nil {
 			return nil, nil, fmt.Errorf("arrival of tenant %q: %w", a.Tenant, err)
 		}
@@ -194,7 +194,7 @@ func (r *room) Park(ctx context.Context, p waitroom.Parking) (waitroom.Parked, e
 	if res.Policy != nil {
 		backlog = res.Policy.Backlog
 	}
-	need := max(res.Policy.Pace(), res.Global.Pace())
+	need := res.Pace
 	k := keysFor(r.l.cfg.Prefix, p.Tenant)
 	q := queueOf(j.Queue)
 	keys := []string{k.lineAt(q, j.Priority)}
@@ -289,7 +289,7 @@ func leaseOf(scopes []scope) time.Duration {
 // alone. A window or a quota is decided again when the job starts (on the
 // reservation the room takes), since a job late for its slot would be
 // charged twice there.
-func (r *room) decidesAll(res Resolved) bool {
+func (r *room) decidesAll(res jobPolicies) bool {
 	if r.l.cluster && res.Global.HasRules() {
 		return false
 	}
@@ -322,7 +322,7 @@ func (r *room) TakeBack(ctx context.Context, d waitroom.Arrived) error {
 // (even without rules: its line's turn is kept there), and @global's where
 // one script sees both (not on a Cluster, where @global is left to the
 // gate when the job starts).
-func (r *room) scopes(tenant string, res Resolved) []scope {
+func (r *room) scopes(tenant string, res jobPolicies) []scope {
 	scopes := r.l.scopesOf(tenant, res)
 	if r.l.cluster && len(scopes) > 1 {
 		scopes = scopes[:1]
@@ -522,7 +522,7 @@ func (r *room) turn(ctx context.Context, tenant, queue, id string, claim uint64,
 	if err := ValidateTenant(tenant); err != nil {
 		return waitroom.Turn{}, err
 	}
-	res, err := r.l.resolved(ctx, tenant)
+	res, err := r.l.policies.policiesFor(ctx, tenant)
 	if err != nil {
 		return waitroom.Turn{}, fmt.Errorf("turn of tenant %q: %w", tenant, err)
 	}

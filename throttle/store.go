@@ -740,45 +740,30 @@ func (s *PolicyStore) read(ctx context.Context, fields []string, learnedOf strin
 	}
 }
 
-// Resolved are the policies that apply to a tenant's jobs.
-type Resolved struct {
-	// Policy is the tenant's own policy, or the default "*"; nil when
-	// neither exists (or for jobs without a tenant).
-	Policy *Policy
-	// Name is the name Policy is stored under: the tenant or "*".
-	Name string
-	// Global is the @global policy; nil when there is none.
-	Global *Policy
-	// Learned is the limit learned from the tenant's downstream, nil when
-	// none is in place; Policy includes it as its last rate rule when it
-	// is applied (Learned.Rule).
-	Learned *LearnedLimit
-	// Shadow is the policy tried on the tenant's jobs without being
-	// enforced (the worker's gate records its starts), nil when none is;
-	// ShadowName is the name it is stored under: ShadowPrefix and the
-	// tenant, or "*".
-	Shadow     *Policy
-	ShadowName string
-	// Adaptive is the state of the policy's adaptive rule, nil when it has
-	// none; Policy holds the rule at its current limit.
-	Adaptive *AdaptiveLimit
-
+// jobPolicies are the policies that apply to a tenant's jobs, as sluice's
+// worker and producer hold them for a job (policiesView, through
+// jobpath.Engine.Resolve), with what each cached policy's admissions need
+// worked out once.
+type jobPolicies struct {
+	policiesView
 	facts, globalFacts, shadowFacts *policyFacts // worked out when cached
 }
 
-// Resolve returns the policies that apply to tenant's jobs ("" for jobs
-// that follow @global only), as the limiter sees them: from its cache, or
-// with one round trip.
-func (s *PolicyStore) Resolve(ctx context.Context, tenant string) (Resolved, error) {
+// policiesFor returns the policies that apply to tenant's jobs ("" for
+// jobs that follow @global only), as the limiter sees them: from its
+// cache, or with one round trip.
+func (s *PolicyStore) policiesFor(ctx context.Context, tenant string) (jobPolicies, error) {
 	r, err := s.resolve(ctx, tenant)
-	return r.public(), err
+	return r.jobPolicies(), err
 }
 
-// public is r as Resolve answers it.
-func (r resolved) public() Resolved {
-	return Resolved{Policy: r.tenant, Name: r.tenantName, Global: r.global, Learned: r.learned,
-		Shadow: r.shadow, ShadowName: r.shadowName, Adaptive: r.adaptive,
-		facts: r.tenantFacts, globalFacts: r.globalFacts, shadowFacts: r.shadowFacts}
+// jobPolicies is r as a job carries it.
+func (r resolved) jobPolicies() jobPolicies {
+	return jobPolicies{
+		policiesView: policiesView{Policy: r.tenant, Name: r.tenantName, Global: r.global, Learned: r.learned,
+			Shadow: r.shadow, ShadowName: r.shadowName, Adaptive: r.adaptive, Pace: max(r.tenant.pace(), r.global.pace())},
+		facts: r.tenantFacts, globalFacts: r.globalFacts, shadowFacts: r.shadowFacts,
+	}
 }
 
 // watch drops the cache whenever a change is announced or the version moves.

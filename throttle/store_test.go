@@ -119,13 +119,13 @@ func TestPolicyStore(t *testing.T) {
 	require.NoError(t, s.Apply(ctx, map[string]*Policy{
 		"*": mustPolicy(t, "rate=1/s"), "acme": mustPolicy(t, "rate=2/s"), GlobalPolicy: mustPolicy(t, "rate=3/s"),
 	}, false))
-	r, err := s.Resolve(ctx, "acme")
+	r, err := s.policiesFor(ctx, "acme")
 	p, name, g := r.Policy, r.Name, r.Global
 	require.NoError(t, err)
 	require.Equal(t, "acme", name)
 	require.Equal(t, "rate=2/s", p.String())
 	require.Equal(t, "rate=3/s", g.String())
-	r, err = s.Resolve(ctx, "other")
+	r, err = s.policiesFor(ctx, "other")
 	p, name = r.Policy, r.Name
 	require.NoError(t, err)
 	require.Equal(t, DefaultPolicy, name)
@@ -232,7 +232,7 @@ func TestPolicyChangeSeenByOtherWorkers(t *testing.T) {
 	polling := otherWorker(t, e, 250*time.Millisecond)
 	// other subscribes before anything is announced, so it hears every
 	// announcement; its watcher drops the cache once the subscription is live
-	_, err := other.policies.Resolve(ctx, "acme")
+	_, err := other.policies.policiesFor(ctx, "acme")
 	require.NoError(t, err)
 	heard := func(n uint64) func() bool { return func() bool { return other.policies.gen.Load() >= 1+n } }
 	require.Eventually(t, heard(0), 5*time.Second, time.Millisecond, "other's subscription never went live")
@@ -339,7 +339,7 @@ func TestPolicyStoreClose(t *testing.T) {
 	s, err := NewPolicyStore(e.client, &StoreConfig{Prefix: e.prefix, PollInterval: 50 * time.Millisecond})
 	require.NoError(t, err)
 	require.NoError(t, s.Set(ctx, "acme", mustPolicy(t, "rate=1/s")))
-	r, err := s.Resolve(ctx, "acme")
+	r, err := s.policiesFor(ctx, "acme")
 	p := r.Policy
 	require.NoError(t, err)
 	require.Equal(t, "rate=1/s", p.String())
@@ -347,7 +347,7 @@ func TestPolicyStoreClose(t *testing.T) {
 	require.NoError(t, s.Close())
 	// a closed store still reads and writes, without a cache
 	require.NoError(t, e.client.HSet(ctx, policiesKey(e.prefix), "acme", mustEncode(t, "rate=2/s")).Err())
-	r, err = s.Resolve(ctx, "acme")
+	r, err = s.policiesFor(ctx, "acme")
 	p = r.Policy
 	require.NoError(t, err)
 	require.Equal(t, "rate=2/s", p.String())
@@ -435,7 +435,7 @@ func TestPolicyStoreMakesUpForLostMessages(t *testing.T) {
 	require.NoError(t, writer.Set(ctx, "acme", mustPolicy(t, "rate=1/s")))
 	resolved := func() string {
 		t.Helper()
-		r, err := reader.Resolve(ctx, "acme")
+		r, err := reader.policiesFor(ctx, "acme")
 		require.NoError(t, err)
 		return r.Policy.String()
 	}

@@ -19,6 +19,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/sluicehq/sluice/internal/asynqtest"
+	"github.com/sluicehq/sluice/internal/jobpath"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/taskspec"
@@ -34,6 +35,13 @@ var full = flag.Bool("sluice.full", false, "run the fleet tests at full size (mi
 
 func TestMain(m *testing.M) {
 	redistest.Main(m, goleak.IgnoreCurrent())
+}
+
+// resolve returns the policies lim decides tenant's jobs by, from its
+// cache, as the gate resolves them.
+func resolve(ctx context.Context, lim *throttle.Limiter, tenant string) (*jobpath.Policies[throttle.Policy, throttle.LearnedLimit, throttle.AdaptiveLimit], error) {
+	type policies = jobpath.Policies[throttle.Policy, throttle.LearnedLimit, throttle.AdaptiveLimit]
+	return jobpath.Of(lim).(jobpath.Engine[throttle.Request, throttle.Decision, *policies]).Resolve(ctx, tenant)
 }
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))

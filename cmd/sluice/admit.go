@@ -64,11 +64,11 @@ func admit(a *app, c *command, o *opts, args []string) error {
 	if err != nil {
 		return err
 	}
-	r, err := cn.store.Resolve(a.ctx, tenant)
-	own, ownName, global := r.Policy, r.Name, r.Global
+	r, err := cn.resolve(a.ctx, tenant)
 	if err != nil {
 		return err
 	}
+	own, ownName, global := r.Policy, r.Name, r.Global
 	policy := own
 	if d.Policy == throttle.GlobalPolicy {
 		policy = global

@@ -12,6 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice/internal/jobpath"
 	"github.com/sluicehq/sluice/internal/redisurl"
 	"github.com/sluicehq/sluice/throttle"
 )
@@ -289,6 +290,16 @@ type conn struct {
 	client  redis.UniversalClient
 	store   *throttle.PolicyStore
 	limiter *throttle.Limiter
+}
+
+// policies are the policies that apply to a tenant's jobs (resolve).
+type policies = jobpath.Policies[throttle.Policy, throttle.LearnedLimit, throttle.AdaptiveLimit]
+
+// resolve returns the policies that apply to tenant's jobs, as the
+// workers decide by them: its own or the default, @global's, its shadow,
+// its learned limit.
+func (c *conn) resolve(ctx context.Context, tenant string) (*policies, error) {
+	return jobpath.Of(c.limiter).(jobpath.Engine[throttle.Request, throttle.Decision, *policies]).Resolve(ctx, tenant)
 }
 
 func (c *conn) Close() {

@@ -149,7 +149,7 @@ func noShadowError(a *app, cn *conn, of string) error {
 	if of == throttle.DefaultPolicy {
 		return fmt.Errorf("no shadow policy of the default policy *; %s", set)
 	}
-	r, err := cn.store.Resolve(a.ctx, of)
+	r, err := cn.resolve(a.ctx, of)
 	if err != nil {
 		return err
 	}
