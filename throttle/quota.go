@@ -8,8 +8,6 @@ import (
 
 	"github.com/robfig/cron/v3"
 	"gopkg.in/yaml.v3"
-
-	"github.com/sluicehq/sluice/internal/human"
 )
 
 // Quota allows Limit units per calendar window. Windows start at every time
@@ -139,15 +137,6 @@ type QuotaStats struct {
 	Remaining              int64
 }
 
-// Name is the rule's name in decisions: quota.
-func (s QuotaStats) Name() string { return "quota" }
-
-// Describe tells the state in a line, as of now.
-func (s QuotaStats) Describe(now time.Time) string {
-	return fmt.Sprintf("%s: %d used, %d left; resets %s (in %s); %d reserved in the next window",
-		s.Quota.String(), s.Used, s.Remaining, s.WindowEnd.UTC().Format(time.RFC3339), human.Duration(s.WindowEnd.Sub(now)), s.ReservedInNextWindow)
-}
-
 // The quota kind: qa/qc and qb/qd in a scope's hash are two window starts
 // and their counts.
 type quotaKind struct{}
@@ -273,10 +262,3 @@ func (quotaKind) stats(p *Policy, raw *rawStats, s *Stats) {
 }
 
 func (quotaKind) rule(int64) string { return "quota" }
-
-func (quotaKind) ruleStats(s *Stats) []RuleStats {
-	if s.Quota == nil {
-		return nil
-	}
-	return []RuleStats{*s.Quota}
-}

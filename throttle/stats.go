@@ -230,23 +230,3 @@ type rawStats struct {
 	live                         int64            // running jobs
 	holders                      []Holder         // up to 100 of them
 }
-
-// RuleStats is the state of one rule of a Stats: RateStats, WindowStats,
-// QuotaStats or ConcurrencyStats.
-type RuleStats interface {
-	// Name is the rule's name in decisions: rate[0], window, …
-	Name() string
-	// Describe tells the state in one line, as of now (Stats.Now).
-	Describe(now time.Time) string
-}
-
-// RuleStats lists the state of every rule, in the policy's order.
-func (s *Stats) RuleStats() []RuleStats {
-	var out []RuleStats
-	for _, k := range kinds {
-		if k != nil {
-			out = append(out, k.ruleStats(s)...)
-		}
-	}
-	return out
-}
