@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/sluicehq/sluice/internal/names"
 	"github.com/sluicehq/sluice/internal/waitroom"
 	"log/slog"
 	"maps"
@@ -236,7 +237,7 @@ func (c *Client) Enqueue(ctx context.Context, tenant string, task *asynq.Task, o
 
 // prepare checks a job and builds its headers; it does no I/O.
 func (c *Client) prepare(tenant string, task *asynq.Task, opts []asynq.Option, now time.Time) (*job, error) {
-	if err := throttle.ValidateTenant(tenant); err != nil {
+	if err := names.Tenant(tenant); err != nil {
 		return nil, &InvalidError{Field: "tenant", Reason: err.Error(), Err: err}
 	}
 	if task == nil {

@@ -89,7 +89,7 @@ func (l *Limiter) keyScope(ctx context.Context, tenant, key string) (*scope, err
 	if tenant == "" {
 		return nil, fmt.Errorf("%w: key %q: a key is below a tenant; give the job's tenant too", ErrInvalidTenant, key)
 	}
-	if err := ValidateKey(key); err != nil {
+	if err := validateKey(key); err != nil {
 		return nil, err
 	}
 	name, c, err := l.policies.keyPolicy(ctx, tenant, key)
@@ -126,7 +126,7 @@ func (l *Limiter) requestScopes(ctx context.Context, req Request, cost int64) (j
 // until a policy changes.
 func (l *Limiter) checkCost(ctx context.Context, req Request) error {
 	if req.Tenant != "" {
-		if err := ValidateTenant(req.Tenant); err != nil {
+		if err := validateTenant(req.Tenant); err != nil {
 			return err
 		}
 	}
@@ -145,7 +145,7 @@ func (l *Limiter) checkCost(ctx context.Context, req Request) error {
 func (l *Limiter) poolScopes(ctx context.Context, pools []string) ([]scope, error) {
 	var out []scope
 	for i, name := range pools {
-		if err := ValidatePool(name); err != nil {
+		if err := validatePool(name); err != nil {
 			return nil, err
 		}
 		if slices.Contains(pools[:i], name) {
@@ -164,7 +164,7 @@ func (l *Limiter) poolScopes(ctx context.Context, pools []string) ([]scope, erro
 
 func (l *Limiter) do(ctx context.Context, req Request, flags int) (Decision, error) {
 	if req.Tenant != "" {
-		if err := ValidateTenant(req.Tenant); err != nil {
+		if err := validateTenant(req.Tenant); err != nil {
 			return Decision{}, err
 		}
 	}

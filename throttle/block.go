@@ -56,7 +56,7 @@ func (e blockEngine) Grant(ctx context.Context, w blocks.Want) (*blocks.Grant, e
 	if p == nil || w.Starts < 1 {
 		return nil, blocks.ErrNoBlock
 	}
-	if err := ValidateTenant(w.Tenant); err != nil {
+	if err := validateTenant(w.Tenant); err != nil {
 		return nil, err
 	}
 	id := uuid.NewString()[:8]

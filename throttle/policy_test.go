@@ -336,10 +336,10 @@ func TestRate(t *testing.T) {
 	}
 }
 
-func TestValidateTenant(t *testing.T) {
+func TestTenantRule(t *testing.T) {
 	t.Parallel()
 	for _, ok := range []string{"a", "acme", "a{b}", "ünï code", strings.Repeat("é", 128), "x@y", "**", "a\u00a0b", "😀", "a\u00a0\u00ffb"} {
-		require.NoError(t, ValidateTenant(ok), ok)
+		require.NoError(t, validateTenant(ok), ok)
 	}
 	for bad, want := range map[string]string{
 		"":                       "empty",
@@ -356,15 +356,15 @@ func TestValidateTenant(t *testing.T) {
 		"é\u009f":                "control character (U+009F) at byte 2",
 		"\x1b[31mred":            "control character (U+001B)",
 	} {
-		err := ValidateTenant(bad)
+		err := validateTenant(bad)
 		require.ErrorIs(t, err, ErrInvalidTenant, bad)
 		require.ErrorContains(t, err, want)
 	}
-	require.NoError(t, ValidatePolicyName(DefaultPolicy))
-	require.NoError(t, ValidatePolicyName(GlobalPolicy))
-	require.ErrorContains(t, ValidatePolicyName("@Globals"), `"@Globals"`)
-	require.NoError(t, ValidatePolicyName("@globals"), "a shared pool's name")
-	require.ErrorContains(t, ValidatePolicyName("a\rb"), "control character")
+	require.NoError(t, validatePolicyName(DefaultPolicy))
+	require.NoError(t, validatePolicyName(GlobalPolicy))
+	require.ErrorContains(t, validatePolicyName("@Globals"), `"@Globals"`)
+	require.NoError(t, validatePolicyName("@globals"), "a shared pool's name")
+	require.ErrorContains(t, validatePolicyName("a\rb"), "control character")
 }
 
 func TestParsePolicyFile(t *testing.T) {

@@ -129,7 +129,7 @@ func (r *room) Arrive(ctx context.Context, a waitroom.Arrival) (waitroom.Arrived
 // checkArrival says what is wrong with a new job's tenant, queue or
 // priority.
 func (r *room) checkArrival(a waitroom.Arrival) error {
-	if err := ValidateTenant(a.Tenant); err != nil {
+	if err := validateTenant(a.Tenant); err != nil {
 		return err
 	}
 	if strings.Contains(a.Queue, lineSep) {
@@ -366,7 +366,7 @@ func (r *room) Rejoin(ctx context.Context, tenant string, jobs ...waitroom.Waite
 // join their line (the queue engine refused their tasks, or took them out
 // again), so that the sweep does not look for them.
 func (r *room) Forget(ctx context.Context, tenant string, jobs ...waitroom.Waiter) error {
-	if err := ValidateTenant(tenant); err != nil {
+	if err := validateTenant(tenant); err != nil {
 		return err
 	}
 	if len(jobs) == 0 {
@@ -396,7 +396,7 @@ const (
 )
 
 func (r *room) join(ctx context.Context, tenant string, backlog int64, mode int, jobs []waitroom.Waiter) (joined int, waiting int64, err error) {
-	if err := ValidateTenant(tenant); err != nil {
+	if err := validateTenant(tenant); err != nil {
 		return 0, 0, err
 	}
 	if len(jobs) == 0 {
@@ -414,7 +414,7 @@ func (r *room) join(ctx context.Context, tenant string, backlog int64, mode int,
 			return 0, 0, fmt.Errorf("line of tenant %q: job %q: %w", tenant, j.ID, err)
 		}
 		if j.Key != "" {
-			if err := ValidateKey(j.Key); err != nil {
+			if err := validateKey(j.Key); err != nil {
 				return 0, 0, fmt.Errorf("line of tenant %q: job %q: %w", tenant, j.ID, err)
 			}
 		}
@@ -519,7 +519,7 @@ func (r *room) release(ctx context.Context, tenant, queue, id string, claim uint
 }
 
 func (r *room) turn(ctx context.Context, tenant, queue, id string, claim uint64, budget int, quantum int64, kind int) (waitroom.Turn, error) {
-	if err := ValidateTenant(tenant); err != nil {
+	if err := validateTenant(tenant); err != nil {
 		return waitroom.Turn{}, err
 	}
 	res, err := r.l.policies.policiesFor(ctx, tenant)
@@ -653,7 +653,7 @@ func (r *room) sweep(ctx context.Context, queues []string, tasks waitroom.TaskLo
 // Waiting is how many of tenant's jobs wait in its lines, and when the
 // longest waiting head joined its line (zero when none waits).
 func (r *room) Waiting(ctx context.Context, tenant string) (int64, time.Time, error) {
-	if err := ValidateTenant(tenant); err != nil {
+	if err := validateTenant(tenant); err != nil {
 		return 0, time.Time{}, err
 	}
 	lines, err := r.linesOf(ctx, tenant)
@@ -765,7 +765,7 @@ func (r *room) Lines(ctx context.Context, queues ...string) ([]waitroom.Line, er
 // WaitingIDs lists the task ids of up to n jobs (0: every job) at the head
 // of each of tenant's lines, in line order, with their queues.
 func (r *room) WaitingIDs(ctx context.Context, tenant string, n int64) ([]waitroom.Waiter, error) {
-	if err := ValidateTenant(tenant); err != nil {
+	if err := validateTenant(tenant); err != nil {
 		return nil, err
 	}
 	qs, err := r.queuesOf(ctx, tenant)
@@ -790,7 +790,7 @@ func (r *room) WaitingIDs(ctx context.Context, tenant string, n int64) ([]waitro
 // waiting there. The line is read in pages to find the job (as Explain
 // does), then one script moves it, unless it left the line meanwhile.
 func (r *room) Prioritize(ctx context.Context, tenant, queue, id string, p int) (bool, error) {
-	if err := ValidateTenant(tenant); err != nil {
+	if err := validateTenant(tenant); err != nil {
 		return false, err
 	}
 	if err := checkPriority(p); err != nil {

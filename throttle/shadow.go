@@ -86,7 +86,7 @@ func (l *Limiter) shadow(req Request, at time.Time, counted func(Decision, error
 		}
 		return noShadow
 	}
-	if err := ValidateTenant(req.Tenant); err != nil {
+	if err := validateTenant(req.Tenant); err != nil {
 		return fail(err)
 	}
 	if at.IsZero() {

@@ -172,7 +172,7 @@ func (s *PolicyStore) Apply(ctx context.Context, policies map[string]*Policy, pr
 	texts := make([]string, len(names))
 	for i, name := range names {
 		p := policies[name]
-		if err := ValidatePolicyName(name); err != nil {
+		if err := validatePolicyName(name); err != nil {
 			return err
 		}
 		if p == nil {

@@ -54,7 +54,7 @@ func ParsePolicyFile(data []byte) (map[string]*Policy, error) {
 	for i := 0; i+1 < len(top.Content); i += 2 {
 		k, v := top.Content[i], top.Content[i+1]
 		name := k.Value
-		if err := ValidatePolicyName(name); err != nil {
+		if err := validatePolicyName(name); err != nil {
 			return nil, fmt.Errorf("policy file line %d: %v", k.Line, err)
 		}
 		if _, dup := out[name]; dup {

@@ -19,6 +19,7 @@ import (
 	"github.com/sluicehq/sluice/internal/asynqroom"
 	"github.com/sluicehq/sluice/internal/blocks"
 	"github.com/sluicehq/sluice/internal/jobpath"
+	"github.com/sluicehq/sluice/internal/names"
 	"github.com/sluicehq/sluice/internal/waitroom"
 	"github.com/sluicehq/sluice/taskspec"
 	"github.com/sluicehq/sluice/throttle"
@@ -301,7 +302,7 @@ func (g *Gate) identify(ctx context.Context, task *asynq.Task) *job {
 		g.warn(errNoTenant, "job has no tenant header: running it under @global only", "task", j.taskID, "type", task.Type(), "header", taskspec.TenantHeader)
 	}
 	if j.tenant != "" {
-		if err := throttle.ValidateTenant(j.tenant); err != nil {
+		if err := names.Tenant(j.tenant); err != nil {
 			g.m.err(errTenant)
 			g.warn(errTenant, "job's tenant cannot be used: running it under @global only", "task", j.taskID, "type", task.Type(), "err", err)
 			j.tenant = ""
@@ -327,7 +328,7 @@ func (g *Gate) identify(ctx context.Context, task *asynq.Task) *job {
 	}
 	if v, ok := h[taskspec.PoolsHeader]; ok {
 		for _, p := range taskspec.ParsePools(v) {
-			if err := throttle.ValidatePool(p); err != nil {
+			if err := names.Pool(p); err != nil {
 				g.m.err(errPoolsHeader)
 				g.warn(errPoolsHeader, "job's pools header names a pool that cannot be used: running it without that pool", "task", j.taskID, "header", taskspec.PoolsHeader, "err", err)
 				continue
@@ -336,7 +337,7 @@ func (g *Gate) identify(ctx context.Context, task *asynq.Task) *job {
 		}
 	}
 	if k, ok := h[taskspec.KeyHeader]; ok && j.tenant != "" {
-		if err := throttle.ValidateKey(k); err != nil {
+		if err := names.Key(k); err != nil {
 			g.m.err(errKeyHeader)
 			g.warn(errKeyHeader, "job's key header cannot be used: running it under its tenant without the key", "task", j.taskID, "header", taskspec.KeyHeader, "err", err)
 		} else {

@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/internal/jobpath"
+	"github.com/sluicehq/sluice/internal/names"
 	"github.com/sluicehq/sluice/internal/redisurl"
 	"github.com/sluicehq/sluice/throttle"
 )
@@ -354,7 +355,7 @@ func (a *app) connect(cmd *command) (*conn, error) {
 // checkPolicyName accepts a tenant, "*", "@global", a shared pool or a
 // shadow as a policy's name.
 func checkPolicyName(cmd *command, name string) error {
-	if err := throttle.ValidatePolicyName(name); err != nil {
+	if err := names.Policy(name); err != nil {
 		return usagef(cmd, "%v", err)
 	}
 	return nil
@@ -368,15 +369,15 @@ func checkTenant(cmd *command, name string) error {
 		return nil
 	}
 	if t, k, ok := strings.Cut(name, "/"); ok && !strings.HasPrefix(name, "@") {
-		if err := throttle.ValidateTenant(t); err != nil {
+		if err := names.Tenant(t); err != nil {
 			return usagef(cmd, "%v", err)
 		}
-		if err := throttle.ValidateKey(k); err != nil {
+		if err := names.Key(k); err != nil {
 			return usagef(cmd, "%v (a key's state is read as TENANT/KEY; TENANT/* is a policy for every key, see sluice policy get)", err)
 		}
 	}
 	if strings.HasPrefix(name, "@") && !strings.HasPrefix(name, throttle.ShadowPrefix) {
-		if err := throttle.ValidatePool(name); err != nil {
+		if err := names.Pool(name); err != nil {
 			return usagef(cmd, "%v", err)
 		}
 		return nil
@@ -384,7 +385,7 @@ func checkTenant(cmd *command, name string) error {
 	if name == throttle.DefaultPolicy {
 		return usagef(cmd, "* is the default policy, not a tenant; give a tenant that follows it, or @global")
 	}
-	if err := throttle.ValidateTenant(name); err != nil {
+	if err := names.Tenant(name); err != nil {
 		return usagef(cmd, "%v", err)
 	}
 	return nil
@@ -394,7 +395,7 @@ func checkTenant(cmd *command, name string) error {
 // neither of them *.
 func isKeyName(name string) bool {
 	t, k, ok := strings.Cut(name, "/")
-	return ok && throttle.ValidateTenant(t) == nil && throttle.ValidateKey(k) == nil
+	return ok && names.Tenant(t) == nil && names.Key(k) == nil
 }
 
 func wantArgs(cmd *command, args []string, min, max int, what string) error {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/internal/human"
+	"github.com/sluicehq/sluice/internal/names"
 	"github.com/sluicehq/sluice/throttle"
 )
 
@@ -90,14 +91,14 @@ func (cn *conn) withPolicyNames(ctx context.Context, live []string) ([]string, e
 			set[name] = true
 		}
 	}
-	names := make([]string, 0, len(set))
+	listed := make([]string, 0, len(set))
 	for n := range set {
-		if n == throttle.GlobalPolicy || throttle.ValidateTenant(n) == nil || throttle.ValidatePool(n) == nil || isKeyName(n) {
-			names = append(names, n)
+		if n == throttle.GlobalPolicy || names.Tenant(n) == nil || names.Pool(n) == nil || isKeyName(n) {
+			listed = append(listed, n)
 		}
 	}
-	sort.Strings(names)
-	return names, nil
+	sort.Strings(listed)
+	return listed, nil
 }
 
 // collect reads the stats of names, several at a time (the limiter shares
