@@ -266,11 +266,12 @@ func ExamplePolicyStore_Set() {
 	defer client.Close()
 	ctx := context.Background()
 
-	store, err := throttle.NewPolicyStore(client, &throttle.StoreConfig{Prefix: prefix})
+	lim, err := throttle.NewLimiter(client, &throttle.Config{Prefix: prefix})
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer store.Close()
+	defer lim.Close()
+	store := lim.Policies()
 
 	// Every worker sees a change within a second; no tenant's state is reset.
 	policy, _ := throttle.ParsePolicy("rate=100/s burst=20 concurrency=5")
@@ -292,11 +293,12 @@ func ExamplePolicyStore_List() {
 	defer client.Close()
 	ctx := context.Background()
 
-	store, err := throttle.NewPolicyStore(client, &throttle.StoreConfig{Prefix: prefix})
+	lim, err := throttle.NewLimiter(client, &throttle.Config{Prefix: prefix})
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer store.Close()
+	defer lim.Close()
+	store := lim.Policies()
 	policies, err := throttle.ParsePolicyFile([]byte(`
 "*": rate=10/s
 "@global": rate=1000/s

@@ -24,10 +24,11 @@ var ErrNoPolicy = errors.New("no policy")
 // something changed: a change takes effect fleet-wide as soon as it is
 // announced; messages lost while a reader's subscription was down are made
 // up for when it is back (the reader reads the version then), and at the
-// latest within PollInterval. Changing a policy never touches a tenant's
-// throttle state.
+// latest within PollIntervalDefault. Changing a policy never touches a
+// tenant's throttle state.
 //
-// A PolicyStore is safe for concurrent use. Close stops its watcher.
+// A limiter makes its store (Limiter.Policies) and closes it on Close. A
+// PolicyStore is safe for concurrent use.
 type PolicyStore struct {
 	client redis.UniversalClient
 	prefix string
@@ -79,8 +80,8 @@ const PollIntervalDefault = 5 * time.Second
 // maxCachedPolicies bounds the cache; past it the cache starts afresh.
 const maxCachedPolicies = 200_000
 
-// StoreConfig configures a PolicyStore.
-type StoreConfig struct {
+// storeConfig configures a PolicyStore.
+type storeConfig struct {
 	// Prefix of every key; PrefixDefault ("sluice") when empty.
 	Prefix string
 	// PollInterval is how often the version number is checked;
@@ -88,12 +89,12 @@ type StoreConfig struct {
 	PollInterval time.Duration
 }
 
-// NewPolicyStore returns a store over the caller's client.
-func NewPolicyStore(client redis.UniversalClient, cfg *StoreConfig) (*PolicyStore, error) {
+// newPolicyStore returns a store over the caller's client.
+func newPolicyStore(client redis.UniversalClient, cfg *storeConfig) (*PolicyStore, error) {
 	if client == nil {
-		return nil, errors.New("throttle: NewPolicyStore needs a Redis client")
+		return nil, errors.New("throttle: a policy store needs a Redis client")
 	}
-	var c StoreConfig
+	var c storeConfig
 	if cfg != nil {
 		c = *cfg
 	}
@@ -839,9 +840,9 @@ func (s *PolicyStore) watch() {
 	}
 }
 
-// Close stops the watcher. The store can still be used for reads and
+// close stops the watcher. The store can still be used for reads and
 // writes; it no longer caches policies.
-func (s *PolicyStore) Close() error {
+func (s *PolicyStore) close() error {
 	s.watchOnce.Do(func() {}) // a store never used starts no watcher now
 	if s.closed.Swap(true) {
 		return nil

@@ -190,14 +190,14 @@ func TestPolicyStoreGarbage(t *testing.T) {
 // default).
 func otherWorker(t *testing.T, e *env, poll time.Duration) *Limiter {
 	t.Helper()
-	store, err := NewPolicyStore(e.client, &StoreConfig{Prefix: e.prefix, PollInterval: poll})
+	store, err := newPolicyStore(e.client, &storeConfig{Prefix: e.prefix, PollInterval: poll})
 	require.NoError(t, err)
 	lim, err := NewLimiter(e.client, &Config{Prefix: e.prefix, Policies: store})
 	require.NoError(t, err)
 	lim.clock = e.clock.Now
 	t.Cleanup(func() {
 		require.NoError(t, lim.Close())
-		require.NoError(t, store.Close())
+		require.NoError(t, store.close())
 	})
 	return lim
 }
@@ -336,15 +336,15 @@ func TestPolicyStoreClose(t *testing.T) {
 	t.Parallel()
 	e := setup(t, false, nil)
 	ctx := context.Background()
-	s, err := NewPolicyStore(e.client, &StoreConfig{Prefix: e.prefix, PollInterval: 50 * time.Millisecond})
+	s, err := newPolicyStore(e.client, &storeConfig{Prefix: e.prefix, PollInterval: 50 * time.Millisecond})
 	require.NoError(t, err)
 	require.NoError(t, s.Set(ctx, "acme", mustPolicy(t, "rate=1/s")))
 	r, err := s.policiesFor(ctx, "acme")
 	p := r.Policy
 	require.NoError(t, err)
 	require.Equal(t, "rate=1/s", p.String())
-	require.NoError(t, s.Close())
-	require.NoError(t, s.Close())
+	require.NoError(t, s.close())
+	require.NoError(t, s.close())
 	// a closed store still reads and writes, without a cache
 	require.NoError(t, e.client.HSet(ctx, policiesKey(e.prefix), "acme", mustEncode(t, "rate=2/s")).Err())
 	r, err = s.policiesFor(ctx, "acme")
@@ -352,12 +352,12 @@ func TestPolicyStoreClose(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "rate=2/s", p.String())
 	// a store never used closes without having started anything
-	unused, err := NewPolicyStore(e.client, &StoreConfig{Prefix: e.prefix})
+	unused, err := newPolicyStore(e.client, &storeConfig{Prefix: e.prefix})
 	require.NoError(t, err)
-	require.NoError(t, unused.Close())
-	_, err = NewPolicyStore(e.client, &StoreConfig{PollInterval: -time.Second})
+	require.NoError(t, unused.close())
+	_, err = newPolicyStore(e.client, &storeConfig{PollInterval: -time.Second})
 	require.ErrorContains(t, err, "-1s")
-	_, err = NewPolicyStore(nil, nil)
+	_, err = newPolicyStore(nil, nil)
 	require.Error(t, err)
 }
 
@@ -426,12 +426,12 @@ func TestPolicyStoreMakesUpForLostMessages(t *testing.T) {
 	server := redistest.NewServer(t, nil)
 	client := server.Client(t)
 	prefix := redistest.Prefix(t)
-	writer, err := NewPolicyStore(client, &StoreConfig{Prefix: prefix})
+	writer, err := newPolicyStore(client, &storeConfig{Prefix: prefix})
 	require.NoError(t, err)
-	defer writer.Close()
-	reader, err := NewPolicyStore(client, &StoreConfig{Prefix: prefix, PollInterval: time.Hour})
+	defer writer.close()
+	reader, err := newPolicyStore(client, &storeConfig{Prefix: prefix, PollInterval: time.Hour})
 	require.NoError(t, err)
-	defer reader.Close()
+	defer reader.close()
 	require.NoError(t, writer.Set(ctx, "acme", mustPolicy(t, "rate=1/s")))
 	resolved := func() string {
 		t.Helper()

@@ -68,18 +68,15 @@ func setup(tb testing.TB, client redis.UniversalClient) *env {
 		client, asynqRedis = redistest.UniversalClient(tb), asynqtest.Client(tb)
 	}
 	prefix := redistest.Prefix(tb)
-	store, err := throttle.NewPolicyStore(client, &throttle.StoreConfig{Prefix: prefix})
-	require.NoError(tb, err)
-	lim, err := throttle.NewLimiter(client, &throttle.Config{Prefix: prefix, Policies: store})
+	lim, err := throttle.NewLimiter(client, &throttle.Config{Prefix: prefix})
 	require.NoError(tb, err)
 	q, err := queue.New(client, &queue.Config{Limiter: lim, AsynqRedis: asynqRedis})
 	require.NoError(tb, err)
 	tb.Cleanup(func() {
 		require.NoError(tb, q.Close())
 		require.NoError(tb, lim.Close())
-		require.NoError(tb, store.Close())
 	})
-	return &env{client: client, asynq: asynqRedis, prefix: prefix, queue: "q-" + prefix, store: store, lim: lim, q: q,
+	return &env{client: client, asynq: asynqRedis, prefix: prefix, queue: "q-" + prefix, store: lim.Policies(), lim: lim, q: q,
 		inspector: asynq.NewInspectorFromRedisClient(asynqRedis)}
 }
 

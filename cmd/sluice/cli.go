@@ -305,10 +305,7 @@ func (c *conn) resolve(ctx context.Context, tenant string) (*policies, error) {
 
 func (c *conn) Close() {
 	if c.limiter != nil {
-		_ = c.limiter.Close()
-	}
-	if c.store != nil {
-		_ = c.store.Close()
+		_ = c.limiter.Close() // and its store
 	}
 	_ = c.client.Close()
 }
@@ -339,16 +336,12 @@ func (a *app) connect(cmd *command) (*conn, error) {
 		return nil, err
 	}
 	c := &conn{url: u, prefix: prefix, client: client}
-	c.store, err = throttle.NewPolicyStore(client, &throttle.StoreConfig{Prefix: prefix})
+	c.limiter, err = throttle.NewLimiter(client, &throttle.Config{Prefix: prefix})
 	if err != nil {
 		c.Close()
 		return nil, err
 	}
-	c.limiter, err = throttle.NewLimiter(client, &throttle.Config{Prefix: prefix, Policies: c.store})
-	if err != nil {
-		c.Close()
-		return nil, err
-	}
+	c.store = c.limiter.Policies()
 	return c, nil
 }
 
