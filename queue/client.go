@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/sluicehq/sluice/internal/names"
 	"github.com/sluicehq/sluice/internal/waitroom"
 	"log/slog"
 	"maps"
@@ -93,7 +94,7 @@ type Client struct {
 	lim        *throttle.Limiter
 	ownLimiter bool
 	room       waitroom.Room
-	path       jobpath.Engine[throttle.Request, throttle.Decision]
+	path       engine
 	gauge      *asynqroom.Gauge
 	asynq      *asynq.Client
 	asynqRedis redis.UniversalClient
@@ -127,7 +128,7 @@ func New(client redis.UniversalClient, cfg *Config) (*Client, error) {
 		q.lim, q.ownLimiter = lim, true
 	}
 	q.room = waitroom.Of(q.lim)
-	q.path = jobpath.Of(q.lim).(jobpath.Engine[throttle.Request, throttle.Decision])
+	q.path = jobpath.Of(q.lim).(engine)
 	ac := c.AsynqRedis
 	if ac == nil {
 		ac = client
@@ -151,6 +152,14 @@ func (c *Client) Close() error {
 	return nil
 }
 
+// policies are a job's policies, resolved once (engine.Resolve):
+// everything the job meets on its way in follows them.
+type policies = jobpath.Policies[throttle.Policy, throttle.LearnedLimit, throttle.AdaptiveLimit]
+
+// engine is the limiter's calls beyond throttle's public API
+// (jobpath.Of).
+type engine = jobpath.Engine[throttle.Request, throttle.Decision, *policies]
+
 // job is one job checked and ready to send.
 type job struct {
 	tenant   string
@@ -159,7 +168,7 @@ type job struct {
 	headers  map[string]string
 	opts     options
 	id       string
-	policies *throttle.Resolved // resolved once per job
+	policies *policies // resolved once per job
 	arrived  waitroom.Arrived
 	skipRoom bool // the room is off (see Client.roomOn)
 }
@@ -228,7 +237,7 @@ func (c *Client) Enqueue(ctx context.Context, tenant string, task *asynq.Task, o
 
 // prepare checks a job and builds its headers; it does no I/O.
 func (c *Client) prepare(tenant string, task *asynq.Task, opts []asynq.Option, now time.Time) (*job, error) {
-	if err := throttle.ValidateTenant(tenant); err != nil {
+	if err := names.Tenant(tenant); err != nil {
 		return nil, &InvalidError{Field: "tenant", Reason: err.Error(), Err: err}
 	}
 	if task == nil {
@@ -290,11 +299,11 @@ func (c *Client) roomOn(ctx context.Context) bool {
 // resolve reads the job's policies (from the policy cache): everything the
 // job meets on its way in follows these.
 func (c *Client) resolve(ctx context.Context, j *job) error {
-	r, err := c.lim.Policies().Resolve(ctx, j.tenant)
+	r, err := c.path.Resolve(ctx, j.tenant)
 	if err != nil {
 		return fmt.Errorf("enqueue for tenant %q: %w", j.tenant, err)
 	}
-	j.policies = &r
+	j.policies = r
 	return nil
 }
 
@@ -309,14 +318,14 @@ func (j *job) later() bool {
 		return true
 	}
 	p := j.policies.Policy
-	return p != nil && p.OverflowMode() == throttle.OverflowDrop
+	return p != nil && p.Overflow == throttle.OverflowDrop
 }
 
 // sendLater enqueues a job that does not wait in the waiting room,
 // refusing first a cost its policies (its tenant's, @global's, its pools')
 // could never admit.
 func (c *Client) sendLater(ctx context.Context, j *job) (*asynq.TaskInfo, error) {
-	err := c.path.CheckCost(ctx, throttle.Request{Tenant: j.tenant, Cost: j.opts.cost, Pools: j.opts.pools, Key: j.opts.key, Policies: j.policies})
+	err := c.path.CheckCost(ctx, c.path.With(throttle.Request{Tenant: j.tenant, Cost: j.opts.cost, Pools: j.opts.pools, Key: j.opts.key}, j.policies))
 	var ce *throttle.CostError
 	if errors.As(err, &ce) {
 		return nil, err
@@ -473,10 +482,10 @@ func (c *Client) park(ctx context.Context, j *job) (*asynq.TaskInfo, error) {
 
 // fallback is how long the job stays parked at the least: Config.Fallback,
 // or twice the time its line needs at its tenant's and @global's pace
-// (Policy.Pace) when that is longer, so that asynq does not bring a long
+// (jobpath.Policies.Pace) when that is longer, so that asynq does not bring a long
 // line's tail in early.
 func (c *Client) fallback(j *job) time.Duration {
-	need := max(j.policies.Policy.Pace(), j.policies.Global.Pace())
+	need := j.policies.Pace
 	waiting := min(j.arrived.Waiting+1, int64(maxFallback/max(need, time.Nanosecond)))
 	return min(max(c.cfg.Fallback, 2*time.Duration(waiting)*need*time.Duration(j.opts.cost)), maxFallback)
 }

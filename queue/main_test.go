@@ -40,21 +40,19 @@ type env struct {
 func setup(tb testing.TB, lcfg *throttle.Config) *env {
 	tb.Helper()
 	client, asynqRedis, prefix := redistest.UniversalClient(tb), asynqtest.Client(tb), redistest.Prefix(tb)
-	store, err := throttle.NewPolicyStore(client, &throttle.StoreConfig{Prefix: prefix})
-	require.NoError(tb, err)
 	var c throttle.Config
 	if lcfg != nil {
 		c = *lcfg
 	}
-	c.Prefix, c.Policies = prefix, store
+	c.Prefix = prefix
 	lim, err := throttle.NewLimiter(client, &c)
 	require.NoError(tb, err)
+	store := lim.Policies()
 	q, err := queue.New(client, &queue.Config{Limiter: lim, AsynqRedis: asynqRedis})
 	require.NoError(tb, err)
 	tb.Cleanup(func() {
 		require.NoError(tb, q.Close())
 		require.NoError(tb, lim.Close())
-		require.NoError(tb, store.Close())
 	})
 	return &env{client: client, asynq: asynqRedis, prefix: prefix, queue: "q-" + prefix, store: store, lim: lim, q: q,
 		inspector: asynq.NewInspectorFromRedisClient(asynqRedis)}

@@ -10,8 +10,8 @@ import (
 
 	"github.com/hibiken/asynq"
 
+	"github.com/sluicehq/sluice/internal/names"
 	"github.com/sluicehq/sluice/taskspec"
-	"github.com/sluicehq/sluice/throttle"
 )
 
 // ErrInvalid is matched (errors.Is) by every error about a job that cannot
@@ -164,7 +164,7 @@ func parseOptions(opts []asynq.Option, now time.Time) (options, error) {
 		}
 		if ps, ok := opt.(poolsOption); ok {
 			for _, p := range ps {
-				if err := throttle.ValidatePool(p); err != nil {
+				if err := names.Pool(p); err != nil {
 					return o, &InvalidError{Field: "pool", Value: p, Reason: err.Error(), Err: err}
 				}
 				if !slices.Contains(o.pools, p) {
@@ -174,7 +174,7 @@ func parseOptions(opts []asynq.Option, now time.Time) (options, error) {
 			continue
 		}
 		if k, ok := opt.(keyOption); ok {
-			if err := throttle.ValidateKey(string(k)); err != nil {
+			if err := names.Key(string(k)); err != nil {
 				return o, &InvalidError{Field: "key", Value: string(k), Reason: err.Error(), Err: err}
 			}
 			o.key = string(k)

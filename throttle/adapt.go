@@ -287,7 +287,7 @@ type AdaptReport struct {
 // Report at most once per interval per tenant and process: every call is
 // a round trip, and a change is one more (the announcement).
 func (l *Limiter) Adapt(ctx context.Context, tenant string, rep AdaptReport) (AdaptChange, error) {
-	if err := ValidateTenant(tenant); err != nil {
+	if err := validateTenant(tenant); err != nil {
 		return AdaptChange{}, err
 	}
 	if rep.OK < 0 || rep.Throttled < 0 || rep.Slow < 0 || rep.Seq < 0 {

@@ -168,7 +168,7 @@ func TestAdaptSteps(t *testing.T) {
 	})
 
 	// the fleet's policy cache follows: the rule at its current limit
-	r, err := e.store.Resolve(context.Background(), "high")
+	r, err := e.store.policiesFor(context.Background(), "high")
 	require.NoError(t, err)
 	require.Equal(t, "rate=100/s adapt=10..100/s adapt_step=10 adapt_every=1s", r.Policy.String())
 	require.Equal(t, int64(100), r.Adaptive.Rate.Limit)
@@ -208,13 +208,13 @@ func TestAdaptPolicyChange(t *testing.T) {
 	// a lower ceiling: the cached policy is clamped at once, the state at
 	// the next report
 	e.policy(t, "acme", "rate=50/s adapt=10..60/s adapt_step=20")
-	r, err := e.store.Resolve(ctx, "acme")
+	r, err := e.store.policiesFor(ctx, "acme")
 	require.NoError(t, err)
 	require.Equal(t, int64(60), r.Policy.Rates[0].Limit)
 	runAdaptSteps(t, e, "acme", []adaptStep{{100 * ms, AdaptReport{OK: 1}, 60, "policy"}})
 	// a new start: from it
 	e.policy(t, "acme", "rate=30/s adapt=10..60/s adapt_step=20")
-	r, err = e.store.Resolve(ctx, "acme")
+	r, err = e.store.policiesFor(ctx, "acme")
 	require.NoError(t, err)
 	require.Equal(t, int64(30), r.Policy.Rates[0].Limit)
 	runAdaptSteps(t, e, "acme", []adaptStep{{100 * ms, AdaptReport{OK: 1}, 30, "policy"}})
@@ -267,7 +267,7 @@ func TestAdaptReachesTheFleet(t *testing.T) {
 	e.policy(t, "acme", "rate=50/s adapt=10..200/s adapt_step=10 adapt_every=50ms")
 	other := otherWorker(t, &env{client: e.client, prefix: e.prefix, clock: &fakeClock{}}, time.Hour)
 	other.clock = nil
-	r, err := other.Policies().Resolve(ctx, "acme")
+	r, err := other.Policies().policiesFor(ctx, "acme")
 	require.NoError(t, err)
 	require.Equal(t, int64(50), r.Policy.Rates[0].Limit)
 	require.Eventually(t, func() bool { return other.policies.gen.Load() >= 1 }, 5*time.Second, time.Millisecond, "other's subscription never went live")
@@ -277,7 +277,7 @@ func TestAdaptReachesTheFleet(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, AdaptChange{At: c.At, From: 50, To: 37, Reason: "throttled"}, c)
 	require.Eventually(t, func() bool {
-		r, err := other.Policies().Resolve(ctx, "acme")
+		r, err := other.Policies().policiesFor(ctx, "acme")
 		return err == nil && r.Policy.Rates[0].Limit == 37 && r.Adaptive.Seq == 1
 	}, 5*time.Second, time.Millisecond, "the other process follows the cut")
 
@@ -293,7 +293,7 @@ func TestAdaptReachesTheFleet(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, LearnStored, out)
 	require.Eventually(t, func() bool {
-		r, err := other.Policies().Resolve(ctx, "acme")
+		r, err := other.Policies().policiesFor(ctx, "acme")
 		return err == nil && r.Policy.String() == "rate=37/s rate=20/s adapt=10..200/s adapt_step=10 adapt_every=50ms" && r.Learned.Rule == "rate[1]"
 	}, 5*time.Second, time.Millisecond, "the learned limit after the adapted rule")
 }

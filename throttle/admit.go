@@ -26,15 +26,15 @@ type scope struct {
 }
 
 func (l *Limiter) scopes(ctx context.Context, tenant string) ([]scope, error) {
-	r, err := l.policies.resolve(ctx, tenant)
+	r, err := l.policies.policiesFor(ctx, tenant)
 	if err != nil {
 		return nil, err
 	}
-	return l.scopesOf(tenant, Resolved{Policy: r.tenant, Name: r.tenantName, Global: r.global, facts: r.tenantFacts, globalFacts: r.globalFacts}), nil
+	return l.scopesOf(tenant, r), nil
 }
 
 // scopesOf are the scopes a job of tenant is decided in under r.
-func (l *Limiter) scopesOf(tenant string, r Resolved) []scope {
+func (l *Limiter) scopesOf(tenant string, r jobPolicies) []scope {
 	var out []scope
 	if tenant != "" {
 		if r.facts == nil {
@@ -52,27 +52,27 @@ func (l *Limiter) scopesOf(tenant string, r Resolved) []scope {
 }
 
 // jobScopes are the policies and every scope a job of req is decided in
-// (its tenant's, @global's, its pools'), from req.Policies or the cache.
-func (l *Limiter) jobScopes(ctx context.Context, req Request) (Resolved, []scope, error) {
-	var res Resolved
-	if req.Policies != nil {
-		res = *req.Policies
+// (its tenant's, @global's, its pools'), from req.policies or the cache.
+func (l *Limiter) jobScopes(ctx context.Context, req Request) (jobPolicies, []scope, error) {
+	var res jobPolicies
+	if req.policies != nil {
+		res = *req.policies
 	} else {
-		r, err := l.resolved(ctx, req.Tenant)
+		r, err := l.policies.policiesFor(ctx, req.Tenant)
 		if err != nil {
-			return Resolved{}, nil, err
+			return jobPolicies{}, nil, err
 		}
 		res = r
 	}
 	pools, err := l.poolScopes(ctx, req.Pools)
 	if err != nil {
-		return Resolved{}, nil, err
+		return jobPolicies{}, nil, err
 	}
 	scopes := l.scopesOf(req.Tenant, res)
 	if req.Key != "" {
 		ks, err := l.keyScope(ctx, req.Tenant, req.Key)
 		if err != nil {
-			return Resolved{}, nil, err
+			return jobPolicies{}, nil, err
 		}
 		if ks != nil {
 			// the key's scope shares the tenant's slot: it goes right
@@ -89,7 +89,7 @@ func (l *Limiter) keyScope(ctx context.Context, tenant, key string) (*scope, err
 	if tenant == "" {
 		return nil, fmt.Errorf("%w: key %q: a key is below a tenant; give the job's tenant too", ErrInvalidTenant, key)
 	}
-	if err := ValidateKey(key); err != nil {
+	if err := validateKey(key); err != nil {
 		return nil, err
 	}
 	name, c, err := l.policies.keyPolicy(ctx, tenant, key)
@@ -103,14 +103,14 @@ func (l *Limiter) keyScope(ctx context.Context, tenant, key string) (*scope, err
 
 // requestScopes is jobScopes, and a *CostError when cost is more than a
 // rule of one of the scopes can ever admit.
-func (l *Limiter) requestScopes(ctx context.Context, req Request, cost int64) (Resolved, []scope, error) {
+func (l *Limiter) requestScopes(ctx context.Context, req Request, cost int64) (jobPolicies, []scope, error) {
 	res, scopes, err := l.jobScopes(ctx, req)
 	if err != nil {
-		return Resolved{}, nil, err
+		return jobPolicies{}, nil, err
 	}
 	for _, s := range scopes {
 		if f := s.facts; f.maxCost >= 0 && cost > f.maxCost {
-			return Resolved{}, nil, &CostError{Tenant: req.Tenant, Cost: cost, Max: f.maxCost, Rule: s.name + " " + f.maxCostRule}
+			return jobPolicies{}, nil, &CostError{Tenant: req.Tenant, Cost: cost, Max: f.maxCost, Rule: s.name + " " + f.maxCostRule}
 		}
 	}
 	return res, scopes, nil
@@ -126,7 +126,7 @@ func (l *Limiter) requestScopes(ctx context.Context, req Request, cost int64) (R
 // until a policy changes.
 func (l *Limiter) checkCost(ctx context.Context, req Request) error {
 	if req.Tenant != "" {
-		if err := ValidateTenant(req.Tenant); err != nil {
+		if err := validateTenant(req.Tenant); err != nil {
 			return err
 		}
 	}
@@ -145,7 +145,7 @@ func (l *Limiter) checkCost(ctx context.Context, req Request) error {
 func (l *Limiter) poolScopes(ctx context.Context, pools []string) ([]scope, error) {
 	var out []scope
 	for i, name := range pools {
-		if err := ValidatePool(name); err != nil {
+		if err := validatePool(name); err != nil {
 			return nil, err
 		}
 		if slices.Contains(pools[:i], name) {
@@ -164,7 +164,7 @@ func (l *Limiter) poolScopes(ctx context.Context, pools []string) ([]scope, erro
 
 func (l *Limiter) do(ctx context.Context, req Request, flags int) (Decision, error) {
 	if req.Tenant != "" {
-		if err := ValidateTenant(req.Tenant); err != nil {
+		if err := validateTenant(req.Tenant); err != nil {
 			return Decision{}, err
 		}
 	}
@@ -319,16 +319,6 @@ func (l *Limiter) runRaw(ctx context.Context, op *admitOp, clock int64) (any, er
 		}
 		return res, nil
 	}
-}
-
-// resolved are the policies of tenant's jobs, from the cache or Redis.
-func (l *Limiter) resolved(ctx context.Context, tenant string) (Resolved, error) {
-	r, err := l.policies.resolve(ctx, tenant)
-	if err != nil {
-		return Resolved{}, err
-	}
-	return Resolved{Policy: r.tenant, Name: r.tenantName, Global: r.global, Shadow: r.shadow, ShadowName: r.shadowName,
-		facts: r.tenantFacts, globalFacts: r.globalFacts, shadowFacts: r.shadowFacts}, nil
 }
 
 // noTTLFlag is flagNoTTL for tests that keep keys from expiring.

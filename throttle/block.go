@@ -35,13 +35,7 @@ type blockCharge struct {
 // from blocks: a tenant's, with rate and concurrency rules only, no rule
 // of @global, no shadow and no adaptive rule; nil otherwise.
 func blockPolicy(w blocks.Want) *Policy {
-	var r *Resolved
-	switch p := w.Policies.(type) {
-	case *Resolved:
-		r = p
-	case Resolved:
-		r = &p
-	}
+	r := jobPoliciesOf(w.Policies)
 	if r == nil || w.Tenant == "" || r.Shadow != nil || r.Global.HasRules() {
 		return nil
 	}
@@ -53,9 +47,8 @@ func blockPolicy(w blocks.Want) *Policy {
 }
 
 func (e blockEngine) Same(a, b any) bool {
-	ra, ok1 := a.(*Resolved)
-	rb, ok2 := b.(*Resolved)
-	return ok1 && ok2 && ra.Policy == rb.Policy && ra.Global == rb.Global
+	ra, rb := jobPoliciesOf(a), jobPoliciesOf(b)
+	return ra != nil && rb != nil && ra.Policy == rb.Policy && ra.Global == rb.Global
 }
 
 func (e blockEngine) Grant(ctx context.Context, w blocks.Want) (*blocks.Grant, error) {
@@ -63,7 +56,7 @@ func (e blockEngine) Grant(ctx context.Context, w blocks.Want) (*blocks.Grant, e
 	if p == nil || w.Starts < 1 {
 		return nil, blocks.ErrNoBlock
 	}
-	if err := ValidateTenant(w.Tenant); err != nil {
+	if err := validateTenant(w.Tenant); err != nil {
 		return nil, err
 	}
 	id := uuid.NewString()[:8]

@@ -36,11 +36,11 @@ func conforms(t *testing.T, r Rate, starts []int64, where string) {
 
 // blockEnv is a limiter on the fake clock with no started-meter tolerance,
 // tenant acme under policy, acme's resolved policies and the block engine.
-func blockEnv(t *testing.T, policy string) (*env, Resolved, blocks.Engine) {
+func blockEnv(t *testing.T, policy string) (*env, *policiesView, blocks.Engine) {
 	t.Helper()
 	e := setup(t, false, exactConfig)
 	e.policy(t, "acme", policy)
-	res, err := e.lim.Policies().Resolve(context.Background(), "acme")
+	res, err := jobPath{e.lim}.Resolve(context.Background(), "acme")
 	require.NoError(t, err)
 	return e, res, blocks.Of(e.lim)
 }
@@ -92,7 +92,7 @@ func TestBlockStartsConform(t *testing.T) {
 				n := 0
 				for k := range 5000 {
 					id := fmt.Sprintf("%s-%d", name, k)
-					d, err := e.lim.Do(ctx, Request{Tenant: "acme", ID: id, Policies: &res})
+					d, err := e.lim.Do(ctx, Request{Tenant: "acme", ID: id, policies: jobPoliciesOf(res)})
 					require.NoError(t, err)
 					if !d.Allowed {
 						break
@@ -134,7 +134,7 @@ func TestBlockStartsConform(t *testing.T) {
 					}
 					for k := range n {
 						id := fmt.Sprintf("job-%d-%d", step, k)
-						d, err := e.lim.Do(ctx, Request{Tenant: "acme", ID: id, Policies: &res})
+						d, err := e.lim.Do(ctx, Request{Tenant: "acme", ID: id, policies: jobPoliciesOf(res)})
 						require.NoError(t, err, where)
 						if !d.Allowed {
 							break
@@ -146,7 +146,7 @@ func TestBlockStartsConform(t *testing.T) {
 						}
 					}
 				case op < 8:
-					g, err := eng.Grant(ctx, blocks.Want{Tenant: "acme", Policies: &res, Starts: 1 + rng.Int64N(300),
+					g, err := eng.Grant(ctx, blocks.Want{Tenant: "acme", Policies: res, Starts: 1 + rng.Int64N(300),
 						Slots: rng.IntN(30), Window: time.Duration(20+rng.IntN(200)) * time.Millisecond})
 					if err == blocks.ErrNoBlock {
 						continue
@@ -205,13 +205,13 @@ func TestBlockReturn(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	e, res, eng := blockEnv(t, "rate=100/s burst=100 concurrency=40")
-	d, err := e.lim.Do(ctx, Request{Tenant: "acme", ID: "first", Policies: &res})
+	d, err := e.lim.Do(ctx, Request{Tenant: "acme", ID: "first", policies: jobPoliciesOf(res)})
 	require.NoError(t, err)
 	require.True(t, d.Allowed)
 	before, err := e.lim.Stats(ctx, "acme")
 	require.NoError(t, err)
 
-	g, err := eng.Grant(ctx, blocks.Want{Tenant: "acme", Policies: &res, Starts: 30, Slots: 50, Window: time.Second})
+	g, err := eng.Grant(ctx, blocks.Want{Tenant: "acme", Policies: res, Starts: 30, Slots: 50, Window: time.Second})
 	require.NoError(t, err)
 	// a quarter of the burst (1 s) is the window; half the burst is kept:
 	// 49 starts fit, less the window's 25
@@ -230,9 +230,9 @@ func TestBlockReturn(t *testing.T) {
 	require.Equal(t, before.Concurrency.InFlight, after.Concurrency.InFlight, "every slot freed")
 
 	// a charge after the block's: its starts stay charged
-	g, err = eng.Grant(ctx, blocks.Want{Tenant: "acme", Policies: &res, Starts: 10, Slots: 2, Window: time.Second})
+	g, err = eng.Grant(ctx, blocks.Want{Tenant: "acme", Policies: res, Starts: 10, Slots: 2, Window: time.Second})
 	require.NoError(t, err)
-	d, err = e.lim.Do(ctx, Request{Tenant: "acme", ID: "second", Policies: &res})
+	d, err = e.lim.Do(ctx, Request{Tenant: "acme", ID: "second", policies: jobPoliciesOf(res)})
 	require.NoError(t, err)
 	require.True(t, d.Allowed)
 	mid, err := e.lim.Stats(ctx, "acme")
@@ -263,29 +263,29 @@ func TestBlockDeclined(t *testing.T) {
 		"rate=100/s burst=100 concurrency=1", // no slot to spare
 	} {
 		e.policy(t, "acme", text)
-		res, err := e.lim.Policies().Resolve(ctx, "acme")
+		res, err := jobPath{e.lim}.Resolve(ctx, "acme")
 		require.NoError(t, err)
-		_, err = eng.Grant(ctx, blocks.Want{Tenant: "acme", Policies: &res, Starts: 10, Slots: 4, Window: 100 * time.Millisecond})
+		_, err = eng.Grant(ctx, blocks.Want{Tenant: "acme", Policies: res, Starts: 10, Slots: 4, Window: 100 * time.Millisecond})
 		require.ErrorIs(t, err, blocks.ErrNoBlock, text)
 	}
 	e.policy(t, "acme", "rate=100/s burst=100")
-	res, err := e.lim.Policies().Resolve(ctx, "acme")
+	res, err := jobPath{e.lim}.Resolve(ctx, "acme")
 	require.NoError(t, err)
 	// most of the burst used: no block
 	for i := range 60 {
-		d, err := e.lim.Do(ctx, Request{Tenant: "acme", ID: fmt.Sprint("j", i), Policies: &res})
+		d, err := e.lim.Do(ctx, Request{Tenant: "acme", ID: fmt.Sprint("j", i), policies: jobPoliciesOf(res)})
 		require.NoError(t, err)
 		require.True(t, d.Allowed)
 	}
-	_, err = eng.Grant(ctx, blocks.Want{Tenant: "acme", Policies: &res, Starts: 10, Window: 100 * time.Millisecond})
+	_, err = eng.Grant(ctx, blocks.Want{Tenant: "acme", Policies: res, Starts: 10, Window: 100 * time.Millisecond})
 	require.ErrorIs(t, err, blocks.ErrNoBlock, "more than half the burst used")
 	e.clock.Advance(time.Second)
 	_, err = e.lim.Cooldown(ctx, "acme", time.Second)
 	require.NoError(t, err)
-	_, err = eng.Grant(ctx, blocks.Want{Tenant: "acme", Policies: &res, Starts: 10, Window: 100 * time.Millisecond})
+	_, err = eng.Grant(ctx, blocks.Want{Tenant: "acme", Policies: res, Starts: 10, Window: 100 * time.Millisecond})
 	require.ErrorIs(t, err, blocks.ErrNoBlock, "in a cooldown")
 	e.clock.Advance(1100 * time.Millisecond)
-	_, err = eng.Grant(ctx, blocks.Want{Tenant: "acme", Policies: &res, Starts: 10, Window: 100 * time.Millisecond})
+	_, err = eng.Grant(ctx, blocks.Want{Tenant: "acme", Policies: res, Starts: 10, Window: 100 * time.Millisecond})
 	require.NoError(t, err, "after it")
 }
 
@@ -297,7 +297,7 @@ func TestBlockReturnAtTheLastStart(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	e, res, eng := blockEnv(t, "rate=100/s burst=100")
-	g, err := eng.Grant(ctx, blocks.Want{Tenant: "acme", Policies: &res, Starts: 1000, Window: 25 * time.Millisecond})
+	g, err := eng.Grant(ctx, blocks.Want{Tenant: "acme", Policies: res, Starts: 1000, Window: 25 * time.Millisecond})
 	require.NoError(t, err)
 	require.Equal(t, int64(47), g.Starts, "half the burst less the window")
 	// 40 starts of the block at the end of its window, the rest given
@@ -310,7 +310,7 @@ func TestBlockReturnAtTheLastStart(t *testing.T) {
 		starts = append(starts, last.UnixMicro())
 	}
 	for i := 0; ; i++ {
-		d, err := e.lim.Do(ctx, Request{Tenant: "acme", ID: fmt.Sprint("j", i), Policies: &res})
+		d, err := e.lim.Do(ctx, Request{Tenant: "acme", ID: fmt.Sprint("j", i), policies: jobPoliciesOf(res)})
 		require.NoError(t, err)
 		if !d.Allowed {
 			break

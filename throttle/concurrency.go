@@ -61,14 +61,6 @@ type Holder struct {
 	LeaseEnd time.Time
 }
 
-// Name is the rule's name in decisions: concurrency.
-func (s ConcurrencyStats) Name() string { return "concurrency" }
-
-// Describe tells the state in a line: "2 of 5 in flight".
-func (s ConcurrencyStats) Describe(time.Time) string {
-	return fmt.Sprintf("%d of %d in flight", s.InFlight, s.Concurrency.Limit)
-}
-
 // The concurrency kind: h:<job> (a slot: lease end and claim, lua/slot.lua),
 // hc, hm and y in a scope's hash (admit.lua's header).
 type concurrencyKind struct{}
@@ -151,10 +143,3 @@ func (concurrencyKind) stats(p *Policy, raw *rawStats, s *Stats) {
 }
 
 func (concurrencyKind) rule(int64) string { return "concurrency" }
-
-func (concurrencyKind) ruleStats(s *Stats) []RuleStats {
-	if s.Concurrency == nil {
-		return nil
-	}
-	return []RuleStats{*s.Concurrency}
-}

@@ -14,7 +14,7 @@ import (
 // It returns when the cooldown ends.
 func (l *Limiter) Cooldown(ctx context.Context, tenant string, d time.Duration) (time.Time, error) {
 	if tenant != GlobalPolicy {
-		if err := ValidateTenant(tenant); err != nil {
+		if err := validateTenant(tenant); err != nil {
 			return time.Time{}, err
 		}
 	}
@@ -37,7 +37,7 @@ func (l *Limiter) Cooldown(ctx context.Context, tenant string, d time.Duration) 
 // entries, reservations, slots, cooldown). Its policy is kept.
 func (l *Limiter) Reset(ctx context.Context, tenant string) error {
 	if tenant != GlobalPolicy {
-		if err := ValidateTenant(tenant); err != nil {
+		if err := validateTenant(tenant); err != nil {
 			return err
 		}
 	}

@@ -3,9 +3,12 @@ package throttle_test
 import (
 	"context"
 	"fmt"
-	"github.com/sluicehq/sluice/internal/waitroom"
 	"log"
+	"maps"
+	"slices"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/waitroom"
 
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/throttle"
@@ -263,11 +266,12 @@ func ExamplePolicyStore_Set() {
 	defer client.Close()
 	ctx := context.Background()
 
-	store, err := throttle.NewPolicyStore(client, &throttle.StoreConfig{Prefix: prefix})
+	lim, err := throttle.NewLimiter(client, &throttle.Config{Prefix: prefix})
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer store.Close()
+	defer lim.Close()
+	store := lim.Policies()
 
 	// Every worker sees a change within a second; no tenant's state is reset.
 	policy, _ := throttle.ParsePolicy("rate=100/s burst=20 concurrency=5")
@@ -289,11 +293,12 @@ func ExamplePolicyStore_List() {
 	defer client.Close()
 	ctx := context.Background()
 
-	store, err := throttle.NewPolicyStore(client, &throttle.StoreConfig{Prefix: prefix})
+	lim, err := throttle.NewLimiter(client, &throttle.Config{Prefix: prefix})
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer store.Close()
+	defer lim.Close()
+	store := lim.Policies()
 	policies, err := throttle.ParsePolicyFile([]byte(`
 "*": rate=10/s
 "@global": rate=1000/s
@@ -331,15 +336,15 @@ acme:
 	if err != nil {
 		log.Fatal(err)
 	}
-	fmt.Println(policies["acme"])
-	fmt.Print(string(throttle.FormatPolicyFile(policies)))
+	for _, name := range slices.Sorted(maps.Keys(policies)) {
+		fmt.Printf("%s: %s\n", name, policies[name])
+	}
 
 	// Every entry is checked; an error names the line, the entry and the field.
 	_, err = throttle.ParsePolicyFile([]byte("acme:\n  rate: 100/s\n  concurrency: 0\n"))
 	fmt.Println(err)
 	// Output:
-	// rate=100/s burst=20 rate=5000/h quota=10000/day tz=America/Los_Angeles
-	// '*': rate=10/s concurrency=2
+	// *: rate=10/s concurrency=2
 	// acme: rate=100/s burst=20 rate=5000/h quota=10000/day tz=America/Los_Angeles
 	// policy file line 3, "acme": concurrency=0: must be a whole number of at least 1
 }
@@ -365,19 +370,20 @@ func ExampleLimiter_Learn() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	r, _ := lim.Policies().Resolve(ctx, "acme")
-	fmt.Println(out, "|", r.Policy, "|", r.Learned.Rule)
+	// The limit is one more rate rule of acme's; its policy is unchanged.
+	st, _ := lim.Stats(ctx, "acme")
+	fmt.Println(out, "|", st.Learned.Rule, st.Rates[1].Rate, "|", st.Rules)
 
 	// Said again, nothing is written; a limit above the policy's clears it.
 	out, _ = lim.Learn(ctx, "acme", throttle.LearnedLimit{Limit: 40, Window: time.Second})
 	fmt.Println(out)
 	out, _ = lim.Learn(ctx, "acme", throttle.LearnedLimit{Limit: 500, Window: time.Second})
-	r, _ = lim.Policies().Resolve(ctx, "acme")
-	fmt.Println(out, "|", r.Policy, "|", r.Learned == nil)
+	st, _ = lim.Stats(ctx, "acme")
+	fmt.Println(out, "|", len(st.Rates), "rate rule |", st.Learned == nil)
 	// Output:
-	// learned | rate=100/s burst=5 rate=40/s | rate[1]
+	// learned | rate[1] 40/s | rate=100/s burst=5
 	// kept
-	// cleared | rate=100/s burst=5 | true
+	// cleared | 1 rate rule | true
 }
 
 func ExampleLimiter_Adapt() {
@@ -407,15 +413,15 @@ func ExampleLimiter_Adapt() {
 		log.Fatal(err)
 	}
 	fmt.Println(c.From, "→", c.To, c.Reason)
-	r, _ := lim.Policies().Resolve(ctx, "acme")
-	fmt.Println(r.Policy, "|", r.Adaptive.Rule, r.Adaptive.Rate)
+	st, _ := lim.Stats(ctx, "acme")
+	fmt.Println(st.Adaptive.Rule, st.Adaptive.Rate, "|", st.Rates[0].Rate)
 
 	// More 429s in the same interval: cut once, not again.
-	c, _ = lim.Adapt(ctx, "acme", throttle.AdaptReport{Throttled: 5, Seq: r.Adaptive.Seq})
+	c, _ = lim.Adapt(ctx, "acme", throttle.AdaptReport{Throttled: 5, Seq: st.Adaptive.Seq})
 	fmt.Printf("%d %q\n", c.To, c.Reason)
 	// Output:
 	// 50 → 37 throttled
-	// rate=37/s adapt=10..200/s | rate[0] 37/s
+	// rate[0] 37/s | 37/s
 	// 37 ""
 }
 

@@ -99,7 +99,7 @@ var ErrNotWaiting = errors.New("not waiting in its tenant's line")
 // is not in the line. It reads the tenant's state and the line up to the
 // job (a long line is read in pages), and changes nothing.
 func (l *Limiter) Explain(ctx context.Context, tenant, queue, id string) (*Explanation, error) {
-	if err := ValidateTenant(tenant); err != nil {
+	if err := validateTenant(tenant); err != nil {
 		return nil, err
 	}
 	queue = queueOf(queue)
@@ -215,7 +215,7 @@ func (x *Explanation) addKey(kst *Stats, key string, k keyAhead) {
 // ExplainLine explains the first n jobs (0: every job) of tenant's line of
 // queue, in line order, from one reading of the tenant's state.
 func (l *Limiter) ExplainLine(ctx context.Context, tenant, queue string, n int64) ([]Explanation, error) {
-	if err := ValidateTenant(tenant); err != nil {
+	if err := validateTenant(tenant); err != nil {
 		return nil, err
 	}
 	queue = queueOf(queue)

@@ -146,7 +146,7 @@ func TestKeyBadInput(t *testing.T) {
 		"*/*":         "",
 		"acme/org/x":  "",
 	} {
-		err := ValidatePolicyName(name)
+		err := validatePolicyName(name)
 		if want == "" {
 			require.NoError(t, err, name)
 			continue

@@ -324,7 +324,7 @@ func scopeAndQueue(prefix, key string) (scope, queue string, ok bool) {
 	// a shared pool's key: {g}:p:NAME:X
 	if name, ok := strings.CutPrefix(rest, "{g}:p:"); ok {
 		i := strings.LastIndexByte(name, ':')
-		if i <= 0 || i != len(name)-2 || ValidatePool("@"+name[:i]) != nil {
+		if i <= 0 || i != len(name)-2 || validatePool("@"+name[:i]) != nil {
 			return "", "", false
 		}
 		return "@" + name[:i], "", true
@@ -336,7 +336,7 @@ func scopeAndQueue(prefix, key string) (scope, queue string, ok bool) {
 			return "", "", false
 		}
 		t, ok := tagScope(rest[:i+1])
-		if !ok || ValidateKey(k[:len(k)-2]) != nil {
+		if !ok || validateKey(k[:len(k)-2]) != nil {
 			return "", "", false
 		}
 		return keyPolicyName(t, k[:len(k)-2]), "", true

@@ -40,10 +40,8 @@ type ruleKind interface {
 	// arguments to admit.lua; it returns the args and how many rules it
 	// added. now picks calendar windows.
 	encode(p *Policy, now time.Time, args []any) ([]any, int)
-	// stats fills the kind's part of s from a scope's raw state, and
-	// ruleStats lists it rule by rule.
+	// stats fills the kind's part of s from a scope's raw state.
 	stats(p *Policy, raw *rawStats, s *Stats)
-	ruleStats(s *Stats) []RuleStats
 	// rule names one of the kind's rules in decisions: "window", or for a
 	// kind a policy may hold several of, "rate[0]" (index counts from 1).
 	rule(index int64) string

@@ -121,7 +121,7 @@ type learnedJSON struct {
 // same limit is in place for more than half its hold, so a handler may
 // call it for every response.
 func (l *Limiter) Learn(ctx context.Context, tenant string, ll LearnedLimit) (LearnOutcome, error) {
-	if err := ValidateTenant(tenant); err != nil {
+	if err := validateTenant(tenant); err != nil {
 		return "", err
 	}
 	if err := ll.Rate().validate("learned limit"); err != nil {
@@ -174,7 +174,7 @@ func (l *Limiter) Learn(ctx context.Context, tenant string, ll LearnedLimit) (Le
 // Forget removes the limit learned for tenant, and reports whether there
 // was one: the tenant follows its policy again, fleet-wide.
 func (l *Limiter) Forget(ctx context.Context, tenant string) (bool, error) {
-	if err := ValidateTenant(tenant); err != nil {
+	if err := validateTenant(tenant); err != nil {
 		return false, err
 	}
 	k := keysFor(l.cfg.Prefix, tenant)
@@ -194,7 +194,7 @@ func lowers(p *Policy, ll LearnedLimit) bool {
 	if p != nil {
 		p = p.atCeiling() // an adaptive rule may rise to its ceiling
 	}
-	pace := p.Pace()
+	pace := p.pace()
 	return pace == 0 || ll.Rate().Interval() > pace
 }
 

@@ -57,17 +57,17 @@ func TestLearnedLimitReachesTheFleet(t *testing.T) {
 	// another process, which hears changes on pub/sub only
 	other := otherWorker(t, &env{client: e.client, prefix: e.prefix, clock: &fakeClock{}}, time.Hour)
 	other.clock = nil
-	r, err := other.Policies().Resolve(ctx, "acme")
+	r, err := other.Policies().policiesFor(ctx, "acme")
 	require.NoError(t, err)
 	require.Nil(t, r.Learned)
 	require.Eventually(t, func() bool { return other.policies.gen.Load() >= 1 }, 5*time.Second, time.Millisecond, "other's subscription never went live")
 
 	// a tenant without a learned limit costs no Redis command once cached
-	_, err = other.Policies().Resolve(ctx, "acme")
+	_, err = other.Policies().policiesFor(ctx, "acme")
 	require.NoError(t, err)
 	before := commands(t, e)
 	for range 1000 {
-		r, err = other.Policies().Resolve(ctx, "acme")
+		r, err = other.Policies().policiesFor(ctx, "acme")
 		require.NoError(t, err)
 	}
 	// INFO itself is one command, and each store polls the versions every
@@ -81,12 +81,12 @@ func TestLearnedLimitReachesTheFleet(t *testing.T) {
 	require.Equal(t, LearnStored, out)
 	start := time.Now()
 	require.Eventually(t, func() bool {
-		r, err := other.Policies().Resolve(ctx, "acme")
+		r, err := other.Policies().policiesFor(ctx, "acme")
 		require.NoError(t, err)
 		return r.Learned != nil
 	}, time.Second, time.Millisecond, "the learned limit did not reach the other process within 1s")
 	t.Logf("learned limit seen by the other process after %s", time.Since(start).Round(time.Millisecond))
-	r, err = other.Policies().Resolve(ctx, "acme")
+	r, err = other.Policies().policiesFor(ctx, "acme")
 	require.NoError(t, err)
 	require.Equal(t, "rate=100/s burst=5 rate=40/s", r.Policy.String())
 	require.Equal(t, "rate[1]", r.Learned.Rule)
@@ -126,7 +126,7 @@ func TestLearnedLimitReachesTheFleet(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, LearnCleared, out)
 	require.Eventually(t, func() bool {
-		r, err := other.Policies().Resolve(ctx, "acme")
+		r, err := other.Policies().policiesFor(ctx, "acme")
 		require.NoError(t, err)
 		return r.Learned == nil && r.Policy.String() == "rate=100/s burst=5"
 	}, time.Second, time.Millisecond)
@@ -136,12 +136,12 @@ func TestLearnedLimitReachesTheFleet(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, LearnStored, out)
 	require.Eventually(t, func() bool {
-		r, err := other.Policies().Resolve(ctx, "acme")
+		r, err := other.Policies().policiesFor(ctx, "acme")
 		require.NoError(t, err)
 		return r.Learned != nil && r.Learned.Limit == 10
 	}, time.Second, time.Millisecond)
 	require.Eventually(t, func() bool {
-		r, err := other.Policies().Resolve(ctx, "acme")
+		r, err := other.Policies().policiesFor(ctx, "acme")
 		require.NoError(t, err)
 		return r.Learned == nil
 	}, 2*time.Second, 5*time.Millisecond)
@@ -150,7 +150,7 @@ func TestLearnedLimitReachesTheFleet(t *testing.T) {
 	out, err = e.lim.Learn(ctx, "acme", LearnedLimit{Limit: 1, Window: 365 * 24 * time.Hour})
 	require.NoError(t, err)
 	require.Equal(t, LearnStored, out)
-	r, err = e.lim.Policies().Resolve(ctx, "acme")
+	r, err = e.lim.Policies().policiesFor(ctx, "acme")
 	require.NoError(t, err)
 	require.WithinDuration(t, time.Now().Add(LearnHoldMax), r.Learned.Until, 2*time.Second)
 
@@ -168,7 +168,7 @@ func TestLearnedLimitMissedAnnouncement(t *testing.T) {
 	e.policy(t, "acme", "rate=100/s")
 	polling := otherWorker(t, &env{client: e.client, prefix: e.prefix, clock: &fakeClock{}}, 250*time.Millisecond)
 	polling.clock = nil
-	r, err := polling.Policies().Resolve(ctx, "acme")
+	r, err := polling.Policies().policiesFor(ctx, "acme")
 	require.NoError(t, err)
 	require.Nil(t, r.Learned)
 	// written without an announcement, as a lost message would leave it:
@@ -177,7 +177,7 @@ func TestLearnedLimitMissedAnnouncement(t *testing.T) {
 		`{"limit":5,"window_us":1000000,"source":"RateLimit-Policy"}`, time.Minute).Err())
 	require.NoError(t, e.client.Incr(ctx, learnedVersionKey(e.prefix)).Err())
 	require.Eventually(t, func() bool {
-		r, err := polling.Policies().Resolve(ctx, "acme")
+		r, err := polling.Policies().policiesFor(ctx, "acme")
 		require.NoError(t, err)
 		return r.Learned != nil && r.Learned.Limit == 5
 	}, time.Second, 5*time.Millisecond)
@@ -185,7 +185,7 @@ func TestLearnedLimitMissedAnnouncement(t *testing.T) {
 	require.NoError(t, e.client.Set(ctx, keysFor(e.prefix, "acme").learned, `garbage`, time.Minute).Err())
 	require.NoError(t, e.client.Incr(ctx, learnedVersionKey(e.prefix)).Err())
 	require.Eventually(t, func() bool {
-		r, err := polling.Policies().Resolve(ctx, "acme")
+		r, err := polling.Policies().policiesFor(ctx, "acme")
 		require.NoError(t, err)
 		return r.Learned == nil
 	}, time.Second, 5*time.Millisecond)

@@ -27,9 +27,10 @@ const (
 type Config struct {
 	// Prefix of every key sluice writes; PrefixDefault ("sluice") when empty.
 	Prefix string
-	// Policies is the store the limiter reads policies from. When nil the
-	// limiter makes one over the same client and prefix, and closes it on
-	// Close.
+	// Policies, when set, is another limiter's store (its Policies) for
+	// this one to share, with its cache; its prefix must be Prefix. Nil:
+	// the limiter makes one over the same client and prefix, and closes it
+	// on Close.
 	Policies *PolicyStore
 	// Horizon is how far ahead a reservation may be made; a job whose slot
 	// is further away is told to come back at the horizon, without one.
@@ -155,7 +156,7 @@ func NewLimiter(client redis.UniversalClient, cfg *Config) (*Limiter, error) {
 	}
 	l := &Limiter{client: client, cfg: c, policies: c.Policies}
 	if l.policies == nil {
-		s, err := NewPolicyStore(client, &StoreConfig{Prefix: c.Prefix})
+		s, err := newPolicyStore(client, &storeConfig{Prefix: c.Prefix})
 		if err != nil {
 			return nil, err
 		}
@@ -182,7 +183,7 @@ func (l *Limiter) Close() error {
 	l.shadows.close()
 	l.batch.close()
 	if l.ownStore {
-		return l.policies.Close()
+		return l.policies.close()
 	}
 	return nil
 }
@@ -226,11 +227,12 @@ type Request struct {
 	// own policy then limits the sum of its keys. A key's scope lives in
 	// its tenant's Redis slot.
 	Key string
-	// Policies, when set, are the policies to decide by, as
-	// PolicyStore.Resolve returned them for Tenant: a caller that reads
-	// them too (for the overflow mode, say) decides by the same ones. Nil:
+
+	// policies, when set, are the policies to decide by, as sluice's
+	// worker or producer resolved them for the job
+	// (jobpath.Engine.With): it decides by the same ones everywhere. Nil:
 	// the limiter resolves them.
-	Policies *Resolved
+	policies *jobPolicies
 }
 
 // Admit decides whether job id of tenant may start now, taking a

@@ -206,7 +206,7 @@ func TestConfigValidation(t *testing.T) {
 	}
 	_, err := NewLimiter(nil, nil)
 	require.Error(t, err)
-	_, err = NewPolicyStore(client, &StoreConfig{Prefix: "x}"})
+	_, err = newPolicyStore(client, &storeConfig{Prefix: "x}"})
 	require.ErrorContains(t, err, `"x}"`)
 }
 

@@ -101,7 +101,7 @@ func setupOn(t *testing.T, client redis.UniversalClient, real bool, cfg *Config)
 		c = *cfg
 	}
 	c.Prefix = prefix
-	store, err := NewPolicyStore(client, &StoreConfig{Prefix: prefix})
+	store, err := newPolicyStore(client, &storeConfig{Prefix: prefix})
 	require.NoError(t, err)
 	c.Policies = store
 	lim, err := NewLimiter(client, &c)
@@ -113,7 +113,7 @@ func setupOn(t *testing.T, client redis.UniversalClient, real bool, cfg *Config)
 	}
 	t.Cleanup(func() {
 		require.NoError(t, lim.Close())
-		require.NoError(t, store.Close())
+		require.NoError(t, store.close())
 	})
 	return e
 }

@@ -409,7 +409,7 @@ func runModelOn(t *testing.T, envs []*env, mix modelMix, seed uint64, steps int,
 				vmax := time.Duration(5+blockRng.IntN(200)) * time.Millisecond
 				for i, e := range envs {
 					e.lim.blockID = func() string { return fmt.Sprint("s", step) }
-					r, err := e.lim.Policies().Resolve(ctx, tenant)
+					r, err := e.lim.Policies().policiesFor(ctx, tenant)
 					require.NoError(t, err, where)
 					g, err := blocks.Of(e.lim).Grant(ctx, blocks.Want{Tenant: tenant, Policies: &r, Starts: want, Slots: kwant, Window: vmax})
 					mb, v, ok := models[i].grantBlock(now.UnixMicro(), tenant, fmt.Sprint("s", step), want, kwant, micros(vmax))
@@ -651,7 +651,7 @@ func requireStatsMatch(t *testing.T, m *model, e *env, scope string, now int64, 
 		require.Equal(t, &WindowStats{Window: *w, Started: countAfter(ms.startedLog, now-d), Planned: countAfter(ms.plannedLog, now-d)}, st.Window, where)
 	}
 	if q := p.Quota; q != nil {
-		start, end := q.WindowAt(time.UnixMicro(now))
+		start, end := q.windowAt(time.UnixMicro(now))
 		used := ms.quota[start.UnixMicro()]
 		require.Equal(t, used, st.Quota.Used, where+": quota used")
 		require.Equal(t, ms.quota[end.UnixMicro()], st.Quota.ReservedInNextWindow, where+": quota in the next window")

@@ -53,7 +53,8 @@ type Policy struct {
 
 	// Overflow is what a worker does with a denied job; "" means defer.
 	Overflow Overflow
-	// MaxWait bounds how long OverflowWait holds a job.
+	// MaxWait bounds how long OverflowWait holds a job; 0 means
+	// MaxWaitDefault.
 	MaxWait time.Duration
 	// Backlog caps the tenant's jobs waiting in its line (the waiting
 	// room); past it queue.Client.Enqueue returns ErrBacklogFull. 0 is no
@@ -79,22 +80,6 @@ type Policy struct {
 
 // MaxWaitDefault is how long overflow=wait holds a job when max_wait is not set.
 const MaxWaitDefault = time.Second
-
-// OverflowMode is the policy's overflow, with the default filled in.
-func (p *Policy) OverflowMode() Overflow {
-	if p == nil || p.Overflow == "" {
-		return OverflowDefer
-	}
-	return p.Overflow
-}
-
-// WaitLimit is the policy's max_wait, with the default filled in.
-func (p *Policy) WaitLimit() time.Duration {
-	if p == nil || p.MaxWait == 0 {
-		return MaxWaitDefault
-	}
-	return p.MaxWait
-}
 
 // HasRules reports whether the policy limits anything.
 func (p *Policy) HasRules() bool {
@@ -293,12 +278,13 @@ func (p *Policy) weight() int64 {
 	return p.Weight
 }
 
-// Pace is the steady time between two starts the policy's rules impose on
+// pace is the steady time between two starts the policy's rules impose on
 // a long line of jobs of cost 1: the slowest rate's emission interval, or a
 // window's period over its limit, whichever is longer; 0 when no rule
 // spaces starts out (concurrency only, or no rules). The producer reads it
-// to tell how long a tenant's line may take to drain.
-func (p *Policy) Pace() time.Duration {
+// (jobpath.Policies.Pace) to tell how long a tenant's line may take to
+// drain.
+func (p *Policy) pace() time.Duration {
 	var d time.Duration
 	if p == nil {
 		return d

@@ -1,11 +1,16 @@
 package throttle
 
 import (
+	"bytes"
+	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"gopkg.in/yaml.v3"
 )
 
 // canonicalPolicies are policy texts in their canonical form: String gives
@@ -114,8 +119,8 @@ func TestPolicyFields(t *testing.T) {
 	require.Equal(t, "0 9 * * *", p.Quota.Reset)
 	require.Equal(t, "Europe/Paris", p.Quota.TZ)
 	require.Equal(t, &Concurrency{Limit: 5, Lease: 30 * time.Second}, p.Concurrency)
-	require.Equal(t, OverflowWait, p.OverflowMode())
-	require.Equal(t, 500*time.Millisecond, p.WaitLimit())
+	require.Equal(t, OverflowWait, p.Overflow)
+	require.Equal(t, 500*time.Millisecond, p.MaxWait)
 	require.Equal(t, int64(50000), p.Backlog)
 	require.True(t, p.FailOpen)
 	require.True(t, p.HasRules())
@@ -127,14 +132,11 @@ func TestPolicyFields(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, &Policy{}, empty)
 	require.False(t, empty.HasRules())
-	require.Equal(t, OverflowDefer, empty.OverflowMode())
-	require.Equal(t, MaxWaitDefault, empty.WaitLimit())
 	max, _ = empty.maxCostOf()
 	require.Equal(t, int64(-1), max)
 	var none *Policy
 	require.Equal(t, "", none.String())
 	require.False(t, none.HasRules())
-	require.Equal(t, OverflowDefer, none.OverflowMode())
 }
 
 func TestPolicyPace(t *testing.T) {
@@ -150,10 +152,10 @@ func TestPolicyPace(t *testing.T) {
 	} {
 		p, err := ParsePolicy(text)
 		require.NoError(t, err, text)
-		require.Equal(t, want, p.Pace(), text)
+		require.Equal(t, want, p.pace(), text)
 	}
 	var none *Policy
-	require.Zero(t, none.Pace())
+	require.Zero(t, none.pace())
 }
 
 func TestPolicyInvalid(t *testing.T) {
@@ -334,10 +336,10 @@ func TestRate(t *testing.T) {
 	}
 }
 
-func TestValidateTenant(t *testing.T) {
+func TestTenantRule(t *testing.T) {
 	t.Parallel()
 	for _, ok := range []string{"a", "acme", "a{b}", "ünï code", strings.Repeat("é", 128), "x@y", "**", "a\u00a0b", "😀", "a\u00a0\u00ffb"} {
-		require.NoError(t, ValidateTenant(ok), ok)
+		require.NoError(t, validateTenant(ok), ok)
 	}
 	for bad, want := range map[string]string{
 		"":                       "empty",
@@ -354,15 +356,15 @@ func TestValidateTenant(t *testing.T) {
 		"é\u009f":                "control character (U+009F) at byte 2",
 		"\x1b[31mred":            "control character (U+001B)",
 	} {
-		err := ValidateTenant(bad)
+		err := validateTenant(bad)
 		require.ErrorIs(t, err, ErrInvalidTenant, bad)
 		require.ErrorContains(t, err, want)
 	}
-	require.NoError(t, ValidatePolicyName(DefaultPolicy))
-	require.NoError(t, ValidatePolicyName(GlobalPolicy))
-	require.ErrorContains(t, ValidatePolicyName("@Globals"), `"@Globals"`)
-	require.NoError(t, ValidatePolicyName("@globals"), "a shared pool's name")
-	require.ErrorContains(t, ValidatePolicyName("a\rb"), "control character")
+	require.NoError(t, validatePolicyName(DefaultPolicy))
+	require.NoError(t, validatePolicyName(GlobalPolicy))
+	require.ErrorContains(t, validatePolicyName("@Globals"), `"@Globals"`)
+	require.NoError(t, validatePolicyName("@globals"), "a shared pool's name")
+	require.ErrorContains(t, validatePolicyName("a\rb"), "control character")
 }
 
 func TestParsePolicyFile(t *testing.T) {
@@ -409,12 +411,12 @@ empty: ""
 	}
 	require.Equal(t, want, texts)
 
-	// FormatPolicyFile writes what ParsePolicyFile reads back
-	formatted := FormatPolicyFile(got)
+	// formatPolicyFile writes what ParsePolicyFile reads back
+	formatted := formatPolicyFile(got)
 	back, err := ParsePolicyFile(formatted)
 	require.NoError(t, err, string(formatted))
 	require.Equal(t, got, back)
-	require.Equal(t, formatted, FormatPolicyFile(back))
+	require.Equal(t, formatted, formatPolicyFile(back))
 	require.True(t, strings.HasPrefix(string(formatted), "'*': "), string(formatted))
 
 	// anchors, aliases and merge keys share settings between entries
@@ -456,8 +458,8 @@ tilde: ~
 	for _, name := range []string{"yes", "no", "on", "null", "~", "123", "1e3", "a: b", "#x", "- x", "'q'", `"dq"`, "ünï code", "[x]", "{y}", "&a", "!t", "%7B"} {
 		odd[name] = mustPolicy(t, "rate=1/s")
 	}
-	back, err = ParsePolicyFile(FormatPolicyFile(odd))
-	require.NoError(t, err, string(FormatPolicyFile(odd)))
+	back, err = ParsePolicyFile(formatPolicyFile(odd))
+	require.NoError(t, err, string(formatPolicyFile(odd)))
 	require.Equal(t, odd, back)
 
 	for _, empty := range []string{"", "# nothing yet\n", "{}"} {
@@ -465,7 +467,7 @@ tilde: ~
 		require.NoError(t, err, empty)
 		require.Empty(t, got, empty)
 	}
-	require.Empty(t, FormatPolicyFile(nil))
+	require.Empty(t, formatPolicyFile(nil))
 }
 
 func TestParsePolicyFileErrors(t *testing.T) {
@@ -515,4 +517,17 @@ func TestDuplicateRatesCollapse(t *testing.T) {
 	ps, err := ParsePolicyFile([]byte("acme:\n  rate: [1/s, 1/s]\n"))
 	require.NoError(t, err)
 	require.Equal(t, "rate=1/s", ps["acme"].String())
+}
+
+// formatPolicyFile writes policies as a YAML file that ParsePolicyFile
+// should read back, one line per policy in its text form, sorted by name.
+func formatPolicyFile(policies map[string]*Policy) []byte {
+	names := slices.Sorted(maps.Keys(policies))
+	var b bytes.Buffer
+	for _, n := range names {
+		key, _ := yaml.Marshal(n)
+		val, _ := yaml.Marshal(policies[n].String())
+		fmt.Fprintf(&b, "%s: %s", strings.TrimSpace(string(key)), val)
+	}
+	return b.Bytes()
 }

@@ -307,7 +307,7 @@ func (p *pump) serve(ctx context.Context, queue string) (time.Duration, error) {
 	var total int64
 	for i, d := range taken {
 		weights[i] = 1
-		if res, err := p.r.l.resolved(ctx, d.tenant); err == nil {
+		if res, err := p.r.l.policies.policiesFor(ctx, d.tenant); err == nil {
 			weights[i] = res.Policy.weight()
 		}
 		total += weights[i]

@@ -8,8 +8,6 @@ import (
 
 	"github.com/robfig/cron/v3"
 	"gopkg.in/yaml.v3"
-
-	"github.com/sluicehq/sluice/internal/human"
 )
 
 // Quota allows Limit units per calendar window. Windows start at every time
@@ -73,8 +71,8 @@ func (q *Quota) compile() error {
 	return nil
 }
 
-// WindowAt returns the calendar window [start, end) that contains t.
-func (q *Quota) WindowAt(t time.Time) (start, end time.Time) {
+// windowAt returns the calendar window [start, end) that contains t.
+func (q *Quota) windowAt(t time.Time) (start, end time.Time) {
 	if q.schedule == nil {
 		if err := q.compile(); err != nil {
 			return time.Time{}, time.Time{}
@@ -104,7 +102,7 @@ func (q *Quota) WindowAt(t time.Time) (start, end time.Time) {
 // the window containing now (give or take clock skew) and the two after it.
 func (q *Quota) bounds(now time.Time) []int64 {
 	const skew = 2 * time.Second
-	start, _ := q.WindowAt(now.Add(-skew))
+	start, _ := q.windowAt(now.Add(-skew))
 	if start.IsZero() {
 		start = now.Add(-skew).Add(-time.Second)
 	}
@@ -137,15 +135,6 @@ type QuotaStats struct {
 	WindowStart, WindowEnd time.Time
 	ReservedInNextWindow   int64
 	Remaining              int64
-}
-
-// Name is the rule's name in decisions: quota.
-func (s QuotaStats) Name() string { return "quota" }
-
-// Describe tells the state in a line, as of now.
-func (s QuotaStats) Describe(now time.Time) string {
-	return fmt.Sprintf("%s: %d used, %d left; resets %s (in %s); %d reserved in the next window",
-		s.Quota.String(), s.Used, s.Remaining, s.WindowEnd.UTC().Format(time.RFC3339), human.Duration(s.WindowEnd.Sub(now)), s.ReservedInNextWindow)
 }
 
 // The quota kind: qa/qc and qb/qd in a scope's hash are two window starts
@@ -258,7 +247,7 @@ func (quotaKind) stats(p *Policy, raw *rawStats, s *Stats) {
 	if q == nil {
 		return
 	}
-	start, end := q.WindowAt(s.Now)
+	start, end := q.windowAt(s.Now)
 	qs := &QuotaStats{Quota: *q, WindowStart: start, WindowEnd: end}
 	for _, slot := range [][2]string{{"qa", "qc"}, {"qb", "qd"}} {
 		switch raw.hash[slot[0]] {
@@ -273,10 +262,3 @@ func (quotaKind) stats(p *Policy, raw *rawStats, s *Stats) {
 }
 
 func (quotaKind) rule(int64) string { return "quota" }
-
-func (quotaKind) ruleStats(s *Stats) []RuleStats {
-	if s.Quota == nil {
-		return nil
-	}
-	return []RuleStats{*s.Quota}
-}

@@ -73,7 +73,7 @@ func TestQuotaDST(t *testing.T) {
 	}
 }
 
-func TestQuotaWindowAt(t *testing.T) {
+func TestQuotaWindow(t *testing.T) {
 	t.Parallel()
 	la, err := time.LoadLocation("America/Los_Angeles")
 	require.NoError(t, err)
@@ -97,7 +97,7 @@ func TestQuotaWindowAt(t *testing.T) {
 	} {
 		p, err := ParsePolicy(c.policy)
 		require.NoError(t, err)
-		start, end := p.Quota.WindowAt(c.at)
+		start, end := p.Quota.windowAt(c.at)
 		where := fmt.Sprintf("%s at %s", c.policy, c.at)
 		require.True(t, c.start.Equal(start), "%s: start %s, want %s", where, start, c.start)
 		require.True(t, c.end.Equal(end), "%s: end %s, want %s", where, end, c.end)

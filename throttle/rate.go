@@ -8,8 +8,6 @@ import (
 	"time"
 
 	"gopkg.in/yaml.v3"
-
-	"github.com/sluicehq/sluice/internal/human"
 )
 
 // Rate is a leaky bucket used as a meter (GCRA): Limit units per Period
@@ -159,21 +157,6 @@ type RateStats struct {
 	// StartedAhead is how far the started meter (actual starts only) runs
 	// ahead of now. Zero when idle.
 	StartedAhead time.Duration
-}
-
-// Name is the rule's name in decisions: rate[i].
-func (s RateStats) Name() string { return s.Rule }
-
-// Describe tells the state in a line: "100/s burst 20: 3 of 20 free now".
-func (s RateStats) Describe(time.Time) string {
-	text := fmt.Sprintf("%s: %d of %d free now", s.Rate, s.Available, s.Rate.burst())
-	if s.Ahead > 0 {
-		text += fmt.Sprintf("; reserved slots run %s ahead", human.Duration(s.Ahead))
-	}
-	if s.StartedAhead > 0 {
-		text += fmt.Sprintf("; started jobs run %s ahead", human.Duration(s.StartedAhead))
-	}
-	return text
 }
 
 // The rate kind: p<i>/a<i> in a scope's hash are rate i's planned and
@@ -348,11 +331,3 @@ func (rateKind) stats(p *Policy, raw *rawStats, s *Stats) {
 }
 
 func (rateKind) rule(index int64) string { return fmt.Sprintf("rate[%d]", index-1) }
-
-func (rateKind) ruleStats(s *Stats) []RuleStats {
-	var out []RuleStats
-	for _, r := range s.Rates {
-		out = append(out, r)
-	}
-	return out
-}

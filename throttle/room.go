@@ -165,7 +165,7 @@ func (r *room) Arrive(ctx context.Context, a waitroom.Arrival) (waitroom.Arrived
 // checkArrival says what is wrong with a new job's tenant, queue or
 // priority.
 func (r *room) checkArrival(a waitroom.Arrival) error {
-	if err := ValidateTenant(a.Tenant); err != nil {
+	if err := validateTenant(a.Tenant); err != nil {
 		return err
 	}
 	if strings.Contains(a.Queue, lineSep) {
@@ -181,10 +181,10 @@ func (r *room) checkArrival(a waitroom.Arrival) error {
 // policies (a.Policies, or resolved now): its tenant's, @global's and its
 // key's. It returns a *CostError for a cost a rule of one of them can
 // never admit.
-func (r *room) arrivalScopes(ctx context.Context, a waitroom.Arrival, cost int64) (*Resolved, []scope, error) {
-	res, _ := a.Policies.(*Resolved)
+func (r *room) arrivalScopes(ctx context.Context, a waitroom.Arrival, cost int64) (*jobPolicies, []scope, error) {
+	res := jobPoliciesOf(a.Policies)
 	if res == nil {
-		rs, err := r.l.resolved(ctx, a.Tenant)
+		rs, err := r.l.policies.policiesFor(ctx, a.Tenant)
 		if err != nil {
 			return nil, nil, fmt.Errorf("arrival of tenant %q: %w", a.Tenant, err)
 		}
@@ -230,7 +230,7 @@ func (r *room) Park(ctx context.Context, p waitroom.Parking) (waitroom.Parked, e
 	if res.Policy != nil {
 		backlog = res.Policy.Backlog
 	}
-	need := max(res.Policy.Pace(), res.Global.Pace())
+	need := res.Pace
 	k := keysFor(r.l.cfg.Prefix, p.Tenant)
 	q := queueOf(j.Queue)
 	keys := []string{k.lineAt(q, j.Priority)}
@@ -325,7 +325,7 @@ func leaseOf(scopes []scope) time.Duration {
 // alone. A window or a quota is decided again when the job starts (on the
 // reservation the room takes), since a job late for its slot would be
 // charged twice there.
-func (r *room) decidesAll(res Resolved) bool {
+func (r *room) decidesAll(res jobPolicies) bool {
 	if r.l.cluster && res.Global.HasRules() {
 		return false
 	}
@@ -358,7 +358,7 @@ func (r *room) TakeBack(ctx context.Context, d waitroom.Arrived) error {
 // (even without rules: its line's turn is kept there), and @global's where
 // one script sees both (not on a Cluster, where @global is left to the
 // gate when the job starts).
-func (r *room) scopes(tenant string, res Resolved) []scope {
+func (r *room) scopes(tenant string, res jobPolicies) []scope {
 	scopes := r.l.scopesOf(tenant, res)
 	if r.l.cluster && len(scopes) > 1 {
 		scopes = scopes[:1]
@@ -402,7 +402,7 @@ func (r *room) Rejoin(ctx context.Context, tenant string, jobs ...waitroom.Waite
 // join their line (the queue engine refused their tasks, or took them out
 // again), so that the sweep does not look for them.
 func (r *room) Forget(ctx context.Context, tenant string, jobs ...waitroom.Waiter) error {
-	if err := ValidateTenant(tenant); err != nil {
+	if err := validateTenant(tenant); err != nil {
 		return err
 	}
 	if len(jobs) == 0 {
@@ -432,7 +432,7 @@ const (
 )
 
 func (r *room) join(ctx context.Context, tenant string, backlog int64, mode int, jobs []waitroom.Waiter) (joined int, waiting int64, err error) {
-	if err := ValidateTenant(tenant); err != nil {
+	if err := validateTenant(tenant); err != nil {
 		return 0, 0, err
 	}
 	if len(jobs) == 0 {
@@ -450,7 +450,7 @@ func (r *room) join(ctx context.Context, tenant string, backlog int64, mode int,
 			return 0, 0, fmt.Errorf("line of tenant %q: job %q: %w", tenant, j.ID, err)
 		}
 		if j.Key != "" {
-			if err := ValidateKey(j.Key); err != nil {
+			if err := validateKey(j.Key); err != nil {
 				return 0, 0, fmt.Errorf("line of tenant %q: job %q: %w", tenant, j.ID, err)
 			}
 		}
@@ -555,10 +555,10 @@ func (r *room) release(ctx context.Context, tenant, queue, id string, claim uint
 }
 
 func (r *room) turn(ctx context.Context, tenant, queue, id string, claim uint64, budget int, quantum int64, kind int) (waitroom.Turn, error) {
-	if err := ValidateTenant(tenant); err != nil {
+	if err := validateTenant(tenant); err != nil {
 		return waitroom.Turn{}, err
 	}
-	res, err := r.l.resolved(ctx, tenant)
+	res, err := r.l.policies.policiesFor(ctx, tenant)
 	if err != nil {
 		return waitroom.Turn{}, fmt.Errorf("turn of tenant %q: %w", tenant, err)
 	}
@@ -689,7 +689,7 @@ func (r *room) sweep(ctx context.Context, queues []string, tasks waitroom.TaskLo
 // Waiting is how many of tenant's jobs wait in its lines, and when the
 // longest waiting head joined its line (zero when none waits).
 func (r *room) Waiting(ctx context.Context, tenant string) (int64, time.Time, error) {
-	if err := ValidateTenant(tenant); err != nil {
+	if err := validateTenant(tenant); err != nil {
 		return 0, time.Time{}, err
 	}
 	lines, err := r.linesOf(ctx, tenant)
@@ -801,7 +801,7 @@ func (r *room) Lines(ctx context.Context, queues ...string) ([]waitroom.Line, er
 // WaitingIDs lists the task ids of up to n jobs (0: every job) at the head
 // of each of tenant's lines, in line order, with their queues.
 func (r *room) WaitingIDs(ctx context.Context, tenant string, n int64) ([]waitroom.Waiter, error) {
-	if err := ValidateTenant(tenant); err != nil {
+	if err := validateTenant(tenant); err != nil {
 		return nil, err
 	}
 	qs, err := r.queuesOf(ctx, tenant)
@@ -826,7 +826,7 @@ func (r *room) WaitingIDs(ctx context.Context, tenant string, n int64) ([]waitro
 // waiting there. The line is read in pages to find the job (as Explain
 // does), then one script moves it, unless it left the line meanwhile.
 func (r *room) Prioritize(ctx context.Context, tenant, queue, id string, p int) (bool, error) {
-	if err := ValidateTenant(tenant); err != nil {
+	if err := validateTenant(tenant); err != nil {
 		return false, err
 	}
 	if err := checkPriority(p); err != nil {

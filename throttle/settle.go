@@ -50,7 +50,7 @@ func (l *Limiter) Settle(ctx context.Context, req Request, d Decision, actual in
 		return nil
 	}
 	if req.Tenant != "" {
-		if err := ValidateTenant(req.Tenant); err != nil {
+		if err := validateTenant(req.Tenant); err != nil {
 			return err
 		}
 	}

@@ -52,7 +52,7 @@ func noShadow() {}
 
 // shadow records that job req.ID of req.Tenant started at at (Redis time,
 // as Decision.Now gives it; zero: now), for the tenant's shadow policy
-// (Resolved.Shadow; req.Policies, or the cached policies when nil): the
+// (jobPolicies.Shadow; req.policies, or the cached policies when nil): the
 // shadow decides whether it would have let the job start then, as if it
 // were enforced, and counts the verdict. Nothing waits for the decision:
 // it is sent in the background, with the process's others, within about
@@ -64,10 +64,10 @@ func noShadow() {}
 // req's other options are ignored. shadow is safe for concurrent use; the
 // worker's gate calls it, through jobpath.Of, for every job it starts.
 func (l *Limiter) shadow(req Request, at time.Time, counted func(Decision, error)) (end func()) {
-	res := req.Policies
+	res := req.policies
 	if res == nil {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		r, err := l.resolved(ctx, req.Tenant)
+		r, err := l.policies.policiesFor(ctx, req.Tenant)
 		cancel()
 		if err != nil {
 			if counted != nil {
@@ -86,7 +86,7 @@ func (l *Limiter) shadow(req Request, at time.Time, counted func(Decision, error
 		}
 		return noShadow
 	}
-	if err := ValidateTenant(req.Tenant); err != nil {
+	if err := validateTenant(req.Tenant); err != nil {
 		return fail(err)
 	}
 	if at.IsZero() {

@@ -162,10 +162,10 @@ func TestShadowCountsEqualEnforcement(t *testing.T) {
 				d, err := shadow.lim.Do(ctx, Request{Tenant: "acme", ID: ev.a.id, Cost: ev.a.cost})
 				require.NoError(t, err)
 				require.True(t, d.Allowed, "the enforced policy never binds")
-				r, err := shadow.lim.Policies().Resolve(ctx, "acme")
+				r, err := shadow.lim.Policies().policiesFor(ctx, "acme")
 				require.NoError(t, err)
 				require.NotNil(t, r.Shadow)
-				ends[ev.a.id] = shadow.lim.shadow(Request{Tenant: "acme", ID: ev.a.id, Cost: ev.a.cost, Policies: &r}, d.Now, counted)
+				ends[ev.a.id] = shadow.lim.shadow(Request{Tenant: "acme", ID: ev.a.id, Cost: ev.a.cost, policies: &r}, d.Now, counted)
 			}
 			flushShadows(t, shadow.lim)
 

@@ -47,7 +47,7 @@ func (l *Limiter) Release(ctx context.Context, tenant, id string, claim uint64) 
 // given back (its caller hands them on).
 func (l *Limiter) release(ctx context.Context, tenant, queue, id string, claim uint64, sc waitroom.Scopes) (waiting bool, err error) {
 	if tenant != "" {
-		if err := ValidateTenant(tenant); err != nil {
+		if err := validateTenant(tenant); err != nil {
 			return false, err
 		}
 	}
@@ -332,7 +332,7 @@ func (l *Limiter) renewAll(ctx context.Context, jobs []jobpath.Held) []error {
 // scope); none when no scope holds one.
 func (l *Limiter) renewCalls(ctx context.Context, h jobpath.Held) ([]*call, error) {
 	if h.Tenant != "" {
-		if err := ValidateTenant(h.Tenant); err != nil {
+		if err := validateTenant(h.Tenant); err != nil {
 			return nil, err
 		}
 	}

@@ -83,7 +83,7 @@ func (l *Limiter) Stats(ctx context.Context, tenant string) (*Stats, error) {
 			p, name = r.global, GlobalPolicy
 		}
 	} else if strings.HasPrefix(tenant, "@") && !strings.HasPrefix(tenant, ShadowPrefix) {
-		if err := ValidatePool(tenant); err != nil {
+		if err := validatePool(tenant); err != nil {
 			return nil, err
 		}
 		c, err := l.policies.pool(ctx, tenant)
@@ -96,10 +96,10 @@ func (l *Limiter) Stats(ctx context.Context, tenant string) (*Stats, error) {
 	} else if t, key, ok := keyOf(tenant); ok {
 		// a key below a tenant ("acme/user-42"): its scope's state under
 		// the policy that applies to it
-		if err := ValidateTenant(t); err != nil {
+		if err := validateTenant(t); err != nil {
 			return nil, err
 		}
-		if err := ValidateKey(key); err != nil {
+		if err := validateKey(key); err != nil {
 			return nil, err
 		}
 		kname, c, err := l.policies.keyPolicy(ctx, t, key)
@@ -110,7 +110,7 @@ func (l *Limiter) Stats(ctx context.Context, tenant string) (*Stats, error) {
 			p, name = c.policy, kname
 		}
 	} else {
-		if err := ValidateTenant(tenant); err != nil {
+		if err := validateTenant(tenant); err != nil {
 			return nil, err
 		}
 		r, err := l.policies.resolve(ctx, tenant)
@@ -229,24 +229,4 @@ type rawStats struct {
 	windowPlanned, windowStarted int64            // window entries in the last window length
 	live                         int64            // running jobs
 	holders                      []Holder         // up to 100 of them
-}
-
-// RuleStats is the state of one rule of a Stats: RateStats, WindowStats,
-// QuotaStats or ConcurrencyStats.
-type RuleStats interface {
-	// Name is the rule's name in decisions: rate[0], window, …
-	Name() string
-	// Describe tells the state in one line, as of now (Stats.Now).
-	Describe(now time.Time) string
-}
-
-// RuleStats lists the state of every rule, in the policy's order.
-func (s *Stats) RuleStats() []RuleStats {
-	var out []RuleStats
-	for _, k := range kinds {
-		if k != nil {
-			out = append(out, k.ruleStats(s)...)
-		}
-	}
-	return out
 }

@@ -24,10 +24,11 @@ var ErrNoPolicy = errors.New("no policy")
 // something changed: a change takes effect fleet-wide as soon as it is
 // announced; messages lost while a reader's subscription was down are made
 // up for when it is back (the reader reads the version then), and at the
-// latest within PollInterval. Changing a policy never touches a tenant's
-// throttle state.
+// latest within PollIntervalDefault. Changing a policy never touches a
+// tenant's throttle state.
 //
-// A PolicyStore is safe for concurrent use. Close stops its watcher.
+// A limiter makes its store (Limiter.Policies) and closes it on Close. A
+// PolicyStore is safe for concurrent use.
 type PolicyStore struct {
 	client redis.UniversalClient
 	prefix string
@@ -79,8 +80,8 @@ const PollIntervalDefault = 5 * time.Second
 // maxCachedPolicies bounds the cache; past it the cache starts afresh.
 const maxCachedPolicies = 200_000
 
-// StoreConfig configures a PolicyStore.
-type StoreConfig struct {
+// storeConfig configures a PolicyStore.
+type storeConfig struct {
 	// Prefix of every key; PrefixDefault ("sluice") when empty.
 	Prefix string
 	// PollInterval is how often the version number is checked;
@@ -88,12 +89,12 @@ type StoreConfig struct {
 	PollInterval time.Duration
 }
 
-// NewPolicyStore returns a store over the caller's client.
-func NewPolicyStore(client redis.UniversalClient, cfg *StoreConfig) (*PolicyStore, error) {
+// newPolicyStore returns a store over the caller's client.
+func newPolicyStore(client redis.UniversalClient, cfg *storeConfig) (*PolicyStore, error) {
 	if client == nil {
-		return nil, errors.New("throttle: NewPolicyStore needs a Redis client")
+		return nil, errors.New("throttle: a policy store needs a Redis client")
 	}
-	var c StoreConfig
+	var c storeConfig
 	if cfg != nil {
 		c = *cfg
 	}
@@ -172,7 +173,7 @@ func (s *PolicyStore) Apply(ctx context.Context, policies map[string]*Policy, pr
 	texts := make([]string, len(names))
 	for i, name := range names {
 		p := policies[name]
-		if err := ValidatePolicyName(name); err != nil {
+		if err := validatePolicyName(name); err != nil {
 			return err
 		}
 		if p == nil {
@@ -740,45 +741,30 @@ func (s *PolicyStore) read(ctx context.Context, fields []string, learnedOf strin
 	}
 }
 
-// Resolved are the policies that apply to a tenant's jobs.
-type Resolved struct {
-	// Policy is the tenant's own policy, or the default "*"; nil when
-	// neither exists (or for jobs without a tenant).
-	Policy *Policy
-	// Name is the name Policy is stored under: the tenant or "*".
-	Name string
-	// Global is the @global policy; nil when there is none.
-	Global *Policy
-	// Learned is the limit learned from the tenant's downstream, nil when
-	// none is in place; Policy includes it as its last rate rule when it
-	// is applied (Learned.Rule).
-	Learned *LearnedLimit
-	// Shadow is the policy tried on the tenant's jobs without being
-	// enforced (the worker's gate records its starts), nil when none is;
-	// ShadowName is the name it is stored under: ShadowPrefix and the
-	// tenant, or "*".
-	Shadow     *Policy
-	ShadowName string
-	// Adaptive is the state of the policy's adaptive rule, nil when it has
-	// none; Policy holds the rule at its current limit.
-	Adaptive *AdaptiveLimit
-
+// jobPolicies are the policies that apply to a tenant's jobs, as sluice's
+// worker and producer hold them for a job (policiesView, through
+// jobpath.Engine.Resolve), with what each cached policy's admissions need
+// worked out once.
+type jobPolicies struct {
+	policiesView
 	facts, globalFacts, shadowFacts *policyFacts // worked out when cached
 }
 
-// Resolve returns the policies that apply to tenant's jobs ("" for jobs
-// that follow @global only), as the limiter sees them: from its cache, or
-// with one round trip.
-func (s *PolicyStore) Resolve(ctx context.Context, tenant string) (Resolved, error) {
+// policiesFor returns the policies that apply to tenant's jobs ("" for
+// jobs that follow @global only), as the limiter sees them: from its
+// cache, or with one round trip.
+func (s *PolicyStore) policiesFor(ctx context.Context, tenant string) (jobPolicies, error) {
 	r, err := s.resolve(ctx, tenant)
-	return r.public(), err
+	return r.jobPolicies(), err
 }
 
-// public is r as Resolve answers it.
-func (r resolved) public() Resolved {
-	return Resolved{Policy: r.tenant, Name: r.tenantName, Global: r.global, Learned: r.learned,
-		Shadow: r.shadow, ShadowName: r.shadowName, Adaptive: r.adaptive,
-		facts: r.tenantFacts, globalFacts: r.globalFacts, shadowFacts: r.shadowFacts}
+// jobPolicies is r as a job carries it.
+func (r resolved) jobPolicies() jobPolicies {
+	return jobPolicies{
+		policiesView: policiesView{Policy: r.tenant, Name: r.tenantName, Global: r.global, Learned: r.learned,
+			Shadow: r.shadow, ShadowName: r.shadowName, Adaptive: r.adaptive, Pace: max(r.tenant.pace(), r.global.pace())},
+		facts: r.tenantFacts, globalFacts: r.globalFacts, shadowFacts: r.shadowFacts,
+	}
 }
 
 // watch drops the cache whenever a change is announced or the version moves.
@@ -854,9 +840,9 @@ func (s *PolicyStore) watch() {
 	}
 }
 
-// Close stops the watcher. The store can still be used for reads and
+// close stops the watcher. The store can still be used for reads and
 // writes; it no longer caches policies.
-func (s *PolicyStore) Close() error {
+func (s *PolicyStore) close() error {
 	s.watchOnce.Do(func() {}) // a store never used starts no watcher now
 	if s.closed.Swap(true) {
 		return nil

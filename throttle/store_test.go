@@ -119,13 +119,13 @@ func TestPolicyStore(t *testing.T) {
 	require.NoError(t, s.Apply(ctx, map[string]*Policy{
 		"*": mustPolicy(t, "rate=1/s"), "acme": mustPolicy(t, "rate=2/s"), GlobalPolicy: mustPolicy(t, "rate=3/s"),
 	}, false))
-	r, err := s.Resolve(ctx, "acme")
+	r, err := s.policiesFor(ctx, "acme")
 	p, name, g := r.Policy, r.Name, r.Global
 	require.NoError(t, err)
 	require.Equal(t, "acme", name)
 	require.Equal(t, "rate=2/s", p.String())
 	require.Equal(t, "rate=3/s", g.String())
-	r, err = s.Resolve(ctx, "other")
+	r, err = s.policiesFor(ctx, "other")
 	p, name = r.Policy, r.Name
 	require.NoError(t, err)
 	require.Equal(t, DefaultPolicy, name)
@@ -190,14 +190,14 @@ func TestPolicyStoreGarbage(t *testing.T) {
 // default).
 func otherWorker(t *testing.T, e *env, poll time.Duration) *Limiter {
 	t.Helper()
-	store, err := NewPolicyStore(e.client, &StoreConfig{Prefix: e.prefix, PollInterval: poll})
+	store, err := newPolicyStore(e.client, &storeConfig{Prefix: e.prefix, PollInterval: poll})
 	require.NoError(t, err)
 	lim, err := NewLimiter(e.client, &Config{Prefix: e.prefix, Policies: store})
 	require.NoError(t, err)
 	lim.clock = e.clock.Now
 	t.Cleanup(func() {
 		require.NoError(t, lim.Close())
-		require.NoError(t, store.Close())
+		require.NoError(t, store.close())
 	})
 	return lim
 }
@@ -232,7 +232,7 @@ func TestPolicyChangeSeenByOtherWorkers(t *testing.T) {
 	polling := otherWorker(t, e, 250*time.Millisecond)
 	// other subscribes before anything is announced, so it hears every
 	// announcement; its watcher drops the cache once the subscription is live
-	_, err := other.policies.Resolve(ctx, "acme")
+	_, err := other.policies.policiesFor(ctx, "acme")
 	require.NoError(t, err)
 	heard := func(n uint64) func() bool { return func() bool { return other.policies.gen.Load() >= 1+n } }
 	require.Eventually(t, heard(0), 5*time.Second, time.Millisecond, "other's subscription never went live")
@@ -336,28 +336,28 @@ func TestPolicyStoreClose(t *testing.T) {
 	t.Parallel()
 	e := setup(t, false, nil)
 	ctx := context.Background()
-	s, err := NewPolicyStore(e.client, &StoreConfig{Prefix: e.prefix, PollInterval: 50 * time.Millisecond})
+	s, err := newPolicyStore(e.client, &storeConfig{Prefix: e.prefix, PollInterval: 50 * time.Millisecond})
 	require.NoError(t, err)
 	require.NoError(t, s.Set(ctx, "acme", mustPolicy(t, "rate=1/s")))
-	r, err := s.Resolve(ctx, "acme")
+	r, err := s.policiesFor(ctx, "acme")
 	p := r.Policy
 	require.NoError(t, err)
 	require.Equal(t, "rate=1/s", p.String())
-	require.NoError(t, s.Close())
-	require.NoError(t, s.Close())
+	require.NoError(t, s.close())
+	require.NoError(t, s.close())
 	// a closed store still reads and writes, without a cache
 	require.NoError(t, e.client.HSet(ctx, policiesKey(e.prefix), "acme", mustEncode(t, "rate=2/s")).Err())
-	r, err = s.Resolve(ctx, "acme")
+	r, err = s.policiesFor(ctx, "acme")
 	p = r.Policy
 	require.NoError(t, err)
 	require.Equal(t, "rate=2/s", p.String())
 	// a store never used closes without having started anything
-	unused, err := NewPolicyStore(e.client, &StoreConfig{Prefix: e.prefix})
+	unused, err := newPolicyStore(e.client, &storeConfig{Prefix: e.prefix})
 	require.NoError(t, err)
-	require.NoError(t, unused.Close())
-	_, err = NewPolicyStore(e.client, &StoreConfig{PollInterval: -time.Second})
+	require.NoError(t, unused.close())
+	_, err = newPolicyStore(e.client, &storeConfig{PollInterval: -time.Second})
 	require.ErrorContains(t, err, "-1s")
-	_, err = NewPolicyStore(nil, nil)
+	_, err = newPolicyStore(nil, nil)
 	require.Error(t, err)
 }
 
@@ -426,16 +426,16 @@ func TestPolicyStoreMakesUpForLostMessages(t *testing.T) {
 	server := redistest.NewServer(t, nil)
 	client := server.Client(t)
 	prefix := redistest.Prefix(t)
-	writer, err := NewPolicyStore(client, &StoreConfig{Prefix: prefix})
+	writer, err := newPolicyStore(client, &storeConfig{Prefix: prefix})
 	require.NoError(t, err)
-	defer writer.Close()
-	reader, err := NewPolicyStore(client, &StoreConfig{Prefix: prefix, PollInterval: time.Hour})
+	defer writer.close()
+	reader, err := newPolicyStore(client, &storeConfig{Prefix: prefix, PollInterval: time.Hour})
 	require.NoError(t, err)
-	defer reader.Close()
+	defer reader.close()
 	require.NoError(t, writer.Set(ctx, "acme", mustPolicy(t, "rate=1/s")))
 	resolved := func() string {
 		t.Helper()
-		r, err := reader.Resolve(ctx, "acme")
+		r, err := reader.policiesFor(ctx, "acme")
 		require.NoError(t, err)
 		return r.Policy.String()
 	}

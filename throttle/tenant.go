@@ -5,23 +5,34 @@ import (
 	"fmt"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/sluicehq/sluice/internal/names"
 )
 
-// The rule for tenant names, which every entry point applies.
+// The rules for tenant, key, pool and policy names, which every entry
+// point applies; sluice's queue, worker and commands reach the checks
+// through internal/names, to check a name before it reaches the limiter.
+func init() {
+	names.Tenant, names.Key, names.Pool, names.Policy = validateTenant, validateKey, validatePool, validatePolicyName
+}
 
 // MaxTenantLen is the longest tenant name, in bytes.
 const MaxTenantLen = 256
 
-// ErrInvalidTenant is wrapped by the errors for tenant names that cannot be used.
+// ErrInvalidTenant is wrapped by the errors for tenants (and keys below
+// them, Request.Key) that cannot be used; the error says what is wrong and
+// what to do. A tenant is 1 to MaxTenantLen bytes of valid UTF-8 with no
+// control character (C0 U+0000–U+001F, DEL U+007F, C1 U+0080–U+009F), not
+// one of the policy store's reserved names (* and names starting with @),
+// without '/' (which separates a tenant from a key below it:
+// "acme/user-42"). A key is 1 to 200 bytes of valid UTF-8 with no control
+// character, other than *; it may hold '/'. Every entry point checks them:
+// the limiter's verbs, the policy store, policy files, queue.Client, the
+// worker's reading of a job's headers and the commands.
 var ErrInvalidTenant = errors.New("invalid tenant")
 
-// ValidateTenant checks a job's tenant: 1 to 256 bytes of valid UTF-8 with
-// no control character (C0 U+0000–U+001F, DEL U+007F, C1 U+0080–U+009F),
-// not one of the policy store's reserved names (* and names starting with
-// @), without '/' (which separates a tenant from a key below it:
-// "acme/user-42", see ValidateKey). Every entry point applies it: the CLI, policy files, queue.Client and
-// the worker's reading of a job's tenant header.
-func ValidateTenant(tenant string) error {
+// validateTenant checks a job's tenant (ErrInvalidTenant says the rule).
+func validateTenant(tenant string) error {
 	switch {
 	case tenant == "":
 		return fmt.Errorf("%w: the tenant is empty; give the customer, account or user the job is for", ErrInvalidTenant)
@@ -51,11 +62,11 @@ const keySep = "/"
 // maxKeyLen is the longest key below a tenant, in bytes.
 const maxKeyLen = 200
 
-// ValidateKey checks a job's key below its tenant (Request.Key): 1 to 200
+// validateKey checks a job's key below its tenant (Request.Key): 1 to 200
 // bytes of valid UTF-8 with no control character, other than * (which
 // names every key in a policy's name). A key may hold '/'
 // ("acme/org/repo" is tenant acme's key org/repo).
-func ValidateKey(key string) error {
+func validateKey(key string) error {
 	switch {
 	case key == "":
 		return fmt.Errorf("%w: the key is empty; give the user, project or other part of the tenant the job is for, or no key", ErrInvalidTenant)
@@ -105,10 +116,10 @@ const ShadowPrefix = "@shadow:"
 // MaxPoolLen is the longest pool name, in bytes, its @ included.
 const MaxPoolLen = 64
 
-// ValidatePool checks the name of a shared pool (Request.Pools): @ and 1
+// validatePool checks the name of a shared pool (Request.Pools): @ and 1
 // to 63 lowercase letters, digits, '.', '_' or '-' ("@openai",
 // "@smtp-eu"), other than @global and the shadows' names.
-func ValidatePool(name string) error {
+func validatePool(name string) error {
 	rest, ok := strings.CutPrefix(name, "@")
 	switch {
 	case !ok:
@@ -133,12 +144,12 @@ func isPool(name string) bool {
 	return strings.HasPrefix(name, "@") && name != GlobalPolicy && !strings.HasPrefix(name, ShadowPrefix)
 }
 
-// ValidatePolicyName checks the name of a policy: a tenant (see
-// ValidateTenant), * (the default policy), @global, a shared pool (see
-// ValidatePool), ShadowPrefix and a tenant or * (a shadow policy), or a
+// validatePolicyName checks the name of a policy: a tenant (see
+// validateTenant), * (the default policy), @global, a shared pool (see
+// validatePool), ShadowPrefix and a tenant or * (a shadow policy), or a
 // key's: TENANT/KEY, TENANT/* (every key of the tenant) or */* (every key
 // of every tenant; see keySep).
-func ValidatePolicyName(name string) error {
+func validatePolicyName(name string) error {
 	if name == DefaultPolicy || name == GlobalPolicy {
 		return nil
 	}
@@ -149,7 +160,7 @@ func ValidatePolicyName(name string) error {
 		case of == GlobalPolicy:
 			return fmt.Errorf("%w: policy name %q: @global has no shadow (shadows are tried per tenant); try the limit as a tenant's shadow, or as the default's (%s*)", ErrInvalidTenant, name, ShadowPrefix)
 		}
-		if err := ValidateTenant(of); err != nil {
+		if err := validateTenant(of); err != nil {
 			return fmt.Errorf("shadow policy %q: %w", name, err)
 		}
 		return nil
@@ -158,12 +169,12 @@ func ValidatePolicyName(name string) error {
 		return validateKeyPolicyName(name, t, k)
 	}
 	if strings.HasPrefix(name, "@") {
-		if err := ValidatePool(name); err != nil {
+		if err := validatePool(name); err != nil {
 			return fmt.Errorf("%w: policy name %q: names starting with @ are @global, shared pools (\"@openai\": lowercase letters, digits, '.', '_', '-') and %sTENANT (a shadow); * is the default policy", ErrInvalidTenant, name, ShadowPrefix)
 		}
 		return nil
 	}
-	return ValidateTenant(name)
+	return validateTenant(name)
 }
 
 // validateKeyPolicyName checks a key policy's name: TENANT/KEY, TENANT/*
@@ -175,13 +186,13 @@ func validateKeyPolicyName(name, tenant, key string) error {
 		}
 		return nil
 	}
-	if err := ValidateTenant(tenant); err != nil {
+	if err := validateTenant(tenant); err != nil {
 		return fmt.Errorf("key policy %q: %w", name, err)
 	}
 	if key == DefaultPolicy {
 		return nil
 	}
-	if err := ValidateKey(key); err != nil {
+	if err := validateKey(key); err != nil {
 		return fmt.Errorf("key policy %q: %w", name, err)
 	}
 	return nil

@@ -84,7 +84,7 @@ func ticketFor(slot, late, slack, now int64, lease time.Duration, claim uint64, 
 
 // fingerprint identifies the policies a job is decided by: a ticket
 // decided by others (a policy changed meanwhile) is decided anew.
-func (r Resolved) fingerprint() uint32 {
+func (r jobPolicies) fingerprint() uint32 {
 	a, b := r.facts, r.globalFacts
 	if a == nil {
 		a = factsOf(r.Policy)
@@ -95,7 +95,7 @@ func (r Resolved) fingerprint() uint32 {
 	return a.fp*16777619 ^ b.fp
 }
 
-// printWith is fp (Resolved.fingerprint: the tenant's and @global's
+// printWith is fp (jobPolicies.fingerprint: the tenant's and @global's
 // policies) with the policies of the job's other scopes mixed in, its
 // key's and its pools': a ticket decided before one of them changed is
 // decided anew too.

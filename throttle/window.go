@@ -49,14 +49,6 @@ type WindowStats struct {
 	Planned int64
 }
 
-// Name is the rule's name in decisions: window.
-func (s WindowStats) Name() string { return "window" }
-
-// Describe tells the state in a line.
-func (s WindowStats) Describe(time.Time) string {
-	return fmt.Sprintf("%s: %d started in the last %s, %d with reservations", s.Window, s.Started, s.Window.Period, s.Planned)
-}
-
 // The window kind: a scope's planned and started zsets hold its entries,
 // and n in its hash their sequence.
 type windowKind struct{}
@@ -129,10 +121,3 @@ func (windowKind) stats(p *Policy, raw *rawStats, s *Stats) {
 }
 
 func (windowKind) rule(int64) string { return "window" }
-
-func (windowKind) ruleStats(s *Stats) []RuleStats {
-	if s.Window == nil {
-		return nil
-	}
-	return []RuleStats{*s.Window}
-}

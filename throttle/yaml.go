@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sort"
 	"strings"
 
 	"gopkg.in/yaml.v3"
@@ -55,7 +54,7 @@ func ParsePolicyFile(data []byte) (map[string]*Policy, error) {
 	for i := 0; i+1 < len(top.Content); i += 2 {
 		k, v := top.Content[i], top.Content[i+1]
 		name := k.Value
-		if err := ValidatePolicyName(name); err != nil {
+		if err := validatePolicyName(name); err != nil {
 			return nil, fmt.Errorf("policy file line %d: %v", k.Line, err)
 		}
 		if _, dup := out[name]; dup {
@@ -216,21 +215,4 @@ func knownField(key string, line int) error {
 		return nil
 	}
 	return fmt.Errorf("line %d: unknown field %q; known: %s", line, key, strings.Join(yamlFields(), ", "))
-}
-
-// FormatPolicyFile writes policies as a YAML file that ParsePolicyFile reads
-// back, one line per policy in its text form, sorted by name.
-func FormatPolicyFile(policies map[string]*Policy) []byte {
-	names := make([]string, 0, len(policies))
-	for n := range policies {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	var b bytes.Buffer
-	for _, n := range names {
-		key, _ := yaml.Marshal(n)
-		val, _ := yaml.Marshal(policies[n].String())
-		fmt.Fprintf(&b, "%s: %s", strings.TrimSpace(string(key)), val)
-	}
-	return b.Bytes()
 }

@@ -143,7 +143,7 @@ func TestAdaptiveConvergence(t *testing.T) {
 		}
 		starts = append(starts, time.Now())
 		for end := time.Now().Add(p.dur); time.Now().Before(end); <-tick.C {
-			r, err := e.lim.Policies().Resolve(ctx, tenant)
+			r, err := resolve(ctx, e.lim, tenant)
 			require.NoError(t, err)
 			samples = append(samples, adaptSample{time.Now(), r.Policy.Rates[0].Limit})
 		}

@@ -175,7 +175,7 @@ func TestGarbagePolicyFailsClosedUntilFixed(t *testing.T) {
 
 	// Producers are refused with the reason and the fix...
 	eventually(t, 5*time.Second, func() bool {
-		_, err := e.lim.Policies().Resolve(ctx, "acme")
+		_, err := resolve(ctx, e.lim, "acme")
 		return err != nil
 	}, "the policy cache drops the good policy")
 	_, enqueueErr := e.q.Enqueue(ctx, "acme", asynq.NewTask("job", nil), asynq.Queue(e.queue))

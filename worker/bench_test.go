@@ -38,15 +38,12 @@ func BenchmarkGate(b *testing.B) {
 	server := redistest.NewServer(b, nil)
 	client := server.Client(b)
 	prefix := redistest.Prefix(b)
-	store, err := throttle.NewPolicyStore(client, &throttle.StoreConfig{Prefix: prefix})
-	require.NoError(b, err)
-	defer store.Close()
-	lim, err := throttle.NewLimiter(client, &throttle.Config{Prefix: prefix, Policies: store})
+	lim, err := throttle.NewLimiter(client, &throttle.Config{Prefix: prefix})
 	require.NoError(b, err)
 	defer lim.Close()
 	policy, err := throttle.ParsePolicy("rate=1000000/s burst=100000 concurrency=100000")
 	require.NoError(b, err)
-	require.NoError(b, store.Set(context.Background(), "acme", policy))
+	require.NoError(b, lim.Policies().Set(context.Background(), "acme", policy))
 
 	var plain, gated [3][]float64 // jobs/s, Redis CPU µs/job, worker CPU µs/job
 	b.ResetTimer()

@@ -107,7 +107,7 @@ func TestBlocksLowerLimit(t *testing.T) {
 
 	e.policy(t, "acme", "rate=200/s burst=1")
 	eventually(t, 5*time.Second, func() bool {
-		r, err := e.lim.Policies().Resolve(context.Background(), "acme")
+		r, err := resolve(context.Background(), e.lim, "acme")
 		return err == nil && r.Policy.String() == "rate=200/s"
 	}, "the lowered policy in the limiter's cache")
 	blocks0 := metric(t, g, "sluice_worker_block_starts_total", nil)

@@ -1,10 +1,10 @@
 package worker
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
-	"github.com/sluicehq/sluice/internal/waitroom"
 	"log/slog"
 	"math/rand/v2"
 	"strconv"
@@ -19,6 +19,8 @@ import (
 	"github.com/sluicehq/sluice/internal/asynqroom"
 	"github.com/sluicehq/sluice/internal/blocks"
 	"github.com/sluicehq/sluice/internal/jobpath"
+	"github.com/sluicehq/sluice/internal/names"
+	"github.com/sluicehq/sluice/internal/waitroom"
 	"github.com/sluicehq/sluice/taskspec"
 	"github.com/sluicehq/sluice/throttle"
 )
@@ -56,7 +58,7 @@ type Gate struct {
 	asynq     *asynq.Client
 	inspector *asynq.Inspector
 	room      waitroom.Room
-	path      jobpath.Engine[throttle.Request, throttle.Decision]
+	path      engine
 	handover  waitroom.Handover
 	gauge     *asynqroom.Gauge
 	// asynqRedis is the client of asynq's queues; registration counts the
@@ -115,7 +117,7 @@ func NewGate(lim *throttle.Limiter, asynqRedis redis.UniversalClient, cfg *GateC
 		asynq:      asynq.NewClientFromRedisClient(asynqRedis),
 		inspector:  asynq.NewInspectorFromRedisClient(asynqRedis),
 		room:       waitroom.Of(lim),
-		path:       jobpath.Of(lim).(jobpath.Engine[throttle.Request, throttle.Decision]),
+		path:       jobpath.Of(lim).(engine),
 		handover:   asynqroom.Handover(asynqRedis),
 		gauge:      asynqroom.NewGauge(asynqRedis),
 		layout:     asynqroom.NewLayout(asynqRedis),
@@ -244,6 +246,19 @@ func (g *Gate) stopped() bool {
 // and released its slots) or ctx ends.
 func (g *Gate) Wait(ctx context.Context) error { return g.active.wait(ctx) }
 
+// policies are a job's policies, resolved once per delivery
+// (engine.Resolve): its overflow mode and every decision follow them.
+type policies = jobpath.Policies[throttle.Policy, throttle.LearnedLimit, throttle.AdaptiveLimit]
+
+// engine is the limiter's calls beyond throttle's public API
+// (jobpath.Of).
+type engine = jobpath.Engine[throttle.Request, throttle.Decision, *policies]
+
+// request is the admission of the job, decided by its policies.
+func (j *job) request(path engine) throttle.Request {
+	return path.With(throttle.Request{Tenant: j.tenant, ID: j.id, Cost: j.cost, Pools: j.pools, Key: j.key}, j.policies)
+}
+
 // job is what the gate knows of one delivery of a task.
 type job struct {
 	task     *asynq.Task
@@ -256,7 +271,7 @@ type job struct {
 	maxRetry int
 	gen      int // copies made so far at the retry limit
 	// policies are the job's, resolved once per delivery; nil until then
-	policies *throttle.Resolved
+	policies *policies
 	// ticket is the decision the job carried when it no longer holds
 	ticket string
 	// pools are the shared pools the job draws from (taskspec.PoolsHeader)
@@ -287,7 +302,7 @@ func (g *Gate) identify(ctx context.Context, task *asynq.Task) *job {
 		g.warn(errNoTenant, "job has no tenant header: running it under @global only", "task", j.taskID, "type", task.Type(), "header", taskspec.TenantHeader)
 	}
 	if j.tenant != "" {
-		if err := throttle.ValidateTenant(j.tenant); err != nil {
+		if err := names.Tenant(j.tenant); err != nil {
 			g.m.err(errTenant)
 			g.warn(errTenant, "job's tenant cannot be used: running it under @global only", "task", j.taskID, "type", task.Type(), "err", err)
 			j.tenant = ""
@@ -313,7 +328,7 @@ func (g *Gate) identify(ctx context.Context, task *asynq.Task) *job {
 	}
 	if v, ok := h[taskspec.PoolsHeader]; ok {
 		for _, p := range taskspec.ParsePools(v) {
-			if err := throttle.ValidatePool(p); err != nil {
+			if err := names.Pool(p); err != nil {
 				g.m.err(errPoolsHeader)
 				g.warn(errPoolsHeader, "job's pools header names a pool that cannot be used: running it without that pool", "task", j.taskID, "header", taskspec.PoolsHeader, "err", err)
 				continue
@@ -322,7 +337,7 @@ func (g *Gate) identify(ctx context.Context, task *asynq.Task) *job {
 		}
 	}
 	if k, ok := h[taskspec.KeyHeader]; ok && j.tenant != "" {
-		if err := throttle.ValidateKey(k); err != nil {
+		if err := names.Key(k); err != nil {
 			g.m.err(errKeyHeader)
 			g.warn(errKeyHeader, "job's key header cannot be used: running it under its tenant without the key", "task", j.taskID, "header", taskspec.KeyHeader, "err", err)
 		} else {
@@ -334,17 +349,20 @@ func (g *Gate) identify(ctx context.Context, task *asynq.Task) *job {
 }
 
 // overflow returns the job's overflow mode and how long it may wait
-// in-process in all, under its policies.
+// in-process in all, under its policies (the tenant's, or @global's for a
+// job without a tenant; no policy: defer).
 func (g *Gate) overflow(j *job) (throttle.Overflow, time.Duration) {
 	pol := j.policies.Policy
 	if j.tenant == "" {
 		pol = j.policies.Global
 	}
-	mode := pol.OverflowMode()
-	if mode == throttle.OverflowWait {
-		return mode, max(g.cfg.InProcessWait, pol.WaitLimit())
+	if pol == nil || pol.Overflow == "" {
+		return throttle.OverflowDefer, g.cfg.InProcessWait
 	}
-	return mode, g.cfg.InProcessWait
+	if pol.Overflow == throttle.OverflowWait {
+		return pol.Overflow, max(g.cfg.InProcessWait, cmp.Or(pol.MaxWait, throttle.MaxWaitDefault))
+	}
+	return pol.Overflow, g.cfg.InProcessWait
 }
 
 func (g *Gate) process(ctx context.Context, j *job, next asynq.Handler) error {
@@ -352,12 +370,12 @@ func (g *Gate) process(ctx context.Context, j *job, next asynq.Handler) error {
 	// The job's policies are resolved once (from the limiter's cache,
 	// normally): its overflow mode and every decision follow the same ones.
 	cctx, cancel := context.WithTimeout(ctx, g.cfg.CallTimeout)
-	r, err := g.lim.Policies().Resolve(cctx, j.tenant)
+	r, err := g.path.Resolve(cctx, j.tenant)
 	cancel()
 	if err != nil {
 		return g.gateError(ctx, j, err, next, start)
 	}
-	j.policies = &r
+	j.policies = r
 	mode, budget := g.overflow(j)
 	ticket := j.task.Headers()[taskspec.DecidedHeader]
 	if ticket == "" && g.blocks != nil && j.tenant != "" && j.key == "" && len(j.pools) == 0 && !g.stopped() {
@@ -446,7 +464,7 @@ var errAskAgain = errors.New("sluice: decide the job anew")
 // as a retried or deferred job does, or its concurrency slot is gone).
 func (g *Gate) redeem(ctx context.Context, j *job, ticket string, budget time.Duration, start time.Time, next asynq.Handler) error {
 	cctx, cancel := context.WithTimeout(ctx, g.cfg.CallTimeout)
-	d, ok, err := g.path.Redeem(cctx, throttle.Request{Tenant: j.tenant, ID: j.id, Cost: j.cost, Pools: j.pools, Key: j.key, Policies: j.policies}, ticket)
+	d, ok, err := g.path.Redeem(cctx, j.request(g.path), ticket)
 	cancel()
 	if err == nil && !ok && d.Reserved {
 		// it holds a reservation for its slot: asked there, not before
@@ -470,7 +488,7 @@ func (g *Gate) redeem(ctx context.Context, j *job, ticket string, budget time.Du
 			return errAskAgain
 		}
 		// a sleep may overrun (a stalled process): is it still in time?
-		if d, ok, err = g.path.Redeem(ctx, throttle.Request{Tenant: j.tenant, ID: j.id, Cost: j.cost, Pools: j.pools, Key: j.key, Policies: j.policies}, ticket); err != nil || !ok {
+		if d, ok, err = g.path.Redeem(ctx, j.request(g.path), ticket); err != nil || !ok {
 			g.m.tickets.WithLabelValues(ticketAsked).Inc()
 			return errAskAgain
 		}
@@ -496,7 +514,9 @@ func (g *Gate) decide(ctx context.Context, j *job, reserve bool, wait time.Durat
 	if !reserve || !g.canWait(ctx, wait) {
 		wait = 0
 	}
-	d, err := g.lim.Do(cctx, throttle.Request{Tenant: j.tenant, ID: j.id, Cost: j.cost, Pools: j.pools, Key: j.key, Reserve: reserve, Wait: max(wait, 0), Policies: j.policies, Ticket: j.ticket})
+	req := j.request(g.path)
+	req.Reserve, req.Wait, req.Ticket = reserve, max(wait, 0), j.ticket
+	d, err := g.lim.Do(cctx, req)
 	if err == nil || cctx.Err() == nil {
 		return d, err
 	}
@@ -664,7 +684,7 @@ func (g *Gate) run(ctx context.Context, j *job, a Admission, next asynq.Handler)
 	if j.policies != nil && j.policies.Shadow != nil {
 		// the start, decided by the tenant's shadow policy in the
 		// background; nothing waits for it
-		defer g.path.Shadow(throttle.Request{Tenant: j.tenant, ID: j.id, Cost: j.cost, Policies: j.policies}, a.Decision.Now, g.shadowCounted(j.tenant))()
+		defer g.path.Shadow(g.path.With(throttle.Request{Tenant: j.tenant, ID: j.id, Cost: j.cost}, j.policies), a.Decision.Now, g.shadowCounted(j.tenant))()
 	}
 	returned := false
 	var herr error

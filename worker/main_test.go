@@ -19,6 +19,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/sluicehq/sluice/internal/asynqtest"
+	"github.com/sluicehq/sluice/internal/jobpath"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/taskspec"
@@ -34,6 +35,13 @@ var full = flag.Bool("sluice.full", false, "run the fleet tests at full size (mi
 
 func TestMain(m *testing.M) {
 	redistest.Main(m, goleak.IgnoreCurrent())
+}
+
+// resolve returns the policies lim decides tenant's jobs by, from its
+// cache, as the gate resolves them.
+func resolve(ctx context.Context, lim *throttle.Limiter, tenant string) (*jobpath.Policies[throttle.Policy, throttle.LearnedLimit, throttle.AdaptiveLimit], error) {
+	type policies = jobpath.Policies[throttle.Policy, throttle.LearnedLimit, throttle.AdaptiveLimit]
+	return jobpath.Of(lim).(jobpath.Engine[throttle.Request, throttle.Decision, *policies]).Resolve(ctx, tenant)
 }
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -60,18 +68,15 @@ func setup(tb testing.TB, client redis.UniversalClient) *env {
 		client, asynqRedis = redistest.UniversalClient(tb), asynqtest.Client(tb)
 	}
 	prefix := redistest.Prefix(tb)
-	store, err := throttle.NewPolicyStore(client, &throttle.StoreConfig{Prefix: prefix})
-	require.NoError(tb, err)
-	lim, err := throttle.NewLimiter(client, &throttle.Config{Prefix: prefix, Policies: store})
+	lim, err := throttle.NewLimiter(client, &throttle.Config{Prefix: prefix})
 	require.NoError(tb, err)
 	q, err := queue.New(client, &queue.Config{Limiter: lim, AsynqRedis: asynqRedis})
 	require.NoError(tb, err)
 	tb.Cleanup(func() {
 		require.NoError(tb, q.Close())
 		require.NoError(tb, lim.Close())
-		require.NoError(tb, store.Close())
 	})
-	return &env{client: client, asynq: asynqRedis, prefix: prefix, queue: "q-" + prefix, store: store, lim: lim, q: q,
+	return &env{client: client, asynq: asynqRedis, prefix: prefix, queue: "q-" + prefix, store: lim.Policies(), lim: lim, q: q,
 		inspector: asynq.NewInspectorFromRedisClient(asynqRedis)}
 }
 

@@ -9,8 +9,6 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
-
-	"github.com/sluicehq/sluice/throttle"
 )
 
 // Settled costs: a job is admitted on its estimated cost (queue.Cost), and
@@ -68,7 +66,7 @@ func (g *Gate) settle(ctx context.Context, j *job, a Admission, s *settlement, f
 	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.cfg.CallTimeout)
 	defer cancel()
-	err := g.lim.Settle(cctx, throttle.Request{Tenant: j.tenant, ID: j.id, Cost: j.cost, Pools: j.pools, Key: j.key, Policies: j.policies}, a.Decision, actual)
+	err := g.lim.Settle(cctx, j.request(g.path), a.Decision, actual)
 	if err != nil {
 		g.m.err(errSettle)
 		g.warn(errSettle, "sluice: could not settle the job's cost; its estimate stays charged", "task", j.taskID, "tenant", j.tenant, "estimate", j.cost, "actual", actual, "err", err)

@@ -57,7 +57,7 @@ func TestShadowPolicy(t *testing.T) {
 
 	e.policy(t, throttle.ShadowPrefix+"acme", "rate=5/s")
 	eventually(t, 5*time.Second, func() bool {
-		r, err := e.lim.Policies().Resolve(ctx, "acme")
+		r, err := resolve(ctx, e.lim, "acme")
 		return err == nil && r.Shadow != nil
 	}, "the shadow in the limiter's cache")
 	tookAfter, callsAfter, flushesAfter := run("globex", always)

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicehq/sluice/internal/blocks"
+	"github.com/sluicehq/sluice/internal/jobpath"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/throttle"
 )
@@ -103,6 +104,9 @@ func BenchmarkDecisions(b *testing.B) {
 	busyLim, _ := benchLimiter(b, "rate=1000000/s burst=100000 concurrency=10000")
 	warm(b, busyLim)
 	pool := blocks.NewPool(blocks.Of(busyLim), &blocks.Config{Slots: func() int { return benchGoroutines }})
+	// the gate resolves a job's policies once and takes its block under them
+	type policies = jobpath.Policies[throttle.Policy, throttle.LearnedLimit, throttle.AdaptiveLimit]
+	busyPath := jobpath.Of(busyLim).(jobpath.Engine[throttle.Request, throttle.Decision, *policies])
 	defer pool.Close()
 	busyCycle := func(t string) error {
 		id := strconv.FormatInt(seq.Add(1), 36)
@@ -160,11 +164,11 @@ func BenchmarkDecisions(b *testing.B) {
 		}},
 		{"sluice_busy_block", func(t string) error {
 			t = busyTenant(t)
-			r, err := busyLim.Policies().Resolve(ctx, t)
+			r, err := busyPath.Resolve(ctx, t)
 			if err != nil {
 				return err
 			}
-			if s, ok := pool.Take(ctx, t, &r, 1, true); ok {
+			if s, ok := pool.Take(ctx, t, r, 1, true); ok {
 				s.Done()
 				return nil
 			}

@@ -154,11 +154,12 @@ func runE2ERound(ctx context.Context, o options, ec e2eConfig, setup, handler st
 
 	var enq enqueuer
 	if setup == setupSluice {
-		store, err := throttle.NewPolicyStore(rdb, nil)
+		lim, err := throttle.NewLimiter(rdb, nil)
 		if err != nil {
 			return r, err
 		}
-		defer store.Close()
+		defer lim.Close()
+		store := lim.Policies()
 		pol, err := throttle.ParsePolicy(e2ePolicy)
 		if err != nil {
 			return r, err

@@ -118,11 +118,12 @@ func runSetup(ctx context.Context, o options, w *workload, setup string) (*runDa
 	var enq enqueuer
 	switch setup {
 	case setupSluice:
-		store, err := throttle.NewPolicyStore(rdb, nil)
+		lim, err := throttle.NewLimiter(rdb, nil)
 		if err != nil {
 			return nil, err
 		}
-		defer store.Close()
+		defer lim.Close()
+		store := lim.Policies()
 		pols := map[string]*throttle.Policy{}
 		for _, t := range w.tenants {
 			p, err := t.policy()

@@ -18,6 +18,7 @@ import (
 	"github.com/robfig/cron/v3"
 
 	"github.com/sluicehq/sluice/internal/cmdline"
+	"github.com/sluicehq/sluice/internal/names"
 	"github.com/sluicehq/sluice/internal/redisurl"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/taskspec"
@@ -161,7 +162,7 @@ func parseFlags(args []string, env func(string) string) (*options, error) {
 	fs.Int64Var(&o.cost, "cost", 1, "")
 	fs.StringVar(&priority, "priority", "normal", "")
 	fs.Func("pool", "", func(v string) error {
-		if err := throttle.ValidatePool(v); err != nil {
+		if err := names.Pool(v); err != nil {
 			return err
 		}
 		if !slices.Contains(o.pools, v) {
@@ -170,7 +171,7 @@ func parseFlags(args []string, env func(string) string) (*options, error) {
 		return nil
 	})
 	fs.Func("key", "", func(v string) error {
-		if err := throttle.ValidateKey(v); err != nil {
+		if err := names.Key(v); err != nil {
 			return err
 		}
 		o.key = v
@@ -241,7 +242,7 @@ func parseFlags(args []string, env func(string) string) (*options, error) {
 		}
 	}
 	if set["tenant"] {
-		if err := throttle.ValidateTenant(o.tenant); err != nil {
+		if err := names.Tenant(o.tenant); err != nil {
 			return nil, usagef("--tenant: %v", err)
 		}
 	}

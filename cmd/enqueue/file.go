@@ -19,9 +19,9 @@ import (
 
 	"github.com/hibiken/asynq"
 
+	"github.com/sluicehq/sluice/internal/names"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/taskspec"
-	"github.com/sluicehq/sluice/throttle"
 )
 
 // line is one JSON line of --file. Absent fields take the job flags'
@@ -91,7 +91,7 @@ func (o *options) parseLine(b []byte) (fileJob, error) {
 		}
 		c.Tenant = o.tenant
 	}
-	if err := throttle.ValidateTenant(c.Tenant); err != nil {
+	if err := names.Tenant(c.Tenant); err != nil {
 		return fileJob{}, err
 	}
 	if c.Type == "" {
@@ -129,7 +129,7 @@ func (o *options) parseLine(b []byte) (fileJob, error) {
 	}
 	c.Key = o.key
 	if l.Key != nil {
-		if err := throttle.ValidateKey(*l.Key); err != nil {
+		if err := names.Key(*l.Key); err != nil {
 			return fileJob{}, fmt.Errorf("key: %v; leave \"key\" out for none", err)
 		}
 		c.Key = *l.Key
@@ -138,7 +138,7 @@ func (o *options) parseLine(b []byte) (fileJob, error) {
 	if l.Pools != nil {
 		pools = nil
 		for _, p := range l.Pools {
-			if err := throttle.ValidatePool(p); err != nil {
+			if err := names.Pool(p); err != nil {
 				return fileJob{}, fmt.Errorf("pools: %v", err)
 			}
 			if !slices.Contains(pools, p) {

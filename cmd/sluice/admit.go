@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/internal/human"
+	"github.com/sluicehq/sluice/internal/names"
 	"github.com/sluicehq/sluice/throttle"
 )
 
@@ -38,7 +39,7 @@ func admit(a *app, c *command, o *opts, args []string) error {
 		return err
 	}
 	tenant := args[0]
-	if err := throttle.ValidateTenant(tenant); err != nil {
+	if err := names.Tenant(tenant); err != nil {
 		return usagef(c, "%v", err)
 	}
 	if !o.dryRun {
@@ -64,11 +65,11 @@ func admit(a *app, c *command, o *opts, args []string) error {
 	if err != nil {
 		return err
 	}
-	r, err := cn.store.Resolve(a.ctx, tenant)
-	own, ownName, global := r.Policy, r.Name, r.Global
+	r, err := cn.resolve(a.ctx, tenant)
 	if err != nil {
 		return err
 	}
+	own, ownName, global := r.Policy, r.Name, r.Global
 	policy := own
 	if d.Policy == throttle.GlobalPolicy {
 		policy = global

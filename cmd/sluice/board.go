@@ -13,6 +13,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
+	"github.com/sluicehq/sluice/internal/names"
 	"github.com/sluicehq/sluice/internal/waitroom"
 	"github.com/sluicehq/sluice/taskspec"
 	"github.com/sluicehq/sluice/throttle"
@@ -443,7 +444,7 @@ func scopeKind(name string) string {
 	switch {
 	case name == throttle.GlobalPolicy:
 		return kindGlobal
-	case throttle.ValidatePool(name) == nil:
+	case names.Pool(name) == nil:
 		return kindPool
 	case isKeyName(name):
 		return kindKey

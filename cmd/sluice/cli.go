@@ -12,6 +12,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice/internal/jobpath"
+	"github.com/sluicehq/sluice/internal/names"
 	"github.com/sluicehq/sluice/internal/redisurl"
 	"github.com/sluicehq/sluice/throttle"
 )
@@ -291,12 +293,19 @@ type conn struct {
 	limiter *throttle.Limiter
 }
 
+// policies are the policies that apply to a tenant's jobs (resolve).
+type policies = jobpath.Policies[throttle.Policy, throttle.LearnedLimit, throttle.AdaptiveLimit]
+
+// resolve returns the policies that apply to tenant's jobs, as the
+// workers decide by them: its own or the default, @global's, its shadow,
+// its learned limit.
+func (c *conn) resolve(ctx context.Context, tenant string) (*policies, error) {
+	return jobpath.Of(c.limiter).(jobpath.Engine[throttle.Request, throttle.Decision, *policies]).Resolve(ctx, tenant)
+}
+
 func (c *conn) Close() {
 	if c.limiter != nil {
-		_ = c.limiter.Close()
-	}
-	if c.store != nil {
-		_ = c.store.Close()
+		_ = c.limiter.Close() // and its store
 	}
 	_ = c.client.Close()
 }
@@ -327,23 +336,19 @@ func (a *app) connect(cmd *command) (*conn, error) {
 		return nil, err
 	}
 	c := &conn{url: u, prefix: prefix, client: client}
-	c.store, err = throttle.NewPolicyStore(client, &throttle.StoreConfig{Prefix: prefix})
+	c.limiter, err = throttle.NewLimiter(client, &throttle.Config{Prefix: prefix})
 	if err != nil {
 		c.Close()
 		return nil, err
 	}
-	c.limiter, err = throttle.NewLimiter(client, &throttle.Config{Prefix: prefix, Policies: c.store})
-	if err != nil {
-		c.Close()
-		return nil, err
-	}
+	c.store = c.limiter.Policies()
 	return c, nil
 }
 
 // checkPolicyName accepts a tenant, "*", "@global", a shared pool or a
 // shadow as a policy's name.
 func checkPolicyName(cmd *command, name string) error {
-	if err := throttle.ValidatePolicyName(name); err != nil {
+	if err := names.Policy(name); err != nil {
 		return usagef(cmd, "%v", err)
 	}
 	return nil
@@ -357,15 +362,15 @@ func checkTenant(cmd *command, name string) error {
 		return nil
 	}
 	if t, k, ok := strings.Cut(name, "/"); ok && !strings.HasPrefix(name, "@") {
-		if err := throttle.ValidateTenant(t); err != nil {
+		if err := names.Tenant(t); err != nil {
 			return usagef(cmd, "%v", err)
 		}
-		if err := throttle.ValidateKey(k); err != nil {
+		if err := names.Key(k); err != nil {
 			return usagef(cmd, "%v (a key's state is read as TENANT/KEY; TENANT/* is a policy for every key, see sluice policy get)", err)
 		}
 	}
 	if strings.HasPrefix(name, "@") && !strings.HasPrefix(name, throttle.ShadowPrefix) {
-		if err := throttle.ValidatePool(name); err != nil {
+		if err := names.Pool(name); err != nil {
 			return usagef(cmd, "%v", err)
 		}
 		return nil
@@ -373,7 +378,7 @@ func checkTenant(cmd *command, name string) error {
 	if name == throttle.DefaultPolicy {
 		return usagef(cmd, "* is the default policy, not a tenant; give a tenant that follows it, or @global")
 	}
-	if err := throttle.ValidateTenant(name); err != nil {
+	if err := names.Tenant(name); err != nil {
 		return usagef(cmd, "%v", err)
 	}
 	return nil
@@ -383,7 +388,7 @@ func checkTenant(cmd *command, name string) error {
 // neither of them *.
 func isKeyName(name string) bool {
 	t, k, ok := strings.Cut(name, "/")
-	return ok && throttle.ValidateTenant(t) == nil && throttle.ValidateKey(k) == nil
+	return ok && names.Tenant(t) == nil && names.Key(k) == nil
 }
 
 func wantArgs(cmd *command, args []string, min, max int, what string) error {

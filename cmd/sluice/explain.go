@@ -10,6 +10,7 @@ import (
 	"github.com/hibiken/asynq"
 
 	"github.com/sluicehq/sluice/internal/human"
+	"github.com/sluicehq/sluice/internal/names"
 	"github.com/sluicehq/sluice/taskspec"
 	"github.com/sluicehq/sluice/throttle"
 )
@@ -40,7 +41,7 @@ func explainTask(ctx context.Context, cn *conn, info *asynq.TaskInfo) (explainDo
 	if info.State != asynq.TaskStateArchived && info.State != asynq.TaskStateActive && info.State != asynq.TaskStateCompleted {
 		doc.NextProcessAt = timePtr(info.NextProcessAt)
 	}
-	if throttle.ValidateTenant(tenant) != nil {
+	if names.Tenant(tenant) != nil {
 		return doc, nil, nil
 	}
 	x, err := cn.limiter.Explain(ctx, tenant, info.Queue, info.ID)

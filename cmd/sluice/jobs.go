@@ -12,6 +12,7 @@ import (
 	"github.com/hibiken/asynq"
 
 	"github.com/sluicehq/sluice/internal/human"
+	"github.com/sluicehq/sluice/internal/names"
 	"github.com/sluicehq/sluice/internal/waitroom"
 	"github.com/sluicehq/sluice/taskspec"
 	"github.com/sluicehq/sluice/throttle"
@@ -133,7 +134,7 @@ func jobs(a *app, c *command, o *opts, args []string) error {
 	tenant := ""
 	if len(args) == 1 {
 		tenant = args[0]
-		if err := throttle.ValidateTenant(tenant); err != nil {
+		if err := names.Tenant(tenant); err != nil {
 			return usagef(c, "%v", err)
 		}
 	}
@@ -403,7 +404,7 @@ func jobsRun(a *app, c *command, o *opts, args []string) error {
 			return fmt.Errorf("%s is running now; nothing changed", describeTask(info))
 		}
 		was := info.State.String()
-		if tenant := info.Headers[taskspec.TenantHeader]; info.State == asynq.TaskStateScheduled && throttle.ValidateTenant(tenant) == nil {
+		if tenant := info.Headers[taskspec.TenantHeader]; info.State == asynq.TaskStateScheduled && names.Tenant(tenant) == nil {
 			if waiting, err := waitingIDs(a.ctx, cn, tenant, nil); err == nil {
 				if _, ok := waiting[waitingKey(info.Queue, info.ID)]; ok {
 					was = "waiting in its tenant's line"

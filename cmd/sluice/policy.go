@@ -11,6 +11,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/sluicehq/sluice/internal/human"
+	"github.com/sluicehq/sluice/internal/names"
 	"github.com/sluicehq/sluice/throttle"
 )
 
@@ -149,7 +150,7 @@ func noShadowError(a *app, cn *conn, of string) error {
 	if of == throttle.DefaultPolicy {
 		return fmt.Errorf("no shadow policy of the default policy *; %s", set)
 	}
-	r, err := cn.store.Resolve(a.ctx, of)
+	r, err := cn.resolve(a.ctx, of)
 	if err != nil {
 		return err
 	}
@@ -174,7 +175,7 @@ type listEntry struct {
 // nameError says why a stored policy's name is not one sluice accepts;
 // "" when it is.
 func nameError(name string) string {
-	if err := throttle.ValidatePolicyName(name); err != nil {
+	if err := names.Policy(name); err != nil {
 		return err.Error()
 	}
 	return ""

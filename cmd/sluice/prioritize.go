@@ -7,6 +7,7 @@ import (
 	"github.com/hibiken/asynq"
 
 	"github.com/sluicehq/sluice/internal/human"
+	"github.com/sluicehq/sluice/internal/names"
 	"github.com/sluicehq/sluice/internal/waitroom"
 	"github.com/sluicehq/sluice/taskspec"
 	"github.com/sluicehq/sluice/throttle"
@@ -39,7 +40,7 @@ func jobsPrioritize(a *app, c *command, o *opts, args []string) error {
 	return withTask(a, c, o, args, func(cn *conn, _ *asynq.Inspector, info *asynq.TaskInfo) error {
 		notWaiting := fmt.Errorf("%s is %s, not waiting in its tenant's line: only a waiting job has a place in a line to move; nothing changed", describeTask(info), info.State)
 		tenant := info.Headers[taskspec.TenantHeader]
-		if throttle.ValidateTenant(tenant) != nil {
+		if names.Tenant(tenant) != nil {
 			return notWaiting
 		}
 		before, err := cn.limiter.Explain(a.ctx, tenant, info.Queue, info.ID)

@@ -19,7 +19,7 @@ import (
 // the worker's gate does, and closes lim, which sends them.
 func recordShadowStarts(t *testing.T, lim *throttle.Limiter, tenant string, n int) {
 	t.Helper()
-	path := jobpath.Of(lim).(jobpath.Engine[throttle.Request, throttle.Decision])
+	path := jobpath.Of(lim).(jobpath.Engine[throttle.Request, throttle.Decision, *policies])
 	for i := range n {
 		path.Shadow(throttle.Request{Tenant: tenant, ID: fmt.Sprint("job-", i)}, time.Time{}, nil)()
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/internal/human"
+	"github.com/sluicehq/sluice/internal/names"
 	"github.com/sluicehq/sluice/throttle"
 )
 
@@ -90,14 +91,14 @@ func (cn *conn) withPolicyNames(ctx context.Context, live []string) ([]string, e
 			set[name] = true
 		}
 	}
-	names := make([]string, 0, len(set))
+	listed := make([]string, 0, len(set))
 	for n := range set {
-		if n == throttle.GlobalPolicy || throttle.ValidateTenant(n) == nil || throttle.ValidatePool(n) == nil || isKeyName(n) {
-			names = append(names, n)
+		if n == throttle.GlobalPolicy || names.Tenant(n) == nil || names.Pool(n) == nil || isKeyName(n) {
+			listed = append(listed, n)
 		}
 	}
-	sort.Strings(names)
-	return names, nil
+	sort.Strings(listed)
+	return listed, nil
 }
 
 // collect reads the stats of names, several at a time (the limiter shares
@@ -521,6 +522,19 @@ func writeStatsTable(w io.Writer, all []*throttle.Stats) error {
 	return tw.Flush()
 }
 
+// rateText tells a rate rule's state in a line: "100/s burst 20: 3 of 20
+// free now".
+func rateText(r throttle.RateStats) string {
+	text := fmt.Sprintf("%s: %d of %d free now", r.Rate, r.Available, max(r.Rate.Burst, 1))
+	if r.Ahead > 0 {
+		text += fmt.Sprintf("; reserved slots run %s ahead", human.Duration(r.Ahead))
+	}
+	if r.StartedAhead > 0 {
+		text += fmt.Sprintf("; started jobs run %s ahead", human.Duration(r.StartedAhead))
+	}
+	return text
+}
+
 // adaptShown is how many of an adaptive limit's last changes the detail
 // view lists (--json has them all).
 const adaptShown = 10
@@ -538,15 +552,25 @@ func writeDetail(w io.Writer, s *throttle.Stats) error {
 		row("policy", "%s: %s", human.Text(s.Policy), describeRules(s.Rules))
 	}
 	row("started", "%d jobs (counted while the tenant's state is alive)", s.Started)
-	for _, r := range s.RuleStats() {
-		name := r.Name()
+	for _, r := range s.Rates {
+		name := r.Rule
 		if isLearned(s, name) {
 			name += " (learned)"
 		}
 		if isAdaptive(s, name) {
 			name += " (adaptive)"
 		}
-		row(name, "%s", r.Describe(s.Now))
+		row(name, "%s", rateText(r))
+	}
+	if w := s.Window; w != nil {
+		row("window", "%s: %d started in the last %s, %d with reservations", w.Window, w.Started, w.Window.Period, w.Planned)
+	}
+	if q := s.Quota; q != nil {
+		row("quota", "%s: %d used, %d left; resets %s (in %s); %d reserved in the next window",
+			q.Quota, q.Used, q.Remaining, q.WindowEnd.UTC().Format(time.RFC3339), human.Duration(q.WindowEnd.Sub(s.Now)), q.ReservedInNextWindow)
+	}
+	if c := s.Concurrency; c != nil {
+		row("concurrency", "%d of %d in flight", c.InFlight, c.Concurrency.Limit)
 	}
 	if s.Learned != nil {
 		row("learned", "%s", learnedText(s))

@@ -24,8 +24,8 @@ import (
 // Want is what a process asks of a tenant's block.
 type Want struct {
 	Tenant string
-	// Policies are the job's policies as throttle.PolicyStore.Resolve
-	// returned them (a throttle.Resolved).
+	// Policies are the job's policies as jobpath.Engine.Resolve returned
+	// them (a *jobpath.Policies).
 	Policies any
 	// Starts is how many starts (cost units) the block is asked for;
 	// Slots how many concurrency slots (used only when the tenant has a

@@ -144,8 +144,8 @@ type Arrival struct {
 	// saturated fleet serves tenants in turn.
 	MayGo bool
 	// Policies, when set, are the job's policies as
-	// throttle.PolicyStore.Resolve returned them (a throttle.Resolved);
-	// nil: the room resolves them.
+	// jobpath.Engine.Resolve returned them (a *jobpath.Policies); nil: the
+	// room resolves them.
 	Policies any
 }
 
@@ -189,7 +189,7 @@ type Parking struct {
 	Policies any
 	// Fallback is the least time the task stays parked; longer when its
 	// line is long (twice the time the line needs at its tenant's and
-	// @global's pace, throttle.Policy.Pace), up to MaxPark.
+	// @global's pace, jobpath.Policies.Pace), up to MaxPark.
 	Fallback, MaxPark time.Duration
 	// Task is the engine's side (internal/asynqroom makes it).
 	Task EngineTask
