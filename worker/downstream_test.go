@@ -101,8 +101,9 @@ func TestDownstreamSignals(t *testing.T) {
 	}
 	f := newFleet(t, buildTestWorker(t))
 	e := f.env
-	e.policy(t, "announced", "rate=100/s burst=5")
-	e.policy(t, "blind", "rate=100/s burst=5")
+	const policyBurst = 5
+	e.policy(t, "announced", fmt.Sprintf("rate=100/s burst=%d", policyBurst))
+	e.policy(t, "blind", fmt.Sprintf("rate=100/s burst=%d", policyBurst))
 	announced := &strictDownstream{rate: 40, burst: 2}
 	blind := &strictDownstream{rate: 40, burst: 2, blind: true}
 	srvA := httptest.NewServer(announced)
@@ -141,12 +142,16 @@ func TestDownstreamSignals(t *testing.T) {
 	var lastOK time.Time
 	late429 := 0
 	early429 := 0
-	for _, a := range log {
+	for i, a := range log {
 		switch {
 		case a.ok:
 			lastOK = a.at
-		case a.at.Sub(first) < 5*time.Millisecond:
-			early429++ // the first burst, sent before any answer came back
+		case i < policyBurst:
+			// the first burst, sent before any answer came back: the
+			// policy's burst, back to back (counted by place, not by a
+			// few ms after the first answer: on a loaded machine the
+			// burst's requests arrive spread out)
+			early429++
 		default:
 			late429++
 		}
@@ -177,7 +182,7 @@ func TestDownstreamSignals(t *testing.T) {
 	// (make test runs other packages' tests beside this one; 4 were seen
 	// there).
 	require.LessOrEqual(t, late429, jobs/100, "429s after the first answer")
-	require.LessOrEqual(t, early429, 5, "429s of the first burst")
+	require.LessOrEqual(t, early429, policyBurst, "429s of the first burst")
 	// the figure: the achieved rate once the limit is learned
 	// (after the first answer's pause) within 10% of the downstream's 40/s
 	require.InDelta(t, 40, steadyRate, 4, "achieved rate after the first pause within 10%% of the downstream's 40/s")
