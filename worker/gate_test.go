@@ -51,7 +51,12 @@ func TestConcurrencyHeldWhileRunningAndReleased(t *testing.T) {
 func TestDeferredJobsKeepTheirRetriesAndAreNeverArchived(t *testing.T) {
 	t.Parallel()
 	e := setup(t, nil)
-	e.policy(t, "acme", "rate=5/s")
+	// 2/s: the last jobs' slots, 5 s and more after the first start, stay
+	// beyond the in-process wait (1.5 s) even when a loaded machine
+	// dequeues them seconds late (jobs waiting in-process hold asynq's
+	// slots meanwhile); at 5/s, in one run under make test's load, every
+	// MaxRetry(0) job came close enough to wait instead
+	e.policy(t, "acme", "rate=2/s")
 	rec := newRecorder(0)
 	var handlerErrors atomic.Int64
 	srv := e.server(t, func(c *worker.Config) {
@@ -69,7 +74,7 @@ func TestDeferredJobsKeepTheirRetriesAndAreNeverArchived(t *testing.T) {
 	ids = append(ids, e.enqueueDirect(t, "acme", 5, "", asynq.MaxRetry(0))...)
 	eventually(t, 20*time.Second, func() bool { return rec.doneCount() == len(ids) }, "every job done")
 
-	require.Zero(t, nonConforming(rec.startTimes(), 5, 2))
+	require.Zero(t, nonConforming(rec.startTimes(), 2, 2))
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
 	copies := 0
