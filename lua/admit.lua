@@ -99,8 +99,8 @@
 --     time, which the reply's slot gives, and charged then: the caller
 --     waits, instead of being denied and asking again)
 -- Returns: per op {verdict, retry_after, rule * 65536 + rule_index * 256 +
---   scope, remaining, reset_after, in_flight, slot}, with two-step also
---   {snapshots} and {undo records}; then the time of the decisions
+--   scope, remaining, reset_after, in_flight, slot, late}, with two-step
+--   also {snapshots} and {undo records}; then the time of the decisions
 --   verdict: 1 allowed, 2 wrote, 4 conflict (EXPECT not met: nothing written
 --     but the UNDO records)
 --   rule: 0 none, a rule kind's code (1 rate, 2 window, 3 quota, 4
@@ -111,6 +111,8 @@
 --   remaining, reset_after, in_flight: -1 when no rule applies (local
 --     scopes only)
 --   slot: the job's reserved slot, 0 when none was taken
+--   late: for a job allowed at its slot (WAIT), how long after it the job
+--     may still start on this decision, its tolerance apart (0 otherwise)
 --   arrive ops answer {verdict, slot, waiting, {undo records}, late,
 --     slack, earlier}: verdict 1 straight (the slot and concurrency slot
 --     taken), 0 it waits (its intent recorded), -1 the line is at its cap;
@@ -192,7 +194,7 @@ local E = {
   a = 7, id = false, cost = 1, claim = false, rkey = false, hkey = false,
   reserve = false, hold = false, dry = false, plan = false,
   not_before = 0, promote = false, once = false, slack = 0, late = -1, lead = 0,
-  ticket = false, tslack = 0, wait = false, twostep = false, room = false
+  ticket = false, tslack = 0, wait = false, wlate = 0, twostep = false, room = false
 }
 
 -- the longest a job decided once may start after its slot, charged for
@@ -336,7 +338,7 @@ for o = 1, nops do
   local flags = num(ARGV[E.a + 2])
   local nscopes = int(ARGV[E.a + 5])
   E.a = E.a + 6
-  E.ticket, E.wait = false, false
+  E.ticket, E.wait, E.wlate = false, false, 0
   if flags >= 32768 then
     if floor(flags / 32768) % 2 == 1 then
       E.ticket, E.tslack = int(ARGV[E.a]), int(ARGV[E.a + 1])
@@ -481,7 +483,7 @@ for o = 1, nops do
   end
 
   if undo_only then
-    out[o] = { 0, 0, 0, -1, -1, -1, 0 }
+    out[o] = { 0, 0, 0, -1, -1, -1, 0, 0 }
   else
     local allowed, retry, slot, write, rule = decide(scopes)
     local conflict = false
@@ -554,15 +556,15 @@ for o = 1, nops do
     end
     if wrote then verdict = verdict + 2 end
     if conflict then verdict = verdict + 4 end
-    out[o] = { verdict, retry, rule, remaining, reset, inflight, slot }
+    out[o] = { verdict, retry, rule, remaining, reset, inflight, slot, E.wlate }
     if steps then
       local recs = {}
       for s = 1, nscopes do
         local sc = scopes[s]
         if sc.st then recs[#recs + 1] = wrote and ts.record(sc) or {} end
       end
-      out[o][8] = snaps
-      out[o][9] = recs
+      out[o][9] = snaps
+      out[o][10] = recs
     end
   end
   end

@@ -124,6 +124,26 @@ end
 -- The decision over every scope of the op, without writing anything:
 -- allowed, retry-after, slot, what to write ('reserve', 'start' or false)
 -- and the rule.
+-- how long after its slot t a job allowed at t (WAIT) may still start on
+-- the decision: a started meter charges a start at its own time when that
+-- is after t (a meter kept at its rate runs ahead of the starts it allows
+-- by its burst), and every start up to then keeps the actual starts
+-- behind the meter, so they conform as the meter's do. The least over the
+-- job's meters, at most SLACK_MAX; 0 with a window or quota rule, which
+-- count the start at t.
+local function wait_late(scopes, t)
+  local late = SLACK_MAX
+  for s = 1, #scopes do
+    local sc = scopes[s]
+    local pol = sc.pol
+    if pol.wlim > 0 or pol.qlim > 0 then return 0 end
+    for i = 1, pol.nr do
+      late = min(late, max(sc[3 * i], t) - t)
+    end
+  end
+  return late
+end
+
 local function decide(scopes)
   -- S: the earliest time every scope allows the job; rule, ridx and rscope
   -- name what pushed it furthest
@@ -296,6 +316,7 @@ local function decide(scopes)
         -- a few moments early for a rate's started meter, and the caller
         -- waits: allowed at its time, charged then (WAIT)
         allowed, write, slot, E.slack = true, 'startat', now + w, 0
+        E.wlate = wait_late(scopes, slot)
         rule, ridx, rscope = 0, 0, 0
       elseif w > 0 then
         -- a few moments early for the started meter: keep the place in line

@@ -251,9 +251,9 @@ func (l *Limiter) do(ctx context.Context, req Request, flags int) (Decision, err
 	if op.flags&flagWait != 0 && d.Allowed && !d.Slot.IsZero() {
 		// allowed at its slot, a little ahead (Wait): the caller redeems
 		// the decision as a ticket there, in time within the started
-		// meters' tolerance
+		// meters' tolerance and what they counted past the slot (d.late)
 		d.Reserved = false
-		d.Ticket = ticketFor(d.Slot.UnixMicro(), micros(l.startedTolerance(scopes)), 0, d.Now.UnixMicro(), d.Lease, d.Claim, printWith(res.fingerprint(), scopes))
+		d.Ticket = ticketFor(d.Slot.UnixMicro(), micros(l.startedTolerance(scopes))+d.late, 0, d.Now.UnixMicro(), d.Lease, d.Claim, printWith(res.fingerprint(), scopes))
 	}
 	return d, nil
 }

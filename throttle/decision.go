@@ -49,13 +49,20 @@ type Decision struct {
 	// Ticket, for a job allowed at a Slot ahead (Request.Wait), is the
 	// decision to start it on once the Slot comes (sluice's worker gate
 	// starts a job on its ticket without deciding again): it no longer
-	// holds when the job comes later than the rate's tolerance.
+	// holds when the job comes later than the rate's tolerance, or, where
+	// the started meters run ahead of the Slot (a tenant kept at its rate
+	// with a burst), later than they have counted the start already (at
+	// most 25 ms).
 	Ticket string
 
 	// planned and started are where an allowed job was charged (µs, Redis
 	// time): its planned meters and quota at planned, its started meters
 	// at started; Settle settles there. 0 when nothing was charged.
 	planned, started int64
+	// late, for a job allowed at a Slot ahead, is how long after it the
+	// job may still start on the decision, besides the rate's tolerance
+	// (µs): its started meters count it as started that late.
+	late int64
 }
 
 // String summarises the decision for logs.

@@ -338,6 +338,7 @@ type admitReply struct {
 	rule, ruleIndex, ruleScope int64 // ruleScope: 1-based position in the op's scopes
 	remaining, reset, inFlight int64
 	slot                       int64 // µs; 0 when no slot was taken
+	late                       int64 // µs, how late after slot a WAIT decision holds, its tolerance apart
 	now                        int64 // µs, Redis time of the decision
 	// with flagTwoStep, per local scope: its state before the op (for a
 	// later step, where it is remote) and what the op wrote (for an undo)
@@ -362,23 +363,23 @@ func decodeAdmit(res any) (*admitReply, error) {
 		return decodeQuick(text, now)
 	}
 	op, ok := arr[0].([]any)
-	if !ok || (len(op) != 7 && len(op) != 9) {
+	if !ok || (len(op) != 8 && len(op) != 10) {
 		return nil, fmt.Errorf("admit.lua: unexpected reply %T %v", arr[0], arr[0])
 	}
-	v, err := int64s(op[:7], 7)
+	v, err := int64s(op[:8], 8)
 	if err != nil {
 		return nil, fmt.Errorf("admit.lua: %w", err)
 	}
 	r := &admitReply{
 		verdict: v[0], retry: v[1],
 		rule: v[2] >> 16, ruleIndex: (v[2] >> 8) & 0xff, ruleScope: v[2] & 0xff,
-		remaining: v[3], reset: v[4], inFlight: v[5], slot: v[6], now: now,
+		remaining: v[3], reset: v[4], inFlight: v[5], slot: v[6], late: v[7], now: now,
 	}
-	if len(op) == 9 {
-		if r.snapshots, err = int64Lists(op[7]); err != nil {
+	if len(op) == 10 {
+		if r.snapshots, err = int64Lists(op[8]); err != nil {
 			return nil, fmt.Errorf("admit.lua snapshots: %w", err)
 		}
-		if r.undos, err = int64Lists(op[8]); err != nil {
+		if r.undos, err = int64Lists(op[9]); err != nil {
 			return nil, fmt.Errorf("admit.lua undo records: %w", err)
 		}
 	}
@@ -433,6 +434,7 @@ func (r *admitReply) decision(scopes []opScope) Decision {
 		d.planned, d.started = r.now, r.now
 		if r.slot > 0 {
 			d.planned, d.started = r.slot, r.slot
+			d.late = r.late
 		}
 		if r.retry > 0 {
 			d.planned = r.now - r.retry + 1
