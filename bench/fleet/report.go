@@ -499,7 +499,9 @@ func targets(s *result, prev previous) []target {
 	}
 	t = append(t, redis)
 	if prev.comparable(s.enqueued) {
-		t = append(t, target{tgtJobsPerSec, "fleet jobs/s not lower than " + prev.since(), s.jobsPerSec >= prev.JobsPerSec,
+		// the previous run's figure is read from its report, in whole
+		// jobs/s: this run's is compared at that precision
+		t = append(t, target{tgtJobsPerSec, "fleet jobs/s not lower than " + prev.since(), math.Round(s.jobsPerSec) >= prev.JobsPerSec,
 			fmt.Sprintf("%.0f vs %.0f", s.jobsPerSec, prev.JobsPerSec)})
 	} else {
 		t = append(t, target{tgtJobsPerSec, "fleet jobs/s not lower than the previous run", false,
