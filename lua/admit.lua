@@ -90,8 +90,11 @@
 --     of the burst the started meters have left after it and two more
 --     starts, at most 25 ms, plus the tolerance; a job later than that is
 --     decided anew, with TICKET. With less than 5 ms of slack (a scope near
---     its limits) late is -2: the job takes a reservation, as without once,
---     and the gate decides when it starts), 32768 ticket (the job was decided once
+--     its limits), a promoted job whose started meters let it start at its
+--     slot is charged there, late the tolerance and as far as the meters
+--     count it past the slot; otherwise, and for an arrival, late is -2:
+--     the job takes a reservation, as without once, and the gate decides
+--     when it starts), 32768 ticket (the job was decided once
 --     at its slot, its started meters charged its slack after it, and
 --     comes late: where its charge is still the last on a meter it is
 --     taken back, so that starting now charges it once), 65536 wait (a job
@@ -194,7 +197,8 @@ local E = {
   a = 7, id = false, cost = 1, claim = false, rkey = false, hkey = false,
   reserve = false, hold = false, dry = false, plan = false,
   not_before = 0, promote = false, once = false, slack = 0, late = -1, lead = 0,
-  ticket = false, tslack = 0, wait = false, wlate = 0, twostep = false, room = false
+  ticket = false, tslack = 0, wait = false, wlate = 0, twostep = false, room = false,
+  arriving = false
 }
 
 -- the longest a job decided once may start after its slot, charged for
@@ -423,7 +427,9 @@ for o = 1, nops do
     E.lead = next_int()
     local entry = ARGV[E.a]
     E.a = E.a + 1
+    E.arriving = true
     local verdict, slot, waiting, recs, late, slack = rm.arrive(scopes, lines, may_go, cap)
+    E.arriving = false
     -- a job that waits is parked next, then joins its line (line.lua takes
     -- its intent back): should its producer die in between, the sweep
     -- finds the intent; one an earlier arrival left is kept

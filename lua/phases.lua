@@ -257,10 +257,30 @@ local function decide(scopes)
       elseif slack >= SLACK_MIN then
         E.slack, E.late = slack, slack + tol
       else
-        -- near its limits: no slack to be late with, so the gate decides
-        -- when the job starts, on the reservation it takes here
-        E.slack, E.late = 0, -2
-        return true, 0, S, 'promote', 0
+        -- near its limits: no slack to charge. A job promoted from its
+        -- line (up to the lead before its slot, so that its worker holds
+        -- it there) whose started meters let it start at its slot is
+        -- decided there still: it may start up to the tolerance after
+        -- it, and as far as the meters have counted it past the slot
+        -- (wait_late). Otherwise (and for a job that arrives, which
+        -- reaches a worker after its slot) the gate decides when it
+        -- starts, on the reservation it takes here.
+        if E.arriving then
+          E.slack, E.late = 0, -2
+          return true, 0, S, 'promote', 0
+        end
+        for s = 1, #scopes do
+          local sc = scopes[s]
+          local pol = sc.pol
+          for i = 1, pol.nr do
+            local t = min(tolerance, floor(pol.unit[i] / 4))
+            if max(sc[3 * i], S) + sc[3 * i - 2] - S - pol.off[i] - t > 0 then
+              E.slack, E.late = 0, -2
+              return true, 0, S, 'promote', 0
+            end
+          end
+        end
+        E.slack, E.late = 0, tol + wait_late(scopes, S)
       end
       return true, 0, S, 'startat', 0
     end
@@ -414,8 +434,10 @@ local function apply(scopes, write, t, noexpire)
       else
         local at = write == 'startat' and t + E.slack or now
         if pol.reservable or pol.clim > 0 then
-          -- counted for sluice top; kept a few seconds past recovery
-          sc.starts = sc.starts + 1
+          -- counted for sluice top (once: a job decided anew, TICKET, was
+          -- counted by its first decision); kept a few seconds past
+          -- recovery
+          if not E.ticket then sc.starts = sc.starts + 1 end
           h[#h + 1] = 's'; h[#h + 1] = fmt(sc.starts)
           need = max(need, now + 5000000)
         end

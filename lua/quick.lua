@@ -58,7 +58,9 @@ local function quick(pol, st, flags, o)
     if hold and not mine and live >= clim then return v end
   end
   local starts, rn = num(v[2]) or 0, num(v[4]) or 0
-  if rn > 0 and (starts + 1) % 64 == 0 then return v end
+  -- a job decided anew (TICKET) was counted by its first decision
+  local counted = E.ticket and starts or starts + 1
+  if rn > 0 and counted % 64 == 0 then return v end
   -- allowed: the fields apply would write, in one HSET
   local h = { nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil,
     nil, nil }
@@ -74,7 +76,7 @@ local function quick(pol, st, flags, o)
     if inew then h[n + 1], h[n + 2], n = 'i1', ARGV[pol.uarg[1]], n + 2 end
     need = max(P, A)
   end
-  h[n + 1], h[n + 2], n = 's', fmt(starts + 1), n + 2
+  h[n + 1], h[n + 2], n = 's', fmt(counted), n + 2
   need = max(need, now + 5000000)
   if rn > 0 then h[n + 1], h[n + 2], n = 'rn', v[4], n + 2 end
   local held = 0

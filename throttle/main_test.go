@@ -74,6 +74,21 @@ func (e *env) redeem(t *testing.T, tenant, id string) Decision {
 	return d
 }
 
+// gate starts job id of tenant as the worker's gate does: on the ticket
+// the room gave it when it carries a decision (which must hold), else
+// deciding on its reservation.
+func (e *env) gate(t *testing.T, tenant, id string) Decision {
+	t.Helper()
+	if ticket, ok := e.tickets.Load(id); ok {
+		if tk, _ := parseTicket(ticket.(string)); tk.late != lateReserved {
+			return e.redeem(t, tenant, id)
+		}
+	}
+	d, err := e.lim.Do(context.Background(), Request{Tenant: tenant, ID: id, Reserve: true})
+	require.NoError(t, err)
+	return d
+}
+
 // keep records the tickets of promoted jobs.
 func (e *env) keep(jobs []waitroom.Promoted) {
 	for _, p := range jobs {

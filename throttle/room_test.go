@@ -139,7 +139,7 @@ func TestRoomArrival(t *testing.T) {
 }
 
 // TestRoomPromotesAtEachSlot: a rate-limited line is promoted one job per
-// slot, each taking its slot (a reservation) when it leaves; a concurrency
+// slot, each decided at its slot when it leaves (its ticket); a concurrency
 // limited line waits for a slot, and a release hands its slot to the head
 // in the same script run.
 func TestRoomPromotesAtEachSlot(t *testing.T) {
@@ -187,11 +187,11 @@ func TestRoomPromotesAtEachSlot(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, n, "handed jobs leave the handing set")
 
-	// the gate admits a promoted job on its reservation, charging nothing
-	// more
-	d, err := e.lim.Do(ctx, Request{Tenant: "acme", ID: "j3", Reserve: true})
-	require.NoError(t, err)
-	require.True(t, d.Allowed, "%+v", d)
+	// a promoted job carries its decision, even with no burst to spare
+	// (its slot's start conforms): the gate starts it on its ticket there,
+	// asking nothing
+	e.keep(turn.Promoted)
+	require.True(t, e.redeem(t, "acme", "j3").Allowed)
 
 	// concurrency: the line waits for a slot, a release hands it on
 	e.policy(t, "pool", "concurrency=1")
@@ -201,7 +201,7 @@ func TestRoomPromotesAtEachSlot(t *testing.T) {
 	require.Empty(t, turn.Promoted)
 	lease := LeaseDefault
 	require.Equal(t, e.clock.Now().Add(lease).UnixMicro(), turn.Due.UnixMicro(), "due when p1's lease would run out")
-	d, err = e.lim.Admit(ctx, "pool", "p1")
+	d, err := e.lim.Admit(ctx, "pool", "p1")
 	require.NoError(t, err)
 	require.True(t, d.Allowed)
 	g = &engine{}
@@ -282,8 +282,7 @@ func TestRoomReleaseKeepsTheLineDue(t *testing.T) {
 	pumpTurn := func() waitroom.Turn { return pumpTurn(t, e, "both") }
 	claim := func(id string) uint64 {
 		t.Helper()
-		d, err := e.lim.Do(ctx, Request{Tenant: "both", ID: id, Reserve: true})
-		require.NoError(t, err)
+		d := e.gate(t, "both", id)
 		require.True(t, d.Allowed, "%s: %+v", id, d)
 		return d.Claim
 	}
@@ -457,8 +456,10 @@ func TestRoomGoneAndRunningJobs(t *testing.T) {
 	st, err := e.lim.Stats(ctx, "acme")
 	require.NoError(t, err)
 	require.Equal(t, int64(2), st.Concurrency.InFlight, "ran and ok; gone's slot was given back")
-	require.Equal(t, int64(1), st.Reservations, "ok's slot; gone's was given back")
-	require.Equal(t, int64(3), st.Rates[0].Available, "5 less ran and ok")
+	require.Zero(t, st.Reservations, "ok carries its decision, gone's was given back")
+	// gone's charge stays (ok's follows it, and a meter takes back its
+	// last charge only): a slot lost, never one too many
+	require.Equal(t, int64(2), st.Rates[0].Available, "5 less ran, ok and gone's charge")
 	require.Zero(t, st.Waiting)
 	n, err := e.client.ZCard(ctx, keysFor(e.prefix, "acme").handing).Result()
 	require.NoError(t, err)

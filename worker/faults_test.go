@@ -16,6 +16,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/taskspec"
+	"github.com/sluicehq/sluice/throttle"
 )
 
 // TestFaults breaks what a fleet depends on while jobs flow — worker
@@ -444,6 +445,15 @@ func testRedisFrozen(t *testing.T, bin string) {
 	for _, s := range starts {
 		require.False(t, s.admitted.IsZero(), "job %s started without a decision (fail open)", s.id)
 		if s.at.Before(frozenAt) || !s.at.Before(thawedAt) {
+			continue
+		}
+		if !s.decided.IsZero() {
+			// started on the room's decision, made by a script run before
+			// the freeze, up to the lead before its slot; the slot's
+			// window is at most 25 ms
+			during = append(during, fmt.Sprintf("%s +%s on a ticket for %s into the freeze", s.id, s.at.Sub(frozenAt).Round(time.Microsecond), s.decided.Sub(frozenAt).Round(time.Microsecond)))
+			require.Less(t, s.decided.Sub(frozenAt), throttle.PromoteLeadDefault, "job %s started %s into the freeze on a ticket decided during it", s.id, s.at.Sub(frozenAt))
+			require.Less(t, s.at.Sub(s.decided), 25*time.Millisecond+throttle.ToleranceDefault+10*time.Millisecond, "job %s started past its ticket's window", s.id)
 			continue
 		}
 		during = append(during, fmt.Sprintf("%s +%s admitted %s before the freeze", s.id, s.at.Sub(frozenAt).Round(time.Microsecond), frozenAt.Sub(s.admitted).Round(time.Microsecond)))

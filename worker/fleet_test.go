@@ -236,6 +236,7 @@ type event struct {
 	pid      int
 	at       time.Time
 	admitted time.Time // Redis time of the admission; zero without one
+	decided  time.Time // the slot of the room's decision it started on (a ticket); zero when the gate decided
 	retried  int
 	matched  bool
 	end      time.Time // for a start: when its handler ended (or was killed)
@@ -257,6 +258,11 @@ func (f *fleet) records(t *testing.T) []*event {
 			e.retried, _ = strconv.Atoi(p[6])
 			if us, _ := strconv.ParseInt(p[7], 10, 64); us > 0 {
 				e.admitted = time.UnixMicro(us)
+			}
+			if len(p) > 8 {
+				if us, _ := strconv.ParseInt(p[8], 10, 64); us > 0 {
+					e.decided = time.UnixMicro(us)
+				}
 			}
 		}
 		out = append(out, e)

@@ -433,12 +433,15 @@ func TestRoomDeletedJobsDoNotStallTheLine(t *testing.T) {
 	}
 }
 
-// TestRoomReservedJobsWaitForTheirSlots: a tenant at its limits gets
-// reservations, not decisions to start on; the job still carries when its
-// slot is, and the gate waits for it before it asks, instead of asking
-// early, being told "reserved", and asking again; and a job a few ms early
-// for the started meter (the one before it started a little late) is
-// allowed at its time (Request.Wait) instead of being denied.
+// TestRoomReservedJobsWaitForTheirSlots: a tenant at its limits (rate=20/s,
+// no burst) has its jobs promoted from its line up to the lead before
+// their slots. Each carries its slot: the room's decision to start there
+// when the started meter allows a start at it (a ticket, redeemed with no
+// call), else a reservation, for which the gate waits before it asks,
+// instead of asking early, being told "reserved", and asking again; and a
+// job a few ms early for the started meter (the one before it started a
+// little late) is allowed at its time (Request.Wait) instead of being
+// denied.
 func TestRoomReservedJobsWaitForTheirSlots(t *testing.T) {
 	e := setup(t, nil)
 	e.policy(t, "tight", "rate=20/s")
@@ -457,10 +460,14 @@ func TestRoomReservedJobsWaitForTheirSlots(t *testing.T) {
 	eventually(t, 30*time.Second, func() bool { return rec.done() == n }, "all %d jobs done (done %d)", n, rec.done())
 	g := srv.Gate().Gatherer()
 	reserved := metric(t, g, "sluice_worker_tickets_total", map[string]string{"result": "reserved"})
+	redeemed := metric(t, g, "sluice_worker_tickets_total", map[string]string{"result": "redeemed"})
+	asked := metric(t, g, "sluice_worker_tickets_total", map[string]string{"result": "asked"})
 	early := metric(t, g, "sluice_worker_decisions_total", map[string]string{"verdict": "denied", "rule": "reserved"})
 	denied := metric(t, g, "sluice_worker_decisions_total", map[string]string{"verdict": "denied"})
-	t.Logf("%d jobs at 20/s: %.0f carried their reservations, %.0f denials at the gate (%.0f early for a reserved slot)", n, reserved, denied, early)
-	require.Equal(t, float64(n), reserved, "every job carried when its slot is")
+	t.Logf("%d jobs at 20/s: %.0f started on their tickets, %.0f decided anew, %.0f carried reservations; %.0f denials at the gate (%.0f early for a reserved slot)", n, redeemed, asked, reserved, denied, early)
+	// (a ticket the gate's own decision gave, Request.Wait, counts too)
+	require.GreaterOrEqual(t, reserved+redeemed+asked, float64(n), "every job carried when its slot is")
+	require.Positive(t, redeemed, "a promoted job whose slot's start conforms starts on its ticket")
 	require.LessOrEqual(t, early, float64(n)/10, "a job asks at its slot, not before")
 	require.LessOrEqual(t, denied, float64(n)/10, "a job a few ms early for the started meter is allowed at its time, not denied")
 	require.Empty(t, nonConformingTol(rec.admittedOf("tight"), 20, 1, throttle.ToleranceDefault))
