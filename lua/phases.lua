@@ -121,16 +121,13 @@ local function read_state(sc, k, claims, v)
   sc.R = r or false
 end
 
--- The decision over every scope of the op, without writing anything:
--- allowed, retry-after, slot, what to write ('reserve', 'start' or false)
--- and the rule.
--- how long after its slot t a job allowed at t (WAIT) may still start on
--- the decision: a started meter charges a start at its own time when that
--- is after t (a meter kept at its rate runs ahead of the starts it allows
--- by its burst), and every start up to then keeps the actual starts
--- behind the meter, so they conform as the meter's do. The least over the
--- job's meters, at most SLACK_MAX; 0 with a window or quota rule, which
--- count the start at t.
+-- how long after its slot t a job allowed at t (WAIT, or promoted near
+-- its limits) may still start on the decision: a started meter charges a
+-- start at its own time when that is after t (a meter kept at its rate
+-- runs ahead of the starts it allows by its burst), and every start up to
+-- then keeps the actual starts behind the meter, so they conform as the
+-- meter's do. The least over the job's meters, at most SLACK_MAX; 0 with
+-- a window or quota rule, which count the start at t.
 local function wait_late(scopes, t)
   local late = SLACK_MAX
   for s = 1, #scopes do
@@ -144,6 +141,9 @@ local function wait_late(scopes, t)
   return late
 end
 
+-- The decision over every scope of the op, without writing anything:
+-- allowed, retry-after, slot, what to write ('reserve', 'start' or false)
+-- and the rule.
 local function decide(scopes)
   -- S: the earliest time every scope allows the job; rule, ridx and rscope
   -- name what pushed it furthest
