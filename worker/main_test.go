@@ -111,6 +111,31 @@ func (e *env) server(tb testing.TB, mod func(*worker.Config)) *worker.Server {
 	return srv
 }
 
+// servers starts n workers of the env (each adjusted by mod) running h
+// for "job" tasks.
+func (e *env) servers(tb testing.TB, n int, mod func(*worker.Config), h asynq.Handler) []*worker.Server {
+	tb.Helper()
+	out := make([]*worker.Server, n)
+	for i := range out {
+		out[i] = e.server(tb, mod)
+		out[i].Handle("job", h)
+		require.NoError(tb, out[i].Start())
+	}
+	return out
+}
+
+// enqueueBatch enqueues n "job" tasks of tenant in one queue.Client batch.
+func (e *env) enqueueBatch(tb testing.TB, tenant string, n int) {
+	tb.Helper()
+	jobs := make([]queue.Job, n)
+	for i := range jobs {
+		jobs[i] = queue.Job{Tenant: tenant, Task: asynq.NewTask("job", nil), Options: []asynq.Option{asynq.Queue(e.queue)}}
+	}
+	for i, res := range e.q.EnqueueBatch(context.Background(), jobs) {
+		require.NoError(tb, res.Err, "job %d of %s", i, tenant)
+	}
+}
+
 func (e *env) enqueue(tb testing.TB, tenant string, n int, payload string, opts ...asynq.Option) []string {
 	tb.Helper()
 	ids := make([]string, n)

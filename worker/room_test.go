@@ -172,20 +172,8 @@ func TestRoomHandsAFreedSlotOn(t *testing.T) {
 		mu.Unlock()
 		return err
 	})
-	var servers []*worker.Server
-	for range 2 {
-		srv := e.server(t, nil)
-		srv.Handle("job", handler)
-		require.NoError(t, srv.Start())
-		servers = append(servers, srv)
-	}
-	jobs := make([]queue.Job, n)
-	for i := range jobs {
-		jobs[i] = queue.Job{Tenant: "pool", Task: asynq.NewTask("job", nil), Options: []asynq.Option{asynq.Queue(e.queue)}}
-	}
-	for _, res := range e.q.EnqueueBatch(context.Background(), jobs) {
-		require.NoError(t, res.Err)
-	}
+	servers := e.servers(t, 2, nil, handler)
+	e.enqueueBatch(t, "pool", n)
 	eventually(t, 60*time.Second, func() bool { return rec.done() == n }, "all %d jobs done", n)
 	require.LessOrEqual(t, rec.maxRunOf("pool"), 2)
 
@@ -487,20 +475,8 @@ func TestRoomKeepsABusyTenantAtItsRate(t *testing.T) {
 	const rate, burst, jobs = 400, 20, 1600
 	e.policy(t, "busy", fmt.Sprintf("rate=%d/s burst=%d", rate, burst))
 	rec := newTenantRecorder(5 * time.Millisecond)
-	var srvs []*worker.Server
-	for range 3 {
-		srv := e.server(t, func(c *worker.Config) { c.Asynq.Concurrency = 50 })
-		srv.Handle("job", rec)
-		require.NoError(t, srv.Start())
-		srvs = append(srvs, srv)
-	}
-	batch := make([]queue.Job, jobs)
-	for i := range batch {
-		batch[i] = queue.Job{Tenant: "busy", Task: asynq.NewTask("job", nil), Options: []asynq.Option{asynq.Queue(e.queue)}}
-	}
-	for i, res := range e.q.EnqueueBatch(context.Background(), batch) {
-		require.NoError(t, res.Err, "job %d", i)
-	}
+	srvs := e.servers(t, 3, func(c *worker.Config) { c.Asynq.Concurrency = 50 }, rec)
+	e.enqueueBatch(t, "busy", jobs)
 	eventually(t, 60*time.Second, func() bool { return rec.done() == jobs }, "all %d jobs done (done %d)", jobs, rec.done())
 	require.Empty(t, nonConformingTol(rec.admittedOf("busy"), rate, burst, throttle.ToleranceDefault), "admissions beyond GCRA(%d/s, burst %d)", rate, burst)
 	for id, n := range rec.runs {
