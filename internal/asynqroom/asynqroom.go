@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/sluicehq/sluice/internal/waitroom"
+	"math"
 	"strconv"
 	"sync"
 	"time"
@@ -34,6 +35,13 @@ func queuePrefix(queue string) string { return "asynq:{" + queue + "}:" }
 // PendingKey is the list of a queue's tasks ready to run.
 func PendingKey(queue string) string { return queuePrefix(queue) + "pending" }
 
+// activeKey is the list of a queue's tasks its servers run.
+func activeKey(queue string) string { return queuePrefix(queue) + "active" }
+
+// processedKey counts the queue's tasks asynq's servers ended, since ever
+// (its total, not the day's).
+func processedKey(queue string) string { return queuePrefix(queue) + "processed" }
+
 // TaskKey is the hash of one task.
 func TaskKey(queue, id string) string { return queuePrefix(queue) + "t:" + id }
 
@@ -47,13 +55,33 @@ const (
 	PendingEvery = 50 * time.Millisecond
 
 	idleCapacityEvery = 250 * time.Millisecond
+
+	// PendingWait is how long a job should wait in the pending list of a
+	// fleet whose every slot is busy: the room keeps the list at what the
+	// fleet starts in that time (its rate of ending jobs), so that a job
+	// the room decided starts on that decision. A decision holds a few ms
+	// past its slot (the slack a rate affords it, at most 25 ms), and a job
+	// that comes later is decided again; a list kept at the fleet's whole
+	// capacity made a job wait a full turn of the fleet's slots.
+	PendingWait = 5 * time.Millisecond
+	// pendingFloor is the least a pending list is kept at (the fleet's
+	// capacity when that is smaller): what the fleet starts while a pump
+	// refills it.
+	pendingFloor = 8
+	// rateEvery is the least span over which a gauge measures how fast
+	// the fleet ends a queue's jobs.
+	rateEvery = 100 * time.Millisecond
 )
 
-// Gauge tells how many more jobs the fleet can take from a queue now: the
-// concurrency of the workers that serve it (their registrations, see
-// Register), less the jobs waiting in its pending list. Keeping the pending lists that short is what lets the
-// waiting room serve tenants in turn: a job admitted later is not queued
-// behind everything admitted before.
+// Gauge tells how many more jobs the fleet can take from a queue now: what
+// its pending list is to hold, less the jobs waiting in it. The list is to
+// hold as many jobs as the fleet has idle slots (the concurrency of the
+// workers that serve the queue, their registrations, see Register, less
+// the jobs they run), and, while every slot is busy, what the fleet starts
+// in PendingWait (at least pendingFloor), never more than its concurrency.
+// Keeping the pending lists that short is what lets the waiting room serve
+// tenants in turn (a job admitted later is not queued behind everything
+// admitted before) and its jobs start on the decisions it made for them.
 //
 // A Gauge is safe for concurrent use.
 type Gauge struct {
@@ -63,6 +91,17 @@ type Gauge struct {
 	mu       sync.Mutex
 	capacity map[string]capacityRead
 	queues   map[string]*queueRoom
+	taken    map[string]*takeRate
+}
+
+// takeRate is how fast the fleet takes a queue's jobs from its pending
+// list: the jobs it ended (asynq's count of them, processedKey) and the
+// jobs it runs (the active list), read at two times rateEvery or more
+// apart.
+type takeRate struct {
+	n    int64
+	at   time.Time
+	rate float64 // jobs per second
 }
 
 type queueRoom struct {
@@ -77,6 +116,7 @@ func NewGauge(client redis.UniversalClient) *Gauge {
 		inspector: asynq.NewInspectorFromRedisClient(client),
 		capacity:  map[string]capacityRead{},
 		queues:    map[string]*queueRoom{},
+		taken:     map[string]*takeRate{},
 	}
 }
 
@@ -125,25 +165,63 @@ type capacityRead struct {
 }
 
 // Free is how many more jobs the fleet can take from the queues now, in
-// all: each queue's capacity less its pending list's length.
+// all: for each queue, what its pending list is to hold less its length.
+// It reads every queue's pending list, active list and count of ended jobs
+// in one round trip.
 func (g *Gauge) Free(ctx context.Context, queues []string) (int, error) {
 	pipe := g.client.Pipeline()
-	lens := make([]*redis.IntCmd, len(queues))
+	pending := make([]*redis.IntCmd, len(queues))
+	active := make([]*redis.IntCmd, len(queues))
+	ended := make([]*redis.StringCmd, len(queues))
 	for i, q := range queues {
-		lens[i] = pipe.LLen(ctx, PendingKey(q))
+		pending[i] = pipe.LLen(ctx, PendingKey(q))
+		active[i] = pipe.LLen(ctx, activeKey(q))
+		ended[i] = pipe.Get(ctx, processedKey(q))
 	}
-	if _, err := pipe.Exec(ctx); err != nil {
+	_, err := pipe.Exec(ctx)
+	if err != nil && !errors.Is(err, redis.Nil) {
 		return 0, fmt.Errorf("read asynq's pending lists: %w", err)
 	}
+	now := time.Now()
 	free := 0
 	for i, q := range queues {
 		c, err := g.capacityOf(ctx, q)
 		if err != nil {
 			return 0, err
 		}
-		free += max(c-int(lens[i].Val()), 0)
+		n, err := ended[i].Int64()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return 0, fmt.Errorf("read asynq's count of ended jobs of queue %q: %w", q, err)
+		}
+		free += max(g.pendingTarget(q, c, int(active[i].Val()), n, now)-int(pending[i].Val()), 0)
 	}
 	return free, nil
+}
+
+// pendingTarget is what queue's pending list is to hold (Gauge) for a
+// fleet of capacity slots, active of them running, that has ended n of its
+// jobs by now. How fast the fleet takes jobs from the list is how fast the
+// jobs it ended and the jobs it runs grow together. Until that is known
+// (the gauge's first rateEvery), and while the fleet takes none, the list
+// is to hold as many as the fleet has idle slots.
+func (g *Gauge) pendingTarget(queue string, capacity, active int, n int64, now time.Time) int {
+	taken := n + int64(active)
+	g.mu.Lock()
+	e := g.taken[queue]
+	if e == nil {
+		e = &takeRate{n: taken, at: now}
+		g.taken[queue] = e
+	}
+	if span := now.Sub(e.at); span >= rateEvery {
+		e.rate = max(float64(taken-e.n), 0) / span.Seconds()
+		e.n, e.at = taken, now
+	}
+	rate := e.rate
+	g.mu.Unlock()
+	if rate == 0 {
+		return min(capacity, max(capacity-active, pendingFloor))
+	}
+	return min(capacity, max(int(math.Ceil(rate*PendingWait.Seconds())), pendingFloor))
 }
 
 // Take reports whether one more job may go straight to queue's pending
