@@ -89,6 +89,16 @@ type seenTenant struct {
 	at     time.Time
 }
 
+// minTurn is the room, in jobs per unit of weight, a round with little
+// room gives a tenant's turn (serve). A turn costs admit.lua a share of its fixed work (the
+// tenant's state and line read, its deficit and handing set written) and
+// a round costs the index a take and a settle, whatever they promote: a
+// busy fleet, whose rounds find room for a few jobs each, promoted one job
+// per turn, and its pumps spent several calls per job. Deficit round robin
+// keeps the tenants' shares by their weights over the rounds whatever the
+// quantum; a larger one only makes the rounds coarser.
+const minTurn = 4
+
 // seenFor is how long a pump counts a tenant it took among those sharing
 // out a round's room (dueWeight).
 const seenFor = time.Second
@@ -121,6 +131,19 @@ func (p *pump) dueWeight(queue string, tenants []string, weights []int64) int64 
 		total += s.weight
 	}
 	return total
+}
+
+// manyDue reports whether the pump took 2*minTurn tenants or more of
+// queue within the last seenFor: many tenants wait their turns.
+func (p *pump) manyDue(queue string) bool {
+	now := time.Now()
+	n := 0
+	for _, s := range p.seen[queue] {
+		if now.Sub(s.at) <= seenFor {
+			n++
+		}
+	}
+	return n >= 2*minTurn
 }
 
 // listen turns wake-ups for the pump's queues into a signal.
@@ -265,6 +288,12 @@ func (p *pump) serve(ctx context.Context, queue string) (time.Duration, error) {
 		return p.cfg.Interval, nil
 	}
 	n := min(free, p.cfg.Tenants)
+	many := p.manyDue(queue)
+	if many {
+		// a turn is given minTurn jobs at the least (below): fewer tenants
+		// are taken
+		n = min((free+minTurn-1)/minTurn, p.cfg.Tenants)
+	}
 	if !p.r.l.cluster {
 		// on one server the shards the view lost track of are read in one
 		// call, and only those holding due tenants are taken from: an
@@ -316,7 +345,17 @@ func (p *pump) serve(ctx context.Context, queue string) (time.Duration, error) {
 	for i, d := range taken {
 		names[i] = d.tenant
 	}
-	unit := max(1, int64(free)/max(total, p.dueWeight(queue, names, weights)))
+	dueW := max(total, p.dueWeight(queue, names, weights))
+	unit := max(1, int64(free)/dueW)
+	if many && int64(free) < dueW {
+		// many tenants due and less room than a job per unit of their
+		// weight: the round serves fewer of them, minTurn jobs per unit
+		// of weight each (the first in the index's order; the others keep
+		// their places), rather than each for one. (With a few tenants a
+		// turn's room is several jobs already, and the turns a release
+		// begins, one job per unit of weight, keep the weights.)
+		unit = minTurn
+	}
 	budgets := make([]int, len(taken))
 	left := free
 	for i := range taken {

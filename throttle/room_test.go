@@ -3,6 +3,7 @@ package throttle
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -482,19 +483,8 @@ func TestRoomPump(t *testing.T) {
 	// the fleet takes 10 jobs, then nothing until the test says so
 	f := &fleetRoom{free: 10}
 	g := &f.engine
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = room.Pump(ctx, &waitroom.PumpConfig{Handover: f.handover, Free: f.Free, Queues: []string{waitroom.DefaultQueue},
-			Interval: 5 * time.Millisecond})
-	}()
-	count := func() map[string]int {
-		out := map[string]int{}
-		for _, id := range g.ids() {
-			out[id[:len(id)-len(fmt.Sprint(0))-1]]++
-		}
-		return out
-	}
+	done := f.pump(ctx, room)
+	count := f.perTenant
 	waitFor(t, 5*time.Second, func() bool { return len(g.ids()) >= 10 })
 	c := count()
 	t.Logf("first round: %v", c)
@@ -511,6 +501,62 @@ func TestRoomPump(t *testing.T) {
 		require.NoError(t, err)
 		require.Zero(t, n)
 	}
+	cancel()
+	<-done
+}
+
+// TestRoomPumpServesManyTenantsSeveralJobsATurn: with many tenants due
+// and room for fewer jobs than tenants, a round serves a few of them for
+// minTurn jobs each, in the index's order, rather than each for one (a
+// turn's fixed cost then falls on several jobs); a turn the room cut
+// short goes on first, and every tenant gets its turn before any gets a
+// second.
+func TestRoomPumpServesManyTenantsSeveralJobsATurn(t *testing.T) {
+	t.Parallel()
+	e := setup(t, true, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	room := e.lim.room()
+	const tenants = 16
+	for i := range tenants {
+		joinJobs(t, room, fmt.Sprintf("t%02d", i), 12)
+	}
+	f := &fleetRoom{}
+	g := &f.engine
+	done := f.pump(ctx, room)
+	count := f.perTenant
+	// room for a job of each: a round serves every tenant once, and the
+	// pump knows that many are due
+	f.add(tenants)
+	waitFor(t, 5*time.Second, func() bool { return len(g.ids()) == tenants })
+	c := count()
+	for i := range tenants {
+		require.Equal(t, 1, c[fmt.Sprintf("t%02d", i)], "first round: %v", c)
+	}
+	// then room for 6 jobs a round: the tenants in turn, four jobs each,
+	// a turn the room cut short going on at the next round; no tenant has
+	// a second turn before every one had its first (60 jobs < 16 turns)
+	const room6 = 6
+	for round := 1; round <= 10; round++ {
+		f.add(room6)
+		waitFor(t, 5*time.Second, func() bool { return len(g.ids()) == tenants+round*room6 })
+		full, part := 0, 0
+		for tenant, n := range count() {
+			switch extra := n - 1; {
+			case extra == minTurn:
+				full++
+			case extra > minTurn:
+				t.Fatalf("round %d: tenant %s had a second turn: %v", round, tenant, count())
+			case extra > 0:
+				part++
+			}
+		}
+		require.Equal(t, round*room6/minTurn, full, "round %d: whole turns of %d jobs: %v", round, minTurn, count())
+		require.Equal(t, min(round*room6%minTurn, 1), part, "round %d: the turn cut short: %v", round, count())
+	}
+	// room for everything: every line drains
+	f.add(1000)
+	waitFor(t, 5*time.Second, func() bool { return len(g.ids()) == tenants*12 })
 	cancel()
 	<-done
 }
@@ -565,6 +611,29 @@ func (f *fleetRoom) Free(context.Context, string) (int, error) {
 	defer f.mu.Unlock()
 	f.asked++
 	return f.free, nil
+}
+
+// pump runs room's pump over the fleet f (its Free and hand-over) until
+// ctx ends, looking again every 5 ms while f is full; the channel closes
+// when it returned.
+func (f *fleetRoom) pump(ctx context.Context, room *room) <-chan struct{} {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = room.Pump(ctx, &waitroom.PumpConfig{Handover: f.handover, Free: f.Free, Queues: []string{waitroom.DefaultQueue},
+			Interval: 5 * time.Millisecond})
+	}()
+	return done
+}
+
+// perTenant counts the jobs handed to f by tenant (joinJobs' ids,
+// TENANT-N).
+func (f *fleetRoom) perTenant() map[string]int {
+	out := map[string]int{}
+	for _, id := range f.engine.ids() {
+		out[id[:strings.LastIndex(id, "-")]]++
+	}
+	return out
 }
 
 func (f *fleetRoom) add(n int) {
