@@ -93,6 +93,68 @@ func TestRoomTurnAcrossShards(t *testing.T) {
 	require.False(t, first)
 }
 
+// TestRoomTurnInACrowd: where many tenants are due (a release nearly never
+// finds its tenant first), after crowdSpan turns asked a release of the
+// queue answers "another tenant first" without asking, save one in
+// crowdAsk; a turn that finds no other tenant due ends the crowd at once,
+// and a crowd without new answers ends after crowdFor.
+func TestRoomTurnInACrowd(t *testing.T) {
+	t.Parallel()
+	e := setup(t, false, nil)
+	ctx := context.Background()
+	room := e.lim.room()
+	q := waitroom.DefaultQueue
+	var crowd []string
+	for i := range 40 {
+		crowd = append(crowd, fmt.Sprintf("c%02d", i))
+	}
+	require.NoError(t, room.markAt(ctx, q, "early", e.clock.Now().Add(-time.Minute)))
+	require.NoError(t, room.mark(ctx, q, crowd...))
+	e.clock.Advance(time.Millisecond)
+	asks := func(n int) (asked int) {
+		for i := range n {
+			before := room.crowdAsked(q)
+			first, others, err := room.turnOf(ctx, q, crowd[i%len(crowd)])
+			require.NoError(t, err)
+			require.False(t, first, "early is due first")
+			require.True(t, others)
+			if room.crowdAsked(q) != before {
+				asked++
+			}
+		}
+		return asked
+	}
+	require.Equal(t, crowdSpan, asks(crowdSpan), "every turn is asked until the room is known crowded")
+	require.Equal(t, 2, asks(2*crowdAsk), "a crowded room's releases ask one in %d", crowdAsk)
+
+	// the crowd leaves: a turn asked finds nobody else due, and the next
+	// ones are asked
+	for _, c := range append(crowd, "early") {
+		require.NoError(t, e.client.ZRem(ctx, dueKey(e.prefix, q, dueShard(c)), c).Err())
+	}
+	for s := range dueShards {
+		room.l.due.forget(q, s) // read again: as pumps that took them would tell
+	}
+	require.NoError(t, room.mark(ctx, q, "alone"))
+	e.clock.Advance(time.Millisecond)
+	for range crowdAsk {
+		first, others, err := room.turnOf(ctx, q, "alone")
+		require.NoError(t, err)
+		if first && !others {
+			break
+		}
+	}
+	room.alone = nil
+	first, others, err := room.turnOf(ctx, q, "alone")
+	require.NoError(t, err)
+	require.True(t, first, "asked again once a turn found nobody else due")
+	require.False(t, others)
+
+	// a crowd lasts crowdFor without new answers
+	room.crowds[q].until = time.Now().Add(-time.Millisecond)
+	require.False(t, room.crowded(q))
+}
+
 // TestRoomDrainsTheUnshardedIndex: the tenants an older sluice left in the
 // one-key due index move into their shards, each at its due time, when a
 // pump sweeps.

@@ -37,6 +37,9 @@ type room struct {
 	// the next release of theirs goes straight to the hand-on, without
 	// the small release that would only say so again
 	queued map[string]time.Time
+	// crowds are, per queue, what the turns this process asked found
+	// (turnOf)
+	crowds map[string]*crowd
 }
 
 // The limiter's waiting room is what sluice's queue and worker packages
@@ -62,6 +65,92 @@ const aloneFor = 50 * time.Millisecond
 // it needed: the hand-on finds the line empty and only gives back, and the
 // next release asks again.
 const queuedFor = time.Second
+
+// crowd is what the turns a process asked of a queue's index found: in a
+// room where some other tenant is due before the releasing one nearly
+// every time (many tenants wait in turn), a release gives its slot back
+// and makes its tenant due, as a turn not its own does, without asking
+// (turnOf). Every crowdAsk-th release of a crowd still asks, and a turn
+// that finds no other tenant due ends the crowd at once; the answers of
+// crowdSpan asks decide again whether the room is crowded, and a crowd
+// lasts crowdFor at the most without them.
+type crowd struct {
+	asked, first int       // the turns asked since the last decision, and those that were the tenant's
+	until        time.Time // crowded until then (zero: not crowded)
+	n            int       // releases while crowded
+	total        int       // turns asked, ever (tests)
+}
+
+const (
+	// crowdSpan is how many turns asked decide whether a room is crowded:
+	// it is when at most one in crowdShare was the releasing tenant's.
+	crowdSpan  = 32
+	crowdShare = 8
+	// crowdAsk: a crowded room's releases ask one in crowdAsk turns.
+	crowdAsk = 8
+	// crowdFor is how long a room stays crowded without new answers.
+	crowdFor = 250 * time.Millisecond
+)
+
+// crowded reports whether a release of queue is to give its slot back
+// without asking whose turn it is (crowd).
+func (r *room) crowded(queue string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	c := r.crowds[queue]
+	if c == nil || !time.Now().Before(c.until) {
+		return false
+	}
+	c.n++
+	return c.n%crowdAsk != 0
+}
+
+// crowdAsked is how many turns of queue were asked since the last
+// decision on its crowd, and how many were answered without asking: a
+// count that changes with every turnOf that asked (tests).
+func (r *room) crowdAsked(queue string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	c := r.crowds[queue]
+	if c == nil {
+		return 0
+	}
+	return c.total
+}
+
+// asked records what a turn of queue that a release asked found.
+func (r *room) asked(queue string, first, others bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.crowds == nil {
+		r.crowds = map[string]*crowd{}
+	}
+	c := r.crowds[queue]
+	if c == nil {
+		if len(r.crowds) >= 1024 {
+			r.crowds = map[string]*crowd{}
+		}
+		c = &crowd{}
+		r.crowds[queue] = c
+	}
+	c.total++
+	if !others {
+		// nobody else due: not a crowd, whatever the last answers said
+		*c = crowd{total: c.total}
+		return
+	}
+	c.asked++
+	if first {
+		c.first++
+	}
+	if c.asked >= crowdSpan {
+		c.until = time.Time{}
+		if c.first*crowdShare <= c.asked {
+			c.until = time.Now().Add(crowdFor)
+		}
+		c.asked, c.first = 0, 0
+	}
+}
 
 // lately reports whether *m, one of the room's memories, holds key until
 // after now.
