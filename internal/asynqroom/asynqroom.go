@@ -56,32 +56,32 @@ const (
 
 	idleCapacityEvery = 250 * time.Millisecond
 
-	// PendingWait is how long a job should wait in the pending list of a
-	// fleet whose every slot is busy: the room keeps the list at what the
-	// fleet starts in that time (its rate of ending jobs), so that a job
+	// PendingWait is how long a job should wait in a pending list that
+	// the fleet does not take from as fast as jobs come: the room keeps
+	// such a list at what the fleet takes in that time, so that a job
 	// the room decided starts on that decision. A decision holds a few ms
 	// past its slot (the slack a rate affords it, at most 25 ms), and a job
 	// that comes later is decided again; a list kept at the fleet's whole
 	// capacity made a job wait a full turn of the fleet's slots.
 	PendingWait = 5 * time.Millisecond
-	// pendingFloor is the least a pending list is kept at (the fleet's
-	// capacity when that is smaller): what the fleet starts while a pump
+	// pendingFloor is the least a pending list may hold (the fleet's
+	// capacity when that is smaller): what the fleet takes while a pump
 	// refills it.
 	pendingFloor = 8
 	// rateEvery is the least span over which a gauge measures how fast
-	// the fleet ends a queue's jobs.
+	// the fleet takes a queue's jobs.
 	rateEvery = 100 * time.Millisecond
 )
 
 // Gauge tells how many more jobs the fleet can take from a queue now: what
-// its pending list is to hold, less the jobs waiting in it. The list is to
-// hold as many jobs as the fleet has idle slots (the concurrency of the
-// workers that serve the queue, their registrations, see Register, less
-// the jobs they run), and, while every slot is busy, what the fleet starts
-// in PendingWait (at least pendingFloor), never more than its concurrency.
-// Keeping the pending lists that short is what lets the waiting room serve
-// tenants in turn (a job admitted later is not queued behind everything
-// admitted before) and its jobs start on the decisions it made for them.
+// its pending list may hold, less the jobs waiting in it. The list may hold
+// the concurrency of the workers that serve the queue (their
+// registrations, see Register) while the fleet takes its jobs as fast as
+// they come; while jobs queue in it, only what the fleet takes in
+// PendingWait (pendingTarget). Keeping the pending lists that short is
+// what lets the waiting room serve tenants in turn (a job admitted later
+// is not queued behind everything admitted before) and its jobs start on
+// the decisions it made for them.
 //
 // A Gauge is safe for concurrent use.
 type Gauge struct {
@@ -102,6 +102,7 @@ type takeRate struct {
 	n    int64
 	at   time.Time
 	rate float64 // jobs per second
+	room int     // what the list may hold (pendingTarget)
 }
 
 type queueRoom struct {
@@ -193,35 +194,46 @@ func (g *Gauge) Free(ctx context.Context, queues []string) (int, error) {
 		if err != nil && !errors.Is(err, redis.Nil) {
 			return 0, fmt.Errorf("read asynq's count of ended jobs of queue %q: %w", q, err)
 		}
-		free += max(g.pendingTarget(q, c, int(active[i].Val()), n, now)-int(pending[i].Val()), 0)
+		l := int(pending[i].Val())
+		free += max(g.pendingTarget(q, c, int(active[i].Val()), l, n, now)-l, 0)
 	}
 	return free, nil
 }
 
 // pendingTarget is what queue's pending list is to hold (Gauge) for a
-// fleet of capacity slots, active of them running, that has ended n of its
-// jobs by now. How fast the fleet takes jobs from the list is how fast the
-// jobs it ended and the jobs it runs grow together. Until that is known
-// (the gauge's first rateEvery), and while the fleet takes none, the list
-// is to hold as many as the fleet has idle slots.
-func (g *Gauge) pendingTarget(queue string, capacity, active int, n int64, now time.Time) int {
+// fleet of capacity slots, active of them running, whose list holds
+// pending jobs and that has ended n of its jobs by now.
+//
+// The fleet's pace is how fast it takes jobs from the list: how fast the
+// jobs it ended and the jobs it runs grow together, measured over
+// rateEvery or more (pendingFloor until known). The list may hold its
+// pace's PendingWait of jobs, and more while it runs dry: it starts at
+// the fleet's capacity, is cut to the pace whenever it holds more than
+// that (the jobs in it wait longer than PendingWait: the fleet takes them
+// no faster), and doubles, up to the capacity, whenever it is found empty
+// while slots are idle (the fleet takes jobs faster than they come).
+func (g *Gauge) pendingTarget(queue string, capacity, active, pending int, n int64, now time.Time) int {
 	taken := n + int64(active)
 	g.mu.Lock()
+	defer g.mu.Unlock()
 	e := g.taken[queue]
 	if e == nil {
-		e = &takeRate{n: taken, at: now}
+		e = &takeRate{n: taken, at: now, room: capacity}
 		g.taken[queue] = e
 	}
 	if span := now.Sub(e.at); span >= rateEvery {
 		e.rate = max(float64(taken-e.n), 0) / span.Seconds()
 		e.n, e.at = taken, now
 	}
-	rate := e.rate
-	g.mu.Unlock()
-	if rate == 0 {
-		return min(capacity, max(capacity-active, pendingFloor))
+	pace := max(int(math.Ceil(e.rate*PendingWait.Seconds())), pendingFloor)
+	switch {
+	case pending > pace:
+		e.room = pace
+	case pending == 0 && active < capacity:
+		e.room = max(2*e.room, pace)
 	}
-	return min(capacity, max(int(math.Ceil(rate*PendingWait.Seconds())), pendingFloor))
+	e.room = min(e.room, capacity)
+	return e.room
 }
 
 // Take reports whether one more job may go straight to queue's pending

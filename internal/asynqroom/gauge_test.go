@@ -50,28 +50,36 @@ func TestGaugePinsAsynqLayout(t *testing.T) {
 	})
 }
 
-// TestPendingTargetFollowsTheFleetsPace: a gauge keeps a pending list at
-// the fleet's idle slots until it knows how fast the fleet takes jobs, and
-// then at what the fleet takes in PendingWait (pendingFloor at the least,
-// the capacity at the most), whether the jobs end or keep running.
+// TestPendingTargetFollowsTheFleetsPace: a pending list may hold the
+// fleet's capacity while the fleet takes jobs as fast as they come; once
+// jobs queue in it, what the fleet takes in PendingWait (pendingFloor at
+// the least; the pace measured from the jobs it ended and runs); found
+// empty with slots idle, it may hold twice as much, up to the capacity.
 func TestPendingTargetFollowsTheFleetsPace(t *testing.T) {
 	g := NewGauge(redistest.Client(t))
 	t0 := time.Now()
 	at := func(d time.Duration) time.Time { return t0.Add(d) }
+	target := func(active, pending int, ended int64, d time.Duration) int {
+		return g.pendingTarget("q", 600, active, pending, ended, at(d))
+	}
 
-	require.Equal(t, 600, g.pendingTarget("q", 600, 0, 1000, at(0)), "idle and pace unknown: every idle slot")
-	require.Equal(t, 590, g.pendingTarget("q", 600, 10, 1000, at(50*time.Millisecond)), "pace unknown yet")
-	// 100 ms later the fleet ended 400 jobs and runs 400: it took 790 in
-	// 100 ms, 7,900 a second, so 40 in 5 ms
-	require.Equal(t, 40, g.pendingTarget("q", 600, 400, 1400, at(100*time.Millisecond)))
-	require.Equal(t, 40, g.pendingTarget("q", 600, 600, 1410, at(150*time.Millisecond)), "the pace holds until measured again")
-	// slow: 10 jobs taken in the next 100 ms (15 more ended, 5 fewer
-	// run); the floor
-	require.Equal(t, pendingFloor, g.pendingTarget("q", 600, 395, 1415, at(200*time.Millisecond)))
+	require.Equal(t, 600, target(0, 0, 1000, 0), "a fleet that keeps up: its capacity")
+	require.Equal(t, 600, target(10, 5, 1000, 50*time.Millisecond))
+	require.Equal(t, pendingFloor, target(14, 300, 1000, 60*time.Millisecond), "jobs queue, the pace unknown yet: the floor")
+	// 100 ms after the first read the fleet ended 400 more jobs and runs
+	// 14: it took 414 in 100 ms, 4,140 a second, so 21 in 5 ms
+	require.Equal(t, 21, target(14, 250, 1400, 100*time.Millisecond), "jobs queue: the pace's 5 ms")
+	require.Equal(t, 21, target(14, 10, 1410, 150*time.Millisecond), "the list within it: kept")
+	require.Equal(t, 42, target(14, 0, 1420, 160*time.Millisecond), "found empty with idle slots: doubled")
+	require.Equal(t, 84, target(14, 0, 1430, 170*time.Millisecond))
+	require.Equal(t, 84, target(600, 0, 1440, 180*time.Millisecond), "empty, but every slot busy: kept")
+	require.Equal(t, 21, target(14, 30, 1450, 190*time.Millisecond), "jobs queue again: the pace")
+	for i := range 6 {
+		target(14, 0, 1460, time.Duration(191+i)*time.Millisecond)
+	}
+	require.Equal(t, 600, target(14, 0, 1460, 200*time.Millisecond), "never more than the capacity")
+
 	// a fleet smaller than the floor is never given more than it has
-	require.Equal(t, 3, g.pendingTarget("small", 3, 0, 0, at(0)))
-	require.Equal(t, 3, g.pendingTarget("small", 3, 3, 100, at(time.Second)))
-	// a fleet that takes nothing again (its jobs all ended, none came)
-	// is given its idle slots
-	require.Equal(t, 600, g.pendingTarget("q", 600, 0, 1810, at(300*time.Millisecond)), "took none: the 395 it ran ended")
+	require.Equal(t, 3, g.pendingTarget("small", 3, 0, 0, 0, at(0)))
+	require.Equal(t, 3, g.pendingTarget("small", 3, 3, 20, 100, at(time.Second)))
 }
