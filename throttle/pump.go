@@ -81,6 +81,9 @@ type pump struct {
 	// seen are, per queue, the tenants this pump took from the index
 	// within the last seenFor, with their weights
 	seen map[string]map[string]seenTenant
+	// hungry are, per queue, the tenants whose last turn this pump gave
+	// promoted as many jobs as its room and left jobs waiting
+	hungry map[string]map[string]bool
 }
 
 // seenTenant is a tenant a pump took, its weight and when.
@@ -90,13 +93,14 @@ type seenTenant struct {
 }
 
 // minTurn is the room, in jobs per unit of weight, a round with little
-// room gives a tenant's turn (serve). A turn costs admit.lua a share of its fixed work (the
-// tenant's state and line read, its deficit and handing set written) and
-// a round costs the index a take and a settle, whatever they promote: a
-// busy fleet, whose rounds find room for a few jobs each, promoted one job
-// per turn, and its pumps spent several calls per job. Deficit round robin
-// keeps the tenants' shares by their weights over the rounds whatever the
-// quantum; a larger one only makes the rounds coarser.
+// room gives a tenant's turn (serve). A turn costs admit.lua a share of
+// its fixed work (the tenant's state and line read, its deficit and
+// handing set written) and a round costs the index a take and a settle,
+// whatever they promote: a busy fleet, whose rounds find room for a few
+// jobs each, promoted one job per turn, and its pumps spent several calls
+// per job. Deficit round robin keeps the tenants' shares by their weights
+// over the rounds whatever the quantum; a larger one only makes the
+// rounds coarser.
 const minTurn = 4
 
 // seenFor is how long a pump counts a tenant it took among those sharing
@@ -131,6 +135,24 @@ func (p *pump) dueWeight(queue string, tenants []string, weights []int64) int64 
 		total += s.weight
 	}
 	return total
+}
+
+// fed records whether tenant's turn in queue had more jobs than its room:
+// it promoted as many as the room and left jobs waiting.
+func (p *pump) fed(queue, tenant string, hungry bool) {
+	if p.hungry == nil {
+		p.hungry = map[string]map[string]bool{}
+	}
+	m := p.hungry[queue]
+	if m == nil || len(m) >= 4096 {
+		m = map[string]bool{}
+		p.hungry[queue] = m
+	}
+	if hungry {
+		m[tenant] = true
+	} else {
+		delete(m, tenant)
+	}
 }
 
 // manyDue reports whether the pump took 2*minTurn tenants or more of
@@ -288,11 +310,10 @@ func (p *pump) serve(ctx context.Context, queue string) (time.Duration, error) {
 		return p.cfg.Interval, nil
 	}
 	n := min(free, p.cfg.Tenants)
-	many := p.manyDue(queue)
-	if many {
-		// a turn is given minTurn jobs at the least (below): fewer tenants
-		// are taken
-		n = min((free+minTurn-1)/minTurn, p.cfg.Tenants)
+	if p.manyDue(queue) {
+		// a hungry tenant's turn takes minTurn jobs (below): fewer
+		// tenants are taken, twice as many as hungry ones would fill
+		n = min(n, 2*((free+minTurn-1)/minTurn))
 	}
 	if !p.r.l.cluster {
 		// on one server the shards the view lost track of are read in one
@@ -347,19 +368,24 @@ func (p *pump) serve(ctx context.Context, queue string) (time.Duration, error) {
 	}
 	dueW := max(total, p.dueWeight(queue, names, weights))
 	unit := max(1, int64(free)/dueW)
-	if many && int64(free) < dueW {
-		// many tenants due and less room than a job per unit of their
-		// weight: the round serves fewer of them, minTurn jobs per unit
-		// of weight each (the first in the index's order; the others keep
-		// their places), rather than each for one. (With a few tenants a
-		// turn's room is several jobs already, and the turns a release
-		// begins, one job per unit of weight, keep the weights.)
-		unit = minTurn
-	}
+	// many tenants due and less room than a job per unit of their weight:
+	// a tenant whose last turn had more jobs than its room (hungry) is
+	// served for minTurn jobs per unit of weight, rather than for one, and
+	// the room runs out sooner (the tenants it did not reach keep their
+	// places). A tenant whose turn promotes one job at a time (a rate
+	// holds its line, or the line is short) stays at one. (With a few
+	// tenants a turn's room is several jobs already, and the turns a
+	// release begins, one job per unit of weight, keep the weights.)
+	scarce := int64(free) < dueW && p.manyDue(queue)
 	budgets := make([]int, len(taken))
+	quanta := make([]int64, len(taken))
 	left := free
-	for i := range taken {
-		budgets[i] = int(min(int64(left), weights[i]*unit))
+	for i, d := range taken {
+		quanta[i] = weights[i] * unit
+		if scarce && p.hungry[queue][d.tenant] {
+			quanta[i] = weights[i] * minTurn
+		}
+		budgets[i] = int(min(int64(left), quanta[i]))
 		left -= budgets[i]
 	}
 	tenants := make([]string, len(taken))
@@ -374,7 +400,7 @@ func (p *pump) serve(ctx context.Context, queue string) (time.Duration, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			turns[i], errs[i] = p.r.promote(ctx, d.tenant, queue, budgets[i], weights[i]*unit)
+			turns[i], errs[i] = p.r.promote(ctx, d.tenant, queue, budgets[i], quanta[i])
 		}()
 	}
 	wg.Wait()
@@ -389,6 +415,7 @@ func (p *pump) serve(ctx context.Context, queue string) (time.Duration, error) {
 		if budgets[i] > 0 {
 			due[t] = turns[i].Due
 			all = append(all, turns[i].Promoted...)
+			p.fed(queue, t, len(turns[i].Promoted) >= budgets[i] && turns[i].Waiting > 0)
 		}
 	}
 	if len(all) > 0 {

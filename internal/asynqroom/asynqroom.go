@@ -206,12 +206,14 @@ func (g *Gauge) Free(ctx context.Context, queues []string) (int, error) {
 //
 // The fleet's pace is how fast it takes jobs from the list: how fast the
 // jobs it ended and the jobs it runs grow together, measured over
-// rateEvery or more (pendingFloor until known). The list may hold its
-// pace's PendingWait of jobs, and more while it runs dry: it starts at
-// the fleet's capacity, is cut to the pace whenever it holds more than
-// that (the jobs in it wait longer than PendingWait: the fleet takes them
-// no faster), and doubles, up to the capacity, whenever it is found empty
-// while slots are idle (the fleet takes jobs faster than they come).
+// rateEvery or more (pendingFloor until known). The list starts at the
+// fleet's capacity; it is cut to the pace's PendingWait of jobs whenever
+// it holds more than that while slots are idle (its jobs wait longer
+// than PendingWait for workers that have room: asynq's servers take them
+// no faster), and doubles, up to the capacity, whenever it is found
+// empty. While every slot is busy its jobs wait for slots, not for the
+// servers: a list cut then would leave slots idle between a job's end and
+// the pump's next round.
 func (g *Gauge) pendingTarget(queue string, capacity, active, pending int, n int64, now time.Time) int {
 	taken := n + int64(active)
 	g.mu.Lock()
@@ -227,9 +229,9 @@ func (g *Gauge) pendingTarget(queue string, capacity, active, pending int, n int
 	}
 	pace := max(int(math.Ceil(e.rate*PendingWait.Seconds())), pendingFloor)
 	switch {
-	case pending > pace:
+	case pending > pace && active < capacity:
 		e.room = pace
-	case pending == 0 && active < capacity:
+	case pending == 0:
 		e.room = max(2*e.room, pace)
 	}
 	e.room = min(e.room, capacity)

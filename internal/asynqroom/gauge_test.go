@@ -52,9 +52,10 @@ func TestGaugePinsAsynqLayout(t *testing.T) {
 
 // TestPendingTargetFollowsTheFleetsPace: a pending list may hold the
 // fleet's capacity while the fleet takes jobs as fast as they come; once
-// jobs queue in it, what the fleet takes in PendingWait (pendingFloor at
-// the least; the pace measured from the jobs it ended and runs); found
-// empty with slots idle, it may hold twice as much, up to the capacity.
+// jobs queue in it while slots are idle, what the fleet takes in
+// PendingWait (pendingFloor at the least; the pace measured from the jobs
+// it ended and runs); found empty, twice as much, up to the capacity.
+// Jobs that wait for busy slots do not cut it.
 func TestPendingTargetFollowsTheFleetsPace(t *testing.T) {
 	g := NewGauge(redistest.Client(t))
 	t0 := time.Now()
@@ -72,8 +73,8 @@ func TestPendingTargetFollowsTheFleetsPace(t *testing.T) {
 	require.Equal(t, 21, target(14, 10, 1410, 150*time.Millisecond), "the list within it: kept")
 	require.Equal(t, 42, target(14, 0, 1420, 160*time.Millisecond), "found empty with idle slots: doubled")
 	require.Equal(t, 84, target(14, 0, 1430, 170*time.Millisecond))
-	require.Equal(t, 84, target(600, 0, 1440, 180*time.Millisecond), "empty, but every slot busy: kept")
-	require.Equal(t, 21, target(14, 30, 1450, 190*time.Millisecond), "jobs queue again: the pace")
+	require.Equal(t, 84, target(600, 300, 1440, 180*time.Millisecond), "jobs wait for busy slots: kept")
+	require.Equal(t, 21, target(14, 30, 1450, 190*time.Millisecond), "jobs queue for idle slots again: the pace")
 	for i := range 6 {
 		target(14, 0, 1460, time.Duration(191+i)*time.Millisecond)
 	}
