@@ -208,12 +208,13 @@ func (g *Gauge) Free(ctx context.Context, queues []string) (int, error) {
 // jobs it ended and the jobs it runs grow together, measured over
 // rateEvery or more (pendingFloor until known). The list starts at the
 // fleet's capacity; it is cut to the pace's PendingWait of jobs whenever
-// it holds more than that while slots are idle (its jobs wait longer
-// than PendingWait for workers that have room: asynq's servers take them
-// no faster), and doubles, up to the capacity, whenever it is found
-// empty. While every slot is busy its jobs wait for slots, not for the
-// servers: a list cut then would leave slots idle between a job's end and
-// the pump's next round.
+// it holds more than that while half the slots or more are idle (its jobs
+// wait longer than PendingWait for workers that have room: asynq's
+// servers take them no faster), and doubles, up to the capacity, whenever
+// it is found empty. While the slots are busy its jobs wait for slots,
+// not for the servers: a list cut then leaves slots idle between a job's
+// end and the pump's next round (a saturated fleet's flood got 792 jobs/s
+// of 933 with the list cut whenever a slot was idle, 880 with it kept).
 func (g *Gauge) pendingTarget(queue string, capacity, active, pending int, n int64, now time.Time) int {
 	taken := n + int64(active)
 	g.mu.Lock()
@@ -229,7 +230,7 @@ func (g *Gauge) pendingTarget(queue string, capacity, active, pending int, n int
 	}
 	pace := max(int(math.Ceil(e.rate*PendingWait.Seconds())), pendingFloor)
 	switch {
-	case pending > pace && active < capacity:
+	case pending > pace && 2*active <= capacity:
 		e.room = pace
 	case pending == 0:
 		e.room = max(2*e.room, pace)

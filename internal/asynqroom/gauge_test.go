@@ -52,7 +52,7 @@ func TestGaugePinsAsynqLayout(t *testing.T) {
 
 // TestPendingTargetFollowsTheFleetsPace: a pending list may hold the
 // fleet's capacity while the fleet takes jobs as fast as they come; once
-// jobs queue in it while slots are idle, what the fleet takes in
+// jobs queue in it while half the slots are idle, what the fleet takes in
 // PendingWait (pendingFloor at the least; the pace measured from the jobs
 // it ended and runs); found empty, twice as much, up to the capacity.
 // Jobs that wait for busy slots do not cut it.
@@ -74,6 +74,7 @@ func TestPendingTargetFollowsTheFleetsPace(t *testing.T) {
 	require.Equal(t, 42, target(14, 0, 1420, 160*time.Millisecond), "found empty with idle slots: doubled")
 	require.Equal(t, 84, target(14, 0, 1430, 170*time.Millisecond))
 	require.Equal(t, 84, target(600, 300, 1440, 180*time.Millisecond), "jobs wait for busy slots: kept")
+	require.Equal(t, 84, target(301, 300, 1440, 185*time.Millisecond), "most slots busy: kept")
 	require.Equal(t, 21, target(14, 30, 1450, 190*time.Millisecond), "jobs queue for idle slots again: the pace")
 	for i := range 6 {
 		target(14, 0, 1460, time.Duration(191+i)*time.Millisecond)
