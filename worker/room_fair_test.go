@@ -17,13 +17,7 @@ import (
 // serving the queue yet they all wait in the tenant's line.
 func (e *env) enqueueLine(t *testing.T, tenant string, n int) {
 	t.Helper()
-	jobs := make([]queue.Job, n)
-	for i := range jobs {
-		jobs[i] = queue.Job{Tenant: tenant, Task: asynq.NewTask("job", nil), Options: []asynq.Option{asynq.Queue(e.queue)}}
-	}
-	for i, res := range e.q.EnqueueBatch(context.Background(), jobs) {
-		require.NoError(t, res.Err, "job %d of %s", i, tenant)
-	}
+	e.enqueueBatch(t, tenant, n)
 }
 
 // TestRoomFreedSlotWaitsItsTurn: a tenant whose cap is above the fleet's
