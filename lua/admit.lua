@@ -85,22 +85,24 @@
 --     16384 once (arrive, promote: the job is decided once, here: it takes
 --     no reservation and the worker's gate starts it on this decision
 --     without asking again, at its slot or up to late after it: its
---     started meters are charged as if it started that late, less their
---     tolerance, so that any start in between conforms. late is an eighth
---     of the burst the started meters have left after it and two more
---     starts, at most 25 ms, plus the tolerance; a job later than that is
---     decided anew, with TICKET. With less than 5 ms of slack (a scope near
---     its limits), a promoted job whose started meters let it start at its
---     slot is charged there, late the tolerance and as far as the meters
---     count it past the slot; otherwise, and for an arrival, late is -2:
+--     started meters are charged as if it started that late (a start
+--     before its charge keeps the starts within the meters; one after it
+--     would not), so that any start in between conforms. late is an
+--     eighth of the burst the started meters have left after it and two
+--     more starts, at most 25 ms, plus the tolerance; a job later than
+--     that is decided anew, with TICKET. With less than 5 ms of slack (a
+--     scope near its limits), a promoted job whose started meters let it
+--     start at its slot is charged the tolerance after it, late the
+--     tolerance or as far as the meters count it past the slot, the
+--     longer; otherwise, and for an arrival, late is -2:
 --     the job takes a reservation, as without once, and the gate decides
 --     when it starts), 32768 ticket (the job was decided once
 --     at its slot, its started meters charged its slack after it, and
 --     comes late: where its charge is still the last on a meter it is
 --     taken back, so that starting now charges it once), 65536 wait (a job
 --     at most ARGV wait early for a rate's started meter is allowed at its
---     time, which the reply's slot gives, and charged then: the caller
---     waits, instead of being denied and asking again)
+--     time, which the reply's slot gives, and charged the tolerance after
+--     it: the caller waits, instead of being denied and asking again)
 -- Returns: per op {verdict, retry_after, rule * 65536 + rule_index * 256 +
 --   scope, remaining, reset_after, in_flight, slot, late}, with two-step
 --   also {snapshots} and {undo records}; then the time of the decisions
@@ -115,7 +117,8 @@
 --     scopes only)
 --   slot: the job's reserved slot, 0 when none was taken
 --   late: for a job allowed at its slot (WAIT), how long after it the job
---     may still start on this decision, its tolerance apart (0 otherwise)
+--     may still start on this decision: the tolerance or as far as the
+--     meters count it past the slot, the longer (0 otherwise)
 --   arrive ops answer {verdict, slot, waiting, {undo records}, late,
 --     slack, earlier}: verdict 1 straight (the slot and concurrency slot
 --     taken), 0 it waits (its intent recorded), -1 the line is at its cap;

@@ -164,8 +164,11 @@ local function decide(scopes)
       for i = 1, pol.nr do
         local t = m[3 * i - 1] + m[3 * i - 2] - pol.off[i]
         if E.once then
-          -- decided once: the job starts at its slot on both meters
-          t = max(t, m[3 * i] + m[3 * i - 2] - pol.off[i])
+          -- decided once: the job starts at its slot on both meters (the
+          -- started meters' charges are never before a start, so their
+          -- tolerance holds as for a start decided now)
+          tolerance = tolerance or num(ARGV[5])
+          t = max(t, m[3 * i] + m[3 * i - 2] - pol.off[i] - min(tolerance, floor(pol.unit[i] / 4)))
         end
         if t > S then
           S, rule, ridx, rscope = t, 1, i, s
@@ -255,14 +258,17 @@ local function decide(scopes)
       if not tol then
         E.slack, E.late = 0, -1
       elseif slack >= SLACK_MIN then
-        E.slack, E.late = slack, slack + tol
+        -- charged as if it started as late as it may: a start before
+        -- its charge is within the meters, one after it would not be
+        E.slack, E.late = slack + tol, slack + tol
       else
         -- near its limits: no slack to charge. A job promoted from its
         -- line (up to the lead before its slot, so that its worker holds
         -- it there) whose started meters let it start at its slot is
-        -- decided there still: it may start up to the tolerance after
-        -- it, and as far as the meters have counted it past the slot
-        -- (wait_late). Otherwise (and for a job that arrives, which
+        -- decided there still: its started meters are charged the
+        -- tolerance after it, and it may start up to then, or as far as
+        -- the meters have counted it past the slot (wait_late).
+        -- Otherwise (and for a job that arrives, which
         -- reaches a worker after its slot) the gate decides when it
         -- starts, on the reservation it takes here.
         if E.arriving then
@@ -280,7 +286,8 @@ local function decide(scopes)
             end
           end
         end
-        E.slack, E.late = 0, tol + wait_late(scopes, S)
+        E.slack = tol
+        E.late = max(tol, wait_late(scopes, S))
       end
       return true, 0, S, 'startat', 0
     end
@@ -334,9 +341,16 @@ local function decide(scopes)
       end
       if w > 0 and E.wait and rule == 1 and w <= E.wait then
         -- a few moments early for a rate's started meter, and the caller
-        -- waits: allowed at its time, charged then (WAIT)
-        allowed, write, slot, E.slack = true, 'startat', now + w, 0
-        E.wlate = wait_late(scopes, slot)
+        -- waits: allowed at its time, charged the started meters'
+        -- tolerance after it (its wake may be that late), and it may
+        -- start up to then or as far as the meters counted it (WAIT)
+        local tol = tolerance
+        for s = 1, #scopes do
+          local pol = scopes[s].pol
+          for i = 1, pol.nr do tol = min(tol, floor(pol.unit[i] / 4)) end
+        end
+        allowed, write, slot, E.slack = true, 'startat', now + w, tol
+        E.wlate = max(tol, wait_late(scopes, slot))
         rule, ridx, rscope = 0, 0, 0
       elseif w > 0 then
         -- a few moments early for the started meter: keep the place in line

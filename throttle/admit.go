@@ -250,10 +250,11 @@ func (l *Limiter) do(ctx context.Context, req Request, flags int) (Decision, err
 	}
 	if op.flags&flagWait != 0 && d.Allowed && !d.Slot.IsZero() {
 		// allowed at its slot, a little ahead (Wait): the caller redeems
-		// the decision as a ticket there, in time within the started
-		// meters' tolerance and what they counted past the slot (d.late)
+		// the decision as a ticket there, up to d.late after it (its
+		// started meters were charged the tolerance after the slot, or
+		// counted it further)
 		d.Reserved = false
-		d.Ticket = ticketFor(d.Slot.UnixMicro(), micros(l.startedTolerance(scopes))+d.late, 0, d.Now.UnixMicro(), d.Lease, d.Claim, printWith(res.fingerprint(), scopes))
+		d.Ticket = ticketFor(d.Slot.UnixMicro(), d.late, micros(l.startedTolerance(scopes)), d.Now.UnixMicro(), d.Lease, d.Claim, printWith(res.fingerprint(), scopes))
 	}
 	return d, nil
 }

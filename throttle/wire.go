@@ -338,7 +338,7 @@ type admitReply struct {
 	rule, ruleIndex, ruleScope int64 // ruleScope: 1-based position in the op's scopes
 	remaining, reset, inFlight int64
 	slot                       int64 // µs; 0 when no slot was taken
-	late                       int64 // µs, how late after slot a WAIT decision holds, its tolerance apart
+	late                       int64 // µs, how late after slot a WAIT decision holds (its started meters charged the tolerance after it, or counted it further)
 	now                        int64 // µs, Redis time of the decision
 	// with flagTwoStep, per local scope: its state before the op (for a
 	// later step, where it is remote) and what the op wrote (for an undo)
