@@ -12,15 +12,22 @@
 -- admit.lua's release op, which hands the slot to the line's head in the
 -- same run. So the common release, with nobody waiting, stays small.
 --
+-- A release that gives its slot back while jobs wait, in a crowded room
+-- (throttle/room.go, crowd), also marks its tenant due in the room's due
+-- index, as room.lua's mark does, when the index is on the same server:
+-- one script run where it took two.
+--
 -- KEYS: per op, the state hash of each of its scopes, then, when the op
 --   says so, the lists of the tenant's line the slot may go to (one per
---   priority level)
+--   priority level), then, with a mark, the due index's shard
 -- ARGV:
 --   [1] clock: current time in µs, or -1 for Redis TIME
 --   [2] number of ops
 --   [3] 1 to leave expiries alone (tests), else 0
 --   per op: job id, claim token (0: whichever claim holds the slot), number
---     of scopes, how many line keys follow (0: none)
+--     of scopes, how many line keys follow (0: none) + 256 with a mark;
+--     with a mark, then: the tenant, the wake channel ("": publish
+--     nothing) and QUEUE␟SHARD (room.lua's ARGV[3] and ARGV[4])
 -- Returns: per op released + 256 * lost + 65536 * waiting (one number: a
 --   reply's every element costs a conversion): released is how many of its
 --   scopes gave back a slot held under the claim, lost how many held none
@@ -83,6 +90,8 @@ for op = 1, nops do
   local id, claim = ARGV[a], ARGV[a + 1]
   local n = tonumber(ARGV[a + 2])
   local nlines = tonumber(ARGV[a + 3])
+  local mark = nlines >= 256
+  if mark then nlines = nlines - 256 end
   a = a + 4
   local waiting = 0
   for i = 1, nlines do
@@ -98,5 +107,14 @@ for op = 1, nops do
   end
   k = k + n + nlines
   out[op] = released + 256 * lost + 65536 * waiting
+  if mark then
+    -- the tenant is due now, or earlier if it was (room.lua's mark); the
+    -- pumps wake when that is sooner than it was
+    k = k + 1
+    local at = string.format('%d', now_us())
+    local changed = call('ZADD', KEYS[k], 'LT', 'CH', at, ARGV[a])
+    if changed > 0 and ARGV[a + 1] ~= '' then call('PUBLISH', ARGV[a + 1], ARGV[a + 2] .. '\31' .. at) end
+    a = a + 3
+  end
 end
 return out

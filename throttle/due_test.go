@@ -2,6 +2,7 @@ package throttle
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sort"
@@ -153,6 +154,75 @@ func TestRoomTurnInACrowd(t *testing.T) {
 	// a crowd lasts crowdFor without new answers
 	room.crowds[q].until = time.Now().Add(-time.Millisecond)
 	require.False(t, room.crowded(q))
+}
+
+// TestRoomReleaseAndMark: a release in a crowded room gives the job's slot
+// back and makes its tenant due now, or keeps the earlier time it had
+// (on one server in one release.lua run, on a Cluster with room.lua's
+// mark beside it); the pumps are woken only when the tenant became due
+// sooner, and a claim that holds no slot is reported lost, the tenant
+// marked all the same.
+func TestRoomReleaseAndMark(t *testing.T) {
+	t.Parallel()
+	e := setup(t, false, nil)
+	ctx := context.Background()
+	room := e.lim.room()
+	q := waitroom.DefaultQueue
+	e.policy(t, "busy", "concurrency=5")
+	wake := e.client.Subscribe(ctx, wakeChannel(e.prefix))
+	defer wake.Close()
+	_, err := wake.Receive(ctx)
+	require.NoError(t, err)
+	due := func(tenant string) (float64, bool) {
+		v, err := e.client.ZScore(ctx, dueKey(e.prefix, q, dueShard(tenant)), tenant).Result()
+		if errors.Is(err, redis.Nil) {
+			return 0, false
+		}
+		require.NoError(t, err)
+		return v, true
+	}
+	admit := func(id string) uint64 {
+		d, err := e.lim.Do(ctx, Request{Tenant: "busy", ID: id})
+		require.NoError(t, err)
+		require.True(t, d.Allowed)
+		return d.Claim
+	}
+
+	c1 := admit("j1")
+	lost, err := room.releaseAndMark(ctx, "busy", q, "j1", c1)
+	require.NoError(t, err)
+	require.False(t, lost)
+	st, err := e.lim.Stats(ctx, "busy")
+	require.NoError(t, err)
+	require.Zero(t, st.Concurrency.InFlight, "the slot went back")
+	at, ok := due("busy")
+	require.True(t, ok, "the tenant is due")
+	require.Equal(t, float64(e.clock.Now().UnixMicro()), at, "due now")
+	msg, err := wake.ReceiveMessage(ctx)
+	require.NoError(t, err)
+	require.Equal(t, q+lineSep+strconv.Itoa(dueShard("busy"))+"\x1f"+strconv.FormatInt(e.clock.Now().UnixMicro(), 10), msg.Payload, "the pumps wake: it became due")
+
+	// due earlier already: it keeps that time, and nobody is woken
+	e.clock.Advance(time.Second)
+	c2 := admit("j2")
+	lost, err = room.releaseAndMark(ctx, "busy", q, "j2", c2)
+	require.NoError(t, err)
+	require.False(t, lost)
+	again, _ := due("busy")
+	require.Equal(t, at, again, "an earlier due time is kept")
+	// (the next wake is another tenant's: none came for busy between)
+	require.NoError(t, room.mark(ctx, q, "other"))
+	msg, err = wake.ReceiveMessage(ctx)
+	require.NoError(t, err)
+	require.Equal(t, q+lineSep+strconv.Itoa(dueShard("other"))+"\x1f"+strconv.FormatInt(e.clock.Now().UnixMicro(), 10), msg.Payload, "no wake for a tenant due no sooner")
+
+	// a claim that holds nothing: lost, and the tenant still due
+	require.NoError(t, e.client.ZRem(ctx, dueKey(e.prefix, q, dueShard("busy")), "busy").Err())
+	lost, err = room.releaseAndMark(ctx, "busy", q, "j2", c2)
+	require.NoError(t, err)
+	require.True(t, lost, "the slot was given back already")
+	_, ok = due("busy")
+	require.True(t, ok)
 }
 
 // TestRoomDrainsTheUnshardedIndex: the tenants an older sluice left in the

@@ -4,14 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/sluicehq/sluice/internal/waitroom"
 	"sort"
+	"strconv"
 	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/internal/crashpoint"
+	"github.com/sluicehq/sluice/internal/waitroom"
 	"github.com/sluicehq/sluice/lua"
 )
 
@@ -719,15 +720,30 @@ func (r *room) Release(ctx context.Context, tenant, queue, id string, claim uint
 }
 
 // releaseAndMark is releaseTurnless and mark at once: the job's slots go
-// back and its tenant is due now in queue's index, the two scripts sent in
-// one pipeline (in that order, on one server).
+// back and its tenant is due now in queue's index. On one server
+// release.lua does both in one run; on a Cluster (the index is in another
+// slot) the two scripts go in one pipeline.
 func (r *room) releaseAndMark(ctx context.Context, tenant, queue, id string, claim uint64) (lost bool, err error) {
 	rc, err := r.l.releaseTurnlessCall(ctx, tenant, id, claim)
 	if err != nil {
 		return false, err
 	}
 	shard := dueShard(tenant)
-	mc := &call{ctx: ctx, script: lua.Room, keys: []string{dueKey(r.l.cfg.Prefix, queue, shard)}, args: r.roomArgs("mark", queue, shard, tenant)}
+	due := dueKey(r.l.cfg.Prefix, queue, shard)
+	if rc != nil && !r.l.cluster {
+		// the op's line count, + 256: a mark follows (release.lua)
+		p := rc.payload.([]any)
+		p[len(p)-1] = 256
+		rc.payload = append(p, tenant, wakeChannel(r.l.cfg.Prefix), queue+lineSep+strconv.Itoa(shard))
+		rc.keys = append(rc.keys, due)
+		r.l.batch.runAll([]*call{rc})
+		if lost, err = turnlessLost(tenant, id, rc.res, rc.err); err != nil {
+			return false, err
+		}
+		r.l.due.lower(queue, shard, r.l.estimatedNow().UnixMicro())
+		return lost, nil
+	}
+	mc := &call{ctx: ctx, script: lua.Room, keys: []string{due}, args: r.roomArgs("mark", queue, shard, tenant)}
 	calls := []*call{mc}
 	if rc != nil {
 		calls = []*call{rc, mc}
