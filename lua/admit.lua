@@ -42,7 +42,10 @@
 --     reservations and rc a cursor sweeping stale ones; r:<job> a job's
 --     reserved slot; u charges a two-step undo could not take back;
 --     d:<queue> the tenant's deficit in the round robin of the queue's
---     due tenants; and the fields of the rule kinds below
+--     due tenants; om, oz the first started meter as a ticket's charge
+--     left it and how far past its slot that charge went where no start
+--     was (its leeway, which the next job decided once is placed
+--     without); and the fields of the rule kinds below
 --   [2] planned window zset, [3] started window zset (score: start time)
 --   line: a list of waiting jobs, each "LINED_MS<US>COST<US>QUEUE<US>ID"
 --     (<US> is the byte 31; COST empty for 1, QUEUE for the default queue;

@@ -164,11 +164,27 @@ local function decide(scopes)
       for i = 1, pol.nr do
         local t = m[3 * i - 1] + m[3 * i - 2] - pol.off[i]
         if E.once then
-          -- decided once: the job starts at its slot on both meters (the
+          -- decided once: the job starts at its slot on both meters. The
           -- started meters' charges are never before a start, so their
-          -- tolerance holds as for a start decided now)
-          tolerance = tolerance or num(ARGV[5])
-          t = max(t, m[3 * i] + m[3 * i - 2] - pol.off[i] - min(tolerance, floor(pol.unit[i] / 4)))
+          -- tolerance would hold as for a start decided now; but only the
+          -- part of it a ticket's charge put past its slot (its wake's
+          -- leeway, no start: om, oz, written by apply) is left out, so
+          -- that a slot follows the starts themselves as they came, late
+          -- ones included, and keeps the tolerance for the way to the
+          -- downstream
+          if sc.om == nil then
+            sc.om, sc.oz = false, 0
+            if sc.st then
+              local o = call('HMGET', sc.st, 'om', 'oz')
+              sc.om, sc.oz = num(o[1]) or false, num(o[2]) or 0
+            end
+          end
+          local z = 0
+          if sc.om and sc.om == m[3] then
+            tolerance = tolerance or num(ARGV[5])
+            z = min(sc.oz, tolerance, floor(pol.unit[i] / 4))
+          end
+          t = max(t, m[3 * i] + m[3 * i - 2] - pol.off[i] - z)
         end
         if t > S then
           S, rule, ridx, rscope = t, 1, i, s
@@ -455,8 +471,23 @@ local function apply(scopes, write, t, noexpire)
           h[#h + 1] = 's'; h[#h + 1] = fmt(sc.starts)
           need = max(need, now + 5000000)
         end
+        local a1 = m[3]
         for i = 1, pol.nr do
           m[3 * i] = max(m[3 * i], at) + m[3 * i - 2]
+        end
+        if write == 'startat' and E.once and pol.nr > 0 then
+          -- what the charge put past the slot on the first started meter
+          -- where no start was (a ticket's leeway): the next job decided
+          -- once is placed without it while that meter stays as it is
+          -- here (decide)
+          -- (less the leeway of the ticket before, still on the meter)
+          local real = (sc.om and sc.om == a1) and a1 - sc.oz or a1
+          local z = max(a1, at) - max(real, t)
+          if z > 0 then
+            sc.om, sc.oz = m[3], z
+            h[#h + 1] = 'om'; h[#h + 1] = fmt(m[3])
+            h[#h + 1] = 'oz'; h[#h + 1] = fmt(z)
+          end
         end
         if pol.wlim > 0 then
           sc.waf, sc.wal = add_entries(sc, sc.wa, at)

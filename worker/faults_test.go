@@ -311,9 +311,7 @@ func startsOf(starts []*event, tenant string) []time.Time {
 }
 
 // beyond counts tenant's starts beyond GCRA(rate, burst) as the handlers
-// recorded them, each allowed the limiter's tolerance early (the started
-// meters allow a start that early, and a job decided once is placed with
-// it, as a job decided at its start is). When a worker stalled between an admission and its
+// recorded them. When a worker stalled between an admission and its
 // handler longer than the reference's slack (as testSmoothness allows on a
 // shared machine), it counts the admissions instead — the limiter's own
 // record, in Redis time — and says so; not with -sluice.full.
@@ -329,10 +327,10 @@ func beyond(t *testing.T, starts []*event, tenant string, rate float64, burst in
 	}
 	sort.Slice(at, func(i, j int) bool { return at[i].Before(at[j]) })
 	sort.Slice(admitted, func(i, j int) bool { return admitted[i].Before(admitted[j]) })
-	n := len(nonConformingTol(at, rate, burst, throttle.ToleranceDefault))
+	n := nonConforming(at, rate, burst)
 	slack := time.Duration(float64(time.Second) / rate * float64(burst-1))
 	if n > 0 && !*full && lag > slack {
-		a := len(nonConformingTol(admitted, rate, burst, throttle.ToleranceDefault))
+		a := nonConforming(admitted, rate, burst)
 		t.Logf("tenant %s: %d handler start(s) beyond GCRA(%v/s, %d) after a worker stalled %s between an admission and its handler (slack %s); counting the admissions instead: %d",
 			tenant, n, rate, burst, lag.Round(time.Millisecond), slack, a)
 		return a
