@@ -90,8 +90,8 @@
 --     without asking again, at its slot or up to late after it: its
 --     started meters are charged as if it started that late (a start
 --     before its charge keeps the starts within the meters; one after it
---     would not), so that any start in between conforms. late is an
---     eighth of the burst the started meters have left after it and two
+--     would not), so that any start in between conforms. late is a
+--     quarter of the burst the started meters have left after it and two
 --     more starts, at most 25 ms, plus the tolerance; a job later than
 --     that is decided anew, with TICKET. With less than 5 ms of slack (a
 --     scope near its limits), a promoted job whose started meters let it

@@ -266,7 +266,7 @@ local function decide(scopes)
           -- burst gets no slack (its starts that follow at once would wait)
           local inc = sc[3 * i - 2]
           local room = S + pol.off[i] - inc - max(sc[3 * i], S) - 2 * inc
-          slack = min(slack, max(0, floor(room / 8)))
+          slack = min(slack, max(0, floor(room / 4)))
           local t = min(tolerance, floor(pol.unit[i] / 4))
           tol = tol and min(tol, t) or t
         end
