@@ -218,6 +218,37 @@ func TestRoomPromotesAtEachSlot(t *testing.T) {
 	require.Equal(t, []string{"p2"}, g.ids())
 }
 
+// TestRoomTicketChargedAsLateAsItStarts: a promoted job's ticket holds
+// for the tolerance past its slot, and its started meter is charged that
+// late (so that no start is after its charge); the next job's slot is
+// placed without that leeway, one interval after the slot before.
+func TestRoomTicketChargedAsLateAsItStarts(t *testing.T) {
+	t.Parallel()
+	e := setup(t, false, &Config{PromoteLead: 10 * time.Millisecond})
+	ctx := context.Background()
+	e.policy(t, "acme", "rate=10/s")
+	room := e.lim.room()
+	require.Equal(t, []string{"k1"}, line(t, e, "acme", "k1", "k2", "k3"))
+	start := e.clock.Now()
+	for i, id := range []string{"k2", "k3"} {
+		e.clock.Advance(90 * time.Millisecond)
+		if i > 0 {
+			e.clock.Advance(10 * time.Millisecond)
+		}
+		turn, err := room.promote(ctx, "acme", waitroom.DefaultQueue, 10, 10)
+		require.NoError(t, err)
+		require.Len(t, turn.Promoted, 1, id)
+		p := turn.Promoted[0]
+		require.Equal(t, id, p.ID)
+		require.Equal(t, start.Add(time.Duration(i+1)*100*time.Millisecond).UnixMicro(), p.Slot.UnixMicro(), "%s: one interval after the slot before", id)
+		tk, ok := parseTicket(p.Ticket)
+		require.True(t, ok, "%s: %q", id, p.Ticket)
+		require.Equal(t, micros(ToleranceDefault), tk.late, id)
+		require.Equal(t, tk.late, tk.slack, "%s: charged as late as it may start", id)
+		e.keep(turn.Promoted)
+	}
+}
+
 // pumpTurn is one pump's turn in the default queue, as Pump takes it, when
 // tenant alone is due: it is taken from the index, its line promoted, the
 // promoted jobs handed over and its next due time settled.
