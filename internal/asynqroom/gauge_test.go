@@ -2,6 +2,7 @@ package asynqroom
 
 import (
 	"context"
+	"math"
 	"testing"
 	"time"
 
@@ -68,14 +69,15 @@ func TestPendingTargetFollowsTheFleetsPace(t *testing.T) {
 	require.Equal(t, 600, target(10, 5, 1000, 50*time.Millisecond))
 	require.Equal(t, pendingFloor, target(14, 300, 1000, 60*time.Millisecond), "jobs queue, the pace unknown yet: the floor")
 	// 100 ms after the first read the fleet ended 400 more jobs and runs
-	// 14: it took 414 in 100 ms, 4,140 a second, so 21 in 5 ms
-	require.Equal(t, 21, target(14, 250, 1400, 100*time.Millisecond), "jobs queue: the pace's 5 ms")
-	require.Equal(t, 21, target(14, 10, 1410, 150*time.Millisecond), "the list within it: kept")
-	require.Equal(t, 42, target(14, 0, 1420, 160*time.Millisecond), "found empty with idle slots: doubled")
-	require.Equal(t, 84, target(14, 0, 1430, 170*time.Millisecond))
-	require.Equal(t, 84, target(600, 300, 1440, 180*time.Millisecond), "jobs wait for busy slots: kept")
-	require.Equal(t, 84, target(301, 300, 1440, 185*time.Millisecond), "most slots busy: kept")
-	require.Equal(t, 21, target(14, 30, 1450, 190*time.Millisecond), "jobs queue for idle slots again: the pace")
+	// 14: it took 414 in 100 ms, 4,140 a second
+	pace := int(math.Ceil(4140 * PendingWait.Seconds()))
+	require.Equal(t, pace, target(14, 250, 1400, 100*time.Millisecond), "jobs queue: the pace's PendingWait")
+	require.Equal(t, pace, target(14, 10, 1410, 150*time.Millisecond), "the list within it: kept")
+	require.Equal(t, 2*pace, target(14, 0, 1420, 160*time.Millisecond), "found empty with idle slots: doubled")
+	require.Equal(t, 4*pace, target(14, 0, 1430, 170*time.Millisecond))
+	require.Equal(t, 4*pace, target(600, 300, 1440, 180*time.Millisecond), "jobs wait for busy slots: kept")
+	require.Equal(t, 4*pace, target(301, 300, 1440, 185*time.Millisecond), "most slots busy: kept")
+	require.Equal(t, pace, target(14, 4*pace+10, 1450, 190*time.Millisecond), "jobs queue for idle slots again: the pace")
 	for i := range 6 {
 		target(14, 0, 1460, time.Duration(191+i)*time.Millisecond)
 	}
