@@ -110,10 +110,11 @@ const seenFor = time.Second
 
 // dueWeight records the tenants a round of queue took, with their weights,
 // and returns the weight of every tenant the pump took within seenFor,
-// these included. Several pumps take the due tenants between them: a
-// round that took only some of them still shares out its room as if all
-// of them were in it, so that a tenant's quantum does not grow with the
-// tenants other pumps hold at that moment.
+// these included, but those whose turn emptied their line since (serve):
+// they wait for nothing. Several pumps take the due tenants between them:
+// a round that took only some of them still shares out its room as if
+// all of them were in it, so that a tenant's quantum does not grow with
+// the tenants other pumps hold at that moment.
 func (p *pump) dueWeight(queue string, tenants []string, weights []int64) int64 {
 	if p.seen == nil {
 		p.seen = map[string]map[string]seenTenant{}
@@ -217,7 +218,7 @@ func (p *pump) run(ctx context.Context) {
 			case <-p.wake:
 			case <-kick:
 				// the jobs that end in the next moments are served too
-				if gap := waitroom.KickGap - time.Since(began); gap > 0 {
+				if gap := p.kickGap() - time.Since(began); gap > 0 {
 					g := time.NewTimer(gap)
 					select {
 					case <-ctx.Done():
@@ -229,6 +230,23 @@ func (p *pump) run(ctx context.Context) {
 			t.Stop()
 		}
 	}
+}
+
+// kickGap is how long after a round's start a kicked pump starts the
+// next: KickGap, or a quarter of the time the shortest-lasting pending
+// list of its queues lasts (PumpConfig.Drain) when that is longer, at
+// most Interval.
+func (p *pump) kickGap() time.Duration {
+	if p.cfg.Drain == nil {
+		return waitroom.KickGap
+	}
+	var least time.Duration
+	for _, q := range p.cfg.Queues {
+		if d := p.cfg.Drain(q); d > 0 && (least == 0 || d < least) {
+			least = d
+		}
+	}
+	return min(max(least/4, waitroom.KickGap), p.cfg.Interval)
 }
 
 func (p *pump) report(err error) {
@@ -417,6 +435,11 @@ func (p *pump) serve(ctx context.Context, queue string) (time.Duration, error) {
 			due[t] = turns[i].Due
 			all = append(all, turns[i].Promoted...)
 			p.fed(queue, t, len(turns[i].Promoted) >= budgets[i] && turns[i].Waiting > 0)
+			if turns[i].Waiting == 0 {
+				// its line is empty: it no longer shares out the rounds'
+				// room (dueWeight) until it is taken again
+				delete(p.seen[queue], t)
+			}
 		}
 	}
 	if len(all) > 0 {
@@ -470,6 +493,14 @@ func (p *pump) serve(ctx context.Context, queue string) (time.Duration, error) {
 	}
 	if err := p.r.settleDue(ctx, queue, append(settled, ended...)); err != nil {
 		return 0, err
+	}
+	if len(all) >= free {
+		// the room bounded the round: the list is full again, and the
+		// next round waits for slots to free, as a full fleet's does
+		// (kicked, after kickGap), rather than refilling one slot at a
+		// time
+		p.full = true
+		return p.kickGap(), nil
 	}
 	return 0, nil
 }

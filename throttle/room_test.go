@@ -627,6 +627,93 @@ func TestRoomPumpKicked(t *testing.T) {
 	<-done
 }
 
+// TestRoomPumpKickedWaitsForABatch: with the pending list's drain time
+// known (PumpConfig.Drain), a kicked pump waits a quarter of it after its
+// last round, so that the slots freed meanwhile are refilled in one round.
+func TestRoomPumpKickedWaitsForABatch(t *testing.T) {
+	t.Parallel()
+	e := setup(t, true, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	room := e.lim.room()
+	joinJobs(t, room, "acme", 5)
+	f := &fleetRoom{free: 1}
+	g := &f.engine
+	kick := make(chan struct{}, 1)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		// a list that lasts 8 s: a kicked round waits 2 s
+		_ = room.Pump(ctx, &waitroom.PumpConfig{Handover: f.handover, Free: f.Free, Queues: []string{waitroom.DefaultQueue},
+			Interval: time.Hour, Idle: time.Hour, Kick: kick, Drain: func(string) time.Duration { return 8 * time.Second }})
+	}()
+	waitFor(t, 5*time.Second, func() bool { return len(g.ids()) == 1 })
+	waitFor(t, 5*time.Second, func() bool { return f.looks() >= 2 })
+	looks := f.looks()
+	// a job ends: the pump is told, and waits
+	f.add(1)
+	kick <- struct{}{}
+	require.Never(t, func() bool { return f.looks() > looks }, 500*time.Millisecond, 10*time.Millisecond,
+		"a kicked round waits a quarter of the list's drain time")
+	// two more end meanwhile: one round serves the three
+	f.add(2)
+	waitFor(t, 10*time.Second, func() bool { return len(g.ids()) == 4 })
+	require.Equal(t, looks+1, f.looks(), "one round for the three freed slots")
+	cancel()
+	<-done
+}
+
+// TestRoomPumpGivesTheRoomToTheLinesThatWait: tenants whose turns emptied
+// their lines no longer share out a round's room, so the one tenant left
+// waiting gets all of it in one turn rather than a job per turn (before,
+// the small tenants seen in the last second kept its quantum at one job,
+// four for a hungry tenant).
+func TestRoomPumpGivesTheRoomToTheLinesThatWait(t *testing.T) {
+	t.Parallel()
+	e := setup(t, true, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	room := e.lim.room()
+	for i := range 10 {
+		joinJobs(t, room, fmt.Sprintf("small%d", i), 1)
+	}
+	joinJobs(t, room, "big", 50)
+	f := &fleetRoom{free: 11}
+	g := &f.engine
+	kick := make(chan struct{}, 1)
+	var mu sync.Mutex
+	var bigTurns []int
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = room.Pump(ctx, &waitroom.PumpConfig{Handover: f.handover, Free: f.Free, Queues: []string{waitroom.DefaultQueue},
+			Interval: time.Hour, Idle: time.Hour, Kick: kick,
+			OnTurn: func(tenant string, turn waitroom.Turn, _, _ int) {
+				if tenant == "big" {
+					mu.Lock()
+					bigTurns = append(bigTurns, len(turn.Promoted))
+					mu.Unlock()
+				}
+			}})
+	}()
+	// a job of each: the small tenants' lines are empty
+	waitFor(t, 5*time.Second, func() bool { return len(g.ids()) == 11 })
+	waitFor(t, 5*time.Second, func() bool {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		return f.free == 0 && f.asked >= 2
+	})
+	// eight slots free: the big tenant's turn takes them all
+	f.add(8)
+	kick <- struct{}{}
+	waitFor(t, 5*time.Second, func() bool { return len(g.ids()) == 19 })
+	cancel()
+	<-done
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, []int{1, 8}, bigTurns, "one turn for the eight slots")
+}
+
 // fleetRoom is a fleet's pending list with free places for a pump: its
 // hand-over takes them, Free reports them (and counts the looks).
 type fleetRoom struct {

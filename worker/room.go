@@ -164,6 +164,7 @@ func (g *Gate) startPump(queues []string, concurrency int) {
 				// longer, woken by the wake channel
 				Quiet: g.rec.follower,
 				Kick:  g.kick,
+				Drain: g.gauge.Drain,
 				OnTurn: func(_ string, t waitroom.Turn, handed, gone int) {
 					g.rm.promoted.Add(float64(handed))
 					g.rm.skipped.WithLabelValues("gone").Add(float64(gone))

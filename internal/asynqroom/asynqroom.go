@@ -244,6 +244,19 @@ func (g *Gauge) pendingTarget(queue string, capacity, active, pending int, n int
 	return e.room
 }
 
+// Drain is how long queue's pending list, holding what it is to hold
+// (pendingTarget), lasts at the pace the fleet took its jobs at, as
+// measured by the last reads (Free); 0 while the pace is not known.
+func (g *Gauge) Drain(queue string) time.Duration {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	e := g.taken[queue]
+	if e == nil || e.rate <= 0 {
+		return 0
+	}
+	return time.Duration(float64(e.room) / e.rate * float64(time.Second))
+}
+
 // Take reports whether one more job may go straight to queue's pending
 // list, and counts it. The pending list's length is read at most every
 // PendingEvery; in between the gauge counts what it let through. An error

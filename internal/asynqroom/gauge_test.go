@@ -71,7 +71,10 @@ func TestPendingTargetFollowsTheFleetsPace(t *testing.T) {
 	// 100 ms after the first read the fleet ended 400 more jobs and runs
 	// 14: it took 414 in 100 ms, 4,140 a second
 	pace := int(math.Ceil(4140 * PendingWait.Seconds()))
+	require.Zero(t, g.Drain("q"), "the pace not known yet")
 	require.Equal(t, pace, target(14, 250, 1400, 100*time.Millisecond), "jobs queue: the pace's PendingWait")
+	require.InDelta(t, float64(pace)/4140*float64(time.Second), float64(g.Drain("q")), float64(time.Microsecond),
+		"the list it is to hold lasts pace/4,140 s")
 	require.Equal(t, pace, target(14, 10, 1410, 150*time.Millisecond), "the list within it: kept")
 	require.Equal(t, 2*pace, target(14, 0, 1420, 160*time.Millisecond), "found empty with idle slots: doubled")
 	require.Equal(t, 4*pace, target(14, 0, 1430, 170*time.Millisecond))

@@ -365,7 +365,9 @@ const (
 	PumpIntervalDefault = 20 * time.Millisecond
 	// KickGap is the least time between two of a pump's rounds that
 	// ended jobs call for (PumpConfig.Kick): the jobs that end meanwhile
-	// are served together.
+	// are served together. With PumpConfig.Drain the gap is a quarter of
+	// the time the pending list's jobs last, when that is longer (at most
+	// Interval).
 	KickGap            = 2 * time.Millisecond
 	PumpIdleDefault    = time.Second
 	PumpTenantsDefault = 256
@@ -391,6 +393,12 @@ type PumpConfig struct {
 	// KickGap) rather than after Interval, so that the slot the job left
 	// is filled from the lines before the pending list runs dry.
 	Kick <-chan struct{}
+	// Drain, when set, is how long queue's pending list, holding what the
+	// room lets it hold, lasts at the fleet's pace (0: not known). A
+	// kicked pump waits a quarter of it (at least KickGap, at most
+	// Interval) before its round, so that a round refills several slots'
+	// worth rather than one, while the list still holds three quarters.
+	Drain func(queue string) time.Duration
 	// Idle is the longest the pump sleeps while no line is due: it wakes
 	// for the next due line, and at once when a line begins or a release
 	// makes one due sooner (the index's wake channel), so Idle only bounds
