@@ -600,31 +600,14 @@ func TestRoomPumpServesManyTenantsSeveralJobsATurn(t *testing.T) {
 // hour here): the line's next job is handed over at once.
 func TestRoomPumpKicked(t *testing.T) {
 	t.Parallel()
-	e := setup(t, true, nil)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	room := e.lim.room()
-	joinJobs(t, room, "acme", 5)
-	f := &fleetRoom{free: 1}
-	g := &f.engine
-	kick := make(chan struct{}, 1)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = room.Pump(ctx, &waitroom.PumpConfig{Handover: f.handover, Free: f.Free, Queues: []string{waitroom.DefaultQueue},
-			Interval: time.Hour, Idle: time.Hour, Kick: kick})
-	}()
-	waitFor(t, 5*time.Second, func() bool { return len(g.ids()) == 1 })
-	// the fleet is full: the pump looked and waits its hour
-	waitFor(t, 5*time.Second, func() bool { return f.looks() >= 2 })
+	f, kick, stop := kickedPump(t, nil)
+	defer stop()
 	for want := 2; want <= 5; want++ {
 		// a job ends: its slot is free, and the pump is told
 		f.add(1)
 		kick <- struct{}{}
-		waitFor(t, 5*time.Second, func() bool { return len(g.ids()) == want })
+		waitFor(t, 5*time.Second, func() bool { return len(f.ids()) == want })
 	}
-	cancel()
-	<-done
 }
 
 // TestRoomPumpKickedWaitsForABatch: with the pending list's drain time
@@ -632,23 +615,9 @@ func TestRoomPumpKicked(t *testing.T) {
 // last round, so that the slots freed meanwhile are refilled in one round.
 func TestRoomPumpKickedWaitsForABatch(t *testing.T) {
 	t.Parallel()
-	e := setup(t, true, nil)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	room := e.lim.room()
-	joinJobs(t, room, "acme", 5)
-	f := &fleetRoom{free: 1}
-	g := &f.engine
-	kick := make(chan struct{}, 1)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		// a list that lasts 8 s: a kicked round waits 2 s
-		_ = room.Pump(ctx, &waitroom.PumpConfig{Handover: f.handover, Free: f.Free, Queues: []string{waitroom.DefaultQueue},
-			Interval: time.Hour, Idle: time.Hour, Kick: kick, Drain: func(string) time.Duration { return 8 * time.Second }})
-	}()
-	waitFor(t, 5*time.Second, func() bool { return len(g.ids()) == 1 })
-	waitFor(t, 5*time.Second, func() bool { return f.looks() >= 2 })
+	// a list that lasts 8 s: a kicked round waits 2 s
+	f, kick, stop := kickedPump(t, func(string) time.Duration { return 8 * time.Second })
+	defer stop()
 	looks := f.looks()
 	// a job ends: the pump is told, and waits
 	f.add(1)
@@ -657,10 +626,37 @@ func TestRoomPumpKickedWaitsForABatch(t *testing.T) {
 		"a kicked round waits a quarter of the list's drain time")
 	// two more end meanwhile: one round serves the three
 	f.add(2)
-	waitFor(t, 10*time.Second, func() bool { return len(g.ids()) == 4 })
+	waitFor(t, 10*time.Second, func() bool { return len(f.ids()) == 4 })
 	require.Equal(t, looks+1, f.looks(), "one round for the three freed slots")
-	cancel()
-	<-done
+}
+
+// kickedPump runs a pump over a fleet with one free place and five jobs of
+// one tenant in line (its Interval and Idle an hour, told on kick that a
+// job ended, drain its PumpConfig.Drain), and returns once the pump handed
+// one job over and found the fleet full. stop ends the pump.
+func kickedPump(t *testing.T, drain func(string) time.Duration) (f *fleetRoom, kick chan struct{}, stop func()) {
+	t.Helper()
+	e := setup(t, true, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	room := e.lim.room()
+	joinJobs(t, room, "acme", 5)
+	f = &fleetRoom{free: 1}
+	kick = make(chan struct{}, 1)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = room.Pump(ctx, &waitroom.PumpConfig{Handover: f.handover, Free: f.Free, Queues: []string{waitroom.DefaultQueue},
+			Interval: time.Hour, Idle: time.Hour, Kick: kick, Drain: drain})
+	}()
+	stop = sync.OnceFunc(func() {
+		cancel()
+		<-done
+	})
+	t.Cleanup(stop)
+	waitFor(t, 5*time.Second, func() bool { return len(f.ids()) == 1 })
+	// the fleet is full: the pump looked and waits its hour
+	waitFor(t, 5*time.Second, func() bool { return f.looks() >= 2 })
+	return f, kick, stop
 }
 
 // TestRoomPumpGivesTheRoomToTheLinesThatWait: tenants whose turns emptied
