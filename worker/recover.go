@@ -50,8 +50,8 @@ import (
 //
 // Redis commands: a beat (one script) per process every lease/3; per job,
 // its start and end recorded in one pipeline shared by every job that
-// started or ended meanwhile (a job that starts and ends between two
-// flushes costs nothing); for the fleet, one check script a second by the
+// started or ended meanwhile, at most every recordEvery (a job that starts
+// and ends between two flushes costs nothing); for the fleet, one check script a second by the
 // lock holder, and every other second a read of each queue's asynq lease
 // set (ZRANGE, as large as the jobs running). A graceful shutdown leaves
 // the registry (one script).
@@ -68,6 +68,13 @@ const (
 	orphanAfter = 10 * time.Second
 	// lapsedPerCheck bounds the lapsed processes one check returns.
 	lapsedPerCheck = 16
+	// recordEvery is the least time between two writes of a process's
+	// records: the jobs that started or ended meanwhile share one
+	// pipeline, and a job that starts and ends within it is never written.
+	// A worker killed before its job's start was written leaves that job
+	// to the orphan check (orphanAfter), as one killed before the write
+	// came back always did.
+	recordEvery = 50 * time.Millisecond
 )
 
 const errRecover = "recover"
@@ -294,19 +301,33 @@ func (r *recoverer) inGrace() bool {
 	return time.Now().Before(r.grace)
 }
 
-// records writes what the process runs, one pipeline per round, until ctx
-// ends; then once more, so that a graceful shutdown leaves nothing behind.
+// records writes what the process runs, one pipeline per round and at
+// most every recordEvery, until ctx ends; then once more, so that a
+// graceful shutdown leaves nothing behind.
 func (r *recoverer) records(ctx context.Context) {
+	final := func() {
+		fctx, cancel := context.WithTimeout(context.Background(), r.g.cfg.CallTimeout)
+		r.flush(fctx)
+		cancel()
+	}
 	backoff := 100 * time.Millisecond
+	gap := time.NewTimer(0)
+	defer gap.Stop()
 	for {
 		select {
 		case <-ctx.Done():
-			fctx, cancel := context.WithTimeout(context.Background(), r.g.cfg.CallTimeout)
-			r.flush(fctx)
-			cancel()
+			final()
 			return
 		case <-r.wake:
 		}
+		// the jobs that start or end before the gap is over go with these
+		select {
+		case <-ctx.Done():
+			final()
+			return
+		case <-gap.C:
+		}
+		gap.Reset(recordEvery)
 		if err := r.flush(ctx); err != nil && ctx.Err() == nil {
 			r.g.m.err(errRecover)
 			r.g.warn(errRecover, "sluice: could not record the jobs this worker runs; if it dies now, asynq's own recoverer gives them back (in 1–2 minutes)", "worker", r.id, "err", err)

@@ -1,0 +1,4 @@
+package worker
+
+// RecordEvery is recordEvery, for the recoverer's tests.
+const RecordEvery = recordEvery
