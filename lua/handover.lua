@@ -11,15 +11,25 @@
 -- to the encoded message, which protobuf reads as the last value of that
 -- key.
 --
+-- A job's entry in the waiting room's handing set (the tenant's, where
+-- the room keeps it until asynq has the job) may leave it in the same run,
+-- where the room's keys and asynq's share a server: the room need not
+-- confirm it with a round trip of its own.
+--
 -- KEYS[1] -> asynq:{QUEUE}:pending
--- KEYS[2..] -> asynq:{QUEUE}:t:<id>, the task hash of each job
+-- KEYS[2..n+1] -> asynq:{QUEUE}:t:<id>, the task hash of each job
+-- KEYS[n+2..] -> the handing set of each job that gives its entry, in
+--   order
 -- ARGV[1] -> asynq:{QUEUE}: (the prefix of the schedule and retry sets)
 -- ARGV[2] -> the time, in ns since the epoch (the task's pending_since)
 -- ARGV[3] -> the name of the decision's header
--- ARGV[4..] -> per task, in KEYS order: its id and its decision ("": none)
+-- ARGV[4] -> n, the number of tasks
+-- ARGV[5..] -> per task, in KEYS order: its id, its decision ("": none)
+--   and its handing entry ("": none, the room confirms it)
 -- Returns: per task 1 moved to pending; 0 no such task (deleted, or
 --   completed and gone); 2 pending or active already; 3 in another state
---   (archived, completed, in a group): left alone.
+--   (archived, completed, in a group): left alone; 11 and 12 are 1 and 2
+--   with the entry gone from its handing set.
 
 local call, char, floor = redis.call, string.char, math.floor
 
@@ -33,26 +43,38 @@ local function header(v)
 end
 
 local out = {}
-for i = 2, #KEYS do
-  local id, decided = ARGV[2 * i], ARGV[2 * i + 1]
-  local v = call('HMGET', KEYS[i], 'state', 'group')
+local n = tonumber(ARGV[4])
+local h = n + 2
+for i = 1, n do
+  local a = 3 * i + 2
+  local key, id, decided, entry = KEYS[i + 1], ARGV[a], ARGV[a + 1], ARGV[a + 2]
+  local v = call('HMGET', key, 'state', 'group')
   local state, group = v[1], v[2]
+  local r
   if not state then
-    out[i - 1] = 0
+    r = 0
   elseif state == 'pending' or state == 'active' then
-    out[i - 1] = 2
+    r = 2
   elseif (state == 'scheduled' or state == 'retry') and (not group or group == '') then
     call('ZREM', ARGV[1] .. state, id)
     call('LPUSH', KEYS[1], id)
     if decided ~= '' then
-      local msg = call('HGET', KEYS[i], 'msg')
-      call('HSET', KEYS[i], 'state', 'pending', 'pending_since', ARGV[2], 'msg', msg .. header(decided))
+      local msg = call('HGET', key, 'msg')
+      call('HSET', key, 'state', 'pending', 'pending_since', ARGV[2], 'msg', msg .. header(decided))
     else
-      call('HSET', KEYS[i], 'state', 'pending', 'pending_since', ARGV[2])
+      call('HSET', key, 'state', 'pending', 'pending_since', ARGV[2])
     end
-    out[i - 1] = 1
+    r = 1
   else
-    out[i - 1] = 3
+    r = 3
   end
+  if entry ~= '' then
+    if r == 1 or r == 2 then
+      call('ZREM', KEYS[h], entry)
+      r = r + 10
+    end
+    h = h + 1
+  end
+  out[i] = r
 end
 return out

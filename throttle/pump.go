@@ -582,6 +582,9 @@ func (r *room) handOver(ctx context.Context, jobs []waitroom.Promoted, h waitroo
 			res = results[i]
 		}
 		switch {
+		case res == waitroom.Confirmed:
+			// the hand-over took it out of the handing set itself
+			handed[j.Tenant]++
 		case res == waitroom.Handed:
 			handed[j.Tenant]++
 			done[j.Tenant] = append(done[j.Tenant], j)

@@ -302,7 +302,7 @@ func (r *room) arrivalScopes(ctx context.Context, a waitroom.Arrival, cost int64
 // Park parks a new job's task in the queue engine's schedule and puts the
 // job in its line, in one run of park.lua (see waitroom.Room.Park).
 func (r *room) Park(ctx context.Context, p waitroom.Parking) (waitroom.Parked, error) {
-	if r.l.cluster || !sameServer(p.Engine, r.l.client) {
+	if !r.Shares(p.Engine) {
 		return waitroom.Parked{}, waitroom.ErrApart
 	}
 	j := p.Job
@@ -689,7 +689,22 @@ func (r *room) turn(ctx context.Context, tenant, queue, id string, claim uint64,
 	if err != nil {
 		return waitroom.Turn{}, fmt.Errorf("turn of tenant %q: %w", tenant, err)
 	}
-	return decodeTurn(r.l.cfg.Prefix, tenant, raw, scopes, op.keyed, once, res.fingerprint())
+	t, err := decodeTurn(r.l.cfg.Prefix, tenant, raw, scopes, op.keyed, once, res.fingerprint())
+	if err == nil && !r.l.cluster {
+		// a hand-over on this server may confirm them itself
+		handing := keysFor(r.l.cfg.Prefix, tenant).handing
+		for i := range t.Promoted {
+			t.Promoted[i].Handing = handing
+		}
+	}
+	return t, err
+}
+
+// Shares reports whether engine, the queue engine's client, reaches the
+// room's keys (waitroom.Room.Shares): the limiter's own client, or one of
+// the same server and database, and not a Cluster.
+func (r *room) Shares(engine any) bool {
+	return !r.l.cluster && sameServer(engine, r.l.client)
 }
 
 // promotion is what a promotion took, per scope, to take it back

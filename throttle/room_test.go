@@ -498,6 +498,48 @@ func TestRoomGoneAndRunningJobs(t *testing.T) {
 	require.Zero(t, n)
 }
 
+// TestRoomHandOverConfirmedByTheEngine: on one server a promoted job names
+// the handing set that holds its entry (Promoted.Handing), so a hand-over
+// on a client that shares the room's server (Room.Shares) can take it out
+// there itself and answer Confirmed, and the room counts it handed without
+// confirming it again; on a Cluster it names none, and the room confirms.
+func TestRoomHandOverConfirmedByTheEngine(t *testing.T) {
+	t.Parallel()
+	e := setup(t, false, nil)
+	ctx := context.Background()
+	e.policy(t, "acme", "rate=100/s burst=10 concurrency=10")
+	room := e.lim.room()
+	require.Equal(t, !e.lim.cluster, room.Shares(e.client))
+	require.False(t, room.Shares(nil))
+	_, _, err := room.Join(ctx, "acme", 0, waitroom.Waiter{ID: "a"}, waitroom.Waiter{ID: "b"})
+	require.NoError(t, err)
+	turn, err := room.promote(ctx, "acme", waitroom.DefaultQueue, 10, 10)
+	require.NoError(t, err)
+	require.Len(t, turn.Promoted, 2)
+	handing := keysFor(e.prefix, "acme").handing
+	g := &engine{answer: func(p waitroom.Promoted) waitroom.HandoverResult {
+		if p.Handing == "" {
+			return waitroom.Handed
+		}
+		// what asynqroom.Handover does in its script
+		require.Equal(t, handing, p.Handing)
+		n, err := e.client.ZRem(ctx, p.Handing, p.Entry).Result()
+		require.NoError(t, err)
+		require.Equal(t, int64(1), n, "the entry is in the set Handing names")
+		return waitroom.Confirmed
+	}}
+	handed, gone, err := room.handOver(ctx, turn.Promoted, g.handover)
+	require.NoError(t, err)
+	require.Equal(t, map[string]int{"acme": 2}, handed)
+	require.Empty(t, gone)
+	for _, p := range turn.Promoted {
+		require.Equal(t, e.lim.cluster, p.Handing == "", "a Handing on one server only")
+	}
+	n, err := e.client.ZCard(ctx, handing).Result()
+	require.NoError(t, err)
+	require.Zero(t, n, "every hand-over confirmed")
+}
+
 // TestRoomPump: the pump serves due tenants in turn while the fleet has
 // room, each an equal share times its weight, and a policy change makes
 // the waiting tenants due at once.

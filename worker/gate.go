@@ -118,7 +118,7 @@ func NewGate(lim *throttle.Limiter, asynqRedis redis.UniversalClient, cfg *GateC
 		inspector:  asynq.NewInspectorFromRedisClient(asynqRedis),
 		room:       waitroom.Of(lim),
 		path:       jobpath.Of(lim).(engine),
-		handover:   asynqroom.Handover(asynqRedis),
+		handover:   asynqroom.Handover(asynqRedis, waitroom.Of(lim).Shares(asynqRedis)),
 		gauge:      asynqroom.NewGauge(asynqRedis),
 		layout:     asynqroom.NewLayout(asynqRedis),
 		stopping:   make(chan struct{}),

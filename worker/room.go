@@ -63,7 +63,7 @@ func (g *Gate) handOn(ctx context.Context, jobs []waitroom.Promoted) []waitroom.
 	res := g.handover(ctx, jobs)
 	for _, r := range res {
 		switch r {
-		case waitroom.Handed:
+		case waitroom.Handed, waitroom.Confirmed:
 			g.rm.promoted.Inc()
 		case waitroom.Gone:
 			g.rm.skipped.WithLabelValues("gone").Inc()

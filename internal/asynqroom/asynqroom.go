@@ -306,8 +306,11 @@ const handoverChunk = 100
 // Handover returns the waiting room's hand-over to asynq over its Redis
 // client: each promoted job's task moves from asynq's schedule (where it
 // was parked) or its retry set to the pending list of its queue, in one
-// script call per queue and chunk.
-func Handover(client redis.UniversalClient) waitroom.Handover {
+// script call per queue and chunk. With confirm (the client reaches the
+// room's keys: waitroom.Room.Shares), a job with a handing set
+// (waitroom.Promoted.Handing) that asynq has leaves it in the same call,
+// and is answered waitroom.Confirmed.
+func Handover(client redis.UniversalClient, confirm bool) waitroom.Handover {
 	return func(ctx context.Context, jobs []waitroom.Promoted) []waitroom.HandoverResult {
 		out := make([]waitroom.HandoverResult, len(jobs))
 		byQueue := map[string][]int{}
@@ -323,14 +326,24 @@ func Handover(client redis.UniversalClient) waitroom.Handover {
 			idx := byQueue[q]
 			for start := 0; start < len(idx); start += handoverChunk {
 				chunk := idx[start:min(start+handoverChunk, len(idx))]
-				keys := make([]string, 0, 1+len(chunk))
-				args := make([]any, 0, 3+2*len(chunk))
+				keys := make([]string, 0, 1+2*len(chunk))
+				args := make([]any, 0, 4+3*len(chunk))
 				keys = append(keys, PendingKey(q))
-				args = append(args, queuePrefix(q), now, taskspec.DecidedHeader)
+				args = append(args, queuePrefix(q), now, taskspec.DecidedHeader, len(chunk))
+				var handing []string
 				for _, i := range chunk {
 					keys = append(keys, TaskKey(q, jobs[i].ID))
 					args = append(args, jobs[i].ID, jobs[i].Ticket)
+					if confirm && jobs[i].Handing != "" {
+						// its handing set after every task's hash, its
+						// entry after its decision
+						handing = append(handing, jobs[i].Handing)
+						args = append(args, jobs[i].Entry)
+					} else {
+						args = append(args, "")
+					}
 				}
+				keys = append(keys, handing...)
 				res, err := lua.Handover.Run(ctx, client, keys, args...).Result()
 				arr, ok := res.([]any)
 				if err != nil || !ok || len(arr) != len(chunk) {
@@ -343,6 +356,8 @@ func Handover(client redis.UniversalClient) waitroom.Handover {
 					switch v, _ := arr[k].(int64); v {
 					case 1, 2:
 						out[i] = waitroom.Handed
+					case 11, 12:
+						out[i] = waitroom.Confirmed
 					case 0, 3:
 						out[i] = waitroom.Gone
 					default:

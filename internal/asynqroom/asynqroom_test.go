@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicehq/sluice/internal/redistest"
@@ -84,7 +85,7 @@ func TestHandoverPinsAsynqLayout(t *testing.T) {
 		}
 		return out
 	}
-	res := Handover(client)(ctx, promoted("parked", "retry", "archived", "grouped", "missing"))
+	res := Handover(client, false)(ctx, promoted("parked", "retry", "archived", "grouped", "missing"))
 	require.Equal(t, []waitroom.HandoverResult{waitroom.Handed, waitroom.Handed, waitroom.Gone, waitroom.Gone, waitroom.Gone}, res)
 
 	// asynq runs what was handed over, once each, and leaves the rest
@@ -116,7 +117,7 @@ func TestHandoverPinsAsynqLayout(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, int64(qi.Pending), n)
 	require.Equal(t, int64(1), n)
-	res = Handover(client)(ctx, promoted("pending"))
+	res = Handover(client, false)(ctx, promoted("pending"))
 	require.Equal(t, []waitroom.HandoverResult{waitroom.Handed}, res)
 	n, err = client.LLen(ctx, PendingKey(queue)).Result()
 	require.NoError(t, err)
@@ -172,4 +173,50 @@ func TestReparkPushesOnlyParkedTasksInLines(t *testing.T) {
 	n, err = Repark(client)(ctx, queue, time.Minute, 2*time.Hour, inLine)
 	require.NoError(t, err)
 	require.Zero(t, n)
+}
+
+// TestHandoverConfirmsInTheHandingSet: where the room's keys and asynq's
+// share a server (confirm), a job asynq has leaves the room's handing set
+// in the hand-over's own call and is answered Confirmed; a job asynq does
+// not have, or one without a handing entry, keeps it, and without confirm
+// nothing of the room's is touched.
+func TestHandoverConfirmsInTheHandingSet(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Client(t)
+	pfx := redistest.Prefix(t)
+	queue := "confirm-" + pfx
+	handing := pfx + ":handing"
+	ac := asynq.NewClientFromRedisClient(client)
+	for _, id := range []string{"a", "b", "c"} {
+		_, err := ac.Enqueue(asynq.NewTask("job", nil), asynq.Queue(queue), asynq.TaskID(id), asynq.ProcessIn(time.Hour))
+		require.NoError(t, err)
+	}
+	_, err := ac.Enqueue(asynq.NewTask("job", nil), asynq.Queue(queue), asynq.TaskID("pending"))
+	require.NoError(t, err)
+	for _, e := range []string{"ea", "eb", "ec", "ep", "em"} {
+		require.NoError(t, client.ZAdd(ctx, handing, redis.Z{Score: 1, Member: e}).Err())
+	}
+	job := func(id, entry string, withSet bool) waitroom.Promoted {
+		p := waitroom.Promoted{Tenant: "acme", Queue: queue, ID: id, Entry: entry}
+		if withSet {
+			p.Handing = handing
+		}
+		return p
+	}
+	res := Handover(client, true)(ctx, []waitroom.Promoted{
+		job("a", "ea", true), job("b", "eb", false), job("pending", "ep", true), job("missing", "em", true),
+	})
+	require.Equal(t, []waitroom.HandoverResult{waitroom.Confirmed, waitroom.Handed, waitroom.Confirmed, waitroom.Gone}, res)
+	left, err := client.ZRange(ctx, handing, 0, -1).Result()
+	require.NoError(t, err)
+	require.ElementsMatch(t, []string{"eb", "ec", "em"}, left, "the confirmed entries left the handing set, the others stayed")
+
+	res = Handover(client, false)(ctx, []waitroom.Promoted{job("c", "ec", true)})
+	require.Equal(t, []waitroom.HandoverResult{waitroom.Handed}, res)
+	left, err = client.ZRange(ctx, handing, 0, -1).Result()
+	require.NoError(t, err)
+	require.ElementsMatch(t, []string{"eb", "ec", "em"}, left, "without confirm the room confirms")
+	n, err := client.LLen(ctx, PendingKey(queue)).Result()
+	require.NoError(t, err)
+	require.Equal(t, int64(4), n, "a, b, c and pending are pending, once each")
 }

@@ -174,7 +174,7 @@ func (l *Layout) probe(ctx context.Context) (err error) {
 	case parked.Err() != nil:
 		return &LayoutError{Reason: fmt.Sprintf("a parked task is not in the schedule %sscheduled", queuePrefix(queue))}
 	}
-	res := Handover(l.client)(ctx, []waitroom.Promoted{{Queue: queue, ID: id}})
+	res := Handover(l.client, false)(ctx, []waitroom.Promoted{{Queue: queue, ID: id}})
 	if res[0] == waitroom.Failed {
 		return fmt.Errorf("probe asynq's layout: the hand-over failed (Redis)")
 	}

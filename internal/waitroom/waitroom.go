@@ -96,6 +96,11 @@ type Room interface {
 	// The slots the job holds in its key's scope and the shared pools it
 	// names (sc) are given back too.
 	Release(ctx context.Context, tenant, queue, id string, claim uint64, sc Scopes, h Handover, spare Spare) error
+	// Shares reports whether the queue engine's client engine reaches the
+	// room's own keys: one server and database, not a Cluster. A
+	// hand-over on such a client may confirm a job in its handing set
+	// (Promoted.Handing) in the same call.
+	Shares(engine any) bool
 }
 
 // Scopes are the scopes a job draws from besides its tenant and @global:
@@ -256,6 +261,10 @@ type Promoted struct {
 	// the job); callers pass them along untouched.
 	Entry string
 	Undo  any
+	// Handing is the key of the set that holds Entry until the engine has
+	// the job ("" on a Cluster): a hand-over whose client Room.Shares may
+	// take Entry out of it itself, and answer Confirmed.
+	Handing string
 }
 
 // Turn is what one turn of a tenant's line did.
@@ -304,7 +313,14 @@ const (
 	// Failed: the engine could not be asked; the hand-over is tried again
 	// later.
 	Failed
+	// Confirmed: Handed, and the job's entry left its handing set
+	// (Promoted.Handing) in the same call: the room need not confirm it.
+	Confirmed
 )
+
+// Has reports whether the engine has the job to run (Handed or
+// Confirmed).
+func (r HandoverResult) Has() bool { return r == Handed || r == Confirmed }
 
 // A Handover gives promoted jobs to the queue engine and reports, for each
 // in order, what became of it.
