@@ -51,9 +51,9 @@ import (
 // Redis commands: a beat (one script) per process every lease/3; per job,
 // its start and end recorded in one pipeline shared by every job that
 // started or ended meanwhile, at most every recordEvery (a job that starts
-// and ends between two flushes costs nothing); for the fleet, one check script a second by the
-// lock holder, and every other second a read of each queue's asynq lease
-// set (ZRANGE, as large as the jobs running). A graceful shutdown leaves
+// and ends between two flushes costs nothing); for the fleet, one check
+// script a second by the lock holder, and every other second a read of
+// each queue's asynq lease set (ZRANGE, as large as the jobs running). A graceful shutdown leaves
 // the registry (one script).
 
 // RecoverLeaseDefault is Config.RecoverLease's default.

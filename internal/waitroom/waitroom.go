@@ -318,10 +318,6 @@ const (
 	Confirmed
 )
 
-// Has reports whether the engine has the job to run (Handed or
-// Confirmed).
-func (r HandoverResult) Has() bool { return r == Handed || r == Confirmed }
-
 // A Handover gives promoted jobs to the queue engine and reports, for each
 // in order, what became of it.
 type Handover func(ctx context.Context, jobs []Promoted) []HandoverResult
