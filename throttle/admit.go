@@ -303,6 +303,7 @@ func (l *Limiter) runRaw(ctx context.Context, op *admitOp, clock int64) (any, er
 			now = time.UnixMicro(clock)
 		}
 		keys, aa := l.encode(op, clock, now)
+		sent := time.Now()
 		res, err := l.batch.runMerged(ctx, lua.Admit, keys, aa, admitMerge)
 		if err != nil {
 			if attempt == 0 && clock < 0 && isClockError(err) {
@@ -315,7 +316,7 @@ func (l *Limiter) runRaw(ctx context.Context, op *admitOp, clock int64) (any, er
 		}
 		if arr, ok := res.([]any); ok && len(arr) == 2 && l.clock == nil {
 			if now, ok := arr[1].(int64); ok {
-				l.setOffset(now)
+				l.rclock.observe(now, sent.UnixMicro(), time.Now().UnixMicro())
 			}
 		}
 		return res, nil

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
+	"sync/atomic"
 	"time"
 )
 
@@ -19,42 +20,113 @@ func (l *Limiter) clockArg() int64 {
 	return l.clock().UnixMicro()
 }
 
-// estimatedNow is the local guess of Redis time, used only to choose which
-// quota windows to send; the script tells when the guess was off.
+// estimatedNow is the earliest Redis time can be now, as the replies
+// tell (redisClock): never ahead of it, and behind it by about the
+// quickest reply's way back. Quota windows are chosen by it (the script
+// tells when the guess was off), and a job waits by it for its slot, so
+// that it never starts before it.
 func (l *Limiter) estimatedNow() time.Time {
 	if l.clock != nil {
 		return l.clock()
 	}
-	return time.Now().Add(time.Duration(l.offset.Load()) * time.Microsecond)
+	now := time.Now()
+	lo, _, _ := l.rclock.bounds(now.UnixMicro())
+	return now.Add(time.Duration(lo) * time.Microsecond)
+}
+
+// latestNow is the latest Redis time can be now: a job is late for its
+// slot when this is past it.
+func (l *Limiter) latestNow() time.Time {
+	if l.clock != nil {
+		return l.clock()
+	}
+	now := time.Now()
+	_, hi, _ := l.rclock.bounds(now.UnixMicro())
+	return now.Add(time.Duration(hi) * time.Microsecond)
 }
 
 func (l *Limiter) syncClock(ctx context.Context) error {
 	if l.clock != nil {
 		return errors.New("quota windows do not cover the test clock")
 	}
+	sent := time.Now()
 	t, err := l.client.Time(ctx).Result()
 	if err != nil {
 		return fmt.Errorf("read Redis time: %w", err)
 	}
-	l.setOffset(t.UnixMicro())
+	l.rclock.observe(t.UnixMicro(), sent.UnixMicro(), time.Now().UnixMicro())
 	return nil
 }
 
-// setOffset records Redis time (µs) as just read.
-func (l *Limiter) setOffset(redisNow int64) {
-	now := time.Now()
-	l.offset.Store(redisNow - now.UnixMicro())
-	l.offsetAt.Store(now.UnixNano())
+// redisClock is what the replies tell of Redis time against this
+// process's clock. A reply that carries Redis time (µs), to a call sent at
+// local time sent and answered at got, bounds the offset (Redis minus
+// local): Redis read its clock in between, so the offset is at least
+// redis-got and at most redis-sent. The bounds of every reply are
+// intersected, each widened by clockDrift since it was read (two clocks
+// drift apart slowly), so the quickest ways there and back set them, not
+// the last reply's, which a loaded process reads late: a job that waits by
+// the last reply's offset wakes late by as much, and by a different amount
+// each time. Bounds that no longer meet (a clock was set, or the replies
+// come from another server) start again from the new reply's.
+type redisClock struct {
+	b atomic.Pointer[clockBounds]
 }
 
-// offsetMaxAge is how old the estimate of Redis time may grow before a
-// ticket's redemption reads Redis time again (clocks drift apart slowly).
-const offsetMaxAge = 30 * time.Second
+// clockBounds are the offset's bounds (µs) as of local time at (unix µs).
+type clockBounds struct{ lo, hi, at int64 }
 
-// freshClock makes sure the estimate of Redis time was measured within
-// offsetMaxAge (one TIME call when it was not).
+// clockDrift is how fast the bounds widen with age: 100 µs per second,
+// above what clocks kept by NTP drift apart.
+const clockDrift = 100 // ppm
+
+// bounds are the offset's bounds at local time now (unix µs); ok is false
+// before any reply (both are 0 then).
+func (c *redisClock) bounds(now int64) (lo, hi int64, ok bool) {
+	b := c.b.Load()
+	if b == nil {
+		return 0, 0, false
+	}
+	w := max(0, now-b.at) * clockDrift / 1_000_000
+	return b.lo - w, b.hi + w, true
+}
+
+// observe records a reply: Redis time redis, for a call sent at local
+// time sent and answered at got (all unix µs).
+func (c *redisClock) observe(redis, sent, got int64) {
+	for {
+		old := c.b.Load()
+		n := &clockBounds{lo: redis - got, hi: redis - min(sent, got), at: got}
+		if old != nil {
+			lo, hi, _ := c.bounds(got)
+			if l, h := max(lo, n.lo), min(hi, n.hi); l <= h {
+				n = &clockBounds{lo: l, hi: h, at: max(got, old.at)}
+			}
+		}
+		if c.b.CompareAndSwap(old, n) {
+			return
+		}
+	}
+}
+
+// measuredAt is when the bounds were last narrowed or set (zero: never).
+func (c *redisClock) measuredAt() time.Time {
+	b := c.b.Load()
+	if b == nil {
+		return time.Time{}
+	}
+	return time.UnixMicro(b.at)
+}
+
+// offsetMaxAge is how old the bounds of Redis time may grow before a
+// ticket's redemption reads Redis time again (they widen by clockDrift:
+// 0.5 ms in 5 s).
+const offsetMaxAge = 5 * time.Second
+
+// freshClock makes sure the bounds of Redis time were measured within
+// offsetMaxAge (one TIME call when they were not).
 func (l *Limiter) freshClock(ctx context.Context) error {
-	if l.clock != nil || time.Since(time.Unix(0, l.offsetAt.Load())) < offsetMaxAge {
+	if l.clock != nil || time.Since(l.rclock.measuredAt()) < offsetMaxAge {
 		return nil
 	}
 	return l.syncClock(ctx)

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -121,9 +120,7 @@ type Limiter struct {
 	// compare it with the quick path).
 	general bool
 
-	offset atomic.Int64 // Redis time minus local time, µs; for quota windows and tickets
-	// offsetAt is when offset was last measured (unix ns; 0: never)
-	offsetAt atomic.Int64
+	rclock redisClock // Redis time against local time, as replies tell; for quota windows and tickets
 
 	// splitLocks serialise a process's two-step admissions of one tenant
 	// (split.go), so that they never take back each other's charges.

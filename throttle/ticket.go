@@ -163,8 +163,10 @@ func (l *Limiter) redeem(ctx context.Context, req Request, text string) (d Decis
 	if err := l.freshClock(ctx); err != nil {
 		return Decision{}, false, fmt.Errorf("redeem tenant %q: %w", req.Tenant, err)
 	}
+	// the job waits for its slot by the earliest Redis time can be now, and
+	// is late by the latest
 	now := l.estimatedNow().UnixMicro()
-	if t.fp != printWith(res.fingerprint(), scopes) || (t.late >= 0 && now > t.slot+t.late) {
+	if t.fp != printWith(res.fingerprint(), scopes) || (t.late >= 0 && l.latestNow().UnixMicro() > t.slot+t.late) {
 		// decided by other policies, or too late for its slot (the
 		// started meters were charged for a start up to late after it)
 		return Decision{}, false, nil
