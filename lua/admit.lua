@@ -306,6 +306,7 @@ local window_entries, add_entries, win_index, used, count_holders, full, conc_wa
 -- @include window
 -- @include quota
 -- @include concurrency
+-- @include rate
 
 -- A scope of the op for a job of cost c: its policy and, in its array part,
 -- per rate i: [3i-2] the increment of the job's cost, [3i-1] the planned

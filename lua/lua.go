@@ -48,6 +48,8 @@ var (
 	prioritizeSrc string
 	//go:embed phases.lua
 	phasesSrc string
+	//go:embed rate.lua
+	rateSrc string
 	//go:embed window.lua
 	windowSrc string
 	//go:embed quota.lua
@@ -81,7 +83,7 @@ func admitScript() string {
 	s := admitSrc
 	for _, p := range []struct{ name, src string }{
 		{"window", windowSrc}, {"quota", quotaSrc}, {"concurrency", concurrencySrc},
-		{"phases", phasesSrc}, {"twostep", twostepSrc}, {"roomops", roomopsSrc}, {"quick", quickSrc},
+		{"rate", rateSrc}, {"phases", phasesSrc}, {"twostep", twostepSrc}, {"roomops", roomopsSrc}, {"quick", quickSrc},
 		{"clock", clockSrc}, {"slot", slotSrc}, {"release_slot", releaseSrc},
 	} {
 		s = include(s, p.src, p.name)

@@ -121,26 +121,6 @@ local function read_state(sc, k, claims, v)
   sc.R = r or false
 end
 
--- how long after its slot t a job allowed at t (WAIT, or promoted near
--- its limits) may still start on the decision: a started meter charges a
--- start at its own time when that is after t (a meter kept at its rate
--- runs ahead of the starts it allows by its burst), and every start up to
--- then keeps the actual starts behind the meter, so they conform as the
--- meter's do. The least over the job's meters, at most SLACK_MAX; 0 with
--- a window or quota rule, which count the start at t.
-local function wait_late(scopes, t)
-  local late = SLACK_MAX
-  for s = 1, #scopes do
-    local sc = scopes[s]
-    local pol = sc.pol
-    if pol.wlim > 0 or pol.qlim > 0 then return 0 end
-    for i = 1, pol.nr do
-      late = min(late, max(sc[3 * i], t) - t)
-    end
-  end
-  return late
-end
-
 -- The decision over every scope of the op, without writing anything:
 -- allowed, retry-after, slot, what to write ('reserve', 'start' or false)
 -- and the rule.
@@ -311,6 +291,19 @@ local function decide(scopes)
     E.slack, E.late = 0, -2
     return true, 0, S, 'promote', 0
   end
+  if S > now and E.once and E.wait and S - now <= E.wait and rule == 1 and not beyond and not has[4]
+      and rates_only(scopes) then
+    -- a job decided once that came late for its slot (TICKET), decided
+    -- anew by a caller that waits (ONCE, WAIT): as a promotion decides it,
+    -- at the slot its planned and started meters give, the started ones
+    -- charged the tolerance after it. It starts there on the ticket, in
+    -- step with the jobs promoted ahead of their slots; a reservation would
+    -- charge its started meters only when it starts, after theirs, and be
+    -- passed by them.
+    local tol = started_tol(scopes)
+    E.slack, E.wlate = tol, max(tol, wait_late(scopes, S))
+    return true, 0, S, 'startat', 0
+  end
   if S > now then
     retry = S - now
     horizon = horizon or num(ARGV[3])
@@ -360,11 +353,7 @@ local function decide(scopes)
         -- waits: allowed at its time, charged the started meters'
         -- tolerance after it (its wake may be that late), and it may
         -- start up to then or as far as the meters counted it (WAIT)
-        local tol = tolerance
-        for s = 1, #scopes do
-          local pol = scopes[s].pol
-          for i = 1, pol.nr do tol = min(tol, floor(pol.unit[i] / 4)) end
-        end
+        local tol = started_tol(scopes)
         allowed, write, slot, E.slack = true, 'startat', now + w, tol
         E.wlate = max(tol, wait_late(scopes, slot))
         rule, ridx, rscope = 0, 0, 0

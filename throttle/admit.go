@@ -220,6 +220,11 @@ func (l *Limiter) do(ctx context.Context, req Request, flags int) (Decision, err
 	if req.Wait > 0 && flags&(flagDry|flagPlan) == 0 && !l.needsSplit(scopes) {
 		op.flags |= flagWait
 		op.wait = micros(req.Wait)
+		if op.flags&flagTicket != 0 {
+			// decided once and came late: decided anew as its line would
+			// decide it, at the next slot its meters give (admit.lua)
+			op.flags |= flagOnce
+		}
 	}
 	if holds {
 		op.claim = newClaim()

@@ -26,7 +26,8 @@ import (
 // that waits for it start late by part of that burst: its ticket carries
 // a window, so that a worker that wakes a little late still starts the
 // job on the decision (a job decided anew is charged twice, and its first
-// slot is lost).
+// slot is lost). Under rates only, a job refused late is decided anew on
+// a ticket for its next slot, and its starts there conform too.
 func TestWaitedStartsConform(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -88,7 +89,7 @@ func TestWaitedStartsConform(t *testing.T) {
 			}
 			var starts []int64
 			running, most := 0, 0
-			var windows, lateWindows, refused int
+			var windows, lateWindows, refused, again int
 			start := func(ev event, claim uint64) {
 				starts = append(starts, e.clock.Now().UnixMicro())
 				if clim > 0 {
@@ -129,9 +130,15 @@ func TestWaitedStartsConform(t *testing.T) {
 				case d.Allowed && d.Ticket != "":
 					tk, ok := parseTicket(d.Ticket)
 					require.True(t, ok, where)
-					windows++
-					if tk.late > 0 {
-						lateWindows++
+					if ev.ticket != "" {
+						// refused late, decided anew as its line would: at
+						// its next slot, on a ticket again
+						again++
+					} else {
+						windows++
+						if tk.late > 0 {
+							lateWindows++
+						}
 					}
 					s := tk.slot + rng.Int64N(tk.late+1)
 					if rng.IntN(4) == 0 {
@@ -163,7 +170,13 @@ func TestWaitedStartsConform(t *testing.T) {
 			if clim > 0 {
 				require.LessOrEqual(t, most, clim, "%s: more jobs ran at once than its concurrency", text)
 			}
-			t.Logf("%s: %d waited decisions, %d with a window past the slot, %d tickets refused late", text, windows, lateWindows, refused)
+			t.Logf("%s: %d waited decisions, %d with a window past the slot, %d tickets refused late, %d of them decided anew on a ticket", text, windows, lateWindows, refused, again)
+			if clim == 0 && refused > 0 {
+				// rates only: a job refused late is decided anew for a slot
+				// ahead on a ticket (when it is within its wait), not on a
+				// reservation the jobs decided after it would pass
+				require.Positive(t, again, "%s: no job refused late was decided anew on a ticket", text)
+			}
 			if burst <= 3 {
 				require.Positive(t, windows, "%s: no job waited for its slot", text)
 			}
