@@ -119,9 +119,11 @@ func (c *redisClock) measuredAt() time.Time {
 }
 
 // offsetMaxAge is how old the bounds of Redis time may grow before a
-// ticket's redemption reads Redis time again (they widen by clockDrift:
-// 0.5 ms in 5 s).
-const offsetMaxAge = 5 * time.Second
+// ticket's redemption reads Redis time again: they widen by clockDrift,
+// 0.1 ms in a second, and a ticket's window after its slot is 2 ms for a
+// tenant near its limits. A worker that redeems tickets reads TIME at most
+// once a second (its other calls' replies narrow the bounds too).
+const offsetMaxAge = time.Second
 
 // freshClock makes sure the bounds of Redis time were measured within
 // offsetMaxAge (one TIME call when they were not).

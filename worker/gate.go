@@ -481,7 +481,7 @@ func (g *Gate) redeem(ctx context.Context, j *job, ticket string, budget time.Du
 		return errAskAgain
 	}
 	if wait := d.Slot.Sub(d.Now); wait > 0 {
-		if wait > budget || !g.sleep(ctx, wait) {
+		if wait > budget || !g.sleepUntil(ctx, wait) {
 			// too early to hold, or shutting down: the slot stays taken;
 			// the job is deferred to it and decided anew when it comes
 			g.m.tickets.WithLabelValues(ticketAsked).Inc()
@@ -561,6 +561,26 @@ func (g *Gate) canWait(ctx context.Context, d time.Duration) bool {
 
 // sleep waits d; it returns false when the wait was cut short by the
 // job's context or by Stop.
+// timerLate is how late the runtime's timers may wake a goroutine in a
+// process with nothing else to do: about a millisecond (see wakeAt).
+const timerLate = 1500 * time.Microsecond
+
+// sleepUntil waits for a job's slot, d from now, on time: by a timer up to
+// timerLate before it, then to the slot on the thread (wakeAt). A ticket's
+// window after its slot is the tolerance, 2 ms, which a timer's
+// millisecond alone would use up half of. False when ctx ends or the
+// worker stops first.
+func (g *Gate) sleepUntil(ctx context.Context, d time.Duration) bool {
+	end := time.Now().Add(d)
+	if d > timerLate && !g.sleep(ctx, d-timerLate) {
+		return false
+	}
+	if left := time.Until(end); left > 0 {
+		wakeAt(left)
+	}
+	return true
+}
+
 func (g *Gate) sleep(ctx context.Context, d time.Duration) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()
