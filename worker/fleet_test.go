@@ -237,6 +237,7 @@ type event struct {
 	at       time.Time
 	admitted time.Time // Redis time of the admission; zero without one
 	decided  time.Time // the slot of the room's decision it started on (a ticket); zero when the gate decided
+	ticket   time.Time // the slot of the ticket it carried, started on or not; zero without one
 	retried  int
 	matched  bool
 	end      time.Time // for a start: when its handler ended (or was killed)
@@ -259,9 +260,12 @@ func (f *fleet) records(t *testing.T) []*event {
 			if us, _ := strconv.ParseInt(p[7], 10, 64); us > 0 {
 				e.admitted = time.UnixMicro(us)
 			}
-			if len(p) > 8 {
+			if len(p) > 9 {
 				if us, _ := strconv.ParseInt(p[8], 10, 64); us > 0 {
 					e.decided = time.UnixMicro(us)
+				}
+				if us, _ := strconv.ParseInt(p[9], 10, 64); us > 0 {
+					e.ticket = time.UnixMicro(us)
 				}
 			}
 		}
@@ -506,8 +510,31 @@ func testSmoothness(t *testing.T, bin string, rate float64, burst, n int) {
 		lost += max(0, late)
 		worst = max(worst, late)
 	}
-	t.Logf("smoothness rate=%v/s burst=%d, %d jobs, 3 workers: %d non-conforming handler starts against GCRA(%v/s, %d); achieved %.2f/s (%.2f%% of the limit) over %s; %s lost to late starts, the worst %s late; handlers started at most %s after admission",
-		rate, burst, n, bad, rate, burst+1, achieved, 100*achieved/rate, span.Round(time.Millisecond), lost.Round(time.Millisecond), worst.Round(time.Millisecond), lag.Round(time.Microsecond))
+	// The steady stream: the jobs the room promotes, past the first few,
+	// which arrive straight on reservations the gate decides.
+	const first = 10
+	steady := at[first:]
+	skipped := 0 // whole intervals no job started in
+	for i := 1; i < len(steady); i++ {
+		skipped += max(0, int((steady[i].Sub(steady[i-1])-interval/2)/interval))
+	}
+	// A worker that wakes later than its ticket's window (the tolerance,
+	// 2 ms) cannot start the job there: the next job's start would follow
+	// too closely. The gate decides it anew, on a ticket for the next free
+	// slot, and the slot of its first ticket stays empty: the machine's
+	// stall costs one slot (or two when the worker is late again for the
+	// second ticket), not a reservation that the jobs promoted after it
+	// pass, nor anything unexplained.
+	lateWakes := 0
+	for _, s := range starts[first:] {
+		if !s.ticket.IsZero() && s.decided.IsZero() {
+			lateWakes++
+		}
+	}
+	t.Logf("smoothness rate=%v/s burst=%d, %d jobs, 3 workers: %d non-conforming handler starts against GCRA(%v/s, %d); achieved %.2f/s (%.2f%% of the limit) over %s; %s lost to late starts, the worst %s late; past the first %d starts, %d intervals empty and %d jobs late for their tickets; handlers started at most %s after admission",
+		rate, burst, n, bad, rate, burst+1, achieved, 100*achieved/rate, span.Round(time.Millisecond), lost.Round(time.Millisecond), worst.Round(time.Millisecond), first, skipped, lateWakes, lag.Round(time.Microsecond))
+	require.LessOrEqual(t, skipped, lateWakes+lateWakes/2+2, "intervals left empty beyond those of jobs late for their tickets")
+	require.LessOrEqual(t, lateWakes, n/4, "jobs that came late for their tickets")
 	tau := time.Duration(float64(time.Second) / rate * float64(burst))
 	if bad > 0 && !*full && lag > tau {
 		// A worker process stalled between an admission and its handler
@@ -517,14 +544,16 @@ func testSmoothness(t *testing.T, bin string, rate float64, burst, n int) {
 	} else {
 		require.Zero(t, bad)
 	}
-	// The design asks for 2%; CI runs on shared machines whose stalls of a
-	// few hundred milliseconds cost a burst-1 stream for good, so the CI
-	// size allows 5% and the full run holds to 2%.
-	epsilon := 0.05
+	// The design asks for 2%. The full run (a quiet machine) holds the
+	// whole stream to it as it came. CI runs on shared machines whose
+	// stalls make workers wake late for their tickets; the steady stream
+	// less one slot for each such job holds to 2%.
 	if *full {
-		epsilon = 0.02
+		require.InEpsilon(t, rate, achieved, 0.02)
+	} else {
+		held := float64(len(steady)-1) / (steady[len(steady)-1].Sub(steady[0]) - time.Duration(lateWakes)*interval).Seconds()
+		require.InEpsilon(t, rate, held, 0.02, "the steady stream less the %d slots of jobs that came late for their tickets", lateWakes)
 	}
-	require.InEpsilon(t, rate, achieved, epsilon)
 }
 
 // testNoisyNeighbour returns the p50 and p99 of B's start latency, with

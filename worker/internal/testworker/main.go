@@ -6,13 +6,16 @@
 //
 // Each event is one list element, fields separated by "|":
 //
-//	S|identity|task id|tenant|pid|unix µs|retried|admitted (Redis time, µs; 0 without a decision)|decided
+//	S|identity|task id|tenant|pid|unix µs|retried|admitted (Redis time, µs; 0 without a decision)|decided|ticket
 //	E|identity|task id|tenant|pid|unix µs
 //
 // decided is the slot (Redis time, µs) of the waiting room's decision the
 // job started on, carried in its headers (a ticket), and 0 when the gate
 // decided it: a ticket is made by a script run, before the job's task
-// reached a worker.
+// reached a worker. ticket is the slot of the ticket the job carried,
+// whether or not it started on it (0: none, or one that only holds a
+// reservation): a job with a ticket and no decided came late for it and
+// was decided anew by the gate.
 //
 // The "rec" payload is {"ms": N}: the job sleeps N ms between its events.
 // The program prints "ready" once it takes jobs, and on SIGTERM or SIGINT
@@ -124,18 +127,21 @@ func run() error {
 			f := append([]string{kind, id, taskID, tenant, fmt.Sprint(pid), fmt.Sprint(time.Now().UnixMicro())}, extra...)
 			return eventsRedis.RPush(context.WithoutCancel(ctx), *events, strings.Join(f, "|")).Err()
 		}
-		admitted, decided := int64(0), int64(0)
+		admitted, decided, ticket := int64(0), int64(0), int64(0)
 		if a, ok := worker.AdmissionFrom(ctx); ok && !a.FailOpen {
 			admitted = a.Decision.Now.UnixMicro()
 			// a ticket's text is "1:SLOT:…"; the job started on it when its
 			// admission is at that slot
 			if f := strings.Split(t.Headers()[taskspec.DecidedHeader], ":"); len(f) > 2 && f[0] == "1" && f[2] != "-2" {
-				if slot, err := strconv.ParseInt(f[1], 10, 64); err == nil && !a.Decision.Slot.IsZero() && a.Decision.Slot.UnixMicro() == slot {
-					decided = slot
+				if slot, err := strconv.ParseInt(f[1], 10, 64); err == nil {
+					ticket = slot
+					if !a.Decision.Slot.IsZero() && a.Decision.Slot.UnixMicro() == slot {
+						decided = slot
+					}
 				}
 			}
 		}
-		if err := ev("S", fmt.Sprint(retried), fmt.Sprint(admitted), fmt.Sprint(decided)); err != nil {
+		if err := ev("S", fmt.Sprint(retried), fmt.Sprint(admitted), fmt.Sprint(decided), fmt.Sprint(ticket)); err != nil {
 			return err
 		}
 		timer := time.NewTimer(time.Duration(p.MS) * time.Millisecond)
