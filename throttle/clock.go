@@ -25,24 +25,23 @@ func (l *Limiter) clockArg() int64 {
 // quickest reply's way back. Quota windows are chosen by it (the script
 // tells when the guess was off), and a job waits by it for its slot, so
 // that it never starts before it.
-func (l *Limiter) estimatedNow() time.Time {
-	if l.clock != nil {
-		return l.clock()
-	}
-	now := time.Now()
-	lo, _, _ := l.rclock.bounds(now.UnixMicro())
-	return now.Add(time.Duration(lo) * time.Microsecond)
-}
+func (l *Limiter) estimatedNow() time.Time { return l.redisNow(false) }
 
 // latestNow is the latest Redis time can be now: a job is late for its
 // slot when this is past it.
-func (l *Limiter) latestNow() time.Time {
+func (l *Limiter) latestNow() time.Time { return l.redisNow(true) }
+
+// redisNow is Redis time now by the earliest or the latest bound.
+func (l *Limiter) redisNow(latest bool) time.Time {
 	if l.clock != nil {
 		return l.clock()
 	}
 	now := time.Now()
-	_, hi, _ := l.rclock.bounds(now.UnixMicro())
-	return now.Add(time.Duration(hi) * time.Microsecond)
+	lo, hi, _ := l.rclock.bounds(now.UnixMicro())
+	if latest {
+		lo = hi
+	}
+	return now.Add(time.Duration(lo) * time.Microsecond)
 }
 
 func (l *Limiter) syncClock(ctx context.Context) error {
