@@ -302,8 +302,11 @@ func (l *Limiter) runRaw(ctx context.Context, op *admitOp, clock int64) (any, er
 	if clock < 0 {
 		clock = l.clockArg()
 	}
+	// the server the op runs on: its first local scope's (on a Cluster
+	// the op's local scopes share a slot)
+	key := op.localKey()
 	for attempt := 0; ; attempt++ {
-		now := l.estimatedNow()
+		now := l.nowFor(ctx, key, false)
 		if clock >= 0 {
 			now = time.UnixMicro(clock)
 		}
@@ -312,7 +315,7 @@ func (l *Limiter) runRaw(ctx context.Context, op *admitOp, clock int64) (any, er
 		res, err := l.batch.runMerged(ctx, lua.Admit, keys, aa, admitMerge)
 		if err != nil {
 			if attempt == 0 && clock < 0 && isClockError(err) {
-				if err := l.syncClock(ctx); err != nil {
+				if err := l.syncClock(ctx, key); err != nil {
 					return nil, err
 				}
 				continue
@@ -321,11 +324,21 @@ func (l *Limiter) runRaw(ctx context.Context, op *admitOp, clock int64) (any, er
 		}
 		if arr, ok := res.([]any); ok && len(arr) == 2 && l.clock == nil {
 			if now, ok := arr[1].(int64); ok {
-				l.rclock.observe(now, sent.UnixMicro(), time.Now().UnixMicro())
+				l.observed(ctx, key, now, sent)
 			}
 		}
 		return res, nil
 	}
+}
+
+// localKey is the state hash of op's first local scope ("": none).
+func (op *admitOp) localKey() string {
+	for _, s := range op.scopes {
+		if s.snapshot == nil {
+			return s.keys.state
+		}
+	}
+	return ""
 }
 
 // noTTLFlag is flagNoTTL for tests that keep keys from expiring.

@@ -6,8 +6,11 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
+	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // Redis time, as the scripts see it, and the integer arithmetic of
@@ -27,34 +30,99 @@ func (l *Limiter) clockArg() int64 {
 // that it never starts before it.
 func (l *Limiter) estimatedNow() time.Time { return l.redisNow(false) }
 
-// latestNow is the latest Redis time can be now: a job is late for its
-// slot when this is past it.
-func (l *Limiter) latestNow() time.Time { return l.redisNow(true) }
+// redisNow is Redis time now by the earliest or the latest bound (the
+// latest: a job is late for its slot when this is past it).
+func (l *Limiter) redisNow(latest bool) time.Time { return l.nowBy(&l.rclock, latest) }
 
-// redisNow is Redis time now by the earliest or the latest bound.
-func (l *Limiter) redisNow(latest bool) time.Time {
+// nowBy is the time now of the server whose bounds c are, by the earliest
+// or the latest bound.
+func (l *Limiter) nowBy(c *redisClock, latest bool) time.Time {
 	if l.clock != nil {
 		return l.clock()
 	}
 	now := time.Now()
-	lo, hi, _ := l.rclock.bounds(now.UnixMicro())
+	lo, hi, _ := c.bounds(now.UnixMicro())
 	if latest {
 		lo = hi
 	}
 	return now.Add(time.Duration(lo) * time.Microsecond)
 }
 
-func (l *Limiter) syncClock(ctx context.Context) error {
+// syncClock reads Redis time with TIME: on a Cluster, that of the master
+// that holds key ("": any server's, into the limiter's own bounds).
+func (l *Limiter) syncClock(ctx context.Context, key string) error {
 	if l.clock != nil {
 		return errors.New("quota windows do not cover the test clock")
 	}
+	c, node := l.clockFor(ctx, key)
+	var cmd redis.Cmdable = l.client
+	if node != nil {
+		cmd = node
+	}
 	sent := time.Now()
-	t, err := l.client.Time(ctx).Result()
+	t, err := cmd.Time(ctx).Result()
 	if err != nil {
 		return fmt.Errorf("read Redis time: %w", err)
 	}
-	l.rclock.observe(t.UnixMicro(), sent.UnixMicro(), time.Now().UnixMicro())
+	r, got := t.UnixMicro(), time.Now().UnixMicro()
+	c.observe(r, sent.UnixMicro(), got)
+	if c != &l.rclock {
+		l.rclock.observe(r, sent.UnixMicro(), got)
+	}
 	return nil
+}
+
+// observed records the Redis time now (µs) of a reply to a call sent at
+// local time sent, from the server that holds key: into the limiter's
+// bounds and, on a Cluster, into that master's own.
+func (l *Limiter) observed(ctx context.Context, key string, now int64, sent time.Time) {
+	got := time.Now().UnixMicro()
+	l.rclock.observe(now, sent.UnixMicro(), got)
+	if l.cluster && key != "" {
+		if c, _ := l.clockFor(ctx, key); c != &l.rclock {
+			c.observe(now, sent.UnixMicro(), got)
+		}
+	}
+}
+
+// masterClocks are a Cluster's masters' bounds of Redis time, one per
+// master's address. Each master reads its own clock, and clocks of
+// different servers may disagree by more than the bounds are wide: in
+// one set of bounds, the replies of one master would start the others'
+// again, and a job would wait for its slot (a time of its tenant's
+// master) by another master's clock, early or late by their difference.
+type masterClocks struct {
+	m sync.Map // address -> *redisClock
+}
+
+func (mc *masterClocks) of(addr string) *redisClock {
+	if c, ok := mc.m.Load(addr); ok {
+		return c.(*redisClock)
+	}
+	c, _ := mc.m.LoadOrStore(addr, &redisClock{})
+	return c.(*redisClock)
+}
+
+// clockFor is the bounds of Redis time that a decision on key is made
+// by: on one server the limiter's own; on a Cluster those of the master
+// that holds key, with a client of that master (nil: the limiter's own
+// bounds, when key is "" or its master is not known).
+func (l *Limiter) clockFor(ctx context.Context, key string) (*redisClock, *redis.Client) {
+	if !l.cluster || key == "" {
+		return &l.rclock, nil
+	}
+	node, addr := l.masterOf(ctx, key)
+	if addr == "" {
+		return &l.rclock, nil
+	}
+	return l.masters.of(addr), node
+}
+
+// nowFor is Redis time now, by the earliest or the latest bound, of the
+// server that holds key (clockFor).
+func (l *Limiter) nowFor(ctx context.Context, key string, latest bool) time.Time {
+	c, _ := l.clockFor(ctx, key)
+	return l.nowBy(c, latest)
 }
 
 // redisClock is what the replies tell of Redis time against this
@@ -124,13 +192,17 @@ func (c *redisClock) measuredAt() time.Time {
 // once a second (its other calls' replies narrow the bounds too).
 const offsetMaxAge = time.Second
 
-// freshClock makes sure the bounds of Redis time were measured within
-// offsetMaxAge (one TIME call when they were not).
-func (l *Limiter) freshClock(ctx context.Context) error {
-	if l.clock != nil || time.Since(l.rclock.measuredAt()) < offsetMaxAge {
+// freshClock makes sure the bounds of Redis time of the server that
+// holds key (clockFor) were measured within offsetMaxAge (one TIME call
+// when they were not).
+func (l *Limiter) freshClock(ctx context.Context, key string) error {
+	if l.clock != nil {
 		return nil
 	}
-	return l.syncClock(ctx)
+	if c, _ := l.clockFor(ctx, key); time.Since(c.measuredAt()) < offsetMaxAge {
+		return nil
+	}
+	return l.syncClock(ctx, key)
 }
 
 func micros(d time.Duration) int64 { return d.Microseconds() }
@@ -170,4 +242,17 @@ func mulDivCeilExact(a, b, c int64) (int64, bool) {
 		return 0, false
 	}
 	return int64(q), true
+}
+
+// clusterMasterOf names the master of cc that holds a key, from the
+// client's map of the Cluster's slots (read once; a reply that says a slot
+// moved updates it).
+func clusterMasterOf(cc *redis.ClusterClient) func(ctx context.Context, key string) (*redis.Client, string) {
+	return func(ctx context.Context, key string) (*redis.Client, string) {
+		node, err := cc.MasterForKey(ctx, key)
+		if err != nil {
+			return nil, ""
+		}
+		return node, node.Options().Addr
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 )
 
@@ -67,26 +68,83 @@ func TestRedisClockBounds(t *testing.T) {
 
 // TestRedisClockAgainstRedis: after a few calls to a real server, the
 // bounds hold Redis time as TIME reads it, and the earliest (by which a
-// job waits for its slot) is never ahead of it.
+// job waits for its slot) is never ahead of it. On a Cluster each tenant's
+// master's own bounds (clockFor) hold that master's TIME.
 func TestRedisClockAgainstRedis(t *testing.T) {
 	t.Parallel()
 	e := setup(t, true, nil)
 	ctx := context.Background()
-	e.policy(t, "acme", "rate=1000/s")
-	for range 20 {
-		_, err := e.lim.Admit(ctx, "acme", "")
-		require.NoError(t, err)
+	tenants := []string{"acme", "globex", "initech", "umbrella", "hooli", "stark"}
+	for _, tenant := range tenants {
+		e.policy(t, tenant, "rate=1000/s")
+		for range 20 {
+			_, err := e.lim.Admit(ctx, tenant, "")
+			require.NoError(t, err)
+		}
 	}
-	for range 50 {
+	for i := range 60 {
+		key := keysFor(e.lim.cfg.Prefix, tenants[i%len(tenants)]).state
+		c, node := e.lim.clockFor(ctx, key)
+		if e.lim.cluster {
+			require.NotNil(t, node, "a Cluster's tenant's master is known")
+			require.NotSame(t, &e.lim.rclock, c, "a master's own bounds")
+		}
+		var timer redis.Cmdable = e.client
+		if node != nil {
+			timer = node
+		}
 		before := time.Now()
-		lo := e.lim.estimatedNow()
-		rt, err := e.client.Time(ctx).Result()
+		lo := e.lim.nowFor(ctx, key, false)
+		rt, err := timer.Time(ctx).Result()
 		require.NoError(t, err)
-		hi := e.lim.latestNow()
+		hi := e.lim.nowFor(ctx, key, true)
 		// Redis read its clock between before and now: the earliest bound,
 		// read before the call, is not past it (TIME has µs precision)
 		require.False(t, lo.After(rt.Add(time.Microsecond)), "estimated %s, Redis %s", lo, rt)
 		require.False(t, hi.Before(rt.Add(-time.Microsecond)), "latest %s, Redis %s", hi, rt)
 		require.Less(t, time.Since(before), time.Second)
 	}
+}
+
+// TestMasterClocksKeepApart: on a Cluster whose masters' clocks disagree
+// (here by 5 ms), every master keeps bounds of its own, so a job waits for
+// its slot by its tenant's master's clock however the replies of the
+// other masters come in between; one set of bounds for all would start
+// again with every reply from another master, and be as far off as the
+// clocks are apart for half the tenants.
+func TestMasterClocksKeepApart(t *testing.T) {
+	t.Parallel()
+	offsets := map[string]time.Duration{"a": 0, "b": 5 * time.Millisecond, "c": -3 * time.Millisecond}
+	l := &Limiter{cluster: true}
+	l.masterOf = func(_ context.Context, key string) (*redis.Client, string) {
+		return nil, key[:1]
+	}
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(3, 5))
+	for range 300 {
+		key := []string{"a:1", "b:1", "c:1"}[rng.IntN(3)]
+		sent := time.Now()
+		// Redis read its clock between the call's sending and its reply
+		way := time.Since(sent)
+		redis := sent.Add(time.Duration(rng.Int64N(int64(way)+1)) + offsets[key[:1]])
+		l.observed(ctx, key, redis.UnixMicro(), sent)
+	}
+	for m, off := range offsets {
+		key := m + ":2"
+		before := time.Now()
+		lo, hi := l.nowFor(ctx, key, false), l.nowFor(ctx, key, true)
+		after := time.Now()
+		// the master's time now is between before+off and after+off
+		require.False(t, lo.After(after.Add(off)), "master %s: earliest %s past its time", m, lo.Sub(after))
+		require.False(t, hi.Before(before.Add(off)), "master %s: latest %s before its time", m, hi.Sub(before))
+		require.Less(t, hi.Sub(lo), time.Millisecond, "master %s: bounds %s wide", m, hi.Sub(lo))
+	}
+	// the limiter's own bounds follow the last reply's master: off by the
+	// clocks' difference for another master's tenants
+	lo := l.redisNow(false)
+	var far time.Duration
+	for _, off := range offsets {
+		far = max(far, (lo.Sub(time.Now().Add(off))).Abs())
+	}
+	require.Greater(t, far, 2*time.Millisecond)
 }

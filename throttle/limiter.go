@@ -121,6 +121,11 @@ type Limiter struct {
 	general bool
 
 	rclock redisClock // Redis time against local time, as replies tell; for quota windows and tickets
+	// masters are a Cluster's masters' own bounds (clockFor); masterOf
+	// names the master that holds a key, with a client of it ("": not
+	// known). Tests set masterOf to stand for masters whose clocks differ.
+	masters  masterClocks
+	masterOf func(ctx context.Context, key string) (*redis.Client, string)
 
 	// splitLocks serialise a process's two-step admissions of one tenant
 	// (split.go), so that they never take back each other's charges.
@@ -161,7 +166,9 @@ func NewLimiter(client redis.UniversalClient, cfg *Config) (*Limiter, error) {
 	} else if l.policies.prefix != c.Prefix {
 		return nil, fmt.Errorf("throttle config: the policy store's prefix %q differs from the limiter's %q", l.policies.prefix, c.Prefix)
 	}
-	_, l.cluster = client.(*redis.ClusterClient)
+	if cc, ok := client.(*redis.ClusterClient); ok {
+		l.cluster, l.masterOf = true, clusterMasterOf(cc)
+	}
 	l.batch = newBatcher(client, c.MaxBatch, c.Pipelines)
 	l.closing = make(chan struct{})
 	for i := range l.splitLocks {

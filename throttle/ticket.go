@@ -1,6 +1,7 @@
 package throttle
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -151,7 +152,7 @@ func (l *Limiter) redeem(ctx context.Context, req Request, text string) (d Decis
 	}
 	if t.late == lateReserved {
 		// decided at its slot: the caller waits for it, then asks
-		now := l.estimatedNow()
+		now := l.nowFor(ctx, keysFor(l.cfg.Prefix, cmp.Or(req.Tenant, GlobalPolicy)).state, false)
 		return Decision{Reserved: true, Slot: time.UnixMicro(t.slot), Now: now,
 			RetryAfter: max(time.UnixMicro(t.slot).Sub(now), 0), Remaining: -1, ResetAfter: -1, InFlight: -1}, false, nil
 	}
@@ -160,13 +161,19 @@ func (l *Limiter) redeem(ctx context.Context, req Request, text string) (d Decis
 		return Decision{}, false, fmt.Errorf("redeem tenant %q: %w", req.Tenant, err)
 	}
 	res := &r
-	if err := l.freshClock(ctx); err != nil {
+	// the slot is a time of the server of the job's first scope (its
+	// tenant's; on a Cluster that master's clock decided it)
+	var key string
+	if len(scopes) > 0 {
+		key = scopes[0].keys.state
+	}
+	if err := l.freshClock(ctx, key); err != nil {
 		return Decision{}, false, fmt.Errorf("redeem tenant %q: %w", req.Tenant, err)
 	}
 	// the job waits for its slot by the earliest Redis time can be now, and
 	// is late by the latest
-	now := l.estimatedNow().UnixMicro()
-	if t.fp != printWith(res.fingerprint(), scopes) || (t.late >= 0 && l.latestNow().UnixMicro() > t.slot+t.late) {
+	now := l.nowFor(ctx, key, false).UnixMicro()
+	if t.fp != printWith(res.fingerprint(), scopes) || (t.late >= 0 && l.nowFor(ctx, key, true).UnixMicro() > t.slot+t.late) {
 		// decided by other policies, or too late for its slot (the
 		// started meters were charged for a start up to late after it)
 		return Decision{}, false, nil
