@@ -209,7 +209,7 @@ func runE2ERound(ctx context.Context, o options, ec e2eConfig, setup, handler st
 		procs = nil
 	}
 	defer stopAll()
-	if procs, err = startWorkers(ctx, args, o.cfg.workers); err != nil {
+	if procs, err = startWorkers(ctx, o.workerArgs(args), o.cfg.workers); err != nil {
 		return r, err
 	}
 	// asynq's servers register themselves (and their concurrency, which

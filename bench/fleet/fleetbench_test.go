@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -106,6 +107,7 @@ func TestBadFlags(t *testing.T) {
 		{"-workers", "-1"},
 		{"-allowance", "5s"},
 		{"-flood-concurrency", "10"}, // the small saturation fleet's own 10 slots: it would bind
+		{"-cpuprofile", "/dev/null/profiles"},
 		{"-nope"},
 	} {
 		var stdout, stderr bytes.Buffer
@@ -126,9 +128,12 @@ func TestTinyRun(t *testing.T) {
 	if testing.Verbose() {
 		base.log = os.Stderr
 	}
-	run := func(t *testing.T, kind string) *benchmark {
+	run := func(t *testing.T, kind string, opts ...func(*options)) *benchmark {
 		o := base
 		o.scenarios = []string{kind}
+		for _, f := range opts {
+			f(&o)
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer cancel()
 		b, err := bench(ctx, o)
@@ -161,7 +166,22 @@ func TestTinyRun(t *testing.T) {
 		})
 		t.Run(kindEndToEnd, func(t *testing.T) {
 			t.Parallel()
-			e := run(t, kindEndToEnd)
+			prof := t.TempDir()
+			e := run(t, kindEndToEnd, func(o *options) { o.cpuprofile = prof })
+			// every worker process wrote its CPU profile (-cpuprofile):
+			// gzipped protobuf, as runtime/pprof writes it
+			for _, s := range []string{setupPlain, setupSluice} {
+				for _, h := range e2eHandlers {
+					files, err := filepath.Glob(filepath.Join(prof, fmt.Sprintf("worker-%s-%s-*.pprof", s, h)))
+					require.NoError(t, err)
+					require.GreaterOrEqual(t, len(files), base.cfg.workers, "%s %s: a profile per worker process", s, h)
+					for _, f := range files {
+						data, err := os.ReadFile(f)
+						require.NoError(t, err)
+						require.True(t, bytes.HasPrefix(data, []byte{0x1f, 0x8b}), "%s: a gzipped profile", f)
+					}
+				}
+			}
 			sums := summarizeE2E(e.e2e)
 			require.Len(t, sums, len(e2eHandlers))
 			for _, s := range sums {

@@ -65,6 +65,7 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 	render := fs.String("render", "", "run nothing: write the report of the run saved in this file (with -out)")
 	cluster := fs.Bool("cluster", false, "run the end-to-end rounds on a private Redis Cluster of 3 masters (redis-server with cluster support)")
 	floodConc := fs.Int("flood-concurrency", 0, "give the saturation scenario's flooding tenant a concurrency rule of this many (more than the fleet's slots; 0: no limits)")
+	cpuprofile := fs.String("cpuprofile", "", "write CPU profiles into this directory: this program's (bench.pprof: the producers and the downstream) and each worker process's (worker-SETUP-HANDLER-PID.pprof), for go tool pprof")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -127,6 +128,15 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	o := options{cfg: cfg, setups: chosen, scenarios: kinds, allowance: *allowance, log: stderr, cluster: *cluster, floodConc: *floodConc}
+	if *cpuprofile != "" {
+		stopProfile, err := profileCPU(*cpuprofile, "bench.pprof")
+		if err != nil {
+			fmt.Fprintf(stderr, "fleetbench: -cpuprofile %q: %v (want a directory this program can write into)\n", *cpuprofile, err)
+			return 2
+		}
+		defer stopProfile()
+		o.cpuprofile = *cpuprofile
+	}
 	var prev previous
 	if *out != "" {
 		prev = readPrevious(filepath.Join(*out, "benchmarks.md"))

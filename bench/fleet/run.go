@@ -42,6 +42,18 @@ type options struct {
 	// tenant a concurrency rule of that many (above the fleet's slots, so
 	// that it never binds, but its jobs hold and release slots)
 	floodConc int
+	// cpuprofile, when set, is the directory the worker processes write
+	// their CPU profiles into (-cpuprofile)
+	cpuprofile string
+}
+
+// workerArgs are the worker processes' arguments args with the options
+// every worker takes.
+func (o options) workerArgs(args []string) []string {
+	if o.cpuprofile != "" {
+		args = append(args, "-cpuprofile", o.cpuprofile)
+	}
+	return args
 }
 
 // runData is what one set-up's run recorded.
@@ -189,7 +201,7 @@ func runSetup(ctx context.Context, o options, w *workload, setup string) (*runDa
 		procs = nil
 	}
 	defer stopAll()
-	if procs, err = startWorkers(ctx, args, cfg.workers); err != nil {
+	if procs, err = startWorkers(ctx, o.workerArgs(args), cfg.workers); err != nil {
 		return nil, err
 	}
 	stats0, err := commandStats(ctx, rdb)

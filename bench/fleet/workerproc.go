@@ -183,17 +183,18 @@ func runWorker(args []string) int {
 	procs := fs.Int("procs", 1, "worker processes in the fleet (set-up 1 divides each limit by it)")
 	limitsFile := fs.String("limits", "", "JSON file of tenant → limits (set-ups 1 and 2)")
 	kind := fs.String("handler", handlerHTTP, "the jobs' handler: http (calls the downstream) or noop")
+	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the worker, from ready to its stop, into this directory")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	if err := workerMain(*setup, *addr, *cluster, *conc, *procs, *limitsFile, *kind); err != nil {
+	if err := workerMain(*setup, *addr, *cluster, *conc, *procs, *limitsFile, *kind, *cpuprofile); err != nil {
 		fmt.Fprintln(os.Stderr, "fleetbench worker:", err)
 		return 1
 	}
 	return 0
 }
 
-func workerMain(setup, addr string, cluster bool, conc, procs int, limitsFile, kind string) error {
+func workerMain(setup, addr string, cluster bool, conc, procs int, limitsFile, kind, cpuprofile string) error {
 	if addr == "" || conc < 1 || procs < 1 {
 		return errors.New("-redis, -concurrency ≥ 1 and -procs ≥ 1 are required")
 	}
@@ -286,6 +287,14 @@ func workerMain(setup, addr string, cluster bool, conc, procs int, limitsFile, k
 	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
 	if err := start(); err != nil {
 		return err
+	}
+	if cpuprofile != "" {
+		stopProfile, err := profileCPU(cpuprofile, fmt.Sprintf("worker-%s-%s-%d.pprof", setup, kind, os.Getpid()))
+		if err != nil {
+			stop()
+			return err
+		}
+		defer stopProfile()
 	}
 	fmt.Println("ready")
 	<-sig
