@@ -3,7 +3,7 @@ GO ?= go
 REDIS_SERVER ?= redis-server
 CHROMIUM ?= chromium
 
-.PHONY: test deps vet unit bench-unit e2e cluster test-cluster bench bench-engine bench-worker bench-fleet adapt-plot
+.PHONY: test deps vet unit bench-unit e2e cluster test-cluster bench bench-engine bench-queue bench-worker bench-fleet adapt-plot
 
 # CLUSTER_PKGS run their suites a second time on a local three-master Redis
 # Cluster. A package opts in by taking redistest.UniversalClient in its
@@ -81,14 +81,17 @@ cluster: deps
 test-cluster: deps
 	SLUICE_TEST_CLUSTER=1 $(GO) test -race -p 1 -count=1 -timeout 15m $(CLUSTER_PKGS)
 
-# bench runs the engine's and the worker gate's benchmarks (BENCHMARKS.md);
-# the fleet benchmark has its own target.
-bench: bench-engine bench-worker
+# bench runs the engine's, the producer's and the worker gate's benchmarks
+# (BENCHMARKS.md); the fleet benchmark has its own target.
+bench: bench-engine bench-queue bench-worker
 
 bench-engine: deps
 	cd bench && $(GO) test -run '^$$' -bench Decisions -benchtime 7x ./engine/
 	$(GO) test -run '^$$' -bench TenantMemory ./throttle/
 	$(GO) test -run '^$$' -bench KeyMemory -benchtime 1x ./throttle/
+
+bench-queue: deps
+	$(GO) test -run '^$$' -bench Enqueue -benchtime 5x ./queue/
 
 bench-worker: deps
 	$(GO) test -run '^$$' -bench Gate -benchtime 5x ./worker/

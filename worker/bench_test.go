@@ -3,12 +3,8 @@ package worker_test
 import (
 	"context"
 	"fmt"
-	"sort"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -55,39 +51,19 @@ func BenchmarkGate(b *testing.B) {
 			gated[k] = append(gated[k], v)
 		}
 	}
-	p, g := median(plain[0]), median(gated[0])
+	p, g := redistest.Median(plain[0]), redistest.Median(gated[0])
 	b.ReportMetric(p, "asynq-jobs/s")
 	b.ReportMetric(g, "sluice-jobs/s")
 	b.ReportMetric(g/p, "ratio")
-	b.ReportMetric(median(plain[1]), "asynq-redis-µs/job")
-	b.ReportMetric(median(gated[1]), "sluice-redis-µs/job")
-	b.ReportMetric(median(plain[2]), "asynq-worker-µs/job")
-	b.ReportMetric(median(gated[2]), "sluice-worker-µs/job")
+	b.ReportMetric(redistest.Median(plain[1]), "asynq-redis-µs/job")
+	b.ReportMetric(redistest.Median(gated[1]), "sluice-redis-µs/job")
+	b.ReportMetric(redistest.Median(plain[2]), "asynq-worker-µs/job")
+	b.ReportMetric(redistest.Median(gated[2]), "sluice-worker-µs/job")
 	b.ReportMetric(0, "ns/op")
 }
 
 // redisCPU is the CPU time the Redis server has used, in seconds.
-func redisCPU(b *testing.B, client *redis.Client) float64 {
-	info, err := client.Info(context.Background(), "cpu").Result()
-	require.NoError(b, err)
-	total := 0.0
-	for _, line := range strings.Split(info, "\n") {
-		k, v, _ := strings.Cut(strings.TrimSpace(line), ":")
-		if k == "used_cpu_user" || k == "used_cpu_sys" {
-			f, err := strconv.ParseFloat(v, 64)
-			require.NoError(b, err)
-			total += f
-		}
-	}
-	return total
-}
-
-// processCPU is the CPU time this process has used, in seconds.
-func processCPU() float64 {
-	var ru syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
-}
+func redisCPU(b *testing.B, client *redis.Client) float64 { return redistest.CPU(b, client) }
 
 // benchRound queues benchJobs jobs (untimed), then times one worker
 // draining them: plain asynq when lim is nil, sluice's Server otherwise. It
@@ -95,12 +71,12 @@ func processCPU() float64 {
 func benchRound(b *testing.B, client *redis.Client, lim *throttle.Limiter, qname string) [3]float64 {
 	b.StopTimer()
 	fill(b, client, qname)
-	redis0, proc0 := redisCPU(b, client), processCPU()
+	redis0, proc0 := redisCPU(b, client), redistest.ProcessCPU()
 	result := func(elapsed time.Duration) [3]float64 {
 		return [3]float64{
 			benchJobs / elapsed.Seconds(),
 			(redisCPU(b, client) - redis0) / benchJobs * 1e6,
-			(processCPU() - proc0) / benchJobs * 1e6,
+			(redistest.ProcessCPU() - proc0) / benchJobs * 1e6,
 		}
 	}
 	var done atomic.Int64
@@ -163,10 +139,4 @@ func fill(b *testing.B, client *redis.Client, qname string) {
 		}()
 	}
 	wg.Wait()
-}
-
-func median(xs []float64) float64 {
-	s := append([]float64(nil), xs...)
-	sort.Float64s(s)
-	return s[len(s)/2]
 }

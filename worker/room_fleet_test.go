@@ -10,7 +10,6 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/stretchr/testify/require"
-
 )
 
 // TestRoomSaturation: one tenant without limits enqueues a huge burst at

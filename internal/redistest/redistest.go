@@ -65,6 +65,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -448,4 +449,42 @@ func (s *Server) Output() string {
 func (s *Server) stop() {
 	s.Kill()
 	_ = os.RemoveAll(s.dir)
+}
+
+// CPU is the CPU time (user and system, in seconds) the server c talks to
+// has used since it started, from INFO: what benchmarks charge per job.
+func CPU(tb testing.TB, c redis.Cmdable) float64 {
+	tb.Helper()
+	info, err := c.Info(context.Background(), "cpu").Result()
+	if err != nil {
+		tb.Fatalf("redistest: read Redis's CPU time: %v", err)
+	}
+	total := 0.0
+	for _, line := range strings.Split(info, "\n") {
+		k, v, _ := strings.Cut(strings.TrimSpace(line), ":")
+		if k == "used_cpu_user" || k == "used_cpu_sys" {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				tb.Fatalf("redistest: INFO cpu: %s: %v", line, err)
+			}
+			total += f
+		}
+	}
+	return total
+}
+
+// ProcessCPU is the CPU time (user and system, in seconds) this process
+// has used: a benchmark's own share beside Redis's (CPU).
+func ProcessCPU() float64 {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
+}
+
+// Median is the median of a benchmark's rounds' figures (the upper one of
+// an even count).
+func Median(xs []float64) float64 {
+	s := append([]float64(nil), xs...)
+	sort.Float64s(s)
+	return s[len(s)/2]
 }
