@@ -108,7 +108,7 @@ func (mc *masterClocks) of(addr string) *redisClock {
 // that holds key, with a client of that master (nil: the limiter's own
 // bounds, when key is "" or its master is not known).
 func (l *Limiter) clockFor(ctx context.Context, key string) (*redisClock, *redis.Client) {
-	if !l.cluster || key == "" {
+	if !l.cluster || key == "" || l.masterOf == nil {
 		return &l.rclock, nil
 	}
 	node, addr := l.masterOf(ctx, key)
