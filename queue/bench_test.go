@@ -92,15 +92,7 @@ func BenchmarkEnqueue(b *testing.B) {
 		require.Equal(b, benchJobs, info.Pending+info.Scheduled, "queue.Client: every job in asynq")
 		require.EqualValues(b, info.Scheduled, waiting()-before, "every parked job is in its tenant's line")
 	}
-	p, s := redistest.Median(plain[0]), redistest.Median(sluice[0])
-	b.ReportMetric(p, "asynq-jobs/s")
-	b.ReportMetric(s, "sluice-jobs/s")
-	b.ReportMetric(s/p, "ratio")
-	b.ReportMetric(redistest.Median(plain[1]), "asynq-redis-µs/job")
-	b.ReportMetric(redistest.Median(sluice[1]), "sluice-redis-µs/job")
-	b.ReportMetric(redistest.Median(plain[2]), "asynq-producer-µs/job")
-	b.ReportMetric(redistest.Median(sluice[2]), "sluice-producer-µs/job")
-	b.ReportMetric(0, "ns/op")
+	redistest.ReportSideBySide(b, plain, sluice, "producer")
 }
 
 func benchTenant(i int) string { return fmt.Sprintf("t%02d", i) }

@@ -51,19 +51,8 @@ func BenchmarkGate(b *testing.B) {
 			gated[k] = append(gated[k], v)
 		}
 	}
-	p, g := redistest.Median(plain[0]), redistest.Median(gated[0])
-	b.ReportMetric(p, "asynq-jobs/s")
-	b.ReportMetric(g, "sluice-jobs/s")
-	b.ReportMetric(g/p, "ratio")
-	b.ReportMetric(redistest.Median(plain[1]), "asynq-redis-µs/job")
-	b.ReportMetric(redistest.Median(gated[1]), "sluice-redis-µs/job")
-	b.ReportMetric(redistest.Median(plain[2]), "asynq-worker-µs/job")
-	b.ReportMetric(redistest.Median(gated[2]), "sluice-worker-µs/job")
-	b.ReportMetric(0, "ns/op")
+	redistest.ReportSideBySide(b, plain, gated, "worker")
 }
-
-// redisCPU is the CPU time the Redis server has used, in seconds.
-func redisCPU(b *testing.B, client *redis.Client) float64 { return redistest.CPU(b, client) }
 
 // benchRound queues benchJobs jobs (untimed), then times one worker
 // draining them: plain asynq when lim is nil, sluice's Server otherwise. It
@@ -71,11 +60,11 @@ func redisCPU(b *testing.B, client *redis.Client) float64 { return redistest.CPU
 func benchRound(b *testing.B, client *redis.Client, lim *throttle.Limiter, qname string) [3]float64 {
 	b.StopTimer()
 	fill(b, client, qname)
-	redis0, proc0 := redisCPU(b, client), redistest.ProcessCPU()
+	redis0, proc0 := redistest.CPU(b, client), redistest.ProcessCPU()
 	result := func(elapsed time.Duration) [3]float64 {
 		return [3]float64{
 			benchJobs / elapsed.Seconds(),
-			(redisCPU(b, client) - redis0) / benchJobs * 1e6,
+			(redistest.CPU(b, client) - redis0) / benchJobs * 1e6,
 			(redistest.ProcessCPU() - proc0) / benchJobs * 1e6,
 		}
 	}

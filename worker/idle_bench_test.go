@@ -117,13 +117,13 @@ func idleRound(b *testing.B, client *redis.Client, n int, start func() func()) [
 	stop := start()
 	defer stop()
 	time.Sleep(time.Second) // past the start-up's own reads
-	cmds0, cpu0 := redisCommands(b, client), redisCPU(b, client)
+	cmds0, cpu0 := redisCommands(b, client), redistest.CPU(b, client)
 	t0 := time.Now()
 	time.Sleep(idleWindow)
 	elapsed := time.Since(t0).Seconds()
 	// the two INFO calls of the measurement are not the fleet's
 	cmds := float64(redisCommands(b, client)-cmds0-1) / elapsed / float64(n)
-	cpu := (redisCPU(b, client) - cpu0) * 1000 / elapsed / float64(n)
+	cpu := (redistest.CPU(b, client) - cpu0) * 1000 / elapsed / float64(n)
 	return [2]float64{cmds, cpu}
 }
 

@@ -488,3 +488,20 @@ func Median(xs []float64) float64 {
 	sort.Float64s(s)
 	return s[len(s)/2]
 }
+
+// ReportSideBySide reports a benchmark's rounds of plain asynq and of
+// sluice side by side: each one's median jobs/s, their ratio, and the
+// median CPU time per job of Redis and of this process, which who names
+// ("worker", "producer"). Each side holds its rounds' jobs/s, Redis µs
+// per job and process µs per job, in that order.
+func ReportSideBySide(b *testing.B, plain, sluice [3][]float64, who string) {
+	p, s := Median(plain[0]), Median(sluice[0])
+	b.ReportMetric(p, "asynq-jobs/s")
+	b.ReportMetric(s, "sluice-jobs/s")
+	b.ReportMetric(s/p, "ratio")
+	b.ReportMetric(Median(plain[1]), "asynq-redis-µs/job")
+	b.ReportMetric(Median(sluice[1]), "sluice-redis-µs/job")
+	b.ReportMetric(Median(plain[2]), "asynq-"+who+"-µs/job")
+	b.ReportMetric(Median(sluice[2]), "sluice-"+who+"-µs/job")
+	b.ReportMetric(0, "ns/op")
+}
