@@ -203,6 +203,10 @@ func TestTinyRun(t *testing.T) {
 				require.Equal(t, r.jobs, r.enqueued, "%s: every job enqueued (%s)", r.setup, r.firstErr)
 				require.NotEmpty(t, r.waits, r.setup)
 				require.Empty(t, r.problems, r.setup)
+				require.True(t, r.slotsOK, "%s: the worker processes timed their slots", r.setup)
+				require.Greater(t, r.slots.handler, sat.sat.w.sat.hold, "%s: a job's handler holds the downstream's time at least", r.setup)
+				require.Positive(t, r.slots.busy, r.setup)
+				require.LessOrEqual(t, r.slots.busy, 1.0, r.setup)
 			}
 			s := sat.sat.resultOf(setupSluice)
 			require.Equal(t, s.jobs, s.completed, "sluice completes every job")
@@ -221,6 +225,8 @@ func TestTinyRun(t *testing.T) {
 	require.Contains(t, string(md), "| downstream rejections (429) |")
 	require.Contains(t, string(md), "## sluice against its targets")
 	require.Contains(t, string(md), "## Saturation: a tenant with no limits floods the fleet")
+	require.Contains(t, string(md), "of the jobs/s the slots leave it")
+	require.Contains(t, string(md), "| slots busy (a job's hand-over to its handler's end) |")
 	require.Contains(t, string(md), "| sluice admit.lua |")
 	require.Contains(t, string(md), "## End to end: enqueue and run, limits not binding")
 	for _, f := range []string{"fleet-wait.png", "fleet-queues.png", "fleet-arrivals-xrate.png", "fleet-arrivals-redisrate.png",

@@ -69,6 +69,8 @@ type result struct {
 	redisPerJob float64 // Redis CPU seconds per completed job
 	redisPeak   float64
 	workerCPU   time.Duration
+	slots       slotCycleOf // the worker processes' slots over the middle of the run
+	slotsOK     bool
 	burstCPU    cpuUse // the cores' use during the burst window
 	timedOut    bool
 	loadBefore  string
@@ -86,6 +88,7 @@ func compute(w *workload, rd *runData) *result {
 		deliveries: rd.deliveries, redisCPU: rd.redisCPU, redisPeak: rd.redisPeak, workerCPU: rd.workerCPU,
 		timedOut: rd.timedOut, loadBefore: rd.loadBefore, loadAfter: rd.loadAfter, problems: rd.problems,
 		waitsByClass: map[string][]time.Duration{}, stalledTenants: map[string]int{}}
+	r.slots, r.slotsOK = rd.slots.cycle()
 	enqueued := make([]bool, len(w.jobs))
 	for i, t := range rd.enq {
 		if t >= 0 {
@@ -265,6 +268,9 @@ type row struct {
 
 func pct(f float64) string { return fmt.Sprintf("%.1f%%", f*100) }
 
+// millis writes d in ms to two decimals.
+func millis(d time.Duration) string { return fmt.Sprintf("%.2f ms", float64(d)/1e6) }
+
 // micros writes seconds as whole microseconds.
 func micros(s float64) string { return fmt.Sprintf("%.0f µs", s*1e6) }
 
@@ -388,6 +394,18 @@ var satRows = []row{
 		return s
 	}},
 	{"flooding tenant's jobs/s (its first to last start)", func(r *result) string { return fmt.Sprintf("%.0f", r.bigAchieved) }},
+	{"a slot's cycle: before the handler / the handler / from its end to the slot's next task", func(r *result) string {
+		if !r.slotsOK {
+			return "not measured"
+		}
+		return fmt.Sprintf("%s / %s / %s", millis(r.slots.before), millis(r.slots.handler), millis(r.slots.between))
+	}},
+	{"slots busy (a job's hand-over to its handler's end)", func(r *result) string {
+		if !r.slotsOK {
+			return "not measured"
+		}
+		return pct(r.slots.busy)
+	}},
 	{"last job done at", func(r *result) string { return fmt.Sprintf("t=%.0fs", r.makespan.Seconds()) }},
 	{"downstream rejections (429)", func(r *result) string { return thousands(int64(r.rejRate + r.rejConc)) }},
 	{"deliveries per job", func(r *result) string { return fmt.Sprintf("%.3f", r.perJob) }},

@@ -72,6 +72,7 @@ type runData struct {
 	samples    []sample           // the queue, Redis and the CPU, every second
 	cores      int                // the machine's cores
 	workerCPU  time.Duration
+	slots      slotSum            // the worker processes' slots, summed
 	redisCPU   float64            // seconds, user+sys, during the run
 	redisPeak  float64            // bytes, used_memory_peak
 	cmdStats   map[string]cmdStat // INFO commandstats over the run, the benchmark's own commands left out
@@ -186,6 +187,7 @@ func runSetup(ctx context.Context, o options, w *workload, setup string) (*runDa
 				rd.deliveries += st.Deliveries
 				rd.calls += st.Calls
 				rd.workerCPU += p.cpu()
+				rd.slots.add(st.Slots)
 				for k, v := range st.Gate {
 					rd.gate[k] += v
 				}

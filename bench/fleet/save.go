@@ -47,6 +47,7 @@ type savedRun struct {
 	Gate                  map[string]float64
 	Denied                map[string]int64
 	WorkerCPU             time.Duration
+	Slots                 slotSum // zero in runs saved before it
 	RedisCPU, RedisPeak   float64
 	Leftover              map[string]int
 	TimedOut              bool
@@ -84,7 +85,7 @@ func (b *benchmark) save(file string) error {
 func toSaved(rd *runData) savedRun {
 	r := savedRun{Setup: rd.setup, Enq: rd.enq, EnqErrs: rd.enqErrs, FirstErr: rd.firstErr, Served: rd.served,
 		LastOK: rd.lastOK, Elapsed: rd.elapsed, Deliveries: rd.deliveries, Calls: rd.calls, Gate: rd.gate, Denied: rd.denied,
-		WorkerCPU: rd.workerCPU, RedisCPU: rd.redisCPU, RedisPeak: rd.redisPeak, Leftover: rd.leftover,
+		WorkerCPU: rd.workerCPU, Slots: rd.slots, RedisCPU: rd.redisCPU, RedisPeak: rd.redisPeak, Leftover: rd.leftover,
 		TimedOut: rd.timedOut, LoadBefore: rd.loadBefore, LoadAfter: rd.loadAfter, Problems: rd.problems, Samples: rd.samples,
 		CmdStats: rd.cmdStats, Profile: rd.profile}
 	for _, arr := range rd.arrivals {
@@ -104,7 +105,7 @@ func fromSaved(r savedRun, w *workload, cores int) (*runData, error) {
 	}
 	rd := &runData{setup: r.Setup, enq: r.Enq, enqErrs: r.EnqErrs, firstErr: r.FirstErr, served: r.Served,
 		lastOK: r.LastOK, elapsed: r.Elapsed, deliveries: r.Deliveries, calls: r.Calls, gate: r.Gate, denied: r.Denied, cores: cores,
-		workerCPU: r.WorkerCPU, redisCPU: r.RedisCPU, redisPeak: r.RedisPeak, leftover: r.Leftover,
+		workerCPU: r.WorkerCPU, slots: r.Slots, redisCPU: r.RedisCPU, redisPeak: r.RedisPeak, leftover: r.Leftover,
 		timedOut: r.TimedOut, loadBefore: r.LoadBefore, loadAfter: r.LoadAfter, problems: r.Problems, samples: r.Samples,
 		cmdStats: r.CmdStats, profile: r.Profile}
 	for ti := range r.At {

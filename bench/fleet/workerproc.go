@@ -83,6 +83,8 @@ type workerStats struct {
 	// decisions by verdict and rule, deferrals by reason, handler
 	// outcomes, jobs promoted from the lines.
 	Gate map[string]float64 `json:"gate,omitempty"`
+	// Slots is how the process's asynq slots spent the middle of the run.
+	Slots slotStats `json:"slots"`
 }
 
 // decisionsFamily is the gate's counter of admission decisions.
@@ -205,17 +207,19 @@ func workerMain(setup, addr string, cluster bool, conc, procs int, limitsFile, k
 	defer rdb.Close()
 
 	var deliveries, calls atomic.Int64
+	var clock slotClock
 	// BaseContext is called once for every task asynq dequeues, whatever
 	// the handler then does with it: it counts deliveries the same way in
-	// every set-up. The intervals are left to worker.Server's defaults in
-	// set-up 3 and given the same values in the others.
+	// every set-up, and marks when the slot handed the task over. The
+	// intervals are left to worker.Server's defaults in set-up 3 and given
+	// the same values in the others.
 	cfg := asynq.Config{
 		Concurrency: conc,
 		Queues:      map[string]int{"default": 1},
 		LogLevel:    asynq.FatalLevel,
 		BaseContext: func() context.Context {
 			deliveries.Add(1)
-			return context.Background()
+			return clock.handed()
 		},
 	}
 	// The same handler in every set-up: sluice's built-in http handler,
@@ -227,6 +231,7 @@ func workerMain(setup, addr string, cluster bool, conc, procs int, limitsFile, k
 	builtin := &worker.HTTPHandler{Client: httpClient}
 	handler := asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
 		calls.Add(1)
+		defer clock.began(ctx)()
 		if kind == handlerNoop {
 			return nil
 		}
@@ -299,7 +304,7 @@ func workerMain(setup, addr string, cluster bool, conc, procs int, limitsFile, k
 	fmt.Println("ready")
 	<-sig
 	stop()
-	st := workerStats{Deliveries: deliveries.Load(), Calls: calls.Load()}
+	st := workerStats{Deliveries: deliveries.Load(), Calls: calls.Load(), Slots: clock.stats(conc)}
 	if setup == setupXRate || setup == setupRedisRate {
 		st.Denied = denied.counts()
 	}
