@@ -33,6 +33,9 @@
 --   task stays parked at least that times the jobs waiting with it
 -- ARGV[9] -> the longest time a task is parked (µs)
 -- ARGV[10] -> the queue's name, as asynq:queues lists it
+-- ARGV[11] -> 1 to register the queue in asynq:queues (the caller's first
+--   park into it; asynq's client registers a queue once per process too),
+--   0 not to
 -- Returns: {verdict, waiting, was_empty, at}: verdict 0 the job is parked
 --   and in its line, -1 the line is at its cap, -2 a task of that id
 --   exists (asynq's "conflict": nothing is written either way); waiting
@@ -55,7 +58,7 @@ end
 local now = now_us()
 local park = math.min(math.max(tonumber(ARGV[7]), (waiting + 1) * tonumber(ARGV[8])), tonumber(ARGV[9]))
 local at = now + park
-call('SADD', KEYS[8], ARGV[10])
+if ARGV[11] == '1' then call('SADD', KEYS[8], ARGV[10]) end
 call('HSET', KEYS[6], 'msg', ARGV[6], 'state', 'scheduled')
 call('ZADD', KEYS[7], format('%d', floor(at / 1000000)), ARGV[5])
 call('RPUSH', KEYS[1], format('%d', floor(now / 1000)) .. string.char(31) .. ARGV[4])

@@ -137,6 +137,11 @@ type Limiter struct {
 	// (due.go), which its pumps and releases share.
 	due dueView
 
+	// registered holds the queue engine's queues this process's parks
+	// have registered (park.lua): once per queue, as asynq's own client
+	// does
+	registered sync.Map
+
 	late      sync.WaitGroup // releaseLate's goroutines
 	closing   chan struct{}
 	closeOnce sync.Once

@@ -331,14 +331,22 @@ func (r *room) Park(ctx context.Context, p waitroom.Parking) (waitroom.Parked, e
 	t := p.Task
 	keys = append(keys, k.queues, k.state, t.TaskKey, t.ScheduleKey, t.QueuesKey, k.intentsAt(j.Priority))
 	w := waitroom.Waiter{ID: j.ID, Queue: j.Queue, Cost: cost, Key: j.Key}
+	// the queue is registered in the engine's list of queues by this
+	// process's first park into it, as asynq's client registers it by
+	// its first enqueue
+	reg := t.QueuesKey + "\x00" + t.Queue
+	_, registered := r.l.registered.Load(reg)
 	res2, err := lua.Park.Run(ctx, r.l.client, keys, r.l.clockArg(), backlog, q, lineTail(w), t.ID, t.Msg,
-		micros(p.Fallback), 2*micros(need)*cost, micros(p.MaxPark), t.Queue).Result()
+		micros(p.Fallback), 2*micros(need)*cost, micros(p.MaxPark), t.Queue, boolInt(!registered)).Result()
 	if err != nil {
 		return waitroom.Parked{}, fmt.Errorf("park a job of tenant %q: %w", p.Tenant, err)
 	}
 	v, err := int64s(res2, 4)
 	if err != nil {
 		return waitroom.Parked{}, fmt.Errorf("park.lua: %w", err)
+	}
+	if v[0] == 0 && !registered {
+		r.l.registered.Store(reg, true)
 	}
 	switch v[0] {
 	case parkConflict:

@@ -1287,9 +1287,13 @@ func TestRoomPark(t *testing.T) {
 	require.Equal(t, float64(e.clock.Now().Add(time.Hour).Unix()), score)
 	require.True(t, e.client.SIsMember(ctx, task("j1").QueuesKey, queue).Val())
 
+	// the queue is registered by the process's first park into it only,
+	// as asynq's client registers it by its first enqueue
+	require.NoError(t, e.client.SRem(ctx, task("j1").QueuesKey, queue).Err())
 	p, err = park("acme", "j2", 2)
 	require.NoError(t, err)
 	require.Equal(t, int64(2), p.Waiting)
+	require.False(t, e.client.SIsMember(ctx, task("j1").QueuesKey, queue).Val(), "registered once per process")
 	ids, err := room.WaitingIDs(ctx, "acme", 10)
 	require.NoError(t, err)
 	require.Equal(t, []waitroom.Waiter{{ID: "j1", Queue: queue, Cost: 1}, {ID: "j2", Queue: queue, Cost: 2}}, ids, "in its line as Join puts it")
