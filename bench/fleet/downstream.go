@@ -19,11 +19,18 @@ const (
 
 // arrival is one request as the downstream saw it.
 type arrival struct {
-	at     time.Duration // since the run's start
+	at time.Duration // since the run's start
+	// delay is the time from the start of the job's handler to this
+	// arrival (the request's X-Started header, see stampStart); −1 when
+	// the request did not say when its handler started.
+	delay  time.Duration
 	job    int32
 	conc   int32 // the tenant's requests in progress, this one included
 	status uint8
 }
+
+// unknownDelay is an arrival's delay when its request carried no start.
+const unknownDelay time.Duration = -1
 
 // gcra is a strict leaky bucket (the virtual scheduling form of GCRA): a
 // request at now conforms when now ≥ tat − (burst−1)·interval − allowance.
@@ -104,7 +111,8 @@ func startDownstream(w *workload, allowance time.Duration, start time.Time) (*do
 func (d *downstream) close() { _ = d.srv.Close() }
 
 // ServeHTTP handles one call: headers X-Tenant and X-Job carry the
-// tenant's and the job's index.
+// tenant's and the job's index, X-Started (optional) when its handler
+// started.
 func (d *downstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ti, err1 := strconv.Atoi(r.Header.Get("X-Tenant"))
 	ji, err2 := strconv.Atoi(r.Header.Get("X-Job"))
@@ -112,10 +120,20 @@ func (d *downstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "bad X-Tenant or X-Job header", http.StatusBadRequest)
 		return
 	}
+	started, err := strconv.ParseInt(r.Header.Get(startedHeader), 10, 64)
+	if err != nil {
+		started = -1
+	}
 	t := d.tenants[ti]
 	t.mu.Lock()
-	now := time.Since(d.start)
-	a := arrival{at: now, job: int32(ji), conc: int32(t.running + 1)}
+	wall := time.Now()
+	now := wall.Sub(d.start)
+	a := arrival{at: now, delay: unknownDelay, job: int32(ji), conc: int32(t.running + 1)}
+	if started >= 0 {
+		// wall clock against wall clock: the handler's start was read in
+		// another process
+		a.delay = time.Duration(wall.UnixNano() - started)
+	}
 	switch {
 	case t.cap > 0 && t.running >= t.cap:
 		a.status = rejectedConc

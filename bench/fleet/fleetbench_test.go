@@ -85,10 +85,48 @@ func TestDownstreamEnforcesAndRecords(t *testing.T) {
 
 	arr := ds.snapshot()
 	require.Equal(t, []uint8{accepted, rejectedRate}, statuses(arr[0]))
+	for _, a := range arr[0] {
+		require.Equal(t, unknownDelay, a.delay, "no X-Started header: the delay is not known")
+	}
 	require.Equal(t, []uint8{accepted, rejectedConc}, statuses(arr[1]))
 	require.Equal(t, int32(2), arr[1][1].conc, "the refused request counts itself")
 	require.Equal(t, uint32(2), ds.served[4].Load())
 	require.Equal(t, int64(3), ds.done.Load(), "jobs 0, 2 and 4")
+}
+
+// TestDeliveryDelay sends requests through the workers' transport: one
+// whose context notes its handler's start carries it to the downstream,
+// which records the delay; one without arrives with the delay unknown.
+func TestDeliveryDelay(t *testing.T) {
+	t.Parallel()
+	w := &workload{tenants: []tenant{{id: 0}}, jobs: make([]job, 3)}
+	ds, err := startDownstream(w, 0, time.Now())
+	require.NoError(t, err)
+	t.Cleanup(ds.close)
+	client := &http.Client{Transport: stampStart{http.DefaultTransport}}
+	t.Cleanup(client.CloseIdleConnections)
+	send := func(ctx context.Context, ji int) *http.Request {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, ds.url, nil)
+		require.NoError(t, err)
+		req.Header.Set("X-Tenant", "0")
+		req.Header.Set("X-Job", strconv.Itoa(ji))
+		resp, err := client.Do(req)
+		require.NoError(t, err)
+		_ = resp.Body.Close()
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+		return req
+	}
+	began := time.Now()
+	req := send(withStart(context.Background(), began.Add(-50*time.Millisecond)), 0)
+	require.Empty(t, req.Header.Get(startedHeader), "the caller's request is left as it was")
+	took := time.Since(began)
+	send(context.Background(), 1)
+
+	arr := ds.snapshot()[0]
+	require.Len(t, arr, 2)
+	require.GreaterOrEqual(t, arr[0].delay, 50*time.Millisecond)
+	require.LessOrEqual(t, arr[0].delay, 50*time.Millisecond+took)
+	require.Equal(t, unknownDelay, arr[1].delay)
 }
 
 func statuses(arr []arrival) []uint8 {

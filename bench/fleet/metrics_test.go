@@ -311,6 +311,34 @@ func TestCompute(t *testing.T) {
 	require.Equal(t, 1, r.unfinished)
 }
 
+// TestSavedDelays: a saved run keeps its arrivals' delays; a run saved
+// before delays were recorded reads them as unknown.
+func TestSavedDelays(t *testing.T) {
+	t.Parallel()
+	w, err := newWorkload(presets["tiny"])
+	require.NoError(t, err)
+	rd := &runData{setup: setupSluice, enq: make([]time.Duration, len(w.jobs)), served: make([]uint32, len(w.jobs)),
+		arrivals: make([][]arrival, len(w.tenants))}
+	for ti := range rd.arrivals {
+		rd.arrivals[ti] = []arrival{}
+	}
+	rd.arrivals[0] = []arrival{{at: ms(5), delay: ms(1), job: 3, conc: 1}, {at: ms(6), delay: unknownDelay, job: 4, conc: 2, status: rejectedRate}}
+	saved := toSaved(rd)
+	again, err := fromSaved(saved, w, 2)
+	require.NoError(t, err)
+	require.Equal(t, rd.arrivals, again.arrivals)
+
+	saved.Delay = nil
+	again, err = fromSaved(saved, w, 2)
+	require.NoError(t, err)
+	for _, a := range again.arrivals[0] {
+		require.Equal(t, unknownDelay, a.delay)
+	}
+	saved.Delay = [][]time.Duration{{0}}
+	_, err = fromSaved(saved, w, 2)
+	require.Error(t, err, "delays of another workload")
+}
+
 func TestInfoField(t *testing.T) {
 	t.Parallel()
 	text := "# CPU\r\nused_cpu_sys:1.250000\r\nused_cpu_user:2.5\r\n"

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -224,18 +225,22 @@ func workerMain(setup, addr string, cluster bool, conc, procs int, limitsFile, k
 	}
 	// The same handler in every set-up: sluice's built-in http handler,
 	// with a client that keeps a connection per running job.
+	// The handler notes when it starts; the client's transport sends
+	// that time with the request (X-Started), so that the downstream
+	// measures each request's delivery.
 	transport := http.DefaultTransport.(*http.Transport).Clone()
 	transport.MaxIdleConnsPerHost = conc
-	httpClient := &http.Client{Transport: transport}
+	httpClient := &http.Client{Transport: stampStart{transport}}
 	defer httpClient.CloseIdleConnections()
 	builtin := &worker.HTTPHandler{Client: httpClient}
 	handler := asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
+		started := time.Now()
 		calls.Add(1)
 		defer clock.began(ctx)()
 		if kind == handlerNoop {
 			return nil
 		}
-		return builtin.ProcessTask(ctx, t)
+		return builtin.ProcessTask(withStart(ctx, started), t)
 	})
 
 	var start func() error
@@ -312,6 +317,44 @@ func workerMain(setup, addr string, cluster bool, conc, procs int, limitsFile, k
 		st.Gate = gatherCounters(gatherer(), gateCounters)
 	}
 	return json.NewEncoder(os.Stdout).Encode(st)
+}
+
+// startedHeader carries the time the job's handler started, in Unix
+// nanoseconds: the worker processes and the downstream run on one host,
+// so their wall clocks agree.
+const startedHeader = "X-Started"
+
+type startKey struct{}
+
+// withStart is ctx noting that the job's handler started at t.
+func withStart(ctx context.Context, t time.Time) context.Context {
+	return context.WithValue(ctx, startKey{}, t)
+}
+
+// stampStart is a transport that sends, with a request whose context
+// notes its handler's start (withStart), that time in startedHeader.
+type stampStart struct{ next http.RoundTripper }
+
+func (s stampStart) RoundTrip(req *http.Request) (*http.Response, error) {
+	t, ok := req.Context().Value(startKey{}).(time.Time)
+	if !ok {
+		return s.next.RoundTrip(req)
+	}
+	// A RoundTripper must not change its caller's request: a shallow
+	// copy with its own headers.
+	r := new(http.Request)
+	*r = *req
+	r.Header = req.Header.Clone()
+	r.Header.Set(startedHeader, strconv.FormatInt(t.UnixNano(), 10))
+	return s.next.RoundTrip(r)
+}
+
+// CloseIdleConnections lets http.Client.CloseIdleConnections reach the
+// transport.
+func (s stampStart) CloseIdleConnections() {
+	if c, ok := s.next.(interface{ CloseIdleConnections() }); ok {
+		c.CloseIdleConnections()
+	}
 }
 
 func readLimits(path string) (map[string]limits, error) {
