@@ -88,6 +88,12 @@ func TestDownstreamEnforcesAndRecords(t *testing.T) {
 	for _, a := range arr[0] {
 		require.Equal(t, unknownDelay, a.delay, "no X-Started header: the delay is not known")
 	}
+	// The replay finds the refusal as the downstream did: early by the
+	// rest of the second.
+	ref := refusals(arr[0], 1, 1, 0)
+	require.Len(t, ref, 1)
+	require.Positive(t, ref[0].early)
+	require.LessOrEqual(t, ref[0].early, time.Second)
 	require.Equal(t, []uint8{accepted, rejectedConc}, statuses(arr[1]))
 	require.Equal(t, int32(2), arr[1][1].conc, "the refused request counts itself")
 	require.Equal(t, uint32(2), ds.served[4].Load())
@@ -135,6 +141,24 @@ func statuses(arr []arrival) []uint8 {
 		out = append(out, a.status)
 	}
 	return out
+}
+
+// deliveryRecorded checks that every request of r's run said when its
+// handler started, and that every refusal over a rate is accounted for.
+func deliveryRecorded(t *testing.T, r *result) {
+	t.Helper()
+	require.Positive(t, r.requests, r.setup)
+	require.Equal(t, r.requests, r.delays, "%s: a delivery delay for every request", r.setup)
+	require.Zero(t, r.delaysUnknown, r.setup)
+	require.Positive(t, r.delayP50, r.setup)
+	require.LessOrEqual(t, r.delayP50, r.delayP99, r.setup)
+	require.LessOrEqual(t, r.delayP99, r.delayP999, r.setup)
+	require.LessOrEqual(t, r.delayP999, r.delayMax, r.setup)
+	require.Less(t, r.delayMax, time.Minute, r.setup)
+	require.Equal(t, r.rejRate, r.explained+r.unexplainedUnknown+r.startedEarly+r.startConformed, r.setup)
+	if r.rejRate > 0 {
+		require.Positive(t, r.earlyP50, r.setup)
+	}
 }
 
 func TestBadFlags(t *testing.T) {
@@ -190,7 +214,8 @@ func TestTinyRun(t *testing.T) {
 				require.Positive(t, r.completed, r.setup)
 				require.Positive(t, r.deliveries, r.setup)
 				require.Positive(t, r.redisCPU+r.redisPeak, r.setup)
-				require.Empty(t, r.problems, r.setup)
+				require.Empty(t, r.problems, r.setup) // the refusals' replay among them
+				deliveryRecorded(t, r)
 			}
 			s := b.resultOf(setupSluice)
 			require.Equal(t, s.jobs, s.completed, "sluice completes every job")
@@ -248,6 +273,9 @@ func TestTinyRun(t *testing.T) {
 			}
 			s := sat.sat.resultOf(setupSluice)
 			require.Equal(t, s.jobs, s.completed, "sluice completes every job")
+			for _, r := range sat.sat.results {
+				deliveryRecorded(t, r)
+			}
 		})
 	})
 	if t.Failed() {
@@ -261,6 +289,7 @@ func TestTinyRun(t *testing.T) {
 	md, err := os.ReadFile(filepath.Join(dir, "benchmarks.md"))
 	require.NoError(t, err)
 	require.Contains(t, string(md), "| downstream rejections (429) |")
+	require.Contains(t, string(md), "| delivery delay (handler start to downstream), p50 / p99 / p99.9 / max |")
 	require.Contains(t, string(md), "## sluice against its targets")
 	require.Contains(t, string(md), "## Saturation: a tenant with no limits floods the fleet")
 	require.Contains(t, string(md), "of the jobs/s the slots leave it")

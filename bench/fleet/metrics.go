@@ -229,3 +229,100 @@ func stallsOf(enq, started []time.Duration, arrivals []time.Duration, end, least
 		}
 	}
 }
+
+// refusal is a request the downstream refused over its tenant's rate, as
+// replayed from the tenant's arrivals (refusals).
+type refusal struct {
+	// early is by how much it missed conformance: (tat − at) −
+	// ((burst−1)·interval + allowance), always above 0.
+	early time.Duration
+	// delay is its delivery delay (handler start to arrival) and
+	// prevDelay that of the tenant's previous accepted request; −1 when
+	// not known (no start recorded, or no accepted request before it).
+	delay, prevDelay time.Duration
+	// startEarly is by how much its handler's start missed conformance
+	// when the same GCRA is replayed over the handlers' starts (at −
+	// delay) instead of the arrivals: 0 or less when the start conformed,
+	// so the request became early on its way. Known (startKnown) only
+	// when every request of the tenant has a delay.
+	startEarly time.Duration
+	startKnown bool
+}
+
+// explained reports whether the difference in delivery alone accounts for
+// the refusal: the previous accepted request took at least early longer
+// to arrive than this one, so had both been delivered alike this one
+// would have arrived that much later, conforming.
+func (r refusal) explained() bool {
+	return r.delay >= 0 && r.prevDelay >= 0 && r.prevDelay-r.delay >= r.early
+}
+
+// refusals replays a tenant's GCRA (perSecond, burst, allowance, as the
+// downstream enforced it) over its arrivals, in the order the downstream
+// saw them, and returns each request refused over the rate with how early
+// it came and its and its predecessor's delivery delays. Only accepted
+// requests are charged, as in the downstream; a refused request's replay
+// finds it early by more than 0 unless the arrivals are not the
+// downstream's.
+func refusals(arr []arrival, perSecond, burst int64, allowance time.Duration) []refusal {
+	if perSecond <= 0 {
+		return nil
+	}
+	g := newGCRA(perSecond, burst, allowance)
+	slack := time.Duration(g.burst-1)*g.interval + g.allowance
+	prev := unknownDelay
+	var out []refusal
+	for _, a := range arr {
+		switch a.status {
+		case accepted:
+			g.charge(a.at)
+			prev = a.delay
+		case rejectedRate:
+			out = append(out, refusal{early: g.tat - a.at - slack, delay: a.delay, prevDelay: prev})
+		}
+	}
+	// The same over the handlers' starts, in the order they started; the
+	// requests the downstream accepted are charged, at their starts.
+	order := make([]int, 0, len(arr))
+	for i, a := range arr {
+		if a.delay < 0 {
+			return out
+		}
+		order = append(order, i)
+	}
+	start := func(i int) time.Duration { return arr[i].at - arr[i].delay }
+	sort.SliceStable(order, func(x, y int) bool { return start(order[x]) < start(order[y]) })
+	startEarly := make(map[int]time.Duration, len(out))
+	g = newGCRA(perSecond, burst, allowance)
+	for _, i := range order {
+		switch arr[i].status {
+		case accepted:
+			g.charge(start(i))
+		case rejectedRate:
+			startEarly[i] = g.tat - start(i) - slack
+		}
+	}
+	k := 0
+	for i, a := range arr {
+		if a.status == rejectedRate {
+			out[k].startEarly, out[k].startKnown = startEarly[i], true
+			k++
+		}
+	}
+	return out
+}
+
+// delayStats summarizes the delivery delays of arrivals: the known ones,
+// sorted, and how many were unknown.
+func delayStats(arrivals [][]arrival) (known []time.Duration, unknown int) {
+	for _, arr := range arrivals {
+		for _, a := range arr {
+			if a.delay < 0 {
+				unknown++
+				continue
+			}
+			known = append(known, a.delay)
+		}
+	}
+	return sortDurations(known), unknown
+}

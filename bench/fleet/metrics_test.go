@@ -134,6 +134,64 @@ func TestPercentile(t *testing.T) {
 	require.Equal(t, msList(1, 2, 3), sortDurations(msList(3, 1, 2)))
 }
 
+func TestRefusals(t *testing.T) {
+	t.Parallel()
+	// 10/s (100 ms apart), burst 1, allowance 2 ms: a request at `at`
+	// conforms when tat − at ≤ 2 ms. d is its delivery delay; its
+	// handler started at at − d.
+	a := func(at, d int, status uint8) arrival {
+		return arrival{at: ms(at), delay: time.Duration(d) * time.Millisecond, status: status}
+	}
+	arr := []arrival{
+		a(1000, 5, accepted),     // tat 1100; started at 995, tat of starts 1095
+		a(1097, 1, rejectedRate), // 1100 − 1097 − 2 = 1 ms early; the previous took 4 ms longer: explained
+		a(1100, 2, accepted),     // tat 1200; started 1098, tat of starts 1198
+		a(1150, 1, rejectedConc), // over a cap: neither charged nor a rate refusal
+		a(1190, 3, rejectedRate), // 8 ms early; the previous took 1 ms less: not explained; started 1187, 9 ms early
+	}
+	got := refusals(arr, 10, 1, ms(2))
+	require.Equal(t, []refusal{
+		{early: ms(1), delay: ms(1), prevDelay: ms(5), startEarly: ms(-3), startKnown: true},
+		{early: ms(8), delay: ms(3), prevDelay: ms(2), startEarly: ms(9), startKnown: true},
+	}, got)
+	require.True(t, got[0].explained())
+	require.False(t, got[1].explained())
+
+	// A request with no recorded start: its successor has no previous
+	// delay to compare, and the tenant's starts cannot be replayed.
+	arr = append(arr, arrival{at: ms(1300), delay: unknownDelay}, a(1390, 1, rejectedRate))
+	got = refusals(arr, 10, 1, ms(2))
+	require.Len(t, got, 3)
+	require.Equal(t, refusal{early: ms(8), delay: ms(1), prevDelay: unknownDelay}, got[2])
+	require.False(t, got[2].explained(), "nothing to compare")
+	for _, f := range got {
+		require.False(t, f.startKnown)
+	}
+
+	// Burst 2 (slack 100 + 2 ms): the refused request came 1 ms early;
+	// the previous accepted one took no longer than it, but the one
+	// before took 9 ms longer. Over the starts (990, 999, 1096) it
+	// conforms: tat 1190 − 1096 − 102 = −8 ms.
+	arr = []arrival{a(1000, 10, accepted), a(1000, 1, accepted), a(1097, 1, rejectedRate)}
+	got = refusals(arr, 10, 2, ms(2))
+	require.Equal(t, []refusal{{early: ms(1), delay: ms(1), prevDelay: ms(1), startEarly: ms(-8), startKnown: true}}, got)
+	require.False(t, got[0].explained())
+
+	// The starts are replayed in the order they started: the refused
+	// request started (990) before the accepted one (999) and came late
+	// by its own delivery, so at its start nothing was charged yet.
+	arr = []arrival{a(1000, 1, accepted), a(1050, 60, rejectedRate)}
+	got = refusals(arr, 10, 1, ms(2))
+	require.Equal(t, []refusal{{early: ms(48), delay: ms(60), prevDelay: ms(1), startEarly: ms(-992), startKnown: true}}, got)
+
+	require.Empty(t, refusals(arr, 0, 1, 0), "no rate: no rate refusals")
+	require.Empty(t, refusals(nil, 10, 1, 0))
+
+	known, unknown := delayStats([][]arrival{{a(0, 3, accepted), a(0, 1, rejectedRate)}, nil, {{delay: unknownDelay}, a(0, 2, accepted)}})
+	require.Equal(t, msList(1, 2, 3), known)
+	require.Equal(t, 1, unknown)
+}
+
 func TestPeakConcurrencyAndDeliveries(t *testing.T) {
 	t.Parallel()
 	arr := []arrival{{conc: 1}, {conc: 3, status: rejectedConc}, {conc: 2}}
@@ -269,7 +327,7 @@ func TestCompute(t *testing.T) {
 			continue
 		}
 		rd.served[i] = 1
-		rd.arrivals[j.tenant] = append(rd.arrivals[j.tenant], arrival{at: j.at + ms(10), job: int32(i), conc: 1})
+		rd.arrivals[j.tenant] = append(rd.arrivals[j.tenant], arrival{at: j.at + ms(10), delay: ms(2), job: int32(i), conc: 1})
 		rd.lastOK = max(rd.lastOK, j.at+ms(10))
 	}
 	rd.served[0] = 2
@@ -277,8 +335,10 @@ func TestCompute(t *testing.T) {
 	// 1,700 sent within 10 ms, against 20 + 1,000 allowed in 10 s and
 	// 20 + 100 in 1 s.
 	for k := 0; k < 1500; k++ {
-		rd.arrivals[0] = append(rd.arrivals[0], arrival{at: time.Second + ms(20), job: int32(w.bigFrom), conc: 1, status: rejectedRate})
+		rd.arrivals[0] = append(rd.arrivals[0], arrival{at: time.Second + ms(20), delay: ms(1), job: int32(w.bigFrom), conc: 1, status: rejectedRate})
 	}
+	// One more request says no start: counted apart from the delays.
+	rd.arrivals[1] = append(rd.arrivals[1], arrival{at: time.Minute, delay: unknownDelay, job: 1, conc: 1, status: rejectedConc})
 	rd.gate = map[string]float64{
 		"sluice_worker_decisions_total{rule=,verdict=allowed}":           500,
 		"sluice_worker_decisions_total{rule=rate[0],verdict=denied}":     20,
@@ -296,7 +356,24 @@ func TestCompute(t *testing.T) {
 	require.Equal(t, 1, r.lost)
 	require.Equal(t, 1, r.duplicates)
 	require.Equal(t, 1500, r.rejRate)
-	require.Zero(t, r.rejConc)
+	require.Equal(t, 1, r.rejConc)
+	// Delivery: 1,500 refused requests took 1 ms, 499 accepted 2 ms.
+	require.Equal(t, len(w.jobs)-1+1500, r.delays)
+	require.Equal(t, 1, r.delaysUnknown)
+	require.Equal(t, ms(1), r.delayP50)
+	require.Equal(t, ms(2), r.delayP99)
+	require.Equal(t, ms(2), r.delayMax)
+	// The big tenant's 200 accepted requests at 1.01 s charged its GCRA
+	// (100/s, burst 20) to 3.01 s; the refused ones, at 1.02 s, came
+	// 3.01 − 1.02 − 0.19 = 1.8 s early, far more than the previous request's
+	// 1 ms longer delivery: none explained, every one early at its start.
+	require.Equal(t, 1800*time.Millisecond, r.earlyP50)
+	require.Equal(t, 1800*time.Millisecond, r.earlyMax)
+	require.Zero(t, r.explained)
+	require.Zero(t, r.unexplainedUnknown)
+	require.Equal(t, 1500, r.startedEarly)
+	require.Equal(t, 1799*time.Millisecond, r.startEarlyP50, "the accepted ones started 2 ms before arriving, the refused ones 1 ms")
+	require.Empty(t, r.problems, "the replay agrees with the statuses")
 	require.InDelta(t, float64(len(w.jobs)+7)/float64(len(w.jobs)), r.perJob, 1e-9)
 	require.NotEmpty(t, r.waits, "small tenants' conforming jobs in the burst window")
 	require.Equal(t, ms(10), r.waitP50)
@@ -311,31 +388,33 @@ func TestCompute(t *testing.T) {
 	require.Equal(t, 1, r.unfinished)
 }
 
-// TestSavedDelays: a saved run keeps its arrivals' delays; a run saved
-// before delays were recorded reads them as unknown.
+// TestSavedDelays: a saved run keeps its arrivals' delays and the
+// downstream's allowance; a run saved before delays were recorded reads
+// them as unknown.
 func TestSavedDelays(t *testing.T) {
 	t.Parallel()
 	w, err := newWorkload(presets["tiny"])
 	require.NoError(t, err)
 	rd := &runData{setup: setupSluice, enq: make([]time.Duration, len(w.jobs)), served: make([]uint32, len(w.jobs)),
-		arrivals: make([][]arrival, len(w.tenants))}
+		arrivals: make([][]arrival, len(w.tenants)), allowance: ms(2)}
 	for ti := range rd.arrivals {
 		rd.arrivals[ti] = []arrival{}
 	}
 	rd.arrivals[0] = []arrival{{at: ms(5), delay: ms(1), job: 3, conc: 1}, {at: ms(6), delay: unknownDelay, job: 4, conc: 2, status: rejectedRate}}
 	saved := toSaved(rd)
-	again, err := fromSaved(saved, w, 2)
+	again, err := fromSaved(saved, w, 2, ms(2))
 	require.NoError(t, err)
 	require.Equal(t, rd.arrivals, again.arrivals)
+	require.Equal(t, ms(2), again.allowance)
 
 	saved.Delay = nil
-	again, err = fromSaved(saved, w, 2)
+	again, err = fromSaved(saved, w, 2, ms(2))
 	require.NoError(t, err)
 	for _, a := range again.arrivals[0] {
 		require.Equal(t, unknownDelay, a.delay)
 	}
 	saved.Delay = [][]time.Duration{{0}}
-	_, err = fromSaved(saved, w, 2)
+	_, err = fromSaved(saved, w, 2, ms(2))
 	require.Error(t, err, "delays of another workload")
 }
 

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -25,6 +26,26 @@ type result struct {
 	requests   int
 	rejRate    int
 	rejConc    int
+
+	// Delivery: each request's delay from its job's handler's start to
+	// its arrival at the downstream, over the known ones (delays of
+	// them; delaysUnknown requests said no start).
+	delayP50, delayP99, delayP999, delayMax time.Duration
+	delays, delaysUnknown                   int
+	// The requests refused over a rate, replayed (refusals): how early
+	// they came; how many the previous accepted request's longer
+	// delivery explains, and the median of how much longer it was over
+	// those; how many had no delay to compare.
+	earlyP50, earlyMax time.Duration
+	explained          int
+	prevLongerP50      time.Duration
+	unexplainedUnknown int
+	// Of those not explained so (both delays known), how many were
+	// early already at their handler's start (refusal.startEarly), and
+	// by how much (median), and how many conformed there.
+	startedEarly   int
+	startEarlyP50  time.Duration
+	startConformed int
 
 	rateErr         float64 // largest rateExcess (10 s windows) of any rate-limited tenant
 	rateErrTenant   string
@@ -86,7 +107,7 @@ const conformSlack = time.Millisecond
 func compute(w *workload, rd *runData) *result {
 	r := &result{setup: rd.setup, jobs: len(w.jobs), enqErrs: rd.enqErrs, firstErr: rd.firstErr,
 		deliveries: rd.deliveries, redisCPU: rd.redisCPU, redisPeak: rd.redisPeak, workerCPU: rd.workerCPU,
-		timedOut: rd.timedOut, loadBefore: rd.loadBefore, loadAfter: rd.loadAfter, problems: rd.problems,
+		timedOut: rd.timedOut, loadBefore: rd.loadBefore, loadAfter: rd.loadAfter, problems: slices.Clone(rd.problems),
 		waitsByClass: map[string][]time.Duration{}, stalledTenants: map[string]int{}}
 	r.slots, r.slotsOK = rd.slots.cycle()
 	enqueued := make([]bool, len(w.jobs))
@@ -114,6 +135,48 @@ func compute(w *workload, rd *runData) *result {
 	if rd.lastOK > 0 {
 		r.makespan = rd.lastOK
 		r.jobsPerSec = float64(r.completed) / rd.lastOK.Seconds()
+	}
+
+	// How long the requests took to arrive, and why those refused over a
+	// rate came early.
+	delays, unknown := delayStats(rd.arrivals)
+	r.delays, r.delaysUnknown = len(delays), unknown
+	r.delayP50, r.delayP99, r.delayP999 = percentile(delays, 50), percentile(delays, 99), percentile(delays, 99.9)
+	if len(delays) > 0 {
+		r.delayMax = delays[len(delays)-1]
+	}
+	var early, prevLonger, startEarly []time.Duration
+	replayed := 0
+	for ti, arr := range rd.arrivals {
+		t := w.tenants[ti]
+		for _, f := range refusals(arr, t.rate, t.burst, rd.allowance) {
+			if f.early <= 0 {
+				replayed++
+			}
+			early = append(early, f.early)
+			switch {
+			case f.delay < 0 || f.prevDelay < 0:
+				r.unexplainedUnknown++
+			case f.explained():
+				r.explained++
+				prevLonger = append(prevLonger, f.prevDelay-f.delay)
+			case f.startKnown && f.startEarly > 0:
+				r.startedEarly++
+				startEarly = append(startEarly, f.startEarly)
+			case f.startKnown:
+				r.startConformed++
+			}
+		}
+	}
+	sortDurations(early)
+	r.earlyP50 = percentile(early, 50)
+	if len(early) > 0 {
+		r.earlyMax = early[len(early)-1]
+	}
+	r.prevLongerP50 = percentile(sortDurations(prevLonger), 50)
+	r.startEarlyP50 = percentile(sortDurations(startEarly), 50)
+	if replayed > 0 {
+		r.problems = append(r.problems, fmt.Sprintf("%d requests the downstream refused over a rate conform when its GCRA is replayed", replayed))
 	}
 
 	// When each job first reached the downstream and was accepted.
@@ -274,6 +337,22 @@ func millis(d time.Duration) string { return fmt.Sprintf("%.2f ms", float64(d)/1
 // micros writes seconds as whole microseconds.
 func micros(s float64) string { return fmt.Sprintf("%.0f µs", s*1e6) }
 
+// millis writes a duration as milliseconds without the unit, to three
+// significant figures below 100 ms (0.412, 1.93, 23.5), whole above.
+func millis(d time.Duration) string {
+	m := float64(d) / float64(time.Millisecond)
+	switch a := math.Abs(m); {
+	case a < 1:
+		return fmt.Sprintf("%.3f", m)
+	case a < 10:
+		return fmt.Sprintf("%.2f", m)
+	case a < 100:
+		return fmt.Sprintf("%.1f", m)
+	default:
+		return fmt.Sprintf("%.0f", m)
+	}
+}
+
 func secs(d time.Duration) string {
 	switch {
 	case d < time.Second:
@@ -318,6 +397,16 @@ var rows = []row{
 	{"jobs completed (2xx)", func(r *result) string { return thousands(int64(r.completed)) }},
 	{"downstream rejections (429)", func(r *result) string {
 		return fmt.Sprintf("%s (rate %s, concurrency %s)", thousands(int64(r.rejRate+r.rejConc)), thousands(int64(r.rejRate)), thousands(int64(r.rejConc)))
+	}},
+	{"delivery delay (handler start to downstream), p50 / p99 / p99.9 / max", func(r *result) string {
+		if r.delays == 0 {
+			return "not recorded"
+		}
+		s := fmt.Sprintf("%s / %s / %s / %s ms", millis(r.delayP50), millis(r.delayP99), millis(r.delayP999), millis(r.delayMax))
+		if r.delaysUnknown > 0 {
+			s += fmt.Sprintf(" (%s requests without a start)", thousands(int64(r.delaysUnknown)))
+		}
+		return s
 	}},
 	{"max rate error: sent over limit in any 10 s", func(r *result) string {
 		return overLimit(r.rateErr, r.rateErrTenant, r.tenantsOverRate)

@@ -62,8 +62,9 @@ type runData struct {
 	enq        []time.Duration // when each job's enqueue began, since start; -1: not enqueued
 	enqErrs    int
 	firstErr   string
-	arrivals   [][]arrival // per tenant
-	served     []uint32    // 2xx answers per job
+	arrivals   [][]arrival   // per tenant
+	allowance  time.Duration // the jitter the downstream forgave on a rate
+	served     []uint32      // 2xx answers per job
 	lastOK     time.Duration
 	deliveries int64
 	calls      int64
@@ -112,7 +113,7 @@ func runSetup(ctx context.Context, o options, w *workload, setup string) (*runDa
 		fmt.Fprintf(o.log, "[%s] %s\n", label, fmt.Sprintf(format, args...))
 	}
 	rd := &runData{setup: setup, loadBefore: loadAvg(), leftover: map[string]int{}, gate: map[string]float64{},
-		denied: map[string]int64{}, cores: runtime.NumCPU()}
+		denied: map[string]int64{}, cores: runtime.NumCPU(), allowance: o.allowance}
 	srv, err := startRedis(ctx)
 	if err != nil {
 		return nil, err

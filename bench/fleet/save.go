@@ -104,7 +104,7 @@ func toSaved(rd *runData) savedRun {
 }
 
 // fromSaved rebuilds a set-up's recordings of workload w.
-func fromSaved(r savedRun, w *workload, cores int) (*runData, error) {
+func fromSaved(r savedRun, w *workload, cores int, allowance time.Duration) (*runData, error) {
 	if len(r.Enq) != len(w.jobs) || len(r.Served) != len(w.jobs) || len(r.At) != len(w.tenants) {
 		return nil, fmt.Errorf("set-up %s does not match the %s workload", r.Setup, w.cfg.name)
 	}
@@ -112,7 +112,7 @@ func fromSaved(r savedRun, w *workload, cores int) (*runData, error) {
 		lastOK: r.LastOK, elapsed: r.Elapsed, deliveries: r.Deliveries, calls: r.Calls, gate: r.Gate, denied: r.Denied, cores: cores,
 		workerCPU: r.WorkerCPU, slots: r.Slots, redisCPU: r.RedisCPU, redisPeak: r.RedisPeak, leftover: r.Leftover,
 		timedOut: r.TimedOut, loadBefore: r.LoadBefore, loadAfter: r.LoadAfter, problems: r.Problems, samples: r.Samples,
-		cmdStats: r.CmdStats, profile: r.Profile}
+		cmdStats: r.CmdStats, profile: r.Profile, allowance: allowance}
 	if r.Delay != nil && len(r.Delay) != len(r.At) {
 		return nil, fmt.Errorf("set-up %s: delays of %d tenants, arrivals of %d", r.Setup, len(r.Delay), len(r.At))
 	}
@@ -163,7 +163,7 @@ func load(file string) (*benchmark, error) {
 		began: s.Began, took: s.Took, command: s.Command, prev: s.Prev, e2e: s.E2E,
 		machine: machine{cores: m.Cores, cpu: m.CPU, memory: m.Memory, kernel: m.Kernel, goVer: m.Go, redis: m.Redis}}
 	for _, r := range s.Runs {
-		rd, err := fromSaved(r, w, m.Cores)
+		rd, err := fromSaved(r, w, m.Cores, s.Allowance)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", file, err)
 		}
@@ -180,7 +180,7 @@ func load(file string) (*benchmark, error) {
 		}
 		b.sat = &scenario{w: sw}
 		for _, r := range s.SatRuns {
-			rd, err := fromSaved(r, sw, m.Cores)
+			rd, err := fromSaved(r, sw, m.Cores, s.Allowance)
 			if err != nil {
 				return nil, fmt.Errorf("%s: saturation: %w", file, err)
 			}
