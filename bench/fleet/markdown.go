@@ -165,7 +165,8 @@ func (b *benchmark) fleetMarkdown(out io.Writer) {
 	p("  concurrency-limited ones) and enforces each tenant's limits itself, strictly: a GCRA per")
 	p("  tenant with the tenant's rate and burst, forgiving %s of jitter, and the concurrency cap;", b.o.allowance)
 	p("  over either it answers `429` with `Retry-After: 1`. It records every arrival: tenant, job,")
-	p("  time, and the tenant's requests in progress.")
+	p("  time, the tenant's requests in progress, and how long the request took to arrive from the")
+	p("  start of its job's handler.")
 	p("- Under its limits alone, the workload would be done at t=%.0fs.", w.idealEnd().Seconds())
 	p("")
 
@@ -207,6 +208,12 @@ func (b *benchmark) fleetMarkdown(out io.Writer) {
 	p("What the rows mean:")
 	p("")
 	p("- *downstream rejections*: 429 answers, split by the limit that was exceeded.")
+	p("- *delivery delay*: for every request, accepted or not, the time from the start of its job's")
+	p("  handler (after the throttle let the job through) to the moment the downstream judged it: the")
+	p("  handler notes when it starts, the workers' HTTP client sends that time in an `X-Started`")
+	p("  header, and the downstream subtracts it from its own clock (the workers and the downstream")
+	p("  read the same machine's wall clock). It is the handler's own work, the HTTP client, loopback")
+	p("  TCP and the downstream's server; the downstream's allowance of %s is there to forgive it.", b.o.allowance)
 	p("- *max rate error*: for every rate-limited tenant, the most requests it **sent** (accepted or")
 	p("  not) in any %s window, beyond what its limit allows in that window (burst + rate × %s),", rateWindow, rateWindow)
 	p("  as a percentage of rate × %s; the worst tenant is named. 0%% means no tenant ever sent", rateWindow)
@@ -400,11 +407,7 @@ func (b *benchmark) sluiceCommentary(out io.Writer, r *result) {
 		b.stallNote(out, r, b.o.cfg.workers*b.o.cfg.conc)
 	}
 	if miss(tgtRejections) {
-		rej := r.rejRate + r.rejConc
-		p("- **Rejections (%s: %s over a rate, %s over a cap).** sluice starts jobs on Redis's clock; the", thousands(int64(rej)), thousands(int64(r.rejRate)), thousands(int64(r.rejConc)))
-		p("  request reaches the downstream after the handler starts and crosses loopback HTTP, which on")
-		p("  a shared 2-core machine varies by more than the %s the downstream forgives. A refused", b.o.allowance)
-		p("  request pauses its tenant for the Retry-After (1 s) and the job is deferred, not lost.")
+		b.rejectionNote(out, r)
 	}
 	if miss(tgtWait) {
 		p("- **Small-tenant p99 wait %s** (%d of %s jobs over 2 s). By class: %s.", secs(r.waitP99), r.waitOver2s, thousands(int64(len(r.waits))), classWaits(r))
@@ -468,6 +471,69 @@ func (b *benchmark) sluiceCommentary(out io.Writer, r *result) {
 			p("  The unfinished jobs were waiting in stalled lines (above).")
 		}
 	}
+}
+
+// rejectionNote explains the downstream's refusals of r's requests from
+// their delivery delays.
+func (b *benchmark) rejectionNote(out io.Writer, r *result) {
+	p := func(format string, args ...any) { fmt.Fprintf(out, format+"\n", args...) }
+	rej := r.rejRate + r.rejConc
+	p("- **Rejections (%s: %s over a rate, %s over a cap).** sluice starts jobs on Redis's clock; the", thousands(int64(rej)), thousands(int64(r.rejRate)), thousands(int64(r.rejConc)))
+	p("  request reaches the downstream after the handler starts and crosses loopback HTTP.")
+	if r.delays == 0 {
+		p("  This run did not record how long that took.")
+	} else {
+		p("  Here that took %s ms (p50), %s ms (p99), %s ms (p99.9) and at most %s ms (*delivery delay*", millis(r.delayP50), millis(r.delayP99), millis(r.delayP999), millis(r.delayMax))
+		p("  above), against the %s the downstream forgives.", b.o.allowance)
+	}
+	if n := r.rejRate; n > 0 {
+		p("  The %s %s refused over a rate came %s ms early (median), %s ms at most: that much sooner", thousands(int64(n)), plural(n, "request", "requests"), millis(r.earlyP50), millis(r.earlyMax))
+		p("  than the tenant's GCRA allows, its allowance included.")
+		if e := r.explained; e > 0 {
+			of := fmt.Sprintf("For %s of them", thousands(int64(e)))
+			if e == n {
+				of = "For every one"
+			}
+			p("  %s the tenant's previous accepted request had taken longer to arrive than the refused", of)
+			p("  one, by at least as much as it came early (%s ms longer, median): had the two been", millis(r.prevLongerP50))
+			p("  delivered alike, the refused one would have conformed, so the variation in delivery alone")
+			p("  explains %s.", themIt(e))
+		}
+		if u := n - r.explained - r.unexplainedUnknown; u > 0 {
+			p("  %s %s not explained so: the previous accepted request's delivery was not longer by as", thousands(int64(u)), isAre(u))
+			p("  much as %s came early.", plural(u, "it", "they"))
+			if k := r.startedEarly; k > 0 {
+				p("  %s of them %s early already when %s handler started, by %s ms (median), replaying", thousands(int64(k)), wasWere(k), theirIts(k), millis(r.startEarlyP50))
+				p("  the downstream's GCRA over the handlers' starts instead of the arrivals: %s handlers", theirIts(k))
+				p("  started sooner after the tenant's earlier ones than its limit allows, allowance included.")
+			}
+			if k := r.startConformed; k > 0 {
+				p("  %s conformed at %s handler's start: delivery made %s early, but not the previous", thousands(int64(k)), theirIts(k), themIt(k))
+				p("  request's alone.")
+			}
+			if k := u - r.startedEarly - r.startConformed; k > 0 {
+				p("  %s could not be replayed on %s handlers' starts (a request of the tenant has no", thousands(int64(k)), theirIts(k))
+				p("  recorded start).")
+			}
+		}
+		if k := r.unexplainedUnknown; k > 0 {
+			p("  %s had no delivery delay to compare (no recorded start, or no accepted request before).", thousands(int64(k)))
+		}
+	}
+	p("  A refused request pauses its tenant for the Retry-After (1 s) and the job is deferred, not")
+	p("  lost.")
+}
+
+func isAre(n int) string    { return plural(n, "is", "are") }
+func wasWere(n int) string  { return plural(n, "was", "were") }
+func theirIts(n int) string { return plural(n, "its", "their") }
+func themIt(n int) string   { return plural(n, "it", "them") }
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
 }
 
 // stallNote describes the stalls of r: tenants whose waiting jobs stood

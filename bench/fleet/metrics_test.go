@@ -1,7 +1,9 @@
 package main
 
 import (
+	"bytes"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -386,6 +388,45 @@ func TestCompute(t *testing.T) {
 	r = compute(w, rd)
 	require.Zero(t, r.lost)
 	require.Equal(t, 1, r.unfinished)
+}
+
+// TestRejectionNote: sluice's Rejections bullet cites the run's delivery
+// delays and accounts for every refusal over a rate.
+func TestRejectionNote(t *testing.T) {
+	t.Parallel()
+	b := &benchmark{o: options{allowance: ms(2)}}
+	us := func(n int) time.Duration { return time.Duration(n) * time.Microsecond }
+	r := &result{rejRate: 10, rejConc: 1, delays: 1000, delayP50: us(412), delayP99: us(1930), delayP999: us(6100), delayMax: ms(41),
+		earlyP50: us(520), earlyMax: us(3100), explained: 6, prevLongerP50: us(1200), unexplainedUnknown: 1,
+		startedEarly: 2, startEarlyP50: us(300), startConformed: 1}
+	var out bytes.Buffer
+	b.rejectionNote(&out, r)
+	note := strings.Join(strings.Fields(out.String()), " ")
+	for _, want := range []string{
+		"**Rejections (11: 10 over a rate, 1 over a cap).**",
+		"Here that took 0.412 ms (p50), 1.93 ms (p99), 6.10 ms (p99.9) and at most 41.0 ms",
+		"against the 2ms the downstream forgives",
+		"The 10 requests refused over a rate came 0.520 ms early (median), 3.10 ms at most",
+		"For 6 of them the tenant's previous accepted request had taken longer",
+		"(1.20 ms longer, median)",
+		"3 are not explained so",
+		"2 of them were early already when their handler started, by 0.300 ms (median)",
+		"1 conformed at its handler's start",
+		"1 had no delivery delay to compare",
+	} {
+		require.Contains(t, note, want)
+	}
+	require.NotContains(t, note, "could not be replayed")
+
+	// Every one explained; a run that recorded no delays says so.
+	r = &result{rejRate: 2, earlyP50: us(100), earlyMax: us(200), explained: 2, prevLongerP50: us(900)}
+	out.Reset()
+	b.rejectionNote(&out, r)
+	note = strings.Join(strings.Fields(out.String()), " ")
+	require.Contains(t, note, "This run did not record how long that took.")
+	require.Contains(t, note, "For every one the tenant's previous accepted request")
+	require.Contains(t, note, "alone explains them.")
+	require.NotContains(t, note, "not explained")
 }
 
 // TestSavedDelays: a saved run keeps its arrivals' delays and the
