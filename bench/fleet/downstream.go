@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"math"
 	"net"
 	"net/http"
 	"strconv"
@@ -21,16 +22,22 @@ const (
 type arrival struct {
 	at time.Duration // since the run's start
 	// delay is the time from the start of the job's handler to this
-	// arrival (the request's X-Started header, see stampStart); −1 when
-	// the request did not say when its handler started.
-	delay  time.Duration
-	job    int32
-	conc   int32 // the tenant's requests in progress, this one included
-	status uint8
+	// arrival (the request's X-Started header, see stampStart);
+	// unknownDelay when the request did not say when its handler started.
+	delay time.Duration
+	// sinceAdmit is the time from sluice's gate admitting the job (the
+	// Redis time of its decision) to this arrival, a little below 0 when
+	// the job started just before its reserved slot; unknownDelay when
+	// the request did not say (set-ups 1 and 2).
+	sinceAdmit time.Duration
+	job        int32
+	conc       int32 // the tenant's requests in progress, this one included
+	status     uint8
 }
 
-// unknownDelay is an arrival's delay when its request carried no start.
-const unknownDelay time.Duration = -1
+// unknownDelay is an arrival's delay (or time since admission) when its
+// request did not carry the time it is measured from.
+const unknownDelay time.Duration = math.MinInt64
 
 // gcra is a strict leaky bucket (the virtual scheduling form of GCRA): a
 // request at now conforms when now ≥ tat − (burst−1)·interval − allowance.
@@ -111,8 +118,8 @@ func startDownstream(w *workload, allowance time.Duration, start time.Time) (*do
 func (d *downstream) close() { _ = d.srv.Close() }
 
 // ServeHTTP handles one call: headers X-Tenant and X-Job carry the
-// tenant's and the job's index, X-Started (optional) when its handler
-// started.
+// tenant's and the job's index, X-Started and X-Admitted (optional) when
+// its handler started and when sluice's gate admitted it.
 func (d *downstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ti, err1 := strconv.Atoi(r.Header.Get("X-Tenant"))
 	ji, err2 := strconv.Atoi(r.Header.Get("X-Job"))
@@ -120,19 +127,26 @@ func (d *downstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "bad X-Tenant or X-Job header", http.StatusBadRequest)
 		return
 	}
-	started, err := strconv.ParseInt(r.Header.Get(startedHeader), 10, 64)
-	if err != nil {
-		started = -1
+	stamp := func(h string) int64 {
+		v, err := strconv.ParseInt(r.Header.Get(h), 10, 64)
+		if err != nil {
+			return -1
+		}
+		return v
 	}
+	started, admitted := stamp(startedHeader), stamp(admittedHeader)
 	t := d.tenants[ti]
 	t.mu.Lock()
 	wall := time.Now()
 	now := wall.Sub(d.start)
-	a := arrival{at: now, delay: unknownDelay, job: int32(ji), conc: int32(t.running + 1)}
+	a := arrival{at: now, delay: unknownDelay, sinceAdmit: unknownDelay, job: int32(ji), conc: int32(t.running + 1)}
+	// wall clock against wall clock: the handler's start was read in
+	// another process, the admission in Redis
 	if started >= 0 {
-		// wall clock against wall clock: the handler's start was read in
-		// another process
 		a.delay = time.Duration(wall.UnixNano() - started)
+	}
+	if admitted >= 0 {
+		a.sinceAdmit = time.Duration(wall.UnixNano() - admitted)
 	}
 	switch {
 	case t.cap > 0 && t.running >= t.cap:

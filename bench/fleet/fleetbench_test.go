@@ -133,6 +133,9 @@ func TestDeliveryDelay(t *testing.T) {
 	require.GreaterOrEqual(t, arr[0].delay, 50*time.Millisecond)
 	require.LessOrEqual(t, arr[0].delay, 50*time.Millisecond+took)
 	require.Equal(t, unknownDelay, arr[1].delay)
+	for _, a := range arr {
+		require.Equal(t, unknownDelay, a.sinceAdmit, "no gate: no X-Admitted header")
+	}
 }
 
 func statuses(arr []arrival) []uint8 {
@@ -148,14 +151,24 @@ func statuses(arr []arrival) []uint8 {
 func deliveryRecorded(t *testing.T, r *result) {
 	t.Helper()
 	require.Positive(t, r.requests, r.setup)
-	require.Equal(t, r.requests, r.delays, "%s: a delivery delay for every request", r.setup)
-	require.Zero(t, r.delaysUnknown, r.setup)
-	require.Positive(t, r.delayP50, r.setup)
-	require.LessOrEqual(t, r.delayP50, r.delayP99, r.setup)
-	require.LessOrEqual(t, r.delayP99, r.delayP999, r.setup)
-	require.LessOrEqual(t, r.delayP999, r.delayMax, r.setup)
-	require.Less(t, r.delayMax, time.Minute, r.setup)
+	d := r.delivery
+	require.Equal(t, r.requests, d.n, "%s: a delivery delay for every request", r.setup)
+	require.Zero(t, d.unknown, r.setup)
+	require.Positive(t, d.p50, r.setup)
+	require.LessOrEqual(t, d.p50, d.p99, r.setup)
+	require.LessOrEqual(t, d.p99, d.p999, r.setup)
+	require.LessOrEqual(t, d.p999, d.max, r.setup)
+	require.Less(t, d.max, time.Minute, r.setup)
+	if r.setup == setupSluice {
+		// every request of sluice's says when the gate admitted its job
+		a := r.admitToStart
+		require.Equal(t, r.requests, a.n, r.setup)
+		require.Less(t, a.max, time.Minute, r.setup)
+	} else {
+		require.Zero(t, r.admitToStart.n, "%s: no gate, no admissions", r.setup)
+	}
 	require.Equal(t, r.rejRate, r.explained+r.unexplainedUnknown+r.startedEarly+r.startConformed, r.setup)
+	require.LessOrEqual(t, r.admittedEarly+r.admittedInTime, r.startedEarly, r.setup)
 	if r.rejRate > 0 {
 		require.Positive(t, r.earlyP50, r.setup)
 	}

@@ -214,6 +214,10 @@ func (b *benchmark) fleetMarkdown(out io.Writer) {
 	p("  header, and the downstream subtracts it from its own clock (the workers and the downstream")
 	p("  read the same machine's wall clock). It is the handler's own work, the HTTP client, loopback")
 	p("  TCP and the downstream's server; the downstream's allowance of %s is there to forgive it.", b.o.allowance)
+	p("- *sluice: gate admission to handler start*: for sluice's requests, the time from the gate's")
+	p("  admission of the job (the Redis time of its decision, or the job's slot when it waited in the")
+	p("  worker for one; `worker.AdmissionFrom`), sent in an `X-Admitted` header, to its handler's")
+	p("  start. Below 0 when a job started a little before its slot.")
 	p("- *max rate error*: for every rate-limited tenant, the most requests it **sent** (accepted or")
 	p("  not) in any %s window, beyond what its limit allows in that window (burst + rate × %s),", rateWindow, rateWindow)
 	p("  as a percentage of rate × %s; the worst tenant is named. 0%% means no tenant ever sent", rateWindow)
@@ -480,10 +484,10 @@ func (b *benchmark) rejectionNote(out io.Writer, r *result) {
 	rej := r.rejRate + r.rejConc
 	p("- **Rejections (%s: %s over a rate, %s over a cap).** sluice starts jobs on Redis's clock; the", thousands(int64(rej)), thousands(int64(r.rejRate)), thousands(int64(r.rejConc)))
 	p("  request reaches the downstream after the handler starts and crosses loopback HTTP.")
-	if r.delays == 0 {
+	if d := r.delivery; d.n == 0 {
 		p("  This run did not record how long that took.")
 	} else {
-		p("  Here that took %s ms (p50), %s ms (p99), %s ms (p99.9) and at most %s ms (*delivery delay*", millis(r.delayP50), millis(r.delayP99), millis(r.delayP999), millis(r.delayMax))
+		p("  Here that took %s ms (p50), %s ms (p99), %s ms (p99.9) and at most %s ms (*delivery delay*", millis(d.p50), millis(d.p99), millis(d.p999), millis(d.max))
 		p("  above), against the %s the downstream forgives.", b.o.allowance)
 	}
 	if n := r.rejRate; n > 0 {
@@ -503,9 +507,18 @@ func (b *benchmark) rejectionNote(out io.Writer, r *result) {
 			p("  %s %s not explained so: the previous accepted request's delivery was not longer by as", thousands(int64(u)), isAre(u))
 			p("  much as %s came early.", plural(u, "it", "they"))
 			if k := r.startedEarly; k > 0 {
-				p("  %s of them %s early already when %s handler started, by %s ms (median), replaying", thousands(int64(k)), wasWere(k), theirIts(k), millis(r.startEarlyP50))
-				p("  the downstream's GCRA over the handlers' starts instead of the arrivals: %s handlers", theirIts(k))
+				p("  %s of them %s early already when %s handler started, by %s ms%s, replaying", thousands(int64(k)), wasWere(k), theirIts(k), millis(r.startEarlyP50), medianOf(k))
+				p("  the downstream's GCRA over the handlers' starts instead of the arrivals: %s %s", theirIts(k), plural(k, "handler", "handlers"))
 				p("  started sooner after the tenant's earlier ones than its limit allows, allowance included.")
+				if e := r.admittedEarly; e > 0 {
+					p("  Replayed over the gate's admissions (Redis time), %s of those %s early already there,", thousands(int64(e)), wasWere(e))
+					p("  by %s ms%s: the gate admitted %s sooner after the tenant's earlier admissions than", millis(r.admitEarlyP50), medianOf(e), themIt(e))
+					p("  the downstream's limit allows, allowance included.")
+				}
+				if e := r.admittedInTime; e > 0 {
+					p("  %s %s admitted in time: the time from %s admission to %s handler's start (*gate", thousands(int64(e)), wasWere(e), theirIts(e), theirIts(e))
+					p("  admission to handler start* above) made %s early.", themIt(e))
+				}
 			}
 			if k := r.startConformed; k > 0 {
 				p("  %s conformed at %s handler's start: delivery made %s early, but not the previous", thousands(int64(k)), theirIts(k), themIt(k))
@@ -525,6 +538,7 @@ func (b *benchmark) rejectionNote(out io.Writer, r *result) {
 }
 
 func isAre(n int) string    { return plural(n, "is", "are") }
+func medianOf(n int) string { return plural(n, "", " (median)") }
 func wasWere(n int) string  { return plural(n, "was", "were") }
 func theirIts(n int) string { return plural(n, "its", "their") }
 func themIt(n int) string   { return plural(n, "it", "them") }

@@ -237,8 +237,8 @@ type refusal struct {
 	// ((burst−1)·interval + allowance), always above 0.
 	early time.Duration
 	// delay is its delivery delay (handler start to arrival) and
-	// prevDelay that of the tenant's previous accepted request; −1 when
-	// not known (no start recorded, or no accepted request before it).
+	// prevDelay that of the tenant's previous accepted request;
+	// unknownDelay when not known (no start recorded, or no accepted request before it).
 	delay, prevDelay time.Duration
 	// startEarly is by how much its handler's start missed conformance
 	// when the same GCRA is replayed over the handlers' starts (at −
@@ -247,6 +247,11 @@ type refusal struct {
 	// when every request of the tenant has a delay.
 	startEarly time.Duration
 	startKnown bool
+	// admitEarly is the same over the times sluice's gate admitted the
+	// jobs (at − sinceAdmit); known (admitKnown) only when every request
+	// of the tenant says when it was admitted.
+	admitEarly time.Duration
+	admitKnown bool
 }
 
 // explained reports whether the difference in delivery alone accounts for
@@ -254,16 +259,17 @@ type refusal struct {
 // to arrive than this one, so had both been delivered alike this one
 // would have arrived that much later, conforming.
 func (r refusal) explained() bool {
-	return r.delay >= 0 && r.prevDelay >= 0 && r.prevDelay-r.delay >= r.early
+	return r.delay != unknownDelay && r.prevDelay != unknownDelay && r.prevDelay-r.delay >= r.early
 }
 
 // refusals replays a tenant's GCRA (perSecond, burst, allowance, as the
 // downstream enforced it) over its arrivals, in the order the downstream
 // saw them, and returns each request refused over the rate with how early
-// it came and its and its predecessor's delivery delays. Only accepted
-// requests are charged, as in the downstream; a refused request's replay
-// finds it early by more than 0 unless the arrivals are not the
-// downstream's.
+// it came and its and its predecessor's delivery delays; then again over
+// the handlers' starts and over the admissions (replayEarly). Only
+// accepted requests are charged, as in the downstream; a refused
+// request's replay finds it early by more than 0 unless the arrivals are
+// not the downstream's.
 func refusals(arr []arrival, perSecond, burst int64, allowance time.Duration) []refusal {
 	if perSecond <= 0 {
 		return nil
@@ -281,48 +287,79 @@ func refusals(arr []arrival, perSecond, burst int64, allowance time.Duration) []
 			out = append(out, refusal{early: g.tat - a.at - slack, delay: a.delay, prevDelay: prev})
 		}
 	}
-	// The same over the handlers' starts, in the order they started; the
-	// requests the downstream accepted are charged, at their starts.
-	order := make([]int, 0, len(arr))
-	for i, a := range arr {
-		if a.delay < 0 {
-			return out
-		}
-		order = append(order, i)
+	if len(out) == 0 {
+		return out
 	}
-	start := func(i int) time.Duration { return arr[i].at - arr[i].delay }
-	sort.SliceStable(order, func(x, y int) bool { return start(order[x]) < start(order[y]) })
-	startEarly := make(map[int]time.Duration, len(out))
-	g = newGCRA(perSecond, burst, allowance)
-	for _, i := range order {
-		switch arr[i].status {
-		case accepted:
-			g.charge(start(i))
-		case rejectedRate:
-			startEarly[i] = g.tat - start(i) - slack
-		}
-	}
+	starts := replayEarly(arr, perSecond, burst, allowance, func(a arrival) time.Duration { return a.delay })
+	admits := replayEarly(arr, perSecond, burst, allowance, func(a arrival) time.Duration { return a.sinceAdmit })
 	k := 0
 	for i, a := range arr {
-		if a.status == rejectedRate {
-			out[k].startEarly, out[k].startKnown = startEarly[i], true
-			k++
+		if a.status != rejectedRate {
+			continue
 		}
+		if starts != nil {
+			out[k].startEarly, out[k].startKnown = starts[i], true
+		}
+		if admits != nil {
+			out[k].admitEarly, out[k].admitKnown = admits[i], true
+		}
+		k++
 	}
 	return out
 }
 
-// delayStats summarizes the delivery delays of arrivals: the known ones,
-// sorted, and how many were unknown.
-func delayStats(arrivals [][]arrival) (known []time.Duration, unknown int) {
+// replayEarly replays a tenant's GCRA over a time before each arrival,
+// the arrival's time less lag(a) (a handler's start, an admission), in the
+// order of those times, charging the requests the downstream accepted
+// there; it returns, by index in arr, by how much each request refused
+// over a rate missed conformance at its time (0 or less: it conformed).
+// nil when an arrival's lag is not known (unknownDelay).
+func replayEarly(arr []arrival, perSecond, burst int64, allowance time.Duration, lag func(arrival) time.Duration) map[int]time.Duration {
+	order := make([]int, 0, len(arr))
+	for i, a := range arr {
+		if lag(a) == unknownDelay {
+			return nil
+		}
+		order = append(order, i)
+	}
+	at := func(i int) time.Duration { return arr[i].at - lag(arr[i]) }
+	sort.SliceStable(order, func(x, y int) bool { return at(order[x]) < at(order[y]) })
+	g := newGCRA(perSecond, burst, allowance)
+	slack := time.Duration(g.burst-1)*g.interval + g.allowance
+	early := map[int]time.Duration{}
+	for _, i := range order {
+		switch arr[i].status {
+		case accepted:
+			g.charge(at(i))
+		case rejectedRate:
+			early[i] = g.tat - at(i) - slack
+		}
+	}
+	return early
+}
+
+// lagStats gathers, over every arrival for which lag is known (ok), its
+// value, sorted, and counts the others.
+func lagStats(arrivals [][]arrival, lag func(arrival) (time.Duration, bool)) (known []time.Duration, unknown int) {
 	for _, arr := range arrivals {
 		for _, a := range arr {
-			if a.delay < 0 {
+			d, ok := lag(a)
+			if !ok {
 				unknown++
 				continue
 			}
-			known = append(known, a.delay)
+			known = append(known, d)
 		}
 	}
 	return sortDurations(known), unknown
+}
+
+// deliveryDelay is an arrival's delivery delay, when known.
+func deliveryDelay(a arrival) (time.Duration, bool) { return a.delay, a.delay != unknownDelay }
+
+// admitToStart is the time from an arrival's admission by sluice's gate
+// to its handler's start, when both are known (it may be below 0: the
+// gate's clock is Redis's).
+func admitToStart(a arrival) (time.Duration, bool) {
+	return a.sinceAdmit - a.delay, a.delay != unknownDelay && a.sinceAdmit != unknownDelay
 }

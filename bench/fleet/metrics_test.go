@@ -140,9 +140,9 @@ func TestRefusals(t *testing.T) {
 	t.Parallel()
 	// 10/s (100 ms apart), burst 1, allowance 2 ms: a request at `at`
 	// conforms when tat − at ≤ 2 ms. d is its delivery delay; its
-	// handler started at at − d.
+	// handler started at at − d. Its admission is not known.
 	a := func(at, d int, status uint8) arrival {
-		return arrival{at: ms(at), delay: time.Duration(d) * time.Millisecond, status: status}
+		return arrival{at: ms(at), delay: ms(d), sinceAdmit: unknownDelay, status: status}
 	}
 	arr := []arrival{
 		a(1000, 5, accepted),     // tat 1100; started at 995, tat of starts 1095
@@ -161,7 +161,7 @@ func TestRefusals(t *testing.T) {
 
 	// A request with no recorded start: its successor has no previous
 	// delay to compare, and the tenant's starts cannot be replayed.
-	arr = append(arr, arrival{at: ms(1300), delay: unknownDelay}, a(1390, 1, rejectedRate))
+	arr = append(arr, arrival{at: ms(1300), delay: unknownDelay, sinceAdmit: unknownDelay}, a(1390, 1, rejectedRate))
 	got = refusals(arr, 10, 1, ms(2))
 	require.Len(t, got, 3)
 	require.Equal(t, refusal{early: ms(8), delay: ms(1), prevDelay: unknownDelay}, got[2])
@@ -186,12 +186,39 @@ func TestRefusals(t *testing.T) {
 	got = refusals(arr, 10, 1, ms(2))
 	require.Equal(t, []refusal{{early: ms(48), delay: ms(60), prevDelay: ms(1), startEarly: ms(-992), startKnown: true}}, got)
 
+	// Over the admissions (at − sinceAdmit): both refused requests were
+	// early at their handler's start by 2 ms; the first was admitted
+	// early too, the second in time, but its handler started 1 ms after
+	// its admission where the previous one's started 4 ms after.
+	b := func(at, d, sinceAdmit int, status uint8) arrival {
+		return arrival{at: ms(at), delay: ms(d), sinceAdmit: ms(sinceAdmit), status: status}
+	}
+	arr = []arrival{
+		b(1000, 1, 3, accepted),     // admitted 997: tat of admissions 1097
+		b(1096, 1, 2, rejectedRate), // admitted 1094: 1097 − 1094 − 2 = 1 ms early
+		b(1200, 1, 5, accepted),     // admitted 1195, started 1199: tat of admissions 1295
+		b(1296, 1, 2, rejectedRate), // admitted 1294: 1295 − 1294 − 2 = −1: in time
+	}
+	got = refusals(arr, 10, 1, ms(2))
+	require.Equal(t, []refusal{
+		{early: ms(2), delay: ms(1), prevDelay: ms(1), startEarly: ms(2), startKnown: true, admitEarly: ms(1), admitKnown: true},
+		{early: ms(2), delay: ms(1), prevDelay: ms(1), startEarly: ms(2), startKnown: true, admitEarly: ms(-1), admitKnown: true},
+	}, got)
+
 	require.Empty(t, refusals(arr, 0, 1, 0), "no rate: no rate refusals")
 	require.Empty(t, refusals(nil, 10, 1, 0))
 
-	known, unknown := delayStats([][]arrival{{a(0, 3, accepted), a(0, 1, rejectedRate)}, nil, {{delay: unknownDelay}, a(0, 2, accepted)}})
+	all := [][]arrival{{b(0, 3, 4, accepted), a(0, 1, rejectedRate)}, nil, {{delay: unknownDelay, sinceAdmit: ms(1)}, b(0, 2, 1, accepted)}}
+	known, unknown := lagStats(all, deliveryDelay)
 	require.Equal(t, msList(1, 2, 3), known)
 	require.Equal(t, 1, unknown)
+	known, unknown = lagStats(all, admitToStart)
+	require.Equal(t, msList(-1, 1), known, "admitted 1 ms before its start, and 1 ms after")
+	require.Equal(t, 2, unknown)
+	require.Equal(t, spread{n: 2, unknown: 2, p50: ms(-1), p99: ms(1), p999: ms(1), max: ms(1)}, spreadOf(known, unknown))
+	require.Equal(t, "-1.00 / 1.00 / 1.00 / 1.00 ms (2 unknown)", spreadOf(known, unknown).cell("unknown"))
+	require.Equal(t, "not recorded", spreadOf(nil, 5).cell("unknown"))
+	require.Equal(t, "0.412 / 23.5 / 100 ms", millis(412*time.Microsecond)+" / "+millis(23500*time.Microsecond)+" / "+millis(ms(100))+" ms")
 }
 
 func TestPeakConcurrencyAndDeliveries(t *testing.T) {
@@ -329,7 +356,7 @@ func TestCompute(t *testing.T) {
 			continue
 		}
 		rd.served[i] = 1
-		rd.arrivals[j.tenant] = append(rd.arrivals[j.tenant], arrival{at: j.at + ms(10), delay: ms(2), job: int32(i), conc: 1})
+		rd.arrivals[j.tenant] = append(rd.arrivals[j.tenant], arrival{at: j.at + ms(10), delay: ms(2), sinceAdmit: ms(3), job: int32(i), conc: 1})
 		rd.lastOK = max(rd.lastOK, j.at+ms(10))
 	}
 	rd.served[0] = 2
@@ -337,10 +364,10 @@ func TestCompute(t *testing.T) {
 	// 1,700 sent within 10 ms, against 20 + 1,000 allowed in 10 s and
 	// 20 + 100 in 1 s.
 	for k := 0; k < 1500; k++ {
-		rd.arrivals[0] = append(rd.arrivals[0], arrival{at: time.Second + ms(20), delay: ms(1), job: int32(w.bigFrom), conc: 1, status: rejectedRate})
+		rd.arrivals[0] = append(rd.arrivals[0], arrival{at: time.Second + ms(20), delay: ms(1), sinceAdmit: ms(2), job: int32(w.bigFrom), conc: 1, status: rejectedRate})
 	}
 	// One more request says no start: counted apart from the delays.
-	rd.arrivals[1] = append(rd.arrivals[1], arrival{at: time.Minute, delay: unknownDelay, job: 1, conc: 1, status: rejectedConc})
+	rd.arrivals[1] = append(rd.arrivals[1], arrival{at: time.Minute, delay: unknownDelay, sinceAdmit: unknownDelay, job: 1, conc: 1, status: rejectedConc})
 	rd.gate = map[string]float64{
 		"sluice_worker_decisions_total{rule=,verdict=allowed}":           500,
 		"sluice_worker_decisions_total{rule=rate[0],verdict=denied}":     20,
@@ -360,11 +387,9 @@ func TestCompute(t *testing.T) {
 	require.Equal(t, 1500, r.rejRate)
 	require.Equal(t, 1, r.rejConc)
 	// Delivery: 1,500 refused requests took 1 ms, 499 accepted 2 ms.
-	require.Equal(t, len(w.jobs)-1+1500, r.delays)
-	require.Equal(t, 1, r.delaysUnknown)
-	require.Equal(t, ms(1), r.delayP50)
-	require.Equal(t, ms(2), r.delayP99)
-	require.Equal(t, ms(2), r.delayMax)
+	require.Equal(t, spread{n: len(w.jobs) - 1 + 1500, unknown: 1, p50: ms(1), p99: ms(2), p999: ms(2), max: ms(2)}, r.delivery)
+	// Every job admitted 1 ms before its handler started.
+	require.Equal(t, spread{n: len(w.jobs) - 1 + 1500, unknown: 1, p50: ms(1), p99: ms(1), p999: ms(1), max: ms(1)}, r.admitToStart)
 	// The big tenant's 200 accepted requests at 1.01 s charged its GCRA
 	// (100/s, burst 20) to 3.01 s; the refused ones, at 1.02 s, came
 	// 3.01 − 1.02 − 0.19 = 1.8 s early, far more than the previous request's
@@ -375,6 +400,9 @@ func TestCompute(t *testing.T) {
 	require.Zero(t, r.unexplainedUnknown)
 	require.Equal(t, 1500, r.startedEarly)
 	require.Equal(t, 1799*time.Millisecond, r.startEarlyP50, "the accepted ones started 2 ms before arriving, the refused ones 1 ms")
+	require.Equal(t, 1500, r.admittedEarly)
+	require.Zero(t, r.admittedInTime)
+	require.Equal(t, 1799*time.Millisecond, r.admitEarlyP50, "each admitted 1 ms before its start")
 	require.Empty(t, r.problems, "the replay agrees with the statuses")
 	require.InDelta(t, float64(len(w.jobs)+7)/float64(len(w.jobs)), r.perJob, 1e-9)
 	require.NotEmpty(t, r.waits, "small tenants' conforming jobs in the burst window")
@@ -396,9 +424,9 @@ func TestRejectionNote(t *testing.T) {
 	t.Parallel()
 	b := &benchmark{o: options{allowance: ms(2)}}
 	us := func(n int) time.Duration { return time.Duration(n) * time.Microsecond }
-	r := &result{rejRate: 10, rejConc: 1, delays: 1000, delayP50: us(412), delayP99: us(1930), delayP999: us(6100), delayMax: ms(41),
+	r := &result{rejRate: 10, rejConc: 1, delivery: spread{n: 1000, p50: us(412), p99: us(1930), p999: us(6100), max: ms(41)},
 		earlyP50: us(520), earlyMax: us(3100), explained: 6, prevLongerP50: us(1200), unexplainedUnknown: 1,
-		startedEarly: 2, startEarlyP50: us(300), startConformed: 1}
+		startedEarly: 2, startEarlyP50: us(300), startConformed: 1, admittedEarly: 1, admitEarlyP50: us(250), admittedInTime: 1}
 	var out bytes.Buffer
 	b.rejectionNote(&out, r)
 	note := strings.Join(strings.Fields(out.String()), " ")
@@ -411,6 +439,8 @@ func TestRejectionNote(t *testing.T) {
 		"(1.20 ms longer, median)",
 		"3 are not explained so",
 		"2 of them were early already when their handler started, by 0.300 ms (median)",
+		"Replayed over the gate's admissions (Redis time), 1 of those was early already there, by 0.250 ms:",
+		"1 was admitted in time: the time from its admission to its handler's start",
 		"1 conformed at its handler's start",
 		"1 had no delivery delay to compare",
 	} {
@@ -441,18 +471,20 @@ func TestSavedDelays(t *testing.T) {
 	for ti := range rd.arrivals {
 		rd.arrivals[ti] = []arrival{}
 	}
-	rd.arrivals[0] = []arrival{{at: ms(5), delay: ms(1), job: 3, conc: 1}, {at: ms(6), delay: unknownDelay, job: 4, conc: 2, status: rejectedRate}}
+	rd.arrivals[0] = []arrival{{at: ms(5), delay: ms(1), sinceAdmit: ms(-1), job: 3, conc: 1},
+		{at: ms(6), delay: unknownDelay, sinceAdmit: unknownDelay, job: 4, conc: 2, status: rejectedRate}}
 	saved := toSaved(rd)
 	again, err := fromSaved(saved, w, 2, ms(2))
 	require.NoError(t, err)
 	require.Equal(t, rd.arrivals, again.arrivals)
 	require.Equal(t, ms(2), again.allowance)
 
-	saved.Delay = nil
+	saved.Delay, saved.SinceAdmit = nil, nil
 	again, err = fromSaved(saved, w, 2, ms(2))
 	require.NoError(t, err)
 	for _, a := range again.arrivals[0] {
 		require.Equal(t, unknownDelay, a.delay)
+		require.Equal(t, unknownDelay, a.sinceAdmit)
 	}
 	saved.Delay = [][]time.Duration{{0}}
 	_, err = fromSaved(saved, w, 2, ms(2))

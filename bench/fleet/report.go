@@ -27,11 +27,11 @@ type result struct {
 	rejRate    int
 	rejConc    int
 
-	// Delivery: each request's delay from its job's handler's start to
-	// its arrival at the downstream, over the known ones (delays of
-	// them; delaysUnknown requests said no start).
-	delayP50, delayP99, delayP999, delayMax time.Duration
-	delays, delaysUnknown                   int
+	// delivery is each request's delay from its job's handler's start to
+	// its arrival at the downstream; admitToStart, in sluice's set-up,
+	// from the gate's admission of the job (Redis time) to its handler's
+	// start.
+	delivery, admitToStart spread
 	// The requests refused over a rate, replayed (refusals): how early
 	// they came; how many the previous accepted request's longer
 	// delivery explains, and the median of how much longer it was over
@@ -42,10 +42,16 @@ type result struct {
 	unexplainedUnknown int
 	// Of those not explained so (both delays known), how many were
 	// early already at their handler's start (refusal.startEarly), and
-	// by how much (median), and how many conformed there.
+	// by how much (median), and how many conformed there. Of those early
+	// at their start, how many were early already at their admission
+	// (refusal.admitEarly; by how much, median), and how many were
+	// admitted in time.
 	startedEarly   int
 	startEarlyP50  time.Duration
 	startConformed int
+	admittedEarly  int
+	admitEarlyP50  time.Duration
+	admittedInTime int
 
 	rateErr         float64 // largest rateExcess (10 s windows) of any rate-limited tenant
 	rateErrTenant   string
@@ -139,13 +145,9 @@ func compute(w *workload, rd *runData) *result {
 
 	// How long the requests took to arrive, and why those refused over a
 	// rate came early.
-	delays, unknown := delayStats(rd.arrivals)
-	r.delays, r.delaysUnknown = len(delays), unknown
-	r.delayP50, r.delayP99, r.delayP999 = percentile(delays, 50), percentile(delays, 99), percentile(delays, 99.9)
-	if len(delays) > 0 {
-		r.delayMax = delays[len(delays)-1]
-	}
-	var early, prevLonger, startEarly []time.Duration
+	r.delivery = spreadOf(lagStats(rd.arrivals, deliveryDelay))
+	r.admitToStart = spreadOf(lagStats(rd.arrivals, admitToStart))
+	var early, prevLonger, startEarly, admitEarly []time.Duration
 	replayed := 0
 	for ti, arr := range rd.arrivals {
 		t := w.tenants[ti]
@@ -155,7 +157,7 @@ func compute(w *workload, rd *runData) *result {
 			}
 			early = append(early, f.early)
 			switch {
-			case f.delay < 0 || f.prevDelay < 0:
+			case f.delay == unknownDelay || f.prevDelay == unknownDelay:
 				r.unexplainedUnknown++
 			case f.explained():
 				r.explained++
@@ -163,6 +165,13 @@ func compute(w *workload, rd *runData) *result {
 			case f.startKnown && f.startEarly > 0:
 				r.startedEarly++
 				startEarly = append(startEarly, f.startEarly)
+				switch {
+				case f.admitKnown && f.admitEarly > 0:
+					r.admittedEarly++
+					admitEarly = append(admitEarly, f.admitEarly)
+				case f.admitKnown:
+					r.admittedInTime++
+				}
 			case f.startKnown:
 				r.startConformed++
 			}
@@ -175,6 +184,7 @@ func compute(w *workload, rd *runData) *result {
 	}
 	r.prevLongerP50 = percentile(sortDurations(prevLonger), 50)
 	r.startEarlyP50 = percentile(sortDurations(startEarly), 50)
+	r.admitEarlyP50 = percentile(sortDurations(admitEarly), 50)
 	if replayed > 0 {
 		r.problems = append(r.problems, fmt.Sprintf("%d requests the downstream refused over a rate conform when its GCRA is replayed", replayed))
 	}
@@ -337,6 +347,35 @@ func millis(d time.Duration) string { return fmt.Sprintf("%.2f ms", float64(d)/1
 // micros writes seconds as whole microseconds.
 func micros(s float64) string { return fmt.Sprintf("%.0f µs", s*1e6) }
 
+// spread is a distribution of durations: how many were known, how many
+// not, and its percentiles.
+type spread struct {
+	n, unknown          int
+	p50, p99, p999, max time.Duration
+}
+
+// spreadOf is the spread of sorted durations, unknown more not known.
+func spreadOf(sorted []time.Duration, unknown int) spread {
+	s := spread{n: len(sorted), unknown: unknown, p50: percentile(sorted, 50), p99: percentile(sorted, 99), p999: percentile(sorted, 99.9)}
+	if len(sorted) > 0 {
+		s.max = sorted[len(sorted)-1]
+	}
+	return s
+}
+
+// cell writes the spread's percentiles as a table's cell; missing names
+// the ones not known, when there are any.
+func (s spread) cell(missing string) string {
+	if s.n == 0 {
+		return "not recorded"
+	}
+	c := fmt.Sprintf("%s / %s / %s / %s ms", millis(s.p50), millis(s.p99), millis(s.p999), millis(s.max))
+	if s.unknown > 0 {
+		c += fmt.Sprintf(" (%s %s)", thousands(int64(s.unknown)), missing)
+	}
+	return c
+}
+
 // millis writes a duration as milliseconds without the unit, to three
 // significant figures below 100 ms (0.412, 1.93, 23.5), whole above.
 func millis(d time.Duration) string {
@@ -399,14 +438,13 @@ var rows = []row{
 		return fmt.Sprintf("%s (rate %s, concurrency %s)", thousands(int64(r.rejRate+r.rejConc)), thousands(int64(r.rejRate)), thousands(int64(r.rejConc)))
 	}},
 	{"delivery delay (handler start to downstream), p50 / p99 / p99.9 / max", func(r *result) string {
-		if r.delays == 0 {
-			return "not recorded"
+		return r.delivery.cell("requests without a start")
+	}},
+	{"sluice: gate admission (Redis time) to handler start, p50 / p99 / p99.9 / max", func(r *result) string {
+		if r.setup != setupSluice {
+			return "-"
 		}
-		s := fmt.Sprintf("%s / %s / %s / %s ms", millis(r.delayP50), millis(r.delayP99), millis(r.delayP999), millis(r.delayMax))
-		if r.delaysUnknown > 0 {
-			s += fmt.Sprintf(" (%s requests without a start)", thousands(int64(r.delaysUnknown)))
-		}
-		return s
+		return r.admitToStart.cell("requests without an admission")
 	}},
 	{"max rate error: sent over limit in any 10 s", func(r *result) string {
 		return overLimit(r.rateErr, r.rateErrTenant, r.tenantsOverRate)

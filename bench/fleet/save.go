@@ -56,9 +56,10 @@ type savedRun struct {
 	Samples               []sample
 	CmdStats              map[string]cmdStat
 	Profile               *redisProfile
-	// Delay: each arrival's delivery delay (arrival.delay); absent in
-	// runs saved before it was recorded, read as unknown.
-	Delay [][]time.Duration
+	// Delay and SinceAdmit: each arrival's delivery delay and time since
+	// its admission (arrival.delay, arrival.sinceAdmit); absent in runs
+	// saved before they were recorded, read as unknown.
+	Delay, SinceAdmit [][]time.Duration
 }
 
 func (b *benchmark) save(file string) error {
@@ -93,12 +94,12 @@ func toSaved(rd *runData) savedRun {
 		CmdStats: rd.cmdStats, Profile: rd.profile}
 	for _, arr := range rd.arrivals {
 		at, job, conc, st := make([]time.Duration, len(arr)), make([]int32, len(arr)), make([]int32, len(arr)), make([]uint8, len(arr))
-		delay := make([]time.Duration, len(arr))
+		delay, admit := make([]time.Duration, len(arr)), make([]time.Duration, len(arr))
 		for i, a := range arr {
-			at[i], job[i], conc[i], st[i], delay[i] = a.at, a.job, a.conc, a.status, a.delay
+			at[i], job[i], conc[i], st[i], delay[i], admit[i] = a.at, a.job, a.conc, a.status, a.delay, a.sinceAdmit
 		}
 		r.At, r.Job, r.Conc, r.Status = append(r.At, at), append(r.Job, job), append(r.Conc, conc), append(r.Status, st)
-		r.Delay = append(r.Delay, delay)
+		r.Delay, r.SinceAdmit = append(r.Delay, delay), append(r.SinceAdmit, admit)
 	}
 	return r
 }
@@ -113,12 +114,12 @@ func fromSaved(r savedRun, w *workload, cores int, allowance time.Duration) (*ru
 		workerCPU: r.WorkerCPU, slots: r.Slots, redisCPU: r.RedisCPU, redisPeak: r.RedisPeak, leftover: r.Leftover,
 		timedOut: r.TimedOut, loadBefore: r.LoadBefore, loadAfter: r.LoadAfter, problems: r.Problems, samples: r.Samples,
 		cmdStats: r.CmdStats, profile: r.Profile, allowance: allowance}
-	if r.Delay != nil && len(r.Delay) != len(r.At) {
-		return nil, fmt.Errorf("set-up %s: delays of %d tenants, arrivals of %d", r.Setup, len(r.Delay), len(r.At))
+	if r.Delay != nil && len(r.Delay) != len(r.At) || r.SinceAdmit != nil && len(r.SinceAdmit) != len(r.At) {
+		return nil, fmt.Errorf("set-up %s: delays of %d tenants, admissions of %d, arrivals of %d", r.Setup, len(r.Delay), len(r.SinceAdmit), len(r.At))
 	}
 	for ti := range r.At {
 		if len(r.Job[ti]) != len(r.At[ti]) || len(r.Conc[ti]) != len(r.At[ti]) || len(r.Status[ti]) != len(r.At[ti]) ||
-			r.Delay != nil && len(r.Delay[ti]) != len(r.At[ti]) {
+			r.Delay != nil && len(r.Delay[ti]) != len(r.At[ti]) || r.SinceAdmit != nil && len(r.SinceAdmit[ti]) != len(r.At[ti]) {
 			return nil, fmt.Errorf("set-up %s: tenant %d's arrivals are inconsistent", r.Setup, ti)
 		}
 		arr := make([]arrival, len(r.At[ti]))
@@ -126,9 +127,12 @@ func fromSaved(r savedRun, w *workload, cores int, allowance time.Duration) (*ru
 			if j := r.Job[ti][i]; j < 0 || int(j) >= len(w.jobs) {
 				return nil, fmt.Errorf("set-up %s: arrival of unknown job %d", r.Setup, j)
 			}
-			arr[i] = arrival{at: r.At[ti][i], delay: unknownDelay, job: r.Job[ti][i], conc: r.Conc[ti][i], status: r.Status[ti][i]}
+			arr[i] = arrival{at: r.At[ti][i], delay: unknownDelay, sinceAdmit: unknownDelay, job: r.Job[ti][i], conc: r.Conc[ti][i], status: r.Status[ti][i]}
 			if r.Delay != nil {
 				arr[i].delay = r.Delay[ti][i]
+			}
+			if r.SinceAdmit != nil {
+				arr[i].sinceAdmit = r.SinceAdmit[ti][i]
 			}
 		}
 		rd.arrivals = append(rd.arrivals, arr)

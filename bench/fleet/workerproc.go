@@ -319,10 +319,14 @@ func workerMain(setup, addr string, cluster bool, conc, procs int, limitsFile, k
 	return json.NewEncoder(os.Stdout).Encode(st)
 }
 
-// startedHeader carries the time the job's handler started, in Unix
-// nanoseconds: the worker processes and the downstream run on one host,
-// so their wall clocks agree.
-const startedHeader = "X-Started"
+// startedHeader carries the time the job's handler started, and
+// admittedHeader the time sluice's gate admitted the job (its decision's
+// Redis time, set-up 3 only), in Unix nanoseconds: the worker processes,
+// Redis and the downstream run on one host, so their wall clocks agree.
+const (
+	startedHeader  = "X-Started"
+	admittedHeader = "X-Admitted"
+)
 
 type startKey struct{}
 
@@ -332,7 +336,9 @@ func withStart(ctx context.Context, t time.Time) context.Context {
 }
 
 // stampStart is a transport that sends, with a request whose context
-// notes its handler's start (withStart), that time in startedHeader.
+// notes its handler's start (withStart), that time in startedHeader, and
+// the time sluice's gate admitted its job, when it did, in
+// admittedHeader.
 type stampStart struct{ next http.RoundTripper }
 
 func (s stampStart) RoundTrip(req *http.Request) (*http.Response, error) {
@@ -346,6 +352,9 @@ func (s stampStart) RoundTrip(req *http.Request) (*http.Response, error) {
 	*r = *req
 	r.Header = req.Header.Clone()
 	r.Header.Set(startedHeader, strconv.FormatInt(t.UnixNano(), 10))
+	if a, ok := worker.AdmissionFrom(req.Context()); ok && !a.FailOpen && !a.Decision.Now.IsZero() {
+		r.Header.Set(admittedHeader, strconv.FormatInt(a.Decision.Now.UnixNano(), 10))
+	}
 	return s.next.RoundTrip(r)
 }
 
