@@ -516,8 +516,8 @@ func (b *benchmark) rejectionNote(out io.Writer, r *result) {
 					p("  the downstream's limit allows, allowance included.")
 				}
 				if e := r.admittedInTime; e > 0 {
-					p("  %s %s admitted in time: the time from %s admission to %s handler's start (*gate", thousands(int64(e)), wasWere(e), theirIts(e), theirIts(e))
-					p("  admission to handler start* above) made %s early.", themIt(e))
+					p("  %s %s admitted in time: the variation in the time from admission to handler start", thousands(int64(e)), wasWere(e))
+					p("  (*gate admission to handler start* above) made %s early.", themIt(e))
 				}
 			}
 			if k := r.startConformed; k > 0 {

@@ -440,7 +440,7 @@ func TestRejectionNote(t *testing.T) {
 		"3 are not explained so",
 		"2 of them were early already when their handler started, by 0.300 ms (median)",
 		"Replayed over the gate's admissions (Redis time), 1 of those was early already there, by 0.250 ms:",
-		"1 was admitted in time: the time from its admission to its handler's start",
+		"1 was admitted in time: the variation in the time from admission to handler start",
 		"1 conformed at its handler's start",
 		"1 had no delivery delay to compare",
 	} {
