@@ -341,9 +341,6 @@ type row struct {
 
 func pct(f float64) string { return fmt.Sprintf("%.1f%%", f*100) }
 
-// millis writes d in ms to two decimals.
-func millis(d time.Duration) string { return fmt.Sprintf("%.2f ms", float64(d)/1e6) }
-
 // micros writes seconds as whole microseconds.
 func micros(s float64) string { return fmt.Sprintf("%.0f µs", s*1e6) }
 
@@ -525,7 +522,7 @@ var satRows = []row{
 		if !r.slotsOK {
 			return "not measured"
 		}
-		return fmt.Sprintf("%s / %s / %s", millis(r.slots.before), millis(r.slots.handler), millis(r.slots.between))
+		return fmt.Sprintf("%s / %s / %s ms", millis(r.slots.before), millis(r.slots.handler), millis(r.slots.between))
 	}},
 	{"slots busy (a job's hand-over to its handler's end)", func(r *result) string {
 		if !r.slotsOK {

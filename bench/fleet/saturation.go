@@ -283,7 +283,7 @@ func (b *benchmark) floodShareNote(out io.Writer, s *result) {
 		}
 		c := r.slots
 		cycle := c.before + c.handler + c.between
-		p("- %s: %s before the handler, %s in it, %s after it; a cycle of %s, slots busy %s of the time.",
+		p("- %s: %s ms before the handler, %s ms in it, %s ms after it; a cycle of %s ms, slots busy %s of the time.",
 			setupTitle(r.setup), millis(c.before), millis(c.handler), millis(c.between), millis(cycle), pct(c.busy))
 	}
 	if !s.slotsOK {
@@ -294,9 +294,9 @@ func (b *benchmark) floodShareNote(out io.Writer, s *result) {
 	cycle := c.before + c.handler + c.between
 	allow := float64(sc.workers*sc.conc)/cycle.Seconds() - float64(sc.small)*sc.trickle
 	p("")
-	p("A job holds its slot for the handler's %s, not the downstream's %s (the HTTP round trip and the", millis(c.handler), sc.hold)
-	p("process's scheduling on a shared machine), and the slot takes its next task %s after the handler", millis(c.between))
-	p("ends. At sluice's cycle of %s the slots leave the flood %.0f jobs/s, of which it got %s:", millis(cycle), allow, pct(s.bigAchieved/allow))
+	p("A job holds its slot for the handler's %s ms, not the downstream's %s (the HTTP round trip and the", millis(c.handler), sc.hold)
+	p("process's scheduling on a shared machine), and the slot takes its next task %s ms after the handler", millis(c.between))
+	p("ends. At sluice's cycle of %s ms the slots leave the flood %.0f jobs/s, of which it got %s:", millis(cycle), allow, pct(s.bigAchieved/allow))
 	if s.bigAchieved/allow >= targetSatShare {
 		p("what keeps it from the target is the time around the handler, which the asynq set-ups' slots")
 		p("spend too. (Their flood's jobs/s is what the slots allow at their cycle, the small tenants'")
