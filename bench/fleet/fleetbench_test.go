@@ -183,6 +183,7 @@ func TestBadFlags(t *testing.T) {
 		{"-allowance", "5s"},
 		{"-flood-concurrency", "10"}, // the small saturation fleet's own 10 slots: it would bind
 		{"-cpuprofile", "/dev/null/profiles"},
+		{"-out", "/dev/null/report"},
 		{"-nope"},
 	} {
 		var stdout, stderr bytes.Buffer

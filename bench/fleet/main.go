@@ -121,6 +121,14 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 		kinds = append(kinds, s)
 	}
 
+	if *out != "" {
+		// made before the run, so that a directory that cannot be made
+		// does not lose a run's results at its end
+		if err := os.MkdirAll(*out, 0o755); err != nil {
+			fmt.Fprintf(stderr, "fleetbench: -out %q: %v\n", *out, err)
+			return 2
+		}
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if sc := satPresets[cfg.name]; *floodConc != 0 && *floodConc <= sc.workers*sc.conc {
@@ -283,6 +291,9 @@ func bench(ctx context.Context, o options) (*benchmark, error) {
 
 // write writes benchmarks.md and the plots into dir.
 func (b *benchmark) write(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
 	img := filepath.Join(dir, "img")
 	if len(b.runs) > 0 {
 		for _, rd := range b.runs {
