@@ -121,21 +121,34 @@ func (w *workload) waitWindow(rd *runData) (from, to time.Duration) {
 	return w.cfg.bigAt, min(w.cfg.span, max(last, w.cfg.bigAt))
 }
 
+// satSluice is sluice's result in the saturation scenario; nil when it
+// did not run.
+func (b *benchmark) satSluice() *result {
+	if b.sat == nil {
+		return nil
+	}
+	return b.sat.resultOf(setupSluice)
+}
+
+// satOthers is cell of each other set-up of the saturation scenario, as
+// "; <set-up> <cell>".
+func (b *benchmark) satOthers(cell func(r *result) string) string {
+	var out string
+	for _, r := range b.sat.results {
+		if r.setup != setupSluice {
+			out += fmt.Sprintf("; %s %s", setupTitle(r.setup), cell(r))
+		}
+	}
+	return out
+}
+
 // satTarget is sluice's target in the saturation scenario, when it ran.
 func (b *benchmark) satTarget() (target, bool) {
-	if b.sat == nil {
-		return target{}, false
-	}
-	s := b.sat.resultOf(setupSluice)
+	s := b.satSluice()
 	if s == nil {
 		return target{}, false
 	}
-	actual := secs(s.waitP99)
-	for _, r := range b.sat.results {
-		if r.setup != setupSluice {
-			actual += fmt.Sprintf("; %s %s", setupTitle(r.setup), secs(r.waitP99))
-		}
-	}
+	actual := secs(s.waitP99) + b.satOthers(func(r *result) string { return secs(r.waitP99) })
 	return target{id: "saturation", name: fmt.Sprintf("saturation: small tenants' p99 wait ≤ %s", secs(targetSatWait)),
 		met: len(s.waits) > 0 && s.waitP99 <= targetSatWait, actual: actual}, true
 }
@@ -143,21 +156,14 @@ func (b *benchmark) satTarget() (target, bool) {
 // satShareTarget is sluice's target of the flooding tenant's jobs/s in
 // the saturation scenario, when it ran.
 func (b *benchmark) satShareTarget() (target, bool) {
-	if b.sat == nil {
-		return target{}, false
-	}
-	s := b.sat.resultOf(setupSluice)
+	s := b.satSluice()
 	if s == nil {
 		return target{}, false
 	}
 	room := b.sat.w.sat.floodRoom()
 	share := s.bigAchieved / room
-	actual := fmt.Sprintf("%s (%.0f of %.0f jobs/s)", pct(share), s.bigAchieved, room)
-	for _, r := range b.sat.results {
-		if r.setup != setupSluice {
-			actual += fmt.Sprintf("; %s %s", setupTitle(r.setup), pct(r.bigAchieved/room))
-		}
-	}
+	actual := fmt.Sprintf("%s (%.0f of %.0f jobs/s)", pct(share), s.bigAchieved, room) +
+		b.satOthers(func(r *result) string { return pct(r.bigAchieved / room) })
 	return target{id: "saturation-share", name: fmt.Sprintf("saturation: the flooding tenant gets ≥ %s of the jobs/s the slots leave it", pct(targetSatShare)),
 		met: share >= targetSatShare, actual: actual}, true
 }
