@@ -609,6 +609,9 @@ func (b *benchmark) capacityNote(out io.Writer, r *result) {
 	case r.burstCPU.saturated():
 		p("  The machine's cores were the limit: Redis, the workers, the producer and the downstream")
 		p("  share them, and jobs came due faster than the workers got CPU to start them.")
+	case r.burstCPU.cores > 0 && r.burstCPU.machine >= 0.75*float64(r.burstCPU.cores):
+		p("  The cores were near their limit (three quarters busy or more, on average over the burst),")
+		p("  which Redis, the workers, the producer and the downstream share.")
 	default:
 		p("  Neither Redis nor the cores were saturated.")
 	}
