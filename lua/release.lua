@@ -17,6 +17,13 @@
 -- index, as room.lua's mark does, when the index is on the same server:
 -- one script run where it took two.
 --
+-- Given its scopes' concurrency limits, a release that finds jobs waiting
+-- gives its slots back all the same when none of its scopes was full (the
+-- line does not wait for them: its head could have taken a free slot
+-- already), and then marks its tenant due, with a mark: the fleet's pumps
+-- promote its line in their turns, in one run for many tenants, rather
+-- than this release handing its slot on alone.
+--
 -- KEYS: per op, the state hash of each of its scopes, then, when the op
 --   says so, the lists of the tenant's line the slot may go to (one per
 --   priority level), then, with a mark, the due index's shard
@@ -25,11 +32,15 @@
 --   [2] number of ops
 --   [3] 1 to leave expiries alone (tests), else 0
 --   per op: job id, claim token (0: whichever claim holds the slot), number
---     of scopes, how many line keys follow (0: none) + 256 with a mark;
---     with a mark, then: the tenant, the wake channel ("": publish
---     nothing) and QUEUE␟SHARD (room.lua's ARGV[3] and ARGV[4])
--- Returns: per op released + 256 * lost + 65536 * waiting (one number: a
---   reply's every element costs a conversion): released is how many of its
+--     of scopes, how many line keys follow (0: none) + 256 with a mark
+--     + 512 with limits; with limits, then each scope's concurrency limit
+--     (0: not known, as full); with a mark, then: the tenant, the wake
+--     channel ("": publish nothing) and QUEUE␟SHARD (room.lua's ARGV[3]
+--     and ARGV[4]). With limits the mark is made only when the slots went
+--     back while jobs wait.
+-- Returns: per op released + 256 * lost + 65536 * waiting + 2^40 * given
+--   (one number: a reply's every element costs a conversion): given is 1
+--   when the slots went back while jobs wait (limits); released is how many of its
 --   scopes gave back a slot held under the claim, lost how many held none
 --   under it (another claim holds the job's slot, or the slot is gone:
 --   given back already, or removed by an admission once its lease had run
@@ -90,15 +101,36 @@ for op = 1, nops do
   local id, claim = ARGV[a], ARGV[a + 1]
   local n = tonumber(ARGV[a + 2])
   local nlines = tonumber(ARGV[a + 3])
+  local limits = nlines >= 512
+  if limits then nlines = nlines - 512 end
   local mark = nlines >= 256
   if mark then nlines = nlines - 256 end
+  -- the op's keys and arguments include the mark's whether it is made
+  local nmark = mark
   a = a + 4
   local waiting = 0
   for i = 1, nlines do
     waiting = waiting + call('LLEN', KEYS[k + n + i])
   end
+  local given = 0
+  if limits then
+    if waiting > 0 then
+      -- a scope full before this release: the line may wait for its slot
+      given = 1
+      for s = 1, n do
+        local lim = tonumber(ARGV[a + s - 1])
+        if lim <= 0 or (tonumber(call('HGET', KEYS[k + s], 'hc')) or 0) >= lim then
+          given = 0
+          break
+        end
+      end
+    end
+    a = a + n
+    -- the mark is made only when the slots go back while jobs wait
+    mark = mark and given == 1
+  end
   local released, lost = 0, 0
-  if waiting == 0 then
+  if waiting == 0 or given == 1 then
     local hkey = 'h:' .. id
     for s = 1, n do
       local r = release_slot(KEYS[k + s], hkey, claim, noexpire)
@@ -106,14 +138,16 @@ for op = 1, nops do
     end
   end
   k = k + n + nlines
-  out[op] = released + 256 * lost + 65536 * waiting
+  out[op] = released + 256 * lost + 65536 * waiting + 1099511627776 * given
   if mark then
     -- the tenant is due now, or earlier if it was (room.lua's mark); the
     -- pumps wake when that is sooner than it was
-    k = k + 1
     local at = string.format('%d', now_us())
-    local changed = call('ZADD', KEYS[k], 'LT', 'CH', at, ARGV[a])
+    local changed = call('ZADD', KEYS[k + 1], 'LT', 'CH', at, ARGV[a])
     if changed > 0 and ARGV[a + 1] ~= '' then call('PUBLISH', ARGV[a + 1], ARGV[a + 2] .. '\31' .. at) end
+  end
+  if nmark then
+    k = k + 1
     a = a + 3
   end
 end

@@ -331,6 +331,46 @@ func (l *Limiter) runRaw(ctx context.Context, op *admitOp, clock int64) (any, er
 	}
 }
 
+// runRawAll runs ops together (runRaw), in one round trip whoever else is
+// calling: on one server in one admit.lua run. An op whose server's clock
+// the limiter no longer matches runs again on its own.
+func (l *Limiter) runRawAll(ctx context.Context, ops []*admitOp) ([]any, []error) {
+	raws := make([]any, len(ops))
+	errs := make([]error, len(ops))
+	if len(ops) == 0 {
+		return raws, errs
+	}
+	clock := l.clockArg()
+	calls := make([]*call, len(ops))
+	for i, op := range ops {
+		now := l.nowFor(ctx, op.localKey(), false)
+		if clock >= 0 {
+			now = time.UnixMicro(clock)
+		}
+		keys, aa := l.encode(op, clock, now)
+		calls[i] = &call{ctx: ctx, script: lua.Admit, keys: keys, payload: aa, merge: admitMerge}
+	}
+	sent := time.Now()
+	l.batch.runAll(calls)
+	for i, c := range calls {
+		if c.err != nil {
+			if clock < 0 && isClockError(c.err) {
+				raws[i], errs[i] = l.runRaw(ctx, ops[i], -1)
+				continue
+			}
+			errs[i] = c.err
+			continue
+		}
+		raws[i] = c.res
+		if arr, ok := c.res.([]any); ok && len(arr) == 2 && l.clock == nil {
+			if now, ok := arr[1].(int64); ok {
+				l.observed(ctx, ops[i].localKey(), now, sent)
+			}
+		}
+	}
+	return raws, errs
+}
+
 // localKey is the state hash of op's first local scope ("": none).
 func (op *admitOp) localKey() string {
 	for _, s := range op.scopes {

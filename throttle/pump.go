@@ -408,21 +408,11 @@ func (p *pump) serve(ctx context.Context, queue string) (time.Duration, error) {
 		left -= budgets[i]
 	}
 	tenants := make([]string, len(taken))
-	turns := make([]waitroom.Turn, len(taken))
-	errs := make([]error, len(taken))
-	var wg sync.WaitGroup
 	for i, d := range taken {
 		tenants[i] = d.tenant
-		if budgets[i] == 0 {
-			continue
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			turns[i], errs[i] = p.r.promote(ctx, d.tenant, queue, budgets[i], quanta[i])
-		}()
 	}
-	wg.Wait()
+	// the round's turns in one round trip (one script run on one server)
+	turns, errs := p.r.promoteAll(ctx, queue, tenants, budgets, quanta)
 	due := make(map[string]time.Time, len(taken))
 	var all []waitroom.Promoted
 	for i, t := range tenants {
@@ -655,12 +645,23 @@ func (r *room) Release(ctx context.Context, tenant, queue, id string, claim uint
 		return err
 	}
 	// the small release first: with nobody waiting it is all there is (the
-	// job's key's and pools' slots go in the same call). On one server,
-	// where it gives back nothing at all while jobs wait, a tenant whose
-	// line held jobs at its last release goes straight to the hand-on.
+	// job's key's and pools' slots go in the same call), and with jobs
+	// waiting for no slot of the job's (none of its scopes was full) the
+	// slots go back and the tenant is made due: the pumps promote its line
+	// in their turns, many tenants in one run, rather than this release
+	// handing its slot on alone. On one server, where it gives back
+	// nothing at all while jobs wait for its slot, a tenant whose line
+	// waited for its slot at its last release goes straight to the
+	// hand-on.
 	queued := queue + lineSep + tenant
 	if r.l.cluster || !r.lately(&r.queued, queued) {
-		waiting, err := r.l.release(ctx, tenant, queue, id, claim, sc)
+		waiting, given, err := r.l.releaseIn(ctx, tenant, queue, id, claim, sc, true)
+		if given && r.l.cluster && (err == nil || errors.Is(err, ErrClaimLost)) {
+			// on a Cluster the index is in another slot: marked on its own
+			if merr := r.mark(ctx, queueOf(queue), tenant); merr != nil {
+				return merr
+			}
+		}
 		if !waiting || err != nil {
 			return err
 		}
@@ -711,9 +712,7 @@ func (r *room) Release(ctx context.Context, tenant, queue, id string, claim uint
 	if err != nil {
 		return err
 	}
-	if t.Waiting > 0 {
-		r.remember(&r.queued, queued, queuedFor)
-	} else {
+	if t.Waiting == 0 {
 		// the line is empty: the next release asks again
 		r.remember(&r.queued, queued, 0)
 	}

@@ -33,9 +33,11 @@ type room struct {
 	mu    sync.Mutex
 	alone map[string]time.Time
 	// queued remembers, for a short while (queuedFor), the tenants of a
-	// queue whose release found jobs waiting in their line: on one server
-	// the next release of theirs goes straight to the hand-on, without
-	// the small release that would only say so again
+	// queue whose release found jobs waiting in their line for its slot:
+	// on one server the next releases of theirs go straight to the
+	// hand-on, without the small release that would most likely say so
+	// again, until queuedFor has passed (the line may no longer wait for
+	// a slot by then) or a hand-on finds the line empty
 	queued map[string]time.Time
 	// crowds are, per queue, what the turns this process asked found
 	// (turnOf)
@@ -60,10 +62,10 @@ var _ waitroom.Room = (*room)(nil)
 const aloneFor = 50 * time.Millisecond
 
 // queuedFor is how long a release trusts that its tenant's line still
-// holds jobs, unless a hand-on finds it empty first. Trusted wrongly (other
-// processes emptied the line), it costs a release a script run more than
-// it needed: the hand-on finds the line empty and only gives back, and the
-// next release asks again.
+// waits for its slots, unless a hand-on finds it empty first. Trusted
+// wrongly (other processes emptied the line, or it no longer waits for a
+// slot), it costs a release the hand-on's script runs rather than the
+// small release's one, and the first release after it asks again.
 const queuedFor = time.Second
 
 // crowd is what the turns a process asked of a queue's index found: in a
@@ -652,12 +654,32 @@ func (r *room) release(ctx context.Context, tenant, queue, id string, claim uint
 }
 
 func (r *room) turn(ctx context.Context, tenant, queue, id string, claim uint64, budget int, quantum int64, kind int) (waitroom.Turn, error) {
-	if err := validateTenant(tenant); err != nil {
+	tt, err := r.turnOp(ctx, tenant, queue, id, claim, budget, quantum, kind)
+	if err != nil {
 		return waitroom.Turn{}, err
+	}
+	raw, err := r.l.runRaw(ctx, tt.op, -1)
+	return tt.decode(raw, err)
+}
+
+// turnCall is a turn's admit.lua op and what reading its reply needs.
+type turnCall struct {
+	r      *room
+	tenant string
+	op     *admitOp
+	scopes []scope
+	once   bool
+	fp     uint32
+}
+
+// turnOp is the op of a turn of tenant's line of queue (turn).
+func (r *room) turnOp(ctx context.Context, tenant, queue, id string, claim uint64, budget int, quantum int64, kind int) (*turnCall, error) {
+	if err := validateTenant(tenant); err != nil {
+		return nil, err
 	}
 	res, err := r.l.policies.policiesFor(ctx, tenant)
 	if err != nil {
-		return waitroom.Turn{}, fmt.Errorf("turn of tenant %q: %w", tenant, err)
+		return nil, fmt.Errorf("turn of tenant %q: %w", tenant, err)
 	}
 	// A release here hands the slot on (Room.Release gave back what no line
 	// waits for with release.lua): on a Cluster it is the tenant's slot
@@ -687,25 +709,61 @@ func (r *room) turn(ctx context.Context, tenant, queue, id string, claim uint64,
 		op.roomArgs = append(op.roomArgs, queueOf(queue))
 		defName, def, own, err := r.l.policies.keyPolicies(ctx, tenant)
 		if err != nil {
-			return waitroom.Turn{}, fmt.Errorf("turn of tenant %q: %w", tenant, err)
+			return nil, fmt.Errorf("turn of tenant %q: %w", tenant, err)
 		}
 		if def.policy != nil || len(own) > 0 {
 			op.keyed = &keyedPolicies{base: keyBase(r.l.cfg.Prefix, tenant), defName: defName, def: def, own: own}
 		}
 	}
-	raw, err := r.l.runRaw(ctx, op, -1)
+	return &turnCall{r: r, tenant: tenant, op: op, scopes: scopes, once: once, fp: res.fingerprint()}, nil
+}
+
+// decode reads the turn's reply (raw, or the error that came instead).
+func (tt *turnCall) decode(raw any, err error) (waitroom.Turn, error) {
 	if err != nil {
-		return waitroom.Turn{}, fmt.Errorf("turn of tenant %q: %w", tenant, err)
+		return waitroom.Turn{}, fmt.Errorf("turn of tenant %q: %w", tt.tenant, err)
 	}
-	t, err := decodeTurn(r.l.cfg.Prefix, tenant, raw, scopes, op.keyed, once, res.fingerprint())
+	r := tt.r
+	t, err := decodeTurn(r.l.cfg.Prefix, tt.tenant, raw, tt.scopes, tt.op.keyed, tt.once, tt.fp)
 	if err == nil && !r.l.cluster {
 		// a hand-over on this server may confirm them itself
-		handing := keysFor(r.l.cfg.Prefix, tenant).handing
+		handing := keysFor(r.l.cfg.Prefix, tt.tenant).handing
 		for i := range t.Promoted {
 			t.Promoted[i].Handing = handing
 		}
 	}
 	return t, err
+}
+
+// promoteAll gives each tenant of a pump's round its turn (promote), all in
+// one round trip: on one server in one admit.lua run, whose fixed cost the
+// turns share; on a Cluster in one pipeline.
+func (r *room) promoteAll(ctx context.Context, queue string, tenants []string, budgets []int, quanta []int64) ([]waitroom.Turn, []error) {
+	turns := make([]waitroom.Turn, len(tenants))
+	errs := make([]error, len(tenants))
+	var calls []*turnCall
+	var at []int
+	for i, t := range tenants {
+		if budgets[i] == 0 {
+			continue
+		}
+		tt, err := r.turnOp(ctx, t, queue, "", 0, budgets[i], quanta[i], flagPromote)
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		calls = append(calls, tt)
+		at = append(at, i)
+	}
+	ops := make([]*admitOp, len(calls))
+	for j, tt := range calls {
+		ops[j] = tt.op
+	}
+	raws, rerrs := r.l.runRawAll(ctx, ops)
+	for j, tt := range calls {
+		turns[at[j]], errs[at[j]] = tt.decode(raws[j], rerrs[j])
+	}
+	return turns, errs
 }
 
 // Shares reports whether engine, the queue engine's client, reaches the

@@ -452,6 +452,68 @@ func TestRoomReleaseHandsOnInOneStep(t *testing.T) {
 	require.Equal(t, []string{"a2", "a3"}, g.ids(), "nothing more handed on")
 }
 
+// TestRoomReleaseYieldsWhenNotFull: a release whose tenant's line waits
+// for none of its slots (the tenant was below its concurrency limit: the
+// line waits for the fleet's room or its turn) gives its slot back and
+// makes the tenant due, in one script run on one server, and hands
+// nothing on: the pumps promote the line in their turns, many tenants in
+// one run. A release that frees the slot the line waits for (the tenant
+// was at its limit) hands it on as before.
+func TestRoomReleaseYieldsWhenNotFull(t *testing.T) {
+	t.Parallel()
+	client := redistest.Client(t)
+	counts := &scriptCounts{}
+	client.AddHook(counts)
+	e := setupOn(t, client, false, nil)
+	ctx := context.Background()
+	q := waitroom.DefaultQueue
+	e.policy(t, "roomy", "concurrency=3")
+	room := e.lim.room()
+	// r2 and r3 wait in the line (the fleet had no room for them)
+	for _, id := range []string{"r2", "r3"} {
+		a := arrive(t, e, "roomy", id, false)
+		require.False(t, a.Straight)
+		joined, _, err := room.Join(ctx, "roomy", a.Backlog, waitroom.Waiter{ID: id})
+		require.NoError(t, err)
+		require.Equal(t, 1, joined)
+	}
+	// a pump left the tenant due later (held by its turn, say)
+	later := e.clock.Now().Add(time.Minute).UnixMicro()
+	require.NoError(t, e.client.ZAdd(ctx, dueKey(e.prefix, q, dueShard("roomy")), redis.Z{Score: float64(later), Member: "roomy"}).Err())
+	d, err := e.lim.Admit(ctx, "roomy", "r1")
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+	g := &engine{}
+	counts.take(lua.Release)
+	require.NoError(t, room.Release(ctx, "roomy", q, "r1", d.Claim, waitroom.Scopes{}, g.handover, nil))
+	require.Empty(t, g.ids(), "nothing handed on: the line waited for no slot of r1's")
+	st, err := e.lim.Stats(ctx, "roomy")
+	require.NoError(t, err)
+	require.Zero(t, st.Concurrency.InFlight, "r1's slot is back")
+	require.Equal(t, int64(2), st.Waiting, "r2 and r3 still wait")
+	due, now, ok, err := room.next(ctx, q)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, now.UnixMicro(), due.UnixMicro(), "the tenant is due now, for the pumps")
+	n := counts.take(lua.Release)
+	if !redistest.ClusterMode() {
+		require.Equal(t, 1, n, "one script run: the release and the mark")
+		require.Zero(t, counts.take(lua.Room), "no turn asked, no mark of its own")
+	}
+	// the claim is spent: a second release says so and changes nothing
+	require.ErrorIs(t, room.Release(ctx, "roomy", q, "r1", d.Claim, waitroom.Scopes{}, g.handover, nil), ErrClaimLost)
+	require.Empty(t, g.ids())
+
+	// at its limit, the line waits for the slot: it is handed on
+	e.policy(t, "full", "concurrency=1")
+	require.Equal(t, []string{"f1"}, line(t, e, "full", "f1", "f2"))
+	d, err = e.lim.Admit(ctx, "full", "f1")
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+	require.NoError(t, room.Release(ctx, "full", q, "f1", d.Claim, waitroom.Scopes{}, g.handover, nil))
+	require.Equal(t, []string{"f2"}, g.ids(), "f1's slot went to f2")
+}
+
 // TestRoomGoneAndRunningJobs: a line entry whose job the engine no longer
 // has is dropped and what its promotion took given back; one whose job
 // runs already (brought by the engine's fallback) is dropped uncharged.
@@ -750,6 +812,49 @@ func TestRoomPumpGivesTheRoomToTheLinesThatWait(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	require.Equal(t, []int{1, 8}, bigTurns, "one turn for the eight slots")
+}
+
+// TestRoomPumpRoundInOneRun: a pump's round gives every tenant it serves
+// its turn in one admit.lua run on one server (one pipeline on a
+// Cluster), not one run per tenant, and each turn promotes from its own
+// line as a turn of its own would.
+func TestRoomPumpRoundInOneRun(t *testing.T) {
+	t.Parallel()
+	client := redistest.UniversalClient(t)
+	counts := &scriptCounts{}
+	client.AddHook(counts)
+	e := setupOn(t, client, true, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	room := e.lim.room()
+	const tenants = 8
+	for i := range tenants {
+		e.policy(t, fmt.Sprintf("t%d", i), "rate=1000/s burst=100 concurrency=100")
+		joinJobs(t, room, fmt.Sprintf("t%d", i), 3)
+	}
+	counts.take(lua.Admit)
+	// room for one job of each: one round
+	f := &fleetRoom{free: tenants}
+	g := &f.engine
+	done := f.pump(ctx, room)
+	waitFor(t, 5*time.Second, func() bool { return len(g.ids()) == tenants })
+	runs := counts.take(lua.Admit)
+	cancel()
+	<-done
+	c := f.perTenant()
+	for i := range tenants {
+		require.Equal(t, 1, c[fmt.Sprintf("t%d", i)], "one job of each tenant: %v", c)
+	}
+	if e.lim.cluster {
+		require.Equal(t, tenants, runs, "a run per tenant, in one pipeline (the tenants are in different slots)")
+	} else {
+		require.Equal(t, 1, runs, "the round's turns in one run")
+	}
+	for i := range tenants {
+		n, _, err := room.Waiting(context.Background(), fmt.Sprintf("t%d", i))
+		require.NoError(t, err)
+		require.Equal(t, int64(2), n, "two left in each line")
+	}
 }
 
 // fleetRoom is a fleet's pending list with free places for a pump: its

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/sluicehq/sluice/internal/jobpath"
@@ -46,35 +47,52 @@ func (l *Limiter) Release(ctx context.Context, tenant, id string, claim uint64) 
 // then the slots of the tenant's slot (its own and its key's) were not
 // given back (its caller hands them on).
 func (l *Limiter) release(ctx context.Context, tenant, queue, id string, claim uint64, sc waitroom.Scopes) (waiting bool, err error) {
+	waiting, _, err = l.releaseIn(ctx, tenant, queue, id, claim, sc, false)
+	return waiting, err
+}
+
+// releaseIn is release; with yield (a queue given), the slots go back
+// even while jobs wait in the line when none of the job's scopes was full
+// before (the line's head does not wait for them: a pump promotes it in
+// its turn), and given reports that they did. Then on one server its
+// tenant is made due in the same run, as room.lua's mark does; on a
+// Cluster the caller marks it.
+func (l *Limiter) releaseIn(ctx context.Context, tenant, queue, id string, claim uint64, sc waitroom.Scopes, yield bool) (waiting, given bool, err error) {
 	if tenant != "" {
 		if err := validateTenant(tenant); err != nil {
-			return false, err
+			return false, false, err
 		}
 	}
 	r, err := l.policies.resolve(ctx, tenant)
 	if err != nil {
-		return false, fmt.Errorf("release tenant %q job %q: %w", tenant, id, err)
+		return false, false, fmt.Errorf("release tenant %q job %q: %w", tenant, id, err)
 	}
 	// Only scopes whose policy has a concurrency rule hold slots. A slot
 	// taken under a policy that has since lost its rule is not stranded: it
 	// is no longer renewed, so it frees itself when its lease runs out.
+	// the scopes' state hashes and their concurrency limits, in order
 	var tenantKeys, globalKeys []string
+	var tenantLimits, globalLimits []any
 	if tenant != "" && r.tenant != nil && r.tenant.Concurrency != nil {
 		tenantKeys = []string{keysFor(l.cfg.Prefix, tenant).state}
+		tenantLimits = []any{r.tenant.Concurrency.Limit}
 	}
 	if r.global != nil && r.global.Concurrency != nil {
 		globalKeys = []string{keysFor(l.cfg.Prefix, GlobalPolicy).state}
+		globalLimits = []any{r.global.Concurrency.Limit}
 	}
 	// the job's key shares the tenant's slot, its pools @global's
 	ks, ps, err := l.belowScopes(ctx, tenant, sc)
 	if err != nil {
-		return false, fmt.Errorf("release tenant %q job %q: %w", tenant, id, err)
+		return false, false, fmt.Errorf("release tenant %q job %q: %w", tenant, id, err)
 	}
 	for _, k := range ks {
 		tenantKeys = append(tenantKeys, k.keys.state)
+		tenantLimits = append(tenantLimits, k.policy.Concurrency.Limit)
 	}
 	for _, p := range ps {
 		globalKeys = append(globalKeys, p.keys.state)
+		globalLimits = append(globalLimits, p.policy.Concurrency.Limit)
 	}
 	var lines []string
 	if queue != "" && tenant != "" {
@@ -91,14 +109,33 @@ func (l *Limiter) release(ctx context.Context, tenant, queue, id string, claim u
 	} else if keys := append(tenantKeys, globalKeys...); len(keys) > 0 {
 		groups = append(groups, keys)
 	}
+	yield = yield && lines != nil
 	lost := false
 	var firstErr error
 	for i, keys := range groups {
 		args := []any{l.clockArg(), 1, l.noTTLArg(), id, claim, len(keys), 0}
 		if lines != nil && i == 0 && tenantKeys != nil {
 			// the tenant's group comes first and shares its slot with the line
-			keys = append(keys[:len(keys):len(keys)], lines...)
+			n := len(keys)
+			keys = append(keys[:n:n], lines...)
 			args[6] = len(lines)
+			if yield {
+				// its scopes' limits, in its keys' order: the tenant's and
+				// its key's, then (on one server) @global's and the pools'
+				flags := len(lines) + 512
+				args = append(args, tenantLimits...)
+				if !l.cluster {
+					args = append(args, globalLimits...)
+				}
+				if !l.cluster {
+					q := queueOf(queue)
+					shard := dueShard(tenant)
+					flags += 256
+					keys = append(keys, dueKey(l.cfg.Prefix, q, shard))
+					args = append(args, tenant, wakeChannel(l.cfg.Prefix), q+lineSep+strconv.Itoa(shard))
+				}
+				args[6] = flags
+			}
 		}
 		// every group is tried: a scope that cannot be reached keeps its
 		// slot until the lease runs out, the others are given back now
@@ -109,14 +146,20 @@ func (l *Limiter) release(ctx context.Context, tenant, queue, id string, claim u
 		}
 		arr, ok := res.([]any)
 		if !ok || len(arr) != 1 {
-			return false, fmt.Errorf("release.lua: unexpected reply %v", res)
+			return false, false, fmt.Errorf("release.lua: unexpected reply %v", res)
 		}
 		v, isInt := arr[0].(int64)
 		if !isInt || v < 0 {
-			return false, fmt.Errorf("release.lua: unexpected reply %v", res)
+			return false, false, fmt.Errorf("release.lua: unexpected reply %v", res)
 		}
-		// released + 256 * lost + 65536 * waiting
-		if v>>16 > 0 {
+		// released + 256 * lost + 65536 * waiting + 2^40 * given
+		if v>>40&1 == 1 {
+			given = true
+			if !l.cluster {
+				// this process's releases know at once (others from the wake)
+				l.due.lower(queueOf(queue), dueShard(tenant), l.estimatedNow().UnixMicro())
+			}
+		} else if v>>16 > 0 {
 			waiting = true
 			continue
 		}
@@ -125,12 +168,12 @@ func (l *Limiter) release(ctx context.Context, tenant, queue, id string, claim u
 		}
 	}
 	if firstErr != nil {
-		return waiting, firstErr
+		return waiting, given, firstErr
 	}
 	if lost && claim != 0 {
-		return waiting, fmt.Errorf("release tenant %q job %q: %w", tenant, id, ErrClaimLost)
+		return waiting, given, fmt.Errorf("release tenant %q job %q: %w", tenant, id, ErrClaimLost)
 	}
-	return waiting, nil
+	return waiting, given, nil
 }
 
 // releaseTurnlessCall is the call that gives back the slots job id holds
