@@ -48,6 +48,10 @@
 --     held HOLD µs ahead. Returns {now, held, {each shard's earliest due
 --     time once they are held}, shard, tenant, due, shard, tenant, due,
 --     ...}, shard the tenant's position in KEYS, earliest due first.
+--   settleall [HELD N [TENANT DUE]*N]...: with several shards in KEYS
+--     (one server only), settle on each: per shard, in KEYS order, its
+--     HELD and N tenants with their DUE. Returns {now, {each shard's
+--     earliest due time once settled}}.
 --   heads: with every shard of the queue in KEYS (one server only: the
 --     shards' tags are in different Cluster slots), Returns {now, the
 --     earliest due time of each shard (-1: empty)...}.
@@ -139,23 +143,37 @@ elseif op == 'takeall' then
   local heads = {}
   for k = 1, #KEYS do heads[k] = first(KEYS[k]) end
   table.insert(out, 3, heads)
-elseif op == 'settle' then
-  local held = tonumber(ARGV[A])
-  local k = 0
-  for i = A + 1, #ARGV, 2 do
-    local tenant, due = ARGV[i], ARGV[i + 1]
-    if tonumber(call('ZSCORE', KEYS[1], tenant)) == held then
-      if tonumber(due) < 0 then
-        call('ZREM', KEYS[1], tenant)
-      elseif tonumber(due) == 0 then
-        call('ZADD', KEYS[1], format('%d', now + k), tenant)
-        k = k + 1
-      else
-        call('ZADD', KEYS[1], due, tenant)
+elseif op == 'settle' or op == 'settleall' then
+  -- each tenant still held at held gets its due time (settle's)
+  local function settle(key, held, from, to)
+    local k = 0
+    for i = from, to, 2 do
+      local tenant, due = ARGV[i], ARGV[i + 1]
+      if tonumber(call('ZSCORE', key, tenant)) == held then
+        if tonumber(due) < 0 then
+          call('ZREM', key, tenant)
+        elseif tonumber(due) == 0 then
+          call('ZADD', key, format('%d', now + k), tenant)
+          k = k + 1
+        else
+          call('ZADD', key, due, tenant)
+        end
       end
     end
   end
-  out[2] = first()
+  if op == 'settle' then
+    settle(KEYS[1], tonumber(ARGV[A]), A + 1, #ARGV)
+    out[2] = first()
+  else
+    local heads, i = {}, A
+    for s = 1, #KEYS do
+      local n = tonumber(ARGV[i + 1])
+      settle(KEYS[s], tonumber(ARGV[i]), i + 2, i + 2 * n)
+      i = i + 2 + 2 * n
+    end
+    for s = 1, #KEYS do heads[s] = first(KEYS[s]) end
+    out[2] = heads
+  end
 elseif op == 'mark' or op == 'markat' then
   local z = {}
   local soonest = nowf

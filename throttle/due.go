@@ -308,7 +308,7 @@ func (r *room) settle(ctx context.Context, queue string, taken []dueTenant, due 
 }
 
 // settleDue is settle in order: the tenants of a shard due now keep the
-// order given. One call per shard.
+// order given. One call in all on one server, one per shard on a Cluster.
 func (r *room) settleDue(ctx context.Context, queue string, due []dueTenant) error {
 	type group struct {
 		shard int
@@ -323,6 +323,38 @@ func (r *room) settleDue(ctx context.Context, queue string, due []dueTenant) err
 			groups[g] = []any{d.held}
 		}
 		groups[g] = append(groups[g], d.tenant, d.due)
+	}
+	if !r.l.cluster && len(order) > 1 {
+		// on one server, every shard in one call (room.lua's settleall)
+		keys := make([]string, len(order))
+		var args []any
+		for i, g := range order {
+			keys[i] = dueKey(r.l.cfg.Prefix, queue, g.shard)
+			a := groups[g]
+			args = append(args, a[0], (len(a)-1)/2)
+			args = append(args, a[1:]...)
+		}
+		res, err := r.l.batch.run(ctx, lua.Room, keys, r.roomArgs("settleall", queue, order[0].shard, args...))
+		var heads []int64
+		if err == nil {
+			arr, ok := res.([]any)
+			if !ok || len(arr) != 2 {
+				err = fmt.Errorf("room.lua: unexpected reply %v", res)
+			} else if heads, err = int64s(arr[1], len(order)); err != nil {
+				err = fmt.Errorf("room.lua: %w", err)
+			}
+		}
+		for i, g := range order {
+			if err != nil {
+				r.l.due.forget(queue, g.shard)
+			} else {
+				r.l.due.set(queue, g.shard, heads[i])
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("settle due tenants: %w", err)
+		}
+		return nil
 	}
 	idx := make([]int, len(order))
 	for i := range idx {

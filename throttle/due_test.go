@@ -17,6 +17,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/waitroom"
+	"github.com/sluicehq/sluice/lua"
 )
 
 // TestDueShardsSpread: shard i's hash tag lies in the i-th twelfth of the
@@ -314,6 +315,87 @@ func TestRoomTakesEarliestAcrossShards(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, ok)
 	require.Equal(t, due["t5"].UnixMicro(), next.UnixMicro(), "t5 is the earliest not held")
+}
+
+// TestRoomSettlesEveryShardInOneCall: the tenants a round took, spread
+// over several shards, get their due times (now in the order given, a
+// later time, out of the index) in one call on one server (one per shard
+// on a Cluster); a tenant marked meanwhile keeps the mark's time, and the
+// view learns each shard's earliest due time.
+func TestRoomSettlesEveryShardInOneCall(t *testing.T) {
+	t.Parallel()
+	client := redistest.UniversalClient(t)
+	counts := &scriptCounts{}
+	client.AddHook(counts)
+	e := setupOn(t, client, false, nil)
+	ctx := context.Background()
+	room := e.lim.room()
+	q := waitroom.DefaultQueue
+	now := e.clock.Now()
+	var tenants []string
+	for i := range 12 {
+		tenant := fmt.Sprint("s", i)
+		tenants = append(tenants, tenant)
+		require.NoError(t, e.client.ZAdd(ctx, dueKey(e.prefix, q, dueShard(tenant)), redis.Z{Score: float64(now.Add(-time.Second).UnixMicro()), Member: tenant}).Err())
+	}
+	shards := map[int]bool{}
+	for _, tenant := range tenants {
+		shards[dueShard(tenant)] = true
+	}
+	require.Greater(t, len(shards), 3, "the tenants spread over the shards")
+	taken, err := room.take(ctx, q, len(tenants), time.Minute)
+	require.NoError(t, err)
+	require.Len(t, taken, len(tenants))
+	// s0 is marked while held: it keeps the mark
+	require.NoError(t, room.mark(ctx, q, "s0"))
+	later := now.Add(time.Hour)
+	due := map[string]time.Time{}
+	for i, tenant := range tenants {
+		switch i % 3 {
+		case 0:
+			due[tenant] = dueNow
+		case 1:
+			due[tenant] = later
+		default:
+			due[tenant] = time.Time{} // its line is empty
+		}
+	}
+	counts.take(lua.Room)
+	require.NoError(t, room.settle(ctx, q, taken, due))
+	if !e.lim.cluster {
+		require.Equal(t, 1, counts.take(lua.Room), "one call for every shard")
+	}
+	for i, tenant := range tenants {
+		score, err := e.client.ZScore(ctx, dueKey(e.prefix, q, dueShard(tenant)), tenant).Result()
+		switch {
+		case tenant == "s0":
+			require.NoError(t, err)
+			require.Equal(t, float64(now.UnixMicro()), score, "the mark made while it was held stands")
+		case i%3 == 0:
+			require.NoError(t, err)
+			require.InDelta(t, float64(now.UnixMicro()), score, 12, "%s is due now (the k-th of its shard k µs later)", tenant)
+		case i%3 == 1:
+			require.NoError(t, err)
+			require.Equal(t, float64(later.UnixMicro()), score, "%s is due later", tenant)
+		default:
+			require.ErrorIs(t, err, redis.Nil, "%s left the index", tenant)
+		}
+	}
+	view := e.lim.due.get(q)
+	for s := range shards {
+		require.True(t, view[s].known, "shard %d", s)
+		var head int64 = -1
+		for _, tenant := range tenants {
+			if dueShard(tenant) != s {
+				continue
+			}
+			score, err := e.client.ZScore(ctx, dueKey(e.prefix, q, s), tenant).Result()
+			if err == nil && (head < 0 || int64(score) < head) {
+				head = int64(score)
+			}
+		}
+		require.Equal(t, head, view[s].head, "shard %d's earliest due time", s)
+	}
 }
 
 // TestClusterRoomSpread: on a three-master Cluster the due index of a
