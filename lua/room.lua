@@ -48,10 +48,12 @@
 --     held HOLD µs ahead. Returns {now, held, {each shard's earliest due
 --     time once they are held}, shard, tenant, due, shard, tenant, due,
 --     ...}, shard the tenant's position in KEYS, earliest due first.
---   settleall [HELD N [TENANT DUE]*N]...: with several shards in KEYS
---     (one server only), settle on each: per shard, in KEYS order, its
---     HELD and N tenants with their DUE. Returns {now, {each shard's
---     earliest due time once settled}}.
+--   settleall HELD... [K TENANT DUE]...: with several shards in KEYS
+--     (one server only), settle on each: each shard's HELD, in KEYS order,
+--     then the tenants, each with its shard's position K in KEYS, in the
+--     order given across the shards (those due now keep it: the k-th of
+--     them now + k µs). Returns {now, {each shard's earliest due time
+--     once settled}}.
 --   heads: with every shard of the queue in KEYS (one server only: the
 --     shards' tags are in different Cluster slots), Returns {now, the
 --     earliest due time of each shard (-1: empty)...}.
@@ -145,32 +147,31 @@ elseif op == 'takeall' then
   table.insert(out, 3, heads)
 elseif op == 'settle' or op == 'settleall' then
   -- each tenant still held at held gets its due time (settle's)
-  local function settle(key, held, from, to)
-    local k = 0
-    for i = from, to, 2 do
-      local tenant, due = ARGV[i], ARGV[i + 1]
-      if tonumber(call('ZSCORE', key, tenant)) == held then
-        if tonumber(due) < 0 then
-          call('ZREM', key, tenant)
-        elseif tonumber(due) == 0 then
-          call('ZADD', key, format('%d', now + k), tenant)
-          k = k + 1
-        else
-          call('ZADD', key, due, tenant)
-        end
+  local k = 0
+  local function settle(key, held, tenant, due)
+    if tonumber(call('ZSCORE', key, tenant)) == held then
+      if tonumber(due) < 0 then
+        call('ZREM', key, tenant)
+      elseif tonumber(due) == 0 then
+        call('ZADD', key, format('%d', now + k), tenant)
+        k = k + 1
+      else
+        call('ZADD', key, due, tenant)
       end
     end
   end
   if op == 'settle' then
-    settle(KEYS[1], tonumber(ARGV[A]), A + 1, #ARGV)
+    local held = tonumber(ARGV[A])
+    for i = A + 1, #ARGV, 2 do settle(KEYS[1], held, ARGV[i], ARGV[i + 1]) end
     out[2] = first()
   else
-    local heads, i = {}, A
-    for s = 1, #KEYS do
-      local n = tonumber(ARGV[i + 1])
-      settle(KEYS[s], tonumber(ARGV[i]), i + 2, i + 2 * n)
-      i = i + 2 + 2 * n
+    local held = {}
+    for s = 1, #KEYS do held[s] = tonumber(ARGV[A + s - 1]) end
+    for i = A + #KEYS, #ARGV, 3 do
+      local s = tonumber(ARGV[i])
+      settle(KEYS[s], held[s], ARGV[i + 1], ARGV[i + 2])
     end
+    local heads = {}
     for s = 1, #KEYS do heads[s] = first(KEYS[s]) end
     out[2] = heads
   end

@@ -325,14 +325,19 @@ func (r *room) settleDue(ctx context.Context, queue string, due []dueTenant) err
 		groups[g] = append(groups[g], d.tenant, d.due)
 	}
 	if !r.l.cluster && len(order) > 1 {
-		// on one server, every shard in one call (room.lua's settleall)
+		// on one server, every shard in one call (room.lua's settleall),
+		// the tenants in the order given across the shards: those due now
+		// keep it, whatever their shards
 		keys := make([]string, len(order))
-		var args []any
+		pos := make(map[group]int, len(order))
+		args := make([]any, 0, len(order)+3*len(due))
 		for i, g := range order {
 			keys[i] = dueKey(r.l.cfg.Prefix, queue, g.shard)
-			a := groups[g]
-			args = append(args, a[0], (len(a)-1)/2)
-			args = append(args, a[1:]...)
+			pos[g] = i + 1
+			args = append(args, g.held)
+		}
+		for _, d := range due {
+			args = append(args, pos[group{d.shard, d.held}], d.tenant, d.due)
 		}
 		res, err := r.l.batch.run(ctx, lua.Room, keys, r.roomArgs("settleall", queue, order[0].shard, args...))
 		var heads []int64

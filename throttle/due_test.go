@@ -381,6 +381,22 @@ func TestRoomSettlesEveryShardInOneCall(t *testing.T) {
 			require.ErrorIs(t, err, redis.Nil, "%s left the index", tenant)
 		}
 	}
+	if !e.lim.cluster {
+		// due now in the order given (the round's), whatever their shards:
+		// a pump takes the earliest first
+		var nowScores []float64
+		for _, d := range taken {
+			if due[d.tenant].Equal(dueNow) && d.tenant != "s0" {
+				score, err := e.client.ZScore(ctx, dueKey(e.prefix, q, d.shard), d.tenant).Result()
+				require.NoError(t, err)
+				nowScores = append(nowScores, score)
+			}
+		}
+		require.Len(t, nowScores, 3)
+		for i := 1; i < len(nowScores); i++ {
+			require.Less(t, nowScores[i-1], nowScores[i], "the tenants due now keep their order across the shards: %v", nowScores)
+		}
+	}
 	view := e.lim.due.get(q)
 	for s := range shards {
 		require.True(t, view[s].known, "shard %d", s)
