@@ -236,7 +236,7 @@ local function decide(scopes)
       -- how late the job may start: its started meters are charged that
       -- much after its slot, from the burst left (so that the starts that
       -- follow are not held back), plus the started meters' tolerance
-      local slack, tol = SLACK_MAX, false
+      local slack, tol = ONCE_SLACK_MAX, false
       tolerance = tolerance or num(ARGV[5])
       for s = 1, #scopes do
         local sc = scopes[s]
@@ -246,7 +246,7 @@ local function decide(scopes)
           -- burst gets no slack (its starts that follow at once would wait)
           local inc = sc[3 * i - 2]
           local room = S + pol.off[i] - inc - max(sc[3 * i], S) - 2 * inc
-          slack = min(slack, max(0, floor(room / 4)))
+          slack = min(slack, max(0, floor(room / 2)))
           local t = min(tolerance, floor(pol.unit[i] / 4))
           tol = tol and min(tol, t) or t
         end
