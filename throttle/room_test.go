@@ -514,6 +514,72 @@ func TestRoomReleaseYieldsWhenNotFull(t *testing.T) {
 	require.Equal(t, []string{"f2"}, g.ids(), "f1's slot went to f2")
 }
 
+// TestRoomReleaseAll: a worker's releases that came together go back in
+// one release.lua run on one server: a job with nobody waiting gives its
+// slot back, one whose line waits for no slot of its gives it back and
+// makes its tenant due, one whose line waits for its slot hands it on,
+// and a claim that holds nothing says so; each job gets its own answer.
+func TestRoomReleaseAll(t *testing.T) {
+	t.Parallel()
+	client := redistest.UniversalClient(t)
+	counts := &scriptCounts{}
+	client.AddHook(counts)
+	e := setupOn(t, client, false, nil)
+	ctx := context.Background()
+	q := waitroom.DefaultQueue
+	room := e.lim.room()
+	e.policy(t, "alone", "concurrency=5")
+	e.policy(t, "roomy", "concurrency=5")
+	e.policy(t, "full", "concurrency=1")
+	admit := func(tenant, id string) uint64 {
+		t.Helper()
+		d, err := e.lim.Admit(ctx, tenant, id)
+		require.NoError(t, err)
+		require.True(t, d.Allowed, "%s/%s", tenant, id)
+		return d.Claim
+	}
+	wait := func(tenant, id string) {
+		t.Helper()
+		a := arrive(t, e, tenant, id, false)
+		require.False(t, a.Straight)
+		joined, _, err := room.Join(ctx, tenant, a.Backlog, waitroom.Waiter{ID: id})
+		require.NoError(t, err)
+		require.Equal(t, 1, joined)
+	}
+	ca := admit("alone", "a1")
+	cr := admit("roomy", "r1")
+	wait("roomy", "r2")
+	cf := admit("full", "f1")
+	wait("full", "f2")
+	cl := admit("alone", "l1")
+	require.NoError(t, e.lim.Release(ctx, "alone", "l1", cl))
+	g := &engine{}
+	counts.take(lua.Release)
+	errs := room.ReleaseAll(ctx, []waitroom.Releasing{
+		{Tenant: "alone", Queue: q, ID: "a1", Claim: ca},
+		{Tenant: "roomy", Queue: q, ID: "r1", Claim: cr},
+		{Tenant: "full", Queue: q, ID: "f1", Claim: cf},
+		{Tenant: "alone", Queue: q, ID: "l1", Claim: cl},
+	}, g.handover, nil)
+	require.Len(t, errs, 4)
+	require.NoError(t, errs[0])
+	require.NoError(t, errs[1])
+	require.NoError(t, errs[2])
+	require.ErrorIs(t, errs[3], ErrClaimLost, "l1's slot went back already")
+	if !e.lim.cluster {
+		require.Equal(t, 1, counts.take(lua.Release), "the small releases in one run")
+	}
+	require.Equal(t, []string{"f2"}, g.ids(), "full's slot went to f2, roomy's to nobody")
+	for tenant, want := range map[string]int64{"alone": 0, "roomy": 0, "full": 1} {
+		st, err := e.lim.Stats(ctx, tenant)
+		require.NoError(t, err)
+		require.Equal(t, want, st.Concurrency.InFlight, tenant)
+	}
+	score, err := e.client.ZScore(ctx, dueKey(e.prefix, q, dueShard("roomy")), "roomy").Result()
+	require.NoError(t, err)
+	require.LessOrEqual(t, score, float64(e.clock.Now().UnixMicro()), "roomy is due: r2 waits for a pump")
+}
+
 // TestRoomGoneAndRunningJobs: a line entry whose job the engine no longer
 // has is dropped and what its promotion took given back; one whose job
 // runs already (brought by the engine's fallback) is dropped uncharged.

@@ -58,19 +58,45 @@ func (l *Limiter) release(ctx context.Context, tenant, queue, id string, claim u
 // tenant is made due in the same run, as room.lua's mark does; on a
 // Cluster the caller marks it.
 func (l *Limiter) releaseIn(ctx context.Context, tenant, queue, id string, claim uint64, sc waitroom.Scopes, yield bool) (waiting, given bool, err error) {
+	rc, err := l.releaseCalls(ctx, tenant, queue, id, claim, sc, yield)
+	if err != nil {
+		return false, false, err
+	}
+	if len(rc.calls) == 1 {
+		// alone: it may share a run with other callers' (the batcher)
+		c := rc.calls[0]
+		c.res, c.err = l.batch.do(c)
+	} else {
+		l.batch.runAll(rc.calls)
+	}
+	return rc.read()
+}
+
+// releasing is a job's release as release.lua calls (one per group of its
+// scopes: one on one server, the tenant's and @global's on a Cluster), to
+// run alone or with other jobs' (Room.ReleaseAll).
+type releasing struct {
+	l                 *Limiter
+	tenant, queue, id string
+	claim             uint64
+	calls             []*call
+}
+
+// releaseCalls are the calls of releaseIn.
+func (l *Limiter) releaseCalls(ctx context.Context, tenant, queue, id string, claim uint64, sc waitroom.Scopes, yield bool) (*releasing, error) {
 	if tenant != "" {
 		if err := validateTenant(tenant); err != nil {
-			return false, false, err
+			return nil, err
 		}
 	}
 	r, err := l.policies.resolve(ctx, tenant)
 	if err != nil {
-		return false, false, fmt.Errorf("release tenant %q job %q: %w", tenant, id, err)
+		return nil, fmt.Errorf("release tenant %q job %q: %w", tenant, id, err)
 	}
 	// Only scopes whose policy has a concurrency rule hold slots. A slot
 	// taken under a policy that has since lost its rule is not stranded: it
 	// is no longer renewed, so it frees itself when its lease runs out.
-	// the scopes' state hashes and their concurrency limits, in order
+	// The scopes' state hashes and their concurrency limits, in order:
 	var tenantKeys, globalKeys []string
 	var tenantLimits, globalLimits []any
 	if tenant != "" && r.tenant != nil && r.tenant.Concurrency != nil {
@@ -84,7 +110,7 @@ func (l *Limiter) releaseIn(ctx context.Context, tenant, queue, id string, claim
 	// the job's key shares the tenant's slot, its pools @global's
 	ks, ps, err := l.belowScopes(ctx, tenant, sc)
 	if err != nil {
-		return false, false, fmt.Errorf("release tenant %q job %q: %w", tenant, id, err)
+		return nil, fmt.Errorf("release tenant %q job %q: %w", tenant, id, err)
 	}
 	for _, k := range ks {
 		tenantKeys = append(tenantKeys, k.keys.state)
@@ -110,8 +136,7 @@ func (l *Limiter) releaseIn(ctx context.Context, tenant, queue, id string, claim
 		groups = append(groups, keys)
 	}
 	yield = yield && lines != nil
-	lost := false
-	var firstErr error
+	rc := &releasing{l: l, tenant: tenant, queue: queue, id: id, claim: claim}
 	for i, keys := range groups {
 		args := []any{l.clockArg(), 1, l.noTTLArg(), id, claim, len(keys), 0}
 		if lines != nil && i == 0 && tenantKeys != nil {
@@ -126,8 +151,6 @@ func (l *Limiter) releaseIn(ctx context.Context, tenant, queue, id string, claim
 				args = append(args, tenantLimits...)
 				if !l.cluster {
 					args = append(args, globalLimits...)
-				}
-				if !l.cluster {
 					q := queueOf(queue)
 					shard := dueShard(tenant)
 					flags += 256
@@ -137,27 +160,37 @@ func (l *Limiter) releaseIn(ctx context.Context, tenant, queue, id string, claim
 				args[6] = flags
 			}
 		}
-		// every group is tried: a scope that cannot be reached keeps its
-		// slot until the lease runs out, the others are given back now
-		res, err := l.batch.runMerged(ctx, lua.Release, keys, args, releaseMerge)
-		if err != nil {
-			firstErr = cmp.Or(firstErr, fmt.Errorf("release tenant %q job %q: %w", tenant, id, err))
+		rc.calls = append(rc.calls, &call{ctx: ctx, script: lua.Release, keys: keys, payload: args, merge: releaseMerge})
+	}
+	return rc, nil
+}
+
+// read reads the replies of the release's calls: every group was tried (a
+// scope that could not be reached keeps its slot until the lease runs
+// out, the others are given back now).
+func (rc *releasing) read() (waiting, given bool, err error) {
+	l := rc.l
+	lost := false
+	var firstErr error
+	for _, c := range rc.calls {
+		if c.err != nil {
+			firstErr = cmp.Or(firstErr, fmt.Errorf("release tenant %q job %q: %w", rc.tenant, rc.id, c.err))
 			continue
 		}
-		arr, ok := res.([]any)
+		arr, ok := c.res.([]any)
 		if !ok || len(arr) != 1 {
-			return false, false, fmt.Errorf("release.lua: unexpected reply %v", res)
+			return false, false, fmt.Errorf("release.lua: unexpected reply %v", c.res)
 		}
 		v, isInt := arr[0].(int64)
 		if !isInt || v < 0 {
-			return false, false, fmt.Errorf("release.lua: unexpected reply %v", res)
+			return false, false, fmt.Errorf("release.lua: unexpected reply %v", c.res)
 		}
 		// released + 256 * lost + 65536 * waiting + 2^40 * given
 		if v>>40&1 == 1 {
 			given = true
 			if !l.cluster {
 				// this process's releases know at once (others from the wake)
-				l.due.lower(queueOf(queue), dueShard(tenant), l.estimatedNow().UnixMicro())
+				l.due.lower(queueOf(rc.queue), dueShard(rc.tenant), l.estimatedNow().UnixMicro())
 			}
 		} else if v>>16 > 0 {
 			waiting = true
@@ -170,8 +203,8 @@ func (l *Limiter) releaseIn(ctx context.Context, tenant, queue, id string, claim
 	if firstErr != nil {
 		return waiting, given, firstErr
 	}
-	if lost && claim != 0 {
-		return waiting, given, fmt.Errorf("release tenant %q job %q: %w", tenant, id, ErrClaimLost)
+	if lost && rc.claim != 0 {
+		return waiting, given, fmt.Errorf("release tenant %q job %q: %w", rc.tenant, rc.id, ErrClaimLost)
 	}
 	return waiting, given, nil
 }

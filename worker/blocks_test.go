@@ -71,7 +71,7 @@ func TestBlocksServeATenantFarFromItsLimits(t *testing.T) {
 	require.GreaterOrEqual(t, fromBlocks, 0.9*n, "most jobs start from blocks")
 	require.Less(t, float64(calls-asynqCalls), 0.1*n, "about no script call of sluice's per job")
 	require.Zero(t, fromBlocksAlone)
-	require.GreaterOrEqual(t, float64(callsAlone-asynqCalls), 1.9*n, "a decision and a release per job without blocks")
+	require.GreaterOrEqual(t, float64(callsAlone-asynqCalls), 1.0*n, "a decision per job without blocks (their releases share runs)")
 	require.LessOrEqual(t, maxRun, 20)
 }
 

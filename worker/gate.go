@@ -76,6 +76,7 @@ type Gate struct {
 	layout     *asynqroom.Layout
 	roomOff    atomic.Bool // asynq's layout is not the one the room writes
 
+	rel      releases // releases on their way (releaseSoon)
 	stopping chan struct{}
 	stopOnce sync.Once
 	pumpOnce sync.Once
@@ -719,7 +720,7 @@ func (g *Gate) run(ctx context.Context, j *job, a Admission, next asynq.Handler)
 		// settled before the slot is handed on: the next job is decided on
 		// the settled meters
 		g.settle(ctx, j, a, settled, !returned || herr != nil)
-		g.release(ctx, j, a.Decision.Claim)
+		g.releaseSoon(ctx, j, a.Decision.Claim)
 	}()
 	began := time.Now()
 	herr = next.ProcessTask(ctx, j.task)
@@ -787,6 +788,90 @@ func (g *Gate) after(ctx context.Context, j *job, err error) error {
 	}
 }
 
+// releaseSoon releases the job's slots (release) after its handler
+// returned, without holding asynq's slot for it: the releases of the
+// gate's jobs that end while one round of them is on its way go together
+// in the next (waitroom.Room.ReleaseAll), their small releases in one
+// script run. The job counts as inside the gate (Wait) until its slots
+// are back. A job of no tenant, and any job while the gate stops or the
+// room is off, releases at once.
+func (g *Gate) releaseSoon(ctx context.Context, j *job, claim uint64) {
+	if claim == 0 {
+		return
+	}
+	if j.tenant == "" || g.stopped() || g.roomOff.Load() {
+		g.release(ctx, j, claim)
+		return
+	}
+	g.active.add()
+	g.rel.mu.Lock()
+	g.rel.q = append(g.rel.q, pendingRelease{j: j, claim: claim})
+	if g.rel.flushing {
+		g.rel.mu.Unlock()
+		return
+	}
+	g.rel.flushing = true
+	g.rel.mu.Unlock()
+	go g.flushReleases()
+}
+
+// releases are the gate's releases on their way (releaseSoon).
+type releases struct {
+	mu       sync.Mutex
+	q        []pendingRelease
+	flushing bool // a goroutine sends them; it ends when none is left
+}
+
+type pendingRelease struct {
+	j     *job
+	claim uint64
+}
+
+// flushReleases sends the waiting releases, round after round, until none
+// is left.
+func (g *Gate) flushReleases() {
+	for {
+		g.rel.mu.Lock()
+		batch := g.rel.q
+		g.rel.q = nil
+		if len(batch) == 0 {
+			g.rel.flushing = false
+			g.rel.mu.Unlock()
+			return
+		}
+		g.rel.mu.Unlock()
+		jobs := make([]waitroom.Releasing, len(batch))
+		for i, p := range batch {
+			jobs[i] = waitroom.Releasing{Tenant: p.j.tenant, Queue: p.j.queue, ID: p.j.id, Claim: p.claim, Scopes: p.j.scopes()}
+		}
+		// a gate that stops hands nothing on: the fleet's pumps serve the
+		// lines
+		h := waitroom.Handover(g.handOn)
+		if g.stopped() || g.roomOff.Load() {
+			h = nil
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), g.cfg.CallTimeout)
+		errs := g.room.ReleaseAll(ctx, jobs, h, g.gauge.Spare)
+		cancel()
+		for i, err := range errs {
+			g.released(batch[i].j, err)
+			g.active.done()
+		}
+	}
+}
+
+// released counts how a job's release went.
+func (g *Gate) released(j *job, err error) {
+	if errors.Is(err, throttle.ErrClaimLost) {
+		g.m.renewals.WithLabelValues(renewLost).Inc()
+		return
+	}
+	if err != nil {
+		g.m.err(errRelease)
+		g.warn(errRelease, "sluice: could not release the job's slot; it frees itself when its lease runs out", "task", j.taskID, "tenant", j.tenant, "err", err)
+	}
+}
+
 // release gives back the concurrency slots the job holds under claim (0:
 // none, and no round trip) and, in the same script run, hands the freed
 // slot to the next job in its tenant's line, which goes to asynq at once;
@@ -807,14 +892,7 @@ func (g *Gate) release(ctx context.Context, j *job, claim uint64) {
 	} else {
 		err = g.room.Release(cctx, j.tenant, j.queue, j.id, claim, j.scopes(), g.handOn, g.gauge.Spare)
 	}
-	if errors.Is(err, throttle.ErrClaimLost) {
-		g.m.renewals.WithLabelValues(renewLost).Inc()
-		return
-	}
-	if err != nil {
-		g.m.err(errRelease)
-		g.warn(errRelease, "sluice: could not release the job's slot; it frees itself when its lease runs out", "task", j.taskID, "tenant", j.tenant, "err", err)
-	}
+	g.released(j, err)
 }
 
 // warn logs at most once a second per kind, so that a stream of bad jobs

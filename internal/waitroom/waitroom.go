@@ -96,11 +96,23 @@ type Room interface {
 	// The slots the job holds in its key's scope and the shared pools it
 	// names (sc) are given back too.
 	Release(ctx context.Context, tenant, queue, id string, claim uint64, sc Scopes, h Handover, spare Spare) error
+	// ReleaseAll is Release for several jobs at once, in as few round
+	// trips as it takes (a worker's releases that came together), and
+	// returns each job's error, in order.
+	ReleaseAll(ctx context.Context, jobs []Releasing, h Handover, spare Spare) []error
 	// Shares reports whether the queue engine's client engine reaches the
 	// room's own keys: one server and database, not a Cluster. A
 	// hand-over on such a client may confirm a job in its handing set
 	// (Promoted.Handing) in the same call.
 	Shares(engine any) bool
+}
+
+// Releasing is a job whose concurrency slots go back (Room.ReleaseAll):
+// Release's arguments.
+type Releasing struct {
+	Tenant, Queue, ID string
+	Claim             uint64
+	Scopes            Scopes
 }
 
 // Scopes are the scopes a job draws from besides its tenant and @global:
