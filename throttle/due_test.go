@@ -324,10 +324,7 @@ func TestRoomTakesEarliestAcrossShards(t *testing.T) {
 // view learns each shard's earliest due time.
 func TestRoomSettlesEveryShardInOneCall(t *testing.T) {
 	t.Parallel()
-	client := redistest.UniversalClient(t)
-	counts := &scriptCounts{}
-	client.AddHook(counts)
-	e := setupOn(t, client, false, nil)
+	e, counts := setupCounted(t, false, nil)
 	ctx := context.Background()
 	room := e.lim.room()
 	q := waitroom.DefaultQueue

@@ -398,6 +398,27 @@ func (c *scriptCounts) take(script *redis.Script) int {
 	return n
 }
 
+// setupCounted is setup over a client that counts the script runs it
+// makes.
+func setupCounted(t *testing.T, real bool, cfg *Config) (*env, *scriptCounts) {
+	t.Helper()
+	client := redistest.UniversalClient(t)
+	counts := &scriptCounts{}
+	client.AddHook(counts)
+	return setupOn(t, client, real, cfg), counts
+}
+
+// waitInLine brings job id of tenant in as a producer does when the fleet
+// has no room: it arrives and joins its tenant's line.
+func waitInLine(t *testing.T, e *env, tenant, id string) {
+	t.Helper()
+	a := arrive(t, e, tenant, id, false)
+	require.False(t, a.Straight)
+	joined, _, err := e.lim.room().Join(context.Background(), tenant, a.Backlog, waitroom.Waiter{ID: id})
+	require.NoError(t, err)
+	require.Equal(t, 1, joined)
+}
+
 // TestRoomReleaseHandsOnInOneStep: on one server, a release whose
 // tenant's line held jobs at its last release goes straight to the
 // hand-on (admit.lua's release op, one script run), without the small
@@ -461,22 +482,14 @@ func TestRoomReleaseHandsOnInOneStep(t *testing.T) {
 // was at its limit) hands it on as before.
 func TestRoomReleaseYieldsWhenNotFull(t *testing.T) {
 	t.Parallel()
-	client := redistest.Client(t)
-	counts := &scriptCounts{}
-	client.AddHook(counts)
-	e := setupOn(t, client, false, nil)
+	e, counts := setupCounted(t, false, nil)
 	ctx := context.Background()
 	q := waitroom.DefaultQueue
 	e.policy(t, "roomy", "concurrency=3")
 	room := e.lim.room()
 	// r2 and r3 wait in the line (the fleet had no room for them)
-	for _, id := range []string{"r2", "r3"} {
-		a := arrive(t, e, "roomy", id, false)
-		require.False(t, a.Straight)
-		joined, _, err := room.Join(ctx, "roomy", a.Backlog, waitroom.Waiter{ID: id})
-		require.NoError(t, err)
-		require.Equal(t, 1, joined)
-	}
+	waitInLine(t, e, "roomy", "r2")
+	waitInLine(t, e, "roomy", "r3")
 	// a pump left the tenant due later (held by its turn, say)
 	later := e.clock.Now().Add(time.Minute).UnixMicro()
 	require.NoError(t, e.client.ZAdd(ctx, dueKey(e.prefix, q, dueShard("roomy")), redis.Z{Score: float64(later), Member: "roomy"}).Err())
@@ -496,7 +509,7 @@ func TestRoomReleaseYieldsWhenNotFull(t *testing.T) {
 	require.True(t, ok)
 	require.Equal(t, now.UnixMicro(), due.UnixMicro(), "the tenant is due now, for the pumps")
 	n := counts.take(lua.Release)
-	if !redistest.ClusterMode() {
+	if !e.lim.cluster {
 		require.Equal(t, 1, n, "one script run: the release and the mark")
 		require.Zero(t, counts.take(lua.Room), "no turn asked, no mark of its own")
 	}
@@ -521,10 +534,7 @@ func TestRoomReleaseYieldsWhenNotFull(t *testing.T) {
 // and a claim that holds nothing says so; each job gets its own answer.
 func TestRoomReleaseAll(t *testing.T) {
 	t.Parallel()
-	client := redistest.UniversalClient(t)
-	counts := &scriptCounts{}
-	client.AddHook(counts)
-	e := setupOn(t, client, false, nil)
+	e, counts := setupCounted(t, false, nil)
 	ctx := context.Background()
 	q := waitroom.DefaultQueue
 	room := e.lim.room()
@@ -538,19 +548,11 @@ func TestRoomReleaseAll(t *testing.T) {
 		require.True(t, d.Allowed, "%s/%s", tenant, id)
 		return d.Claim
 	}
-	wait := func(tenant, id string) {
-		t.Helper()
-		a := arrive(t, e, tenant, id, false)
-		require.False(t, a.Straight)
-		joined, _, err := room.Join(ctx, tenant, a.Backlog, waitroom.Waiter{ID: id})
-		require.NoError(t, err)
-		require.Equal(t, 1, joined)
-	}
 	ca := admit("alone", "a1")
 	cr := admit("roomy", "r1")
-	wait("roomy", "r2")
+	waitInLine(t, e, "roomy", "r2")
 	cf := admit("full", "f1")
-	wait("full", "f2")
+	waitInLine(t, e, "full", "f2")
 	cl := admit("alone", "l1")
 	require.NoError(t, e.lim.Release(ctx, "alone", "l1", cl))
 	g := &engine{}
@@ -886,10 +888,7 @@ func TestRoomPumpGivesTheRoomToTheLinesThatWait(t *testing.T) {
 // line as a turn of its own would.
 func TestRoomPumpRoundInOneRun(t *testing.T) {
 	t.Parallel()
-	client := redistest.UniversalClient(t)
-	counts := &scriptCounts{}
-	client.AddHook(counts)
-	e := setupOn(t, client, true, nil)
+	e, counts := setupCounted(t, true, nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	room := e.lim.room()
