@@ -34,10 +34,11 @@
 --   per op: job id, claim token (0: whichever claim holds the slot), number
 --     of scopes, how many line keys follow (0: none) + 256 with a mark
 --     + 512 with limits; with limits, then each scope's concurrency limit
---     (0: not known, as full); with a mark, then: the tenant, the wake
---     channel ("": publish nothing) and QUEUE␟SHARD (room.lua's ARGV[3]
---     and ARGV[4]). With limits the mark is made only when the slots went
---     back while jobs wait.
+--     (0: not known, as full) and the pumps' hold (µs); with a mark, then:
+--     the tenant, the wake channel ("": publish nothing) and QUEUE␟SHARD
+--     (room.lua's ARGV[3] and ARGV[4]). With limits the mark is made only
+--     when the slots went back while jobs wait, and as room.lua's nudge
+--     does: not for a tenant a pump holds or that is due within the hold.
 -- Returns: per op released + 256 * lost + 65536 * waiting + 2^40 * given
 --   (one number: a reply's every element costs a conversion): given is 1
 --   when the slots went back while jobs wait (limits); released is how many of its
@@ -112,7 +113,7 @@ for op = 1, nops do
   for i = 1, nlines do
     waiting = waiting + call('LLEN', KEYS[k + n + i])
   end
-  local given = 0
+  local given, hold = 0, false
   if limits then
     if waiting > 0 then
       -- a scope full before this release: the line may wait for its slot
@@ -125,7 +126,8 @@ for op = 1, nops do
         end
       end
     end
-    a = a + n
+    hold = tonumber(ARGV[a + n])
+    a = a + n + 1
     -- the mark is made only when the slots go back while jobs wait
     mark = mark and given == 1
   end
@@ -140,10 +142,22 @@ for op = 1, nops do
   k = k + n + nlines
   out[op] = released + 256 * lost + 65536 * waiting + 1099511627776 * given
   if mark then
-    -- the tenant is due now, or earlier if it was (room.lua's mark); the
-    -- pumps wake when that is sooner than it was
-    local at = string.format('%d', now_us())
-    local changed = call('ZADD', KEYS[k + 1], 'LT', 'CH', at, ARGV[a])
+    -- the tenant is due now, or earlier if it was (room.lua's mark); with
+    -- limits, only when no pump holds it and it is not due within the
+    -- hold (room.lua's nudge); the pumps wake when that is sooner than it
+    -- was
+    local t = now_us()
+    local at = string.format('%d', t)
+    local changed = 0
+    if hold then
+      local score = tonumber(call('ZSCORE', KEYS[k + 1], ARGV[a]))
+      if not score or score > t + hold then
+        call('ZADD', KEYS[k + 1], at, ARGV[a])
+        changed = 1
+      end
+    else
+      changed = call('ZADD', KEYS[k + 1], 'LT', 'CH', at, ARGV[a])
+    end
     if changed > 0 and ARGV[a + 1] ~= '' then call('PUBLISH', ARGV[a + 1], ARGV[a + 2] .. '\31' .. at) end
   end
   if nmark then

@@ -35,6 +35,12 @@
 --     behind the tenants due before (its turn ended). Returns {now}.
 --   mark [TENANT]...: each tenant is due now, or earlier if it was (a line
 --     just began). Returns {now}.
+--   nudge HOLD [TENANT]...: each tenant not held by a pump nor due within
+--     HOLD µs (its due time further ahead, or none) is due now: a release
+--     gave back a slot its line did not wait for, and a due time a full
+--     scope left (a lease's end) no longer holds; a tenant a pump holds
+--     keeps its turn (a mark would let a second pump take it meanwhile).
+--     Returns {now}.
 --   markat [TENANT DUE]...: each tenant is due at DUE, or earlier if it
 --     was (a release freed a slot its line's head may take at DUE).
 --     Returns {now}.
@@ -192,6 +198,17 @@ elseif op == 'mark' or op == 'markat' then
     end
   end
   wake(zadd(z, 'LT', 'CH'), soonest)
+elseif op == 'nudge' then
+  local horizon = now + tonumber(ARGV[A])
+  local changed = 0
+  for i = A + 1, #ARGV do
+    local score = tonumber(call('ZSCORE', KEYS[1], ARGV[i]))
+    if not score or score > horizon then
+      call('ZADD', KEYS[1], nowf, ARGV[i])
+      changed = changed + 1
+    end
+  end
+  wake(changed, nowf)
 elseif op == 'ensure' then
   local changed = 0
   for i = A, #ARGV do

@@ -12,6 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice/internal/waitroom"
 	"github.com/sluicehq/sluice/lua"
 )
 
@@ -539,6 +540,24 @@ func (r *room) mark(ctx context.Context, queue string, tenants ...string) error 
 			return fmt.Errorf("mark tenants due: %w", err)
 		}
 		// this process's releases know at once (others from the wake)
+		r.l.due.lower(queue, s, r.l.estimatedNow().UnixMicro())
+		return nil
+	})
+}
+
+// nudge makes tenants due now in queue's index unless a pump holds them or
+// they are due within the pumps' hold (room.lua's nudge): a release gave
+// back a slot their lines did not wait for.
+func (r *room) nudge(ctx context.Context, queue string, tenants ...string) error {
+	groups := byShard(tenants)
+	return eachShard(keysOfMap(groups), func(_, s int) error {
+		args := []any{micros(waitroom.HoldDefault)}
+		for _, t := range groups[s] {
+			args = append(args, t)
+		}
+		if _, err := r.runRoom(ctx, queue, s, "nudge", args...); err != nil {
+			return fmt.Errorf("mark tenants due: %w", err)
+		}
 		r.l.due.lower(queue, s, r.l.estimatedNow().UnixMicro())
 		return nil
 	})

@@ -657,8 +657,8 @@ func (r *room) Release(ctx context.Context, tenant, queue, id string, claim uint
 	if r.l.cluster || !r.lately(&r.queued, queued) {
 		waiting, given, err := r.l.releaseIn(ctx, tenant, queue, id, claim, sc, true)
 		if given && r.l.cluster && (err == nil || errors.Is(err, ErrClaimLost)) {
-			// on a Cluster the index is in another slot: marked on its own
-			if merr := r.mark(ctx, queueOf(queue), tenant); merr != nil {
+			// on a Cluster the index is in another slot: nudged on its own
+			if merr := r.nudge(ctx, queueOf(queue), tenant); merr != nil {
 				return merr
 			}
 		}
@@ -704,7 +704,7 @@ func (r *room) ReleaseAll(ctx context.Context, jobs []waitroom.Releasing, h wait
 	}
 	r.l.batch.runAll(calls)
 	// on a Cluster the index is in another slot: the tenants whose slots
-	// went back while jobs wait are marked on their own, per queue
+	// went back while jobs wait are nudged on their own, per queue
 	marks := map[string][]int{}
 	for i, rc := range rcs {
 		if rc == nil {
@@ -736,7 +736,7 @@ func (r *room) ReleaseAll(ctx context.Context, jobs []waitroom.Releasing, h wait
 		for k, i := range idx {
 			tenants[k] = jobs[i].Tenant
 		}
-		if err := r.mark(ctx, q, tenants...); err != nil {
+		if err := r.nudge(ctx, q, tenants...); err != nil {
 			for _, i := range idx {
 				if errs[i] == nil || errors.Is(errs[i], ErrClaimLost) {
 					errs[i] = err

@@ -517,6 +517,23 @@ func TestRoomReleaseYieldsWhenNotFull(t *testing.T) {
 	require.ErrorIs(t, room.Release(ctx, "roomy", q, "r1", d.Claim, waitroom.Scopes{}, g.handover, nil), ErrClaimLost)
 	require.Empty(t, g.ids())
 
+	// a tenant a pump holds keeps its turn: a release does not make it
+	// due meanwhile (a second pump would take it, and the turns would
+	// no longer follow the weights)
+	held := e.clock.Now().Add(waitroom.HoldDefault).UnixMicro()
+	require.NoError(t, e.client.ZAdd(ctx, dueKey(e.prefix, q, dueShard("roomy")), redis.Z{Score: float64(held), Member: "roomy"}).Err())
+	d, err = e.lim.Admit(ctx, "roomy", "r9")
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+	require.NoError(t, room.Release(ctx, "roomy", q, "r9", d.Claim, waitroom.Scopes{}, g.handover, nil))
+	require.Empty(t, g.ids())
+	score, err := e.client.ZScore(ctx, dueKey(e.prefix, q, dueShard("roomy")), "roomy").Result()
+	require.NoError(t, err)
+	require.Equal(t, float64(held), score, "the pump's hold stands")
+	st, err = e.lim.Stats(ctx, "roomy")
+	require.NoError(t, err)
+	require.Zero(t, st.Concurrency.InFlight, "r9's slot is back")
+
 	// at its limit, the line waits for the slot: it is handed on
 	e.policy(t, "full", "concurrency=1")
 	require.Equal(t, []string{"f1"}, line(t, e, "full", "f1", "f2"))

@@ -55,8 +55,9 @@ func (l *Limiter) release(ctx context.Context, tenant, queue, id string, claim u
 // even while jobs wait in the line when none of the job's scopes was full
 // before (the line's head does not wait for them: a pump promotes it in
 // its turn), and given reports that they did. Then on one server its
-// tenant is made due in the same run, as room.lua's mark does; on a
-// Cluster the caller marks it.
+// tenant is made due in the same run unless a pump holds it or it is due
+// within the pumps' hold (room.lua's nudge); on a Cluster the caller
+// nudges it.
 func (l *Limiter) releaseIn(ctx context.Context, tenant, queue, id string, claim uint64, sc waitroom.Scopes, yield bool) (waiting, given bool, err error) {
 	rc, err := l.releaseCalls(ctx, tenant, queue, id, claim, sc, yield)
 	if err != nil {
@@ -151,6 +152,10 @@ func (l *Limiter) releaseCalls(ctx context.Context, tenant, queue, id string, cl
 				args = append(args, tenantLimits...)
 				if !l.cluster {
 					args = append(args, globalLimits...)
+				}
+				// the pumps' hold: a tenant a pump holds is not marked
+				args = append(args, micros(waitroom.HoldDefault))
+				if !l.cluster {
 					q := queueOf(queue)
 					shard := dueShard(tenant)
 					flags += 256
