@@ -322,11 +322,7 @@ func (l *Limiter) runRaw(ctx context.Context, op *admitOp, clock int64) (any, er
 			}
 			return nil, err
 		}
-		if arr, ok := res.([]any); ok && len(arr) == 2 && l.clock == nil {
-			if now, ok := arr[1].(int64); ok {
-				l.observed(ctx, key, now, sent)
-			}
-		}
+		l.observedReply(ctx, key, res, sent)
 		return res, nil
 	}
 }
@@ -362,13 +358,19 @@ func (l *Limiter) runRawAll(ctx context.Context, ops []*admitOp) ([]any, []error
 			continue
 		}
 		raws[i] = c.res
-		if arr, ok := c.res.([]any); ok && len(arr) == 2 && l.clock == nil {
-			if now, ok := arr[1].(int64); ok {
-				l.observed(ctx, ops[i].localKey(), now, sent)
-			}
-		}
+		l.observedReply(ctx, ops[i].localKey(), c.res, sent)
 	}
 	return raws, errs
+}
+
+// observedReply bounds the Redis time of key's server by an admit.lua
+// reply ({op's reply, now}) to a call sent at sent (observed).
+func (l *Limiter) observedReply(ctx context.Context, key string, res any, sent time.Time) {
+	if arr, ok := res.([]any); ok && len(arr) == 2 && l.clock == nil {
+		if now, ok := arr[1].(int64); ok {
+			l.observed(ctx, key, now, sent)
+		}
+	}
 }
 
 // localKey is the state hash of op's first local scope ("": none).
