@@ -31,14 +31,28 @@ local function read_state(sc, k, claims, v)
     if pol.wlim > 0 then sc.wp, sc.wa = KEYS[k + 2], KEYS[k + 3] end
   end
   local j
+  -- a decision made once reads the first started meter's ticket charge
+  -- (om, oz: decide) with the rest, when it reads the state itself
+  local once = not v and E.once and pol.nr > 0
   if pol.clim > 0 then
-    v = v or call('HMGET', sc.st, 'cd', 's', 'x', 'rn', E.rkey, E.hkey, unpack(pol.fields))
+    if once then
+      v = call('HMGET', sc.st, 'cd', 's', 'x', 'rn', E.rkey, E.hkey, 'om', 'oz', unpack(pol.fields))
+    else
+      v = v or call('HMGET', sc.st, 'cd', 's', 'x', 'rn', E.rkey, E.hkey, unpack(pol.fields))
+    end
     local slot = v[6]
     sc.hend, j = slot and slot_lease(slot) or false, 7
     if claims then sc.htok = slot and slot_claim(slot) end
+  elseif once then
+    v = call('HMGET', sc.st, 'cd', 's', 'x', 'rn', E.rkey, 'om', 'oz', unpack(pol.fields))
+    j = 6
   else
     v = v or call('HMGET', sc.st, 'cd', 's', 'x', 'rn', E.rkey, unpack(pol.fields))
     j = 6
+  end
+  if once then
+    sc.om, sc.oz = num(v[j]) or false, num(v[j + 1]) or 0
+    j = j + 2
   end
   sc.cd, sc.starts, sc.x = num(v[1]) or 0, num(v[2]) or 0, num(v[3]) or 0
   sc.rn = num(v[4]) or 0

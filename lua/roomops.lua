@@ -115,10 +115,43 @@ local function room_functions(ts)
       budget = 0
       due = cd - E.lead
     end
+    -- The line's head is read a few entries at a time (buf, of level
+    -- blv, its next at bi), the entries taken from it are popped together
+    -- (popped) and the promoted ones join the handing set together
+    -- (hand): a job costs its state's read and write, not five commands
+    -- more. Pops are flushed before anything else reads or changes the
+    -- list.
+    local buf, bi, blv, popped, hand = false, 1, 0, 0, {}
+    local function flush()
+      if popped > 0 then
+        call('LPOP', lines[blv], popped)
+        popped = 0
+      end
+    end
+    local function head_of(l)
+      if not buf or blv ~= l or bi > #buf then
+        flush()
+        buf, bi, blv = call('LRANGE', lines[l], '0', fmt(max(min(budget - np, 32), 0))), 1, l
+      end
+      return buf[bi] or false
+    end
+    local function pop()
+      bi, popped = bi + 1, popped + 1
+    end
+    local function handed(m)
+      hand[#hand + 1] = fmt(now)
+      hand[#hand + 1] = m
+      if #hand >= 512 then
+        call('ZADD', handing, unpack(hand))
+        hand = {}
+      end
+    end
     -- the jobs sent to the end of their lists this turn, per level, and
     -- their keys (the first allows one at kwait at the soonest)
     local rot, nrot, waits, kwait = {}, 0, {}, false
     local function rotate(line, m, lv, key, at)
+      flush()
+      buf = false
       call('LPOP', line)
       call('RPUSH', line, m)
       rot[lv] = (rot[lv] or 0) + 1
@@ -132,8 +165,9 @@ local function room_functions(ts)
       local m = false
       while lv <= #lines do
         -- a level whose jobs left were all sent to its end is done
+        if rot[lv] then flush() end
         if not (rot[lv] and rot[lv] >= call('LLEN', lines[lv])) then
-          m = call('LINDEX', lines[lv], '0')
+          m = head_of(lv)
           if m then break end
         end
         lv = lv + 1
@@ -184,14 +218,14 @@ local function room_functions(ts)
         if due < 0 then due = now end
         break
       elseif plain then
-        call('LPOP', line)
-        call('ZADD', handing, fmt(now), m)
+        pop()
+        handed(m)
         dq = dq - rc
         np = np + 1
         out[np] = { m, now, 0, {}, -1, 0 }
         head = -1
       elseif run then
-        call('LPOP', line)
+        pop()
         skipped = skipped + 1
         head = -1
       else
@@ -217,8 +251,8 @@ local function room_functions(ts)
           apply(scopes, write, slot, noexpire)
           local recs = {}
           for s = 1, #scopes do recs[s] = ts.record(scopes[s]) end
-          call('LPOP', line)
-          call('ZADD', handing, fmt(now), m)
+          pop()
+          handed(m)
           dq = dq - rc
           np = np + 1
           out[np] = { m, slot, num(E.claim), recs, E.late, E.slack }
@@ -227,6 +261,8 @@ local function room_functions(ts)
       end
     end
     E.promote = false
+    flush()
+    if #hand > 0 then call('ZADD', handing, unpack(hand)) end
     -- a handover not confirmed yet keeps the tenant due for its retry
     local first = call('ZRANGE', handing, '0', '0', 'WITHSCORES')
     if first[2] then
