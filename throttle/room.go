@@ -338,12 +338,17 @@ func (r *room) Park(ctx context.Context, p waitroom.Parking) (waitroom.Parked, e
 	// its first enqueue
 	reg := t.QueuesKey + "\x00" + t.Queue
 	_, registered := r.l.registered.Load(reg)
-	res2, err := lua.Park.Run(ctx, r.l.client, keys, r.l.clockArg(), backlog, q, lineTail(w), t.ID, t.Msg,
-		micros(p.Fallback), 2*micros(need)*cost, micros(p.MaxPark), t.Queue, boolInt(!registered)).Result()
+	// concurrent parks share a run (parkMerge)
+	res2, err := r.l.batch.runMerged(ctx, lua.Park, keys, []any{r.l.clockArg(), 1, backlog, q, lineTail(w), t.ID, t.Msg,
+		micros(p.Fallback), 2*micros(need)*cost, micros(p.MaxPark), t.Queue, boolInt(!registered)}, parkMerge)
 	if err != nil {
 		return waitroom.Parked{}, fmt.Errorf("park a job of tenant %q: %w", p.Tenant, err)
 	}
-	v, err := int64s(res2, 4)
+	ops, ok := res2.([]any)
+	if !ok || len(ops) != 1 {
+		return waitroom.Parked{}, fmt.Errorf("park.lua: unexpected reply %v", res2)
+	}
+	v, err := int64s(ops[0], 4)
 	if err != nil {
 		return waitroom.Parked{}, fmt.Errorf("park.lua: %w", err)
 	}
@@ -386,6 +391,10 @@ func sameServer(e any, c redis.UniversalClient) bool {
 
 // parkConflict is park.lua's verdict for a job whose task id is taken.
 const parkConflict = -2
+
+// parkMerge merges concurrent parks into one park.lua run: its ARGV
+// begins with the clock and the number of ops.
+var parkMerge = headerMerger{header: 2}
 
 // arriveToWait is Arrive for a job the fleet has no room for: it waits
 // whatever its rules say, so wait.lua checks the line's cap and records

@@ -1430,6 +1430,121 @@ func joinJobs(t *testing.T, room *room, tenant string, n int) {
 	require.NoError(t, err)
 }
 
+// holdScript is a client hook that holds the first run of a script
+// until released: calls made meanwhile queue in the limiter's batcher.
+type holdScript struct {
+	sha      string
+	once     sync.Once
+	entered  chan struct{}
+	released chan struct{}
+}
+
+func (h *holdScript) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *holdScript) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() == "evalsha" && cmd.Args()[1] == h.sha {
+			h.once.Do(func() {
+				close(h.entered)
+				<-h.released
+			})
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h *holdScript) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// TestRoomParksShareARun: parks made while another is on its way go in
+// one park.lua run, in which each job gets its own outcome: parked in its
+// line in order, a task id taken, a line at its cap.
+func TestRoomParksShareARun(t *testing.T) {
+	t.Parallel()
+	client := redistest.UniversalClient(t)
+	if _, ok := client.(*redis.ClusterClient); ok {
+		t.Skip("on a Cluster the room parks nothing in one call (TestRoomParkApart)")
+	}
+	hold := &holdScript{sha: lua.Park.Hash(), entered: make(chan struct{}), released: make(chan struct{})}
+	counts := &scriptCounts{}
+	client.AddHook(counts)
+	client.AddHook(hold)
+	e := setupOn(t, client, false, &Config{Pipelines: 1})
+	ctx := context.Background()
+	e.policy(t, "acme", "rate=10/s burst=2")
+	e.policy(t, "capped", "rate=10/s burst=2 backlog=1")
+	room := e.lim.room()
+	queue := "q-" + e.prefix
+	park := func(tenant, id string) (waitroom.Parked, error) {
+		return room.Park(ctx, waitroom.Parking{Tenant: tenant, Job: waitroom.Waiter{ID: id, Queue: queue},
+			Fallback: time.Hour, MaxPark: 30 * 24 * time.Hour, Engine: e.client,
+			Task: waitroom.EngineTask{TaskKey: "asynq:{" + queue + "}:t:" + id, ScheduleKey: "asynq:{" + queue + "}:scheduled",
+				QueuesKey: e.prefix + ":asynq-queues", Queue: queue, ID: id, Msg: []byte("msg of " + id)}})
+	}
+	// the first park is held on its way
+	first := make(chan error, 1)
+	go func() {
+		_, err := park("acme", "a0")
+		first <- err
+	}()
+	<-hold.entered
+	type outcome struct {
+		p   waitroom.Parked
+		err error
+	}
+	jobs := [][2]string{{"acme", "a1"}, {"acme", "a2"}, {"acme", "a0"}, {"capped", "c1"}, {"capped", "c2"}}
+	out := make([]chan outcome, len(jobs))
+	for i, j := range jobs {
+		out[i] = make(chan outcome, 1)
+		go func() {
+			p, err := park(j[0], j[1])
+			out[i] <- outcome{p, err}
+		}()
+	}
+	waitFor(t, 5*time.Second, func() bool { return len(e.lim.batch.queue) == len(jobs) })
+	close(hold.released)
+	require.NoError(t, <-first)
+	got := make([]outcome, len(jobs))
+	for i := range jobs {
+		got[i] = <-out[i]
+	}
+	require.Equal(t, 2, counts.take(lua.Park), "the held run, then one run for the parks queued behind it")
+
+	for _, i := range []int{0, 1} {
+		require.NoError(t, got[i].err)
+		require.False(t, got[i].p.Conflict)
+	}
+	require.ElementsMatch(t, []int64{2, 3}, []int64{got[0].p.Waiting, got[1].p.Waiting}, "acme's line grew by each")
+	require.NoError(t, got[2].err)
+	require.True(t, got[2].p.Conflict, "a0's id is taken by the held park")
+	// capped's line holds one: one of its two parks is refused
+	var be *BacklogError
+	parked, refused := 0, 0
+	for _, o := range got[3:] {
+		if o.err == nil {
+			parked++
+			require.Equal(t, int64(1), o.p.Waiting)
+		} else {
+			require.ErrorAs(t, o.err, &be)
+			require.Equal(t, int64(1), be.Limit)
+			refused++
+		}
+	}
+	require.Equal(t, [2]int{1, 1}, [2]int{parked, refused})
+	ids, err := room.WaitingIDs(ctx, "acme", 10)
+	require.NoError(t, err)
+	require.Len(t, ids, 3)
+	require.Equal(t, "a0", ids[0].ID, "the held park first")
+	require.ElementsMatch(t, []string{"a1", "a2"}, []string{ids[1].ID, ids[2].ID})
+	for _, id := range []string{"a0", "a1", "a2"} {
+		require.Equal(t, int64(1), e.client.Exists(ctx, "asynq:{"+queue+"}:t:"+id).Val(), id)
+	}
+	n, err := e.client.ZCard(ctx, "asynq:{"+queue+"}:scheduled").Result()
+	require.NoError(t, err)
+	require.Equal(t, int64(4), n, "a0, a1, a2 and capped's one in asynq's schedule")
+}
+
 // TestRoomPark: a job parked in one call is in its line as a joined job
 // is (in order, its tenant due in the index), its task is in the engine's
 // schedule at its fallback, and the line's cap, a task id taken, a cost no

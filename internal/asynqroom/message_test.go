@@ -122,10 +122,13 @@ func park(t *testing.T, client redis.UniversalClient, task Task, least time.Dura
 	base := redistest.Prefix(t) + ":{t:" + task.ID + "}:"
 	e := EngineTaskOf(task)
 	keys := []string{base + "l", base + "lh", base + "ll", base + "q", base + "s", e.TaskKey, e.ScheduleKey, e.QueuesKey, base + "j"}
-	res, err := lua.Park.Run(context.Background(), client, keys, -1, 0, task.Queue, "\x1f\x1f"+task.ID, task.ID, e.Msg,
-		least.Microseconds(), 0, (30 * 24 * time.Hour).Microseconds(), task.Queue).Int64Slice()
+	res, err := lua.Park.Run(context.Background(), client, keys, -1, 1, 0, task.Queue, "\x1f\x1f"+task.ID, task.ID, e.Msg,
+		least.Microseconds(), 0, (30 * 24 * time.Hour).Microseconds(), task.Queue, 0).Slice()
 	require.NoError(t, err)
-	require.Equal(t, int64(0), res[0], "parked")
+	require.Len(t, res, 1, "one op, one reply")
+	op, ok := res[0].([]any)
+	require.True(t, ok, "the op's reply: %v", res[0])
+	require.Equal(t, int64(0), op[0], "parked")
 }
 
 func keysOf(m map[string]string) []string {
