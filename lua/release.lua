@@ -46,7 +46,8 @@
 --   under it (another claim holds the job's slot, or the slot is gone:
 --   given back already, or removed by an admission once its lease had run
 --   out; with claim 0 a scope without the job's slot counts in neither);
---   waiting is how many jobs wait in the line given (then nothing was
+--   waiting is how many jobs wait in the first of the line's lists that
+--   holds any (0: none wait; with jobs waiting and no limits nothing was
 --   given back)
 
 local call, tonumber = redis.call, tonumber
@@ -60,11 +61,12 @@ local call, tonumber = redis.call, tonumber
 -- does, or it is gone), 0 otherwise. The slot's field (hkey) holds its
 -- claim (slot.lua), so the claim alone says whose the slot is.
 -- One read serves the whole release (a Redis command costs the script
--- several times what a field more does): the slot, the count and y. The
+-- several times what a field more does): the slot, the count and y (v,
+-- when the caller read them already: HMGET st hkey hc y). The
 -- last slot lets the hash expire when its other state allows (y); the
 -- time is asked only then, and only with a given clock.
-local function release_slot(st, hkey, claim, noexpire)
-  local v = call('HMGET', st, hkey, 'hc', 'y')
+local function release_slot(st, hkey, claim, noexpire, v)
+  v = v or call('HMGET', st, hkey, 'hc', 'y')
   if not v[1] then
     return claim == '0' and 0 or -1
   end
@@ -108,19 +110,25 @@ for op = 1, nops do
   if mark then nlines = nlines - 256 end
   -- the op's keys and arguments include the mark's whether it is made
   local nmark = mark
+  local hkey = 'h:' .. id
   a = a + 4
+  -- whether jobs wait: the first of the line's lists that holds any
   local waiting = 0
   for i = 1, nlines do
-    waiting = waiting + call('LLEN', KEYS[k + n + i])
+    waiting = call('LLEN', KEYS[k + n + i])
+    if waiting > 0 then break end
   end
-  local given, hold = 0, false
+  local given, hold, reads = 0, false, false
   if limits then
     if waiting > 0 then
       -- a scope full before this release: the line may wait for its slot
-      given = 1
+      -- (each scope's read serves its release below)
+      given, reads = 1, {}
       for s = 1, n do
         local lim = tonumber(ARGV[a + s - 1])
-        if lim <= 0 or (tonumber(call('HGET', KEYS[k + s], 'hc')) or 0) >= lim then
+        local v = call('HMGET', KEYS[k + s], hkey, 'hc', 'y')
+        reads[s] = v
+        if lim <= 0 or (tonumber(v[2]) or 0) >= lim then
           given = 0
           break
         end
@@ -133,9 +141,8 @@ for op = 1, nops do
   end
   local released, lost = 0, 0
   if waiting == 0 or given == 1 then
-    local hkey = 'h:' .. id
     for s = 1, n do
-      local r = release_slot(KEYS[k + s], hkey, claim, noexpire)
+      local r = release_slot(KEYS[k + s], hkey, claim, noexpire, reads and reads[s])
       if r > 0 then released = released + 1 elseif r < 0 then lost = lost + 1 end
     end
   end

@@ -123,7 +123,10 @@ func (l *Limiter) releaseCalls(ctx context.Context, tenant, queue, id string, cl
 	}
 	var lines []string
 	if queue != "" && tenant != "" {
-		lines = keysFor(l.cfg.Prefix, tenant).lines(queueOf(queue))
+		// the line's lists, the normal level's first: release.lua asks
+		// only whether one holds jobs, and stops at the first that does
+		k, q := keysFor(l.cfg.Prefix, tenant), queueOf(queue)
+		lines = []string{k.lineAt(q, priorityNormal), k.lineAt(q, priorityHigh), k.lineAt(q, priorityLow)}
 	}
 	var groups [][]string
 	if l.cluster {
