@@ -116,22 +116,26 @@ local function room_functions(ts)
       due = cd - E.lead
     end
     -- The line's head is read a few entries at a time (buf, of level
-    -- blv, its next at bi), the entries taken from it are popped together
-    -- (popped) and the promoted ones join the handing set together
-    -- (hand): a job costs its state's read and write, not five commands
-    -- more. Pops are flushed before anything else reads or changes the
-    -- list.
-    local buf, bi, blv, popped, hand = false, 1, 0, 0, {}
+    -- blv, its next at bi; want the size of the next read), the entries
+    -- taken from it are popped together (popped) and the promoted ones
+    -- join the handing set together (hand): a job costs its state's read
+    -- and write, not five commands more. Pops are flushed before anything
+    -- else reads or changes the list.
+    local buf, bi, blv, popped, hand, want = false, 1, 0, 0, {}, 1
     local function flush()
       if popped > 0 then
         call('LPOP', lines[blv], popped)
         popped = 0
       end
     end
+    -- (a read takes one entry, then twice as many as the last, at most
+    -- what the budget leaves: a turn its rules cut short after a job or
+    -- two reads no more than it did one entry at a time)
     local function head_of(l)
       if not buf or blv ~= l or bi > #buf then
         flush()
-        buf, bi, blv = call('LRANGE', lines[l], '0', fmt(max(min(budget - np, 32), 0))), 1, l
+        local n = max(min(want, budget - np + 1, 32), 1)
+        buf, bi, blv, want = call('LRANGE', lines[l], '0', fmt(n - 1)), 1, l, 2 * n
       end
       return buf[bi] or false
     end
