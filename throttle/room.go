@@ -340,7 +340,7 @@ func (r *room) Park(ctx context.Context, p waitroom.Parking) (waitroom.Parked, e
 	_, registered := r.l.registered.Load(reg)
 	// concurrent parks share a run (parkMerge)
 	res2, err := r.l.batch.runMerged(ctx, lua.Park, keys, []any{r.l.clockArg(), 1, backlog, q, lineTail(w), t.ID, t.Msg,
-		micros(p.Fallback), 2*micros(need)*cost, micros(p.MaxPark), t.Queue, boolInt(!registered)}, parkMerge)
+		micros(p.Fallback), 2 * micros(need) * cost, micros(p.MaxPark), t.Queue, boolInt(!registered)}, parkMerge)
 	if err != nil {
 		return waitroom.Parked{}, fmt.Errorf("park a job of tenant %q: %w", p.Tenant, err)
 	}
