@@ -51,8 +51,15 @@ func (l *Limiter) nowBy(c *redisClock, latest bool) time.Time {
 // syncClock reads Redis time with TIME: on a Cluster, that of the master
 // that holds key ("": any server's, into the limiter's own bounds).
 func (l *Limiter) syncClock(ctx context.Context, key string) error {
+	_, err := l.readClock(ctx, key)
+	return err
+}
+
+// readClock is syncClock that also returns the Redis time it read (unix
+// µs).
+func (l *Limiter) readClock(ctx context.Context, key string) (int64, error) {
 	if l.clock != nil {
-		return errors.New("quota windows do not cover the test clock")
+		return 0, errors.New("quota windows do not cover the test clock")
 	}
 	c, node := l.clockFor(ctx, key)
 	var cmd redis.Cmdable = l.client
@@ -62,14 +69,14 @@ func (l *Limiter) syncClock(ctx context.Context, key string) error {
 	sent := time.Now()
 	t, err := cmd.Time(ctx).Result()
 	if err != nil {
-		return fmt.Errorf("read Redis time: %w", err)
+		return 0, fmt.Errorf("read Redis time: %w", err)
 	}
 	r, got := t.UnixMicro(), time.Now().UnixMicro()
 	c.observe(r, sent.UnixMicro(), got)
 	if c != &l.rclock {
 		l.rclock.observe(r, sent.UnixMicro(), got)
 	}
-	return nil
+	return r, nil
 }
 
 // observed records the Redis time now (µs) of a reply to a call sent at

@@ -148,3 +148,49 @@ func TestMasterClocksKeepApart(t *testing.T) {
 	}
 	require.Greater(t, far, 2*time.Millisecond)
 }
+
+// TestTicketWiderBoundsAskRedis: a job at its slot whose process cannot
+// tell by its bounds of Redis time whether it is still in its ticket's
+// window (bounds wider than the window, as a loaded process's quickest
+// replies make them) is not refused for it: Redis's own time decides, as
+// it does any admission, and the job starts on its decision instead of
+// losing its slot. A job the bounds show late is refused with no call.
+func TestTicketWiderBoundsAskRedis(t *testing.T) {
+	t.Parallel()
+	e := setup(t, true, nil)
+	ctx := context.Background()
+	e.policy(t, "acme", "rate=5/s")
+	req := Request{Tenant: "acme", ID: "j1"}
+	_, err := e.lim.Do(ctx, req) // a reply: the bounds are set
+	require.NoError(t, err)
+	r, scopes, err := e.lim.jobScopes(ctx, req)
+	require.NoError(t, err)
+	key := scopes[0].keys.state
+	// decided for a slot that has come, with a window of 2 s after it (a
+	// loaded machine's delays stay inside it), and bounds whose latest is
+	// 3 s past the truth
+	tk := ticket{slot: e.lim.nowFor(ctx, key, false).UnixMicro(), late: 2_000_000, fp: printWith(r.fingerprint(), scopes)}
+	widen := func() {
+		c, _ := e.lim.clockFor(ctx, key)
+		now := time.Now().UnixMicro()
+		lo, hi, ok := c.bounds(now)
+		require.True(t, ok)
+		c.b.Store(&clockBounds{lo: lo, hi: hi + 3_000_000, at: now})
+	}
+	widen()
+	require.True(t, e.lim.nowFor(ctx, key, true).After(time.UnixMicro(tk.slot+tk.late)), "the bounds cannot tell")
+	d, ok, err := e.lim.redeem(ctx, req, tk.String())
+	require.NoError(t, err)
+	require.True(t, ok, "in its window by Redis time")
+	require.True(t, d.Allowed)
+	require.False(t, d.Now.Before(time.UnixMicro(tk.slot)))
+
+	// late by the earliest bound: refused, without asking Redis
+	tk.slot -= 3_000_000
+	widen()
+	before := e.lim.rclock.b.Load()
+	_, ok, err = e.lim.redeem(ctx, req, tk.String())
+	require.NoError(t, err)
+	require.False(t, ok, "too late for its slot")
+	require.Same(t, before, e.lim.rclock.b.Load(), "no reply observed: no call")
+}

@@ -173,10 +173,27 @@ func (l *Limiter) redeem(ctx context.Context, req Request, text string) (d Decis
 	// the job waits for its slot by the earliest Redis time can be now, and
 	// is late by the latest
 	now := l.nowFor(ctx, key, false).UnixMicro()
-	if t.fp != printWith(res.fingerprint(), scopes) || (t.late >= 0 && l.nowFor(ctx, key, true).UnixMicro() > t.slot+t.late) {
-		// decided by other policies, or too late for its slot (the
-		// started meters were charged for a start up to late after it)
-		return Decision{}, false, nil
+	if t.fp != printWith(res.fingerprint(), scopes) {
+		return Decision{}, false, nil // decided by other policies
+	}
+	if end := t.slot + t.late; t.late >= 0 && now >= t.slot && l.nowFor(ctx, key, true).UnixMicro() > end {
+		// too late for its slot by the latest Redis time can be now (the
+		// started meters were charged for a start up to late after it),
+		// or the bounds are wider than what is left of its window (a
+		// loaded process, whose quickest replies still take a few ms):
+		// Redis tells, as it tells any job's admission, by its time. (A
+		// job early for its slot waits for it and is asked again then.)
+		if now > end {
+			return Decision{}, false, nil
+		}
+		r, err := l.readClock(ctx, key)
+		if err != nil {
+			return Decision{}, false, fmt.Errorf("redeem tenant %q: %w", req.Tenant, err)
+		}
+		if r > end {
+			return Decision{}, false, nil
+		}
+		now = max(now, r)
 	}
 	// the job's concurrency slots: its tenant's, @global's and its pools'
 	lease := leaseOf(scopes)
