@@ -89,6 +89,7 @@ bench-engine: deps
 	cd bench && $(GO) test -run '^$$' -bench Decisions -benchtime 7x ./engine/
 	$(GO) test -run '^$$' -bench TenantMemory ./throttle/
 	$(GO) test -run '^$$' -bench KeyMemory -benchtime 1x ./throttle/
+	$(GO) test -run '^$$' -bench Turn -benchtime 5000x ./throttle/
 
 bench-queue: deps
 	$(GO) test -run '^$$' -bench Enqueue -benchtime 5x ./queue/

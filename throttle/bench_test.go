@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/waitroom"
 )
 
 // The engine's comparison with redis_rate (BenchmarkDecisions) lives in the
@@ -166,4 +167,75 @@ func infoInt(tb testing.TB, c redis.UniversalClient, section, field string) int6
 	}
 	tb.Fatalf("INFO %s has no %s", section, field)
 	return 0
+}
+
+// BenchmarkTurn reports what a promotion turn costs Redis: a tenant
+// whose rules never bind (the end-to-end round's policy: a rate, a burst
+// and a concurrency rule far above its pace) has its line promoted in
+// turns of 1, 4 and 16 jobs, each turn one script run, as the pump makes
+// them. redis-µs/job is the server's own time for the runs (INFO
+// commandstats), per job promoted; redis-µs/turn per run. The jobs are
+// handed over to a stand-in engine outside the count.
+func BenchmarkTurn(b *testing.B) {
+	for _, k := range []int{1, 4, 16} {
+		b.Run(fmt.Sprintf("jobs=%d", k), func(b *testing.B) {
+			ctx := context.Background()
+			client := redistest.NewServer(b, nil).Client(b)
+			lim, err := NewLimiter(client, &Config{Prefix: "sluice"})
+			require.NoError(b, err)
+			b.Cleanup(func() { _ = lim.Close() })
+			p, err := ParsePolicy("rate=1000000/s burst=100000 concurrency=100000")
+			require.NoError(b, err)
+			require.NoError(b, lim.Policies().Set(ctx, "acme", p))
+			room, engine := lim.room(), &engine{}
+			next, waiting := 0, 0
+			var usec, jobs int64
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				if waiting < k {
+					b.StopTimer()
+					ws := make([]waitroom.Waiter, 1000)
+					for j := range ws {
+						ws[j] = waitroom.Waiter{ID: fmt.Sprintf("job-%d", next)}
+						next++
+					}
+					_, _, err := room.Join(ctx, "acme", 0, ws...)
+					require.NoError(b, err)
+					waiting += len(ws)
+					b.StartTimer()
+				}
+				before := evalUsec(b, client)
+				turn, err := room.promote(ctx, "acme", waitroom.DefaultQueue, k, int64(k))
+				usec += evalUsec(b, client) - before
+				require.NoError(b, err)
+				require.Len(b, turn.Promoted, k)
+				jobs += int64(k)
+				waiting -= k
+				room.handOver(ctx, turn.Promoted, engine.handover)
+			}
+			b.ReportMetric(float64(usec)/float64(jobs), "redis-µs/job")
+			b.ReportMetric(float64(usec)/float64(b.N), "redis-µs/turn")
+		})
+	}
+}
+
+// evalUsec is the time Redis has spent in script runs (µs).
+func evalUsec(b testing.TB, client *redis.Client) int64 {
+	info, err := client.Info(context.Background(), "commandstats").Result()
+	require.NoError(b, err)
+	var n int64
+	for _, line := range strings.Split(info, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || (name != "cmdstat_evalsha" && name != "cmdstat_eval") {
+			continue
+		}
+		for _, f := range strings.Split(rest, ",") {
+			if v, ok := strings.CutPrefix(f, "usec="); ok {
+				u, err := strconv.ParseInt(v, 10, 64)
+				require.NoError(b, err)
+				n += u
+			}
+		}
+	}
+	return n
 }
