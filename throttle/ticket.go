@@ -143,8 +143,10 @@ func policyPrint(p *Policy) uint32 {
 // claim. A ticket that only carries a reservation (a tenant near its
 // limits) says when its slot is (Reserved, Slot, RetryAfter): the caller
 // waits for it, then asks. A ticket whose lease has run a third or more is
-// renewed first, which is the one round trip redeem may take. The worker's
-// gate calls it through jobpath.Of.
+// renewed first, and a job at its slot whose bounds of Redis time are
+// wider than what is left of its window is judged by Redis's TIME: those
+// are the round trips redeem may take (besides the TIME its bounds need
+// once a second). The worker's gate calls it through jobpath.Of.
 func (l *Limiter) redeem(ctx context.Context, req Request, text string) (d Decision, ok bool, err error) {
 	t, ok := parseTicket(text)
 	if !ok {
