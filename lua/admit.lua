@@ -102,7 +102,10 @@
 --     when it starts), 32768 ticket (the job was decided once
 --     at its slot, its started meters charged its slack after it, and
 --     comes late: where its charge is still the last on a meter it is
---     taken back, so that starting now charges it once), 65536 wait (a job
+--     taken back, so that starting now charges it once; where its planned
+--     charges stand followed by others' (their reservations) in a scope
+--     of rates only, it starts on them as on a reservation for its slot,
+--     the started meters saying when), 65536 wait (a job
 --     at most ARGV wait early for a rate's started meter is allowed at its
 --     time, which the reply's slot gives, and charged the tolerance after
 --     it: the caller waits, instead of being denied and asking again)

@@ -97,9 +97,13 @@ local function read_state(sc, k, claims, v)
     if E.ticket then
       -- the job's own charges, decided once for its slot E.ticket (the
       -- started meter's E.tslack after it), are taken back where they are
-      -- the last (no one was charged after it)
+      -- the last; a planned one others follow stands (tkept counts them)
       local inc = m[3 * i - 2]
-      if P == E.ticket + inc then P = E.ticket end
+      if P == E.ticket + inc then
+        P = E.ticket
+      elseif P > E.ticket + inc and I == ARGV[pol.uarg[i]] then
+        sc.tkept = (sc.tkept or 0) + 1
+      end
       if A == E.ticket + E.tslack + inc then A = E.ticket + E.tslack end
       sc.astored = sc.astored or {}
       sc.astored[i] = true
@@ -133,6 +137,13 @@ local function read_state(sc, k, claims, v)
     end
   end
   sc.R = r or false
+  if E.ticket and not r and pol.nr > 0 and sc.tkept == pol.nr and pol.wlim + pol.qlim == 0 then
+    -- late for its ticket, its planned charges followed by others': it
+    -- starts on them as on a reservation (the started meters say when),
+    -- not behind every job planned after it: a late wake costs the jobs
+    -- after it a few ms, not a slot of a strict rate
+    sc.R = E.ticket
+  end
 end
 
 -- The decision over every scope of the op, without writing anything:

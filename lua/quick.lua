@@ -37,7 +37,13 @@ local function quick(pol, st, flags, o)
       -- a job decided once that comes late (TICKET): its own charges at
       -- its slot are taken back where they are the last, as the general
       -- engine's read_state does
-      if P == E.ticket + inc then P = E.ticket end
+      if P == E.ticket + inc then
+        P = E.ticket
+      elseif P > E.ticket + inc then
+        -- its planned charge stands behind others: it starts on it, as
+        -- on a reservation (read_state)
+        return v
+      end
       if A == E.ticket + E.tslack + inc then A = E.ticket + E.tslack end
     end
     if P + inc - off > now then return v end

@@ -194,3 +194,79 @@ func TestWaitedStartsConform(t *testing.T) {
 		})
 	}
 }
+
+// TestLateTicketKeepsItsPlace: at a strict rate (10/s, burst 1) a job
+// back for its reserved slot finds the started meter a few ms ahead (the
+// job before it started late) and is allowed there on a ticket; it wakes
+// 5 ms past the ticket's window and is decided anew while the next job
+// holds the reservation for the slot after it. It starts at once on its
+// planned charge, as on a reservation, rather than behind the next job: a
+// late wake costs the next job those few ms, not this one a slot. Every
+// start conforms to the rate within the tolerance.
+func TestLateTicketKeepsItsPlace(t *testing.T) {
+	t.Parallel()
+	e := setup(t, false, nil)
+	ctx := context.Background()
+	e.policy(t, "acme", "rate=10/s burst=1")
+	t0 := e.clock.Now()
+	ask := func(id, ticket string) Decision {
+		t.Helper()
+		d, err := e.lim.Do(ctx, Request{Tenant: "acme", ID: id, Reserve: true, Wait: 200 * time.Millisecond, Ticket: ticket})
+		require.NoError(t, err)
+		return d
+	}
+	var starts []time.Time
+	require.True(t, ask("j0", "").Allowed, "the first starts at once")
+	starts = append(starts, e.clock.Now())
+	// the next three reserve the next three slots
+	for k, id := range []string{"j1", "j2", "j3"} {
+		d := ask(id, "")
+		require.True(t, d.Reserved, "%+v", d)
+		require.True(t, t0.Add(time.Duration(k+1)*100*time.Millisecond).Equal(d.Slot), "%s: %+v", id, d)
+	}
+	// j1 starts on its reservation 5 ms late
+	e.clock.Set(t0.Add(105 * time.Millisecond))
+	d := ask("j1", "")
+	require.True(t, d.Allowed, "%+v", d)
+	require.Empty(t, d.Ticket)
+	starts = append(starts, e.clock.Now())
+
+	// j2, back at its slot, is allowed on a ticket a few ms ahead, where
+	// the started meter lets it start
+	e.clock.Set(t0.Add(200 * time.Millisecond))
+	d2 := ask("j2", "")
+	require.True(t, d2.Allowed, "%+v", d2)
+	require.NotEmpty(t, d2.Ticket)
+	tk, ok := parseTicket(d2.Ticket)
+	require.True(t, ok)
+
+	// it wakes 5 ms past its ticket's window: the ticket no longer holds
+	e.clock.Set(time.UnixMicro(tk.slot + tk.late).Add(5 * time.Millisecond))
+	_, ok, err := e.lim.redeem(ctx, Request{Tenant: "acme", ID: "j2"}, d2.Ticket)
+	require.NoError(t, err)
+	require.False(t, ok, "late for its ticket")
+	late := ask("j2", d2.Ticket)
+	require.True(t, late.Allowed, "decided anew, it starts at once on its planned charge: %+v", late)
+	require.Empty(t, late.Ticket, "now, not at a slot ahead")
+	starts = append(starts, e.clock.Now())
+
+	// j3, back at its slot, starts those few ms later, not a slot later
+	e.clock.Set(t0.Add(300 * time.Millisecond))
+	d3 := ask("j3", "")
+	for !d3.Allowed {
+		require.Positive(t, d3.RetryAfter, "%+v", d3)
+		e.clock.Advance(d3.RetryAfter)
+		d3 = ask("j3", "")
+	}
+	if d3.Ticket != "" {
+		e.clock.Set(d3.Slot) // on its ticket, at its slot
+		_, ok, err := e.lim.redeem(ctx, Request{Tenant: "acme", ID: "j3"}, d3.Ticket)
+		require.NoError(t, err)
+		require.True(t, ok)
+	}
+	starts = append(starts, e.clock.Now())
+	require.Less(t, starts[3].Sub(t0), 320*time.Millisecond, "j3 started %s after j0: a slot was lost", starts[3].Sub(t0))
+	for i := 1; i < len(starts); i++ {
+		require.GreaterOrEqual(t, starts[i].Sub(starts[i-1]), 100*time.Millisecond-ToleranceDefault, "start %d follows the one before too closely: %v", i, starts)
+	}
+}
