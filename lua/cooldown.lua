@@ -4,6 +4,7 @@
 -- KEYS[1] -> the scope's state hash
 -- ARGV[1] -> clock: current time in µs, or -1 for Redis TIME (tests only)
 -- ARGV[2] -> cooldown length in µs
+-- ARGV[3] -> 1: set no expiry (tests keep keys alive), 0 otherwise
 -- Returns: {cooldown end (µs), now (µs)}
 
 -- @include clock
@@ -23,7 +24,7 @@ if y and until_ + 1000000 > y then
   redis.call('HSET', KEYS[1], 'y', fmt(until_ + 1000000))
 end
 -- x records the expiry admit.lua last gave the hash; keep it true
-if until_ > x then
+if until_ > x and ARGV[3] ~= '1' then
   redis.call('HSET', KEYS[1], 'cd', fmt(until_), 'x', fmt(until_))
   local want = math.floor((until_ - now) / 1000) + 2
   if redis.call('PEXPIRE', KEYS[1], want, 'GT') == 0 then

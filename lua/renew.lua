@@ -4,6 +4,7 @@
 -- ARGV:
 --   [1] clock: current time in µs, or -1 for Redis TIME
 --   [2] number of ops
+--   [3] 1: set no expiry (tests keep keys alive), 0 otherwise
 --   per op: job id, claim token (0: whichever claim holds the slot), number
 --     of scopes, then the lease (µs) of each scope
 -- Returns: per op 1 when every slot was renewed, 0 when one was lost: its
@@ -17,7 +18,8 @@ local call, tonumber, format = redis.call, tonumber, string.format
 local now = now_us()
 
 local nops = tonumber(ARGV[2])
-local a, k = 3, 0
+local noexpire = ARGV[3] == '1'
+local a, k = 4, 0
 local out = {}
 for op = 1, nops do
   local id, claim = ARGV[a], tonumber(ARGV[a + 1])
@@ -38,7 +40,7 @@ for op = 1, nops do
       local slot = slot_text(format('%d', until_), c and format('%d', c))
       -- x is the expiry admit.lua last gave the hash; keep it true
       local x = tonumber(v[2]) or 0
-      if until_ > x then
+      if until_ > x and not noexpire then
         local ms = format('%d', math.floor((until_ + 1000000 - now) / 1000) + 2)
         call('HSET', KEYS[k], hkey, slot, 'x', format('%d', until_ + 1000000))
         if call('PEXPIRE', KEYS[k], ms, 'GT') == 0 then

@@ -22,7 +22,7 @@ func (l *Limiter) Cooldown(ctx context.Context, tenant string, d time.Duration) 
 		return time.Time{}, fmt.Errorf("cooldown tenant %q: duration %s must be positive", tenant, d)
 	}
 	keys := []string{keysFor(l.cfg.Prefix, tenant).state}
-	res, err := l.batch.run(ctx, lua.Cooldown, keys, []any{l.clockArg(), micros(d)})
+	res, err := l.batch.run(ctx, lua.Cooldown, keys, []any{l.clockArg(), micros(d), l.noTTLArg()})
 	if err != nil {
 		return time.Time{}, fmt.Errorf("cooldown tenant %q: %w", tenant, err)
 	}

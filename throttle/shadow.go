@@ -308,7 +308,7 @@ func (s *shadower) flush(ctx context.Context, l *Limiter, last bool) {
 			continue
 		}
 		cmds = append(cmds, &shadowCmd{script: lua.Renew, keys: []string{h.e.sc.keys.state},
-			args: []any{l.clockArg(), 1, h.e.id, h.e.claim, 1, micros(h.e.lease)}})
+			args: []any{l.clockArg(), 1, noTTL, h.e.id, h.e.claim, 1, micros(h.e.lease)}})
 	}
 	sent := make([]*shadowCmd, len(events)) // each event's command (nil: none)
 	for i, e := range events {

@@ -16,12 +16,12 @@ import (
 // Concurrency slots: releasing and renewing them under their claims.
 //
 // lua/release.lua and lua/renew.lua take a header (the clock, the number of
-// ops; release.lua also whether to leave expiries alone), then per op the
+// ops, whether to leave expiries alone), then per op the
 // job's id, its claim and its scopes; each answers one reply per op, so
 // concurrent calls share a run.
 var (
 	releaseMerge = headerMerger{header: 3}
-	renewMerge   = headerMerger{header: 2}
+	renewMerge   = headerMerger{header: 3}
 )
 
 // ErrClaimLost is returned by Release and Renew when a job's concurrency
@@ -455,7 +455,7 @@ func (l *Limiter) renewCalls(ctx context.Context, h jobpath.Held) ([]*call, erro
 	var calls []*call
 	for _, g := range groups {
 		keys := make([]string, len(g))
-		args := []any{l.clockArg(), 1, h.ID, h.Claim, len(g)}
+		args := []any{l.clockArg(), 1, l.noTTLArg(), h.ID, h.Claim, len(g)}
 		for i, s := range g {
 			keys[i] = s.keys.state
 			args = append(args, micros(s.policy.Concurrency.lease()))
