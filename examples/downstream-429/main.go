@@ -51,7 +51,7 @@ func main() {
 // apiLimit is what the API really allows acme: requests per one-second
 // window. sluice's policy says 10/s: the API's limit is lower than the
 // operator thought.
-const apiLimit = 3
+const apiLimit = 2
 
 // call is one request the API answered.
 type call struct {
@@ -62,13 +62,16 @@ type call struct {
 }
 
 // api answers 429 with Retry-After once a tenant has made apiLimit requests
-// in the current one-second window (other tenants are not limited).
+// in the current one-second window (other tenants are not limited). A
+// tenant's windows are counted from its first request, so how late the
+// first job starts does not decide whether the limit is reached.
 type api struct {
 	start time.Time
 	mu    sync.Mutex
 	calls []call
-	count map[string]int64 // tenant and window → requests
-	done  map[string]bool  // job ids answered 200
+	first map[string]time.Duration // tenant → its first request
+	count map[string]int64         // tenant and window → requests
+	done  map[string]bool          // job ids answered 200
 }
 
 func (a *api) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -76,10 +79,15 @@ func (a *api) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	at := time.Since(a.start)
-	window := int64(at / time.Second)
+	first, ok := a.first[tenant]
+	if !ok {
+		first = at
+		a.first[tenant] = at
+	}
+	window := int64((at - first) / time.Second)
 	key := tenant + "@" + strconv.FormatInt(window, 10)
 	if tenant == "acme" && a.count[key] >= apiLimit {
-		left := time.Duration(window+1)*time.Second - at
+		left := first + time.Duration(window+1)*time.Second - at
 		ra := int(math.Ceil(left.Seconds()))
 		a.calls = append(a.calls, call{at: at, tenant: tenant, status: http.StatusTooManyRequests, retryAfter: ra})
 		w.Header().Set("Retry-After", strconv.Itoa(ra))
@@ -122,7 +130,7 @@ func run(ctx context.Context, redisURL string, short bool, out io.Writer) (resul
 	if err != nil {
 		return res, err
 	}
-	a := &api{count: map[string]int64{}, done: map[string]bool{}}
+	a := &api{first: map[string]time.Duration{}, count: map[string]int64{}, done: map[string]bool{}}
 	hs := &http.Server{Handler: a, ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = hs.Serve(ln) }()
 	defer hs.Close()
