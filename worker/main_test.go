@@ -287,11 +287,17 @@ func nonConformingAt(starts []time.Time, rate float64, burst int) []int {
 // started-jobs meter's tolerance (throttle.Config.Tolerance), for
 // admission times, which the limiter's meter decides on.
 func nonConformingTol(starts []time.Time, rate float64, burst int, tol time.Duration) []int {
+	return nonConformingWithin(starts, rate, burst, min(tol, time.Duration(float64(time.Second)/rate/4)))
+}
+
+// nonConformingWithin is nonConformingAt allowing each start slack early
+// (in full, where nonConformingTol allows at most a quarter interval).
+func nonConformingWithin(starts []time.Time, rate float64, burst int, slack time.Duration) []int {
 	if len(starts) == 0 {
 		return nil
 	}
 	interval := float64(time.Second) / rate
-	tau := interval*float64(burst-1) + float64(min(tol, time.Duration(interval/4)))
+	tau := interval*float64(burst-1) + float64(slack)
 	tat := float64(starts[0].UnixNano())
 	var bad []int
 	for i, s := range starts {
