@@ -50,7 +50,7 @@ func (r *room) Pump(ctx context.Context, cfg *waitroom.PumpConfig) error {
 	// resolving once starts the policy store's watcher, whose changes the
 	// pump follows from here on
 	if _, err := r.l.policies.resolve(ctx, ""); err != nil && ctx.Err() == nil {
-		p.report(err)
+		p.report(ctx, err)
 	}
 	p.changes = r.l.policies.changeCount()
 	sub := r.l.client.Subscribe(ctx, wakeChannel(r.l.cfg.Prefix))
@@ -203,7 +203,7 @@ func (p *pump) run(ctx context.Context) {
 		began := time.Now()
 		wait, err := p.round(ctx)
 		if err != nil && ctx.Err() == nil {
-			p.report(err)
+			p.report(ctx, err)
 			wait = max(wait, p.cfg.Interval)
 		}
 		if wait > 0 {
@@ -249,8 +249,10 @@ func (p *pump) kickGap() time.Duration {
 	return min(max(least/4, waitroom.KickGap), p.cfg.Interval)
 }
 
-func (p *pump) report(err error) {
-	if p.cfg.OnError != nil {
+// report passes err to OnError, unless the pump is stopping (ctx is
+// done): the calls its stop cut short are not errors.
+func (p *pump) report(ctx context.Context, err error) {
+	if p.cfg.OnError != nil && ctx.Err() == nil {
 		p.cfg.OnError(err)
 	}
 }
@@ -269,7 +271,7 @@ func (p *pump) round(ctx context.Context) (time.Duration, error) {
 	if time.Since(p.lastSweep) > sweepEvery {
 		p.lastSweep = time.Now()
 		if err := p.r.sweep(ctx, p.cfg.Queues, p.cfg.Tasks, p.cfg.Repark); err != nil {
-			p.report(err)
+			p.report(ctx, err)
 		}
 	}
 	wait := p.idle()
@@ -360,7 +362,7 @@ func (p *pump) serve(ctx context.Context, queue string) (time.Duration, error) {
 		return p.sleep(queue), nil
 	}
 	if takeErr != nil {
-		p.report(takeErr)
+		p.report(ctx, takeErr)
 	}
 	// the n earliest due are served; the others keep their places
 	rest := taken[min(n, len(taken)):]
@@ -418,7 +420,7 @@ func (p *pump) serve(ctx context.Context, queue string) (time.Duration, error) {
 	for i, t := range tenants {
 		if errs[i] != nil {
 			// due again when the hold ends
-			p.report(errs[i])
+			p.report(ctx, errs[i])
 			continue
 		}
 		if budgets[i] > 0 {
@@ -437,7 +439,7 @@ func (p *pump) serve(ctx context.Context, queue string) (time.Duration, error) {
 	}
 	handed, gone, herr := p.r.handOver(ctx, all, p.cfg.Handover)
 	if herr != nil {
-		p.report(herr)
+		p.report(ctx, herr)
 	}
 	for t, n := range gone {
 		// the gone jobs' promotions were taken back: the slots they took

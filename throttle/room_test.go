@@ -1666,3 +1666,50 @@ func TestRoomParkApart(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, st.Waiting)
 }
+
+// TestRoomPumpStopsQuietly: the calls a pump's stop cuts short are not
+// errors: a sweep whose call the stop cancelled tells OnError nothing.
+func TestRoomPumpStopsQuietly(t *testing.T) {
+	t.Parallel()
+	e := setup(t, true, nil)
+	room := e.lim.room()
+	joinJobs(t, room, "acme", 3)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var mu sync.Mutex
+	var errs []error
+	reparked := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = room.Pump(ctx, &waitroom.PumpConfig{
+			Queues:   []string{waitroom.DefaultQueue},
+			Free:     func(context.Context, string) (int, error) { return 0, nil },
+			Handover: func(context.Context, []waitroom.Promoted) []waitroom.HandoverResult { return nil },
+			// the stop comes while the sweep waits on a call
+			Repark: func(ctx context.Context, _ string, _, _ time.Duration, _ func(string) bool) (int, error) {
+				close(reparked)
+				cancel()
+				return 0, ctx.Err()
+			},
+			OnError: func(err error) {
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
+			},
+		})
+	}()
+	select {
+	case <-reparked:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the pump never swept")
+	}
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the pump did not stop")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	require.Empty(t, errs)
+}
