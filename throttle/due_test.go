@@ -578,3 +578,62 @@ func perMaster(masters map[string]redis.ClusterSlot, n map[string]int64) string 
 	}
 	return strings.Join(parts, ", ")
 }
+
+// TestRoomCappedTurnGoesOn: a turn its tenant's concurrency cap cut short
+// goes on when a slot of the tenant's frees: the release hands the slot
+// on, though another tenant is due before the lease's end the pump left
+// the capped one due at, until the turn's deficit is spent; then the slot
+// goes back and the other tenant goes first. (Before, a capped tenant lost
+// its turn at every cap, and in a saturated fleet whose caps bound often
+// the weights fell towards 1:1.) The first release asks the small release
+// (release.lua), which says the turn goes on; on one server the next goes
+// straight to the hand-on, where the turn's own check says it.
+func TestRoomCappedTurnGoesOn(t *testing.T) {
+	t.Parallel()
+	e := setup(t, false, nil)
+	ctx := context.Background()
+	q := waitroom.DefaultQueue
+	e.policy(t, "heavy", "weight=4 concurrency=2")
+	e.policy(t, "light", "weight=1 concurrency=2")
+	room := e.lim.room()
+	joinJobs(t, room, "heavy", 6)
+	require.NoError(t, room.mark(ctx, q, "heavy"))
+	// heavy's turn (a quantum of 4, its weight): its cap stops it after
+	// two jobs
+	taken, err := room.take(ctx, q, 10, waitroom.HoldDefault)
+	require.NoError(t, err)
+	require.Len(t, taken, 1)
+	turn, err := room.promote(ctx, "heavy", q, 10, 4)
+	require.NoError(t, err)
+	e.keep(turn.Promoted)
+	room.handOver(ctx, turn.Promoted, (&engine{}).handover)
+	require.NoError(t, room.settle(ctx, q, taken, map[string]time.Time{"heavy": turn.Due}))
+	require.Len(t, turn.Promoted, 2)
+	require.True(t, turn.MidTurn, "its cap cut the turn short: it goes on")
+	require.True(t, turn.Due.After(e.clock.Now().Add(time.Second)), "due at the lease's end meanwhile")
+	// light waits, due now: before heavy in the index
+	joinJobs(t, room, "light", 3)
+	require.NoError(t, room.mark(ctx, q, "light"))
+	e.clock.Advance(time.Millisecond)
+
+	g := &engine{}
+	full := func(context.Context, string) int { return 0 }
+	end := func(id string) {
+		t.Helper()
+		claim := e.gate(t, "heavy", id).Claim
+		require.NoError(t, room.Release(ctx, "heavy", q, id, claim, waitroom.Scopes{}, g.handover, full))
+		e.keep(g.handed)
+	}
+	// two of heavy's jobs end: each hands its slot on (the deficit's 2)
+	end("heavy-0")
+	require.Equal(t, []string{"heavy-2"}, g.ids(), "the capped turn goes on")
+	end("heavy-1")
+	require.Equal(t, []string{"heavy-2", "heavy-3"}, g.ids(), "the capped turn goes on")
+	// the turn is spent: the next slot goes back, and light is first
+	end("heavy-2")
+	require.Equal(t, []string{"heavy-2", "heavy-3"}, g.ids(), "light's turn: nothing handed on")
+	taken, err = room.take(ctx, q, 10, waitroom.HoldDefault)
+	require.NoError(t, err)
+	require.NotEmpty(t, taken)
+	require.Equal(t, "light", taken[0].tenant, "light is due first")
+}
