@@ -629,12 +629,12 @@ func (r *room) handedMany(ctx context.Context, done map[string][]waitroom.Promot
 // room to spare (spare says 2 or more, the pumps serve the others with
 // the rest), while a turn of the tenant's that its concurrency cap or the
 // fleet's room cut short goes on, or when no other tenant is due before
-// it in the queue's due index; otherwise the slot is given back and the tenant is made due, so
-// that the pumps serve the due tenants in turn. With spare nil the fleet's
-// room is not known and the slot is handed on. With h nil (a worker
-// shutting down) nothing is handed on: the slots are given back and the
-// tenant is made due now, so that the fleet's pumps serve its line. It
-// returns ErrClaimLost as Limiter.Release does.
+// it in the queue's due index; otherwise the slot is given back and the
+// tenant is made due, so that the pumps serve the due tenants in turn.
+// With spare nil the fleet's room is not known and the slot is handed on.
+// With h nil (a worker shutting down) nothing is handed on: the slots are
+// given back and the tenant is made due now, so that the fleet's pumps
+// serve its line. It returns ErrClaimLost as Limiter.Release does.
 func (r *room) Release(ctx context.Context, tenant, queue, id string, claim uint64, sc waitroom.Scopes, h waitroom.Handover, spare waitroom.Spare) (err error) {
 	if h == nil {
 		_, err := r.l.release(ctx, tenant, "", id, claim, sc)
