@@ -34,20 +34,14 @@
 --   per op: job id, claim token (0: whichever claim holds the slot), number
 --     of scopes, how many line keys follow (0: none) + 256 with a mark
 --     + 512 with limits; with limits, then each scope's concurrency limit
---     (0: not known, as full), the pumps' hold (µs) and the field of the
---     tenant's deficit in the line's queue (d:QUEUE, in the first scope's
---     hash: the tenant's; "": none); with a mark, then:
+--     (0: not known, as full) and the pumps' hold (µs); with a mark, then:
 --     the tenant, the wake channel ("": publish nothing) and QUEUE␟SHARD
 --     (room.lua's ARGV[3] and ARGV[4]). With limits the mark is made only
 --     when the slots went back while jobs wait, and as room.lua's nudge
 --     does: not for a tenant a pump holds or that is due within the hold.
 -- Returns: per op released + 256 * lost + 65536 * waiting + 2^40 * given
---   + 2^41 * midturn (one number: a reply's every element costs a
---   conversion): given is 1 when the slots went back while jobs wait
---   (limits); midturn 1 when, with limits, nothing went back while jobs
---   wait and the tenant's turn goes on (its deficit is negative: a turn its
---   budget or a concurrency cap cut short), so that its slot is handed on
---   without asking whose turn it is; released is how many of its
+--   (one number: a reply's every element costs a conversion): given is 1
+--   when the slots went back while jobs wait (limits); released is how many of its
 --   scopes gave back a slot held under the claim, lost how many held none
 --   under it (another claim holds the job's slot, or the slot is gone:
 --   given back already, or removed by an admission once its lease had run
@@ -124,7 +118,7 @@ for op = 1, nops do
     waiting = call('LLEN', KEYS[k + n + i])
     if waiting > 0 then break end
   end
-  local given, hold, reads, midturn = 0, false, false, 0
+  local given, hold, reads = 0, false, false
   if limits then
     if waiting > 0 then
       -- a scope full before this release: the line may wait for its slot
@@ -141,14 +135,9 @@ for op = 1, nops do
       end
     end
     hold = tonumber(ARGV[a + n])
-    local dfield = ARGV[a + n + 1]
-    a = a + n + 2
+    a = a + n + 1
     -- the mark is made only when the slots go back while jobs wait
     mark = mark and given == 1
-    if waiting > 0 and given == 0 and dfield ~= '' then
-      local d = call('HGET', KEYS[k + 1], dfield)
-      if d and d:sub(1, 1) == '-' then midturn = 1 end
-    end
   end
   local released, lost = 0, 0
   if waiting == 0 or given == 1 then
@@ -158,7 +147,7 @@ for op = 1, nops do
     end
   end
   k = k + n + nlines
-  out[op] = released + 256 * lost + 65536 * waiting + 1099511627776 * given + 2199023255552 * midturn
+  out[op] = released + 256 * lost + 65536 * waiting + 1099511627776 * given
   if mark then
     -- the tenant is due now, or earlier if it was (room.lua's mark); with
     -- limits, only when no pump holds it and it is not due within the

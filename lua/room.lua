@@ -25,16 +25,12 @@
 --     marked it since), its next due time DUE: now when DUE is 0 (the
 --     k-th such tenant now + k µs, so that they keep their order), out of
 --     the index when it is -1. Returns {now, head}.
---   turn TENANT [DFIELD]: is it TENANT's turn to take a freed slot, in
---     this shard? Returns {now, first, others, due, head, midturn}: first
---     1 when no other tenant is due earlier than TENANT (a tenant held by
---     a pump is not due), others 1 when another tenant is due now, due
---     TENANT's due time when it is due now (-1: not), head the shard's
---     earliest due time (the caller compares the other shards' with due);
---     with TENANT's state hash as KEYS[2] (one server only) and DFIELD its
---     deficit's field, midturn 1 when its turn goes on (the deficit is
---     negative: a turn the fleet's room or its concurrency cap cut short),
---     and then it is its turn whatever the index says.
+--   turn TENANT: is it TENANT's turn to take a freed slot, in this shard?
+--     Returns {now, first, others, due, head}: first 1 when no other
+--     tenant is due earlier than TENANT (a tenant held by a pump is not
+--     due), others 1 when another tenant is due now, due TENANT's due time
+--     when it is due now (-1: not), head the shard's earliest due time (the
+--     caller compares the other shards' with due).
 --   requeue TENANT: TENANT, due now or earlier (not held), is due now:
 --     behind the tenants due before (its turn ended). Returns {now}.
 --   mark [TENANT]...: each tenant is due now, or earlier if it was (a line
@@ -237,11 +233,6 @@ elseif op == 'turn' then
   local score = tonumber(call('ZSCORE', KEYS[1], tenant))
   out[4] = (score and score <= now) and score or -1
   out[5] = first()
-  out[6] = 0
-  if KEYS[2] then
-    local d = call('HGET', KEYS[2], ARGV[A + 1])
-    if d and d:sub(1, 1) == '-' then out[6] = 1 end
-  end
 elseif op == 'requeue' then
   local score = tonumber(call('ZSCORE', KEYS[1], ARGV[A]))
   if score and score <= now then call('ZADD', KEYS[1], nowf, ARGV[A]) end

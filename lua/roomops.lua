@@ -246,13 +246,6 @@ local function room_functions(ts)
             if due < 0 then due = now end
             break
           end
-        elseif not ok and floor(rule / 65536) == 4 then
-          -- held back by a concurrency cap: its turn goes on, as one the
-          -- budget cut short does, when a release of its frees a slot (the
-          -- release hands the slot on, its deficit saying the turn goes
-          -- on); meanwhile it is due at the lease's end
-          due, midturn = now + wait, true
-          break
         elseif not ok then
           -- held back by its own limits: it keeps what it is owed
           due, dq = now + wait, min(dq, rc)

@@ -397,30 +397,17 @@ func (r *room) turnOf(ctx context.Context, queue, tenant string) (first, others 
 		return false, true, nil
 	}
 	shard := dueShard(tenant)
-	var res any
-	if r.l.cluster {
-		res, err = r.runRoom(ctx, queue, shard, "turn", tenant)
-	} else {
-		// on one server the tenant's deficit is read too: a turn that goes
-		// on (a release that skipped its small release, which tells it
-		// otherwise) takes the slot
-		keys := []string{dueKey(r.l.cfg.Prefix, queue, shard), keysFor(r.l.cfg.Prefix, tenant).state}
-		res, err = r.l.batch.run(ctx, lua.Room, keys, r.roomArgs("turn", queue, shard, tenant, "d:"+queue))
-	}
+	res, err := r.runRoom(ctx, queue, shard, "turn", tenant)
 	if err != nil {
 		return false, false, fmt.Errorf("turn of tenant %q: %w", tenant, err)
 	}
-	v, err := int64s(res, 6)
+	v, err := int64s(res, 5)
 	if err != nil {
 		return false, false, fmt.Errorf("room.lua: %w", err)
 	}
 	now, due := v[0], v[3]
 	first, others = v[1] == 1, v[2] == 1
 	r.l.due.set(queue, shard, v[4])
-	if v[5] == 1 {
-		// its turn goes on: the slot is its own
-		return true, false, nil
-	}
 	if first || !others {
 		heads, err := r.heads(ctx, queue, shard, turnFresh)
 		if err != nil {

@@ -627,14 +627,13 @@ func (r *room) handedMany(ctx context.Context, done map[string][]waitroom.Promot
 // job's): that job is promoted and given to the queue engine with h at
 // once. It does so only when it is the tenant's turn: when the fleet has
 // room to spare (spare says 2 or more, the pumps serve the others with
-// the rest), while a turn of the tenant's that its concurrency cap or the
-// fleet's room cut short goes on, or when no other tenant is due before
-// it in the queue's due index; otherwise the slot is given back and the
-// tenant is made due, so that the pumps serve the due tenants in turn.
-// With spare nil the fleet's room is not known and the slot is handed on.
-// With h nil (a worker shutting down) nothing is handed on: the slots are
-// given back and the tenant is made due now, so that the fleet's pumps
-// serve its line. It returns ErrClaimLost as Limiter.Release does.
+// the rest), or when no other tenant is due before it in the queue's due
+// index; otherwise the slot is given back and the tenant is made due, so
+// that the pumps serve the due tenants in turn. With spare nil the fleet's
+// room is not known and the slot is handed on. With h nil (a worker
+// shutting down) nothing is handed on: the slots are given back and the
+// tenant is made due now, so that the fleet's pumps serve its line. It
+// returns ErrClaimLost as Limiter.Release does.
 func (r *room) Release(ctx context.Context, tenant, queue, id string, claim uint64, sc waitroom.Scopes, h waitroom.Handover, spare waitroom.Spare) (err error) {
 	if h == nil {
 		_, err := r.l.release(ctx, tenant, "", id, claim, sc)
@@ -657,14 +656,8 @@ func (r *room) Release(ctx context.Context, tenant, queue, id string, claim uint
 	// waited for its slot at its last release goes straight to the
 	// hand-on.
 	queued := queue + lineSep + tenant
-	midturn := false
 	if r.l.cluster || !r.lately(&r.queued, queued) {
-		rc, err := r.l.releaseCalls(ctx, tenant, queue, id, claim, sc, true)
-		if err != nil {
-			return err
-		}
-		waiting, given, err := rc.run()
-		midturn = rc.midturn
+		waiting, given, err := r.l.releaseIn(ctx, tenant, queue, id, claim, sc, true)
 		if given && r.l.cluster && (err == nil || errors.Is(err, ErrClaimLost)) {
 			// on a Cluster the index is in another slot: nudged on its own
 			if merr := r.nudge(ctx, queueOf(queue), tenant); merr != nil {
@@ -676,7 +669,7 @@ func (r *room) Release(ctx context.Context, tenant, queue, id string, claim uint
 		}
 		r.remember(&r.queued, queued, queuedFor)
 	}
-	return r.handOn(ctx, tenant, queue, id, claim, sc, h, spare, midturn)
+	return r.handOn(ctx, tenant, queue, id, claim, sc, h, spare)
 }
 
 // ReleaseAll is Release for several jobs at once, in as few round trips
@@ -736,7 +729,7 @@ func (r *room) ReleaseAll(ctx context.Context, jobs []waitroom.Releasing, h wait
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				errs[i] = r.handOn(ctx, j.Tenant, j.Queue, j.ID, j.Claim, j.Scopes, h, spare, rcs[i] != nil && rcs[i].midturn)
+				errs[i] = r.handOn(ctx, j.Tenant, j.Queue, j.ID, j.Claim, j.Scopes, h, spare)
 			}()
 		}
 	}
@@ -759,12 +752,8 @@ func (r *room) ReleaseAll(ctx context.Context, jobs []waitroom.Releasing, h wait
 
 // handOn is Release for a job whose tenant's line waits for its slots:
 // the slots go to the line's head when it is the tenant's turn, and back
-// otherwise (the tenant then waits its turn). midturn says the release
-// found the tenant's turn going on (release.lua): a turn the fleet's room
-// or the tenant's concurrency cap cut short, whose slot is its own to
-// hand on whatever the index says (a capped tenant waits in the index only
-// for its lease's end).
-func (r *room) handOn(ctx context.Context, tenant, queue, id string, claim uint64, sc waitroom.Scopes, h waitroom.Handover, spare waitroom.Spare, midturn bool) (err error) {
+// otherwise (the tenant then waits its turn).
+func (r *room) handOn(ctx context.Context, tenant, queue, id string, claim uint64, sc waitroom.Scopes, h waitroom.Handover, spare waitroom.Spare) (err error) {
 	queued := queue + lineSep + tenant
 	if sc.Key != "" || (len(sc.Pools) > 0 && !r.l.cluster) {
 		// nothing of the tenant's slot was given back (and on one server
@@ -786,7 +775,7 @@ func (r *room) handOn(ctx context.Context, tenant, queue, id string, claim uint6
 	// jobs wait: is it the tenant's turn?
 	others := false
 	var turnErr error
-	if !midturn && spare != nil && spare(ctx, queueOf(queue)) < 2 {
+	if spare != nil && spare(ctx, queueOf(queue)) < 2 {
 		var first bool
 		if first, others, turnErr = r.turnOf(ctx, queueOf(queue), tenant); turnErr != nil {
 			// the slot is handed on as if it were its turn, rather than

@@ -47,22 +47,28 @@ func (l *Limiter) Release(ctx context.Context, tenant, id string, claim uint64) 
 // then the slots of the tenant's slot (its own and its key's) were not
 // given back (its caller hands them on).
 func (l *Limiter) release(ctx context.Context, tenant, queue, id string, claim uint64, sc waitroom.Scopes) (waiting bool, err error) {
-	rc, err := l.releaseCalls(ctx, tenant, queue, id, claim, sc, false)
-	if err != nil {
-		return false, err
-	}
-	waiting, _, err = rc.run()
+	waiting, _, err = l.releaseIn(ctx, tenant, queue, id, claim, sc, false)
 	return waiting, err
 }
 
-// run makes the release's calls and reads their replies (read).
-func (rc *releasing) run() (waiting, given bool, err error) {
+// releaseIn is release; with yield (a queue given), the slots go back
+// even while jobs wait in the line when none of the job's scopes was full
+// before (the line's head does not wait for them: a pump promotes it in
+// its turn), and given reports that they did. Then on one server its
+// tenant is made due in the same run unless a pump holds it or it is due
+// within the pumps' hold (room.lua's nudge); on a Cluster the caller
+// nudges it.
+func (l *Limiter) releaseIn(ctx context.Context, tenant, queue, id string, claim uint64, sc waitroom.Scopes, yield bool) (waiting, given bool, err error) {
+	rc, err := l.releaseCalls(ctx, tenant, queue, id, claim, sc, yield)
+	if err != nil {
+		return false, false, err
+	}
 	if len(rc.calls) == 1 {
 		// alone: it may share a run with other callers' (the batcher)
 		c := rc.calls[0]
-		c.res, c.err = rc.l.batch.do(c)
+		c.res, c.err = l.batch.do(c)
 	} else {
-		rc.l.batch.runAll(rc.calls)
+		l.batch.runAll(rc.calls)
 	}
 	return rc.read()
 }
@@ -75,19 +81,9 @@ type releasing struct {
 	tenant, queue, id string
 	claim             uint64
 	calls             []*call
-	// midturn: nothing went back while jobs wait, and the tenant's turn
-	// goes on (release.lua): its slot is handed on without asking whose
-	// turn it is (read sets it)
-	midturn bool
 }
 
-// releaseCalls are the calls of release; with yield (a queue given), the
-// slots go back even while jobs wait in the line when none of the job's
-// scopes was full before (the line's head does not wait for them: a pump
-// promotes it in its turn), and the reply says given. Then on one server
-// its tenant is made due in the same run unless a pump holds it or it is
-// due within the pumps' hold (room.lua's nudge); on a Cluster the caller
-// nudges it.
+// releaseCalls are the calls of releaseIn.
 func (l *Limiter) releaseCalls(ctx context.Context, tenant, queue, id string, claim uint64, sc waitroom.Scopes, yield bool) (*releasing, error) {
 	if tenant != "" {
 		if err := validateTenant(tenant); err != nil {
@@ -104,8 +100,7 @@ func (l *Limiter) releaseCalls(ctx context.Context, tenant, queue, id string, cl
 	// The scopes' state hashes and their concurrency limits, in order:
 	var tenantKeys, globalKeys []string
 	var tenantLimits, globalLimits []any
-	ownSlot := tenant != "" && r.tenant != nil && r.tenant.Concurrency != nil
-	if ownSlot {
+	if tenant != "" && r.tenant != nil && r.tenant.Concurrency != nil {
 		tenantKeys = []string{keysFor(l.cfg.Prefix, tenant).state}
 		tenantLimits = []any{r.tenant.Concurrency.Limit}
 	}
@@ -163,14 +158,6 @@ func (l *Limiter) releaseCalls(ctx context.Context, tenant, queue, id string, cl
 				}
 				// the pumps' hold: a tenant a pump holds is not marked
 				args = append(args, micros(waitroom.HoldDefault))
-				// the tenant's deficit in the line's queue, in its own
-				// hash (the first key, when its policy holds slots): a turn
-				// that goes on hands the slot on without asking the index
-				dfield := ""
-				if ownSlot {
-					dfield = "d:" + queueOf(queue)
-				}
-				args = append(args, dfield)
 				if !l.cluster {
 					q := queueOf(queue)
 					shard := dueShard(tenant)
@@ -206,8 +193,7 @@ func (rc *releasing) read() (waiting, given bool, err error) {
 		if !isInt || v < 0 {
 			return false, false, fmt.Errorf("release.lua: unexpected reply %v", c.res)
 		}
-		// released + 256 * lost + 65536 * waiting + 2^40 * given + 2^41 *
-		// midturn
+		// released + 256 * lost + 65536 * waiting + 2^40 * given
 		if v>>40&1 == 1 {
 			given = true
 			if !l.cluster {
@@ -216,7 +202,6 @@ func (rc *releasing) read() (waiting, given bool, err error) {
 			}
 		} else if v>>16 > 0 {
 			waiting = true
-			rc.midturn = v>>41&1 == 1
 			continue
 		}
 		if v>>8&0xff > 0 {
