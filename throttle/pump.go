@@ -49,7 +49,7 @@ func (r *room) Pump(ctx context.Context, cfg *waitroom.PumpConfig) error {
 	p := &pump{r: r, cfg: c, wake: make(chan struct{}, 1)}
 	// resolving once starts the policy store's watcher, whose changes the
 	// pump follows from here on
-	if _, err := r.l.policies.resolve(ctx, ""); err != nil && ctx.Err() == nil {
+	if _, err := r.l.policies.resolve(ctx, ""); err != nil {
 		p.report(ctx, err)
 	}
 	p.changes = r.l.policies.changeCount()
