@@ -382,14 +382,7 @@ func (g *Gate) process(ctx context.Context, j *job, next asynq.Handler) error {
 	if ticket == "" && g.blocks != nil && j.tenant != "" && j.key == "" && len(j.pools) == 0 && !g.stopped() {
 		// a tenant far from its limits: started from its block
 		if s, ok := g.blocks.Take(ctx, j.tenant, j.policies, j.cost, j.policies.Policy != nil && j.policies.Policy.Concurrency != nil); ok {
-			defer s.Done()
-			d, _ := s.Decision.(throttle.Decision)
-			d.Now = s.Now
-			g.m.blocks.Inc()
-			g.m.decision(j.tenant, verdictAllowed, "")
-			waited := time.Since(start)
-			g.m.wait.Observe(waited.Seconds())
-			return g.run(ctx, j, Admission{Tenant: j.tenant, ID: j.id, Cost: j.cost, Decision: d, Waited: waited}, next)
+			return g.fromBlock(ctx, j, s, start, next)
 		}
 	}
 	if t := ticket; t != "" && j.tenant != "" {
@@ -399,6 +392,26 @@ func (g *Gate) process(ctx context.Context, j *job, next asynq.Handler) error {
 		}
 		j.ticket = t
 	}
+	return g.oneByOne(ctx, j, mode, budget, start, next)
+}
+
+// fromBlock runs a job on a start (and a slot) of its tenant's block,
+// giving the slot back to the block when the job ends.
+func (g *Gate) fromBlock(ctx context.Context, j *job, s *blocks.Start, start time.Time, next asynq.Handler) error {
+	defer s.Done()
+	d, _ := s.Decision.(throttle.Decision)
+	d.Now = s.Now
+	g.m.blocks.Inc()
+	g.m.decision(j.tenant, verdictAllowed, "")
+	waited := time.Since(start)
+	g.m.wait.Observe(waited.Seconds())
+	return g.run(ctx, j, &Admission{Tenant: j.tenant, ID: j.id, Cost: j.cost, Decision: d, Waited: waited}, next)
+}
+
+// oneByOne decides the job alone, as often as its in-process budget lets
+// it wait, and runs, defers or drops it. (process's own paths, a block's
+// start and a ticket, stay small: their goroutine's stack grows less.)
+func (g *Gate) oneByOne(ctx context.Context, j *job, mode throttle.Overflow, budget time.Duration, start time.Time, next asynq.Handler) error {
 	// A job that may be dropped takes a reservation only once its slot is
 	// known to be near: a reservation it then does not use is capacity lost.
 	reserve := mode != throttle.OverflowDrop
@@ -429,7 +442,7 @@ func (g *Gate) process(ctx context.Context, j *job, next asynq.Handler) error {
 			g.m.decision(j.tenant, verdictAllowed, "")
 			waited := time.Since(start)
 			g.m.wait.Observe(waited.Seconds())
-			return g.run(ctx, j, Admission{Tenant: j.tenant, ID: j.id, Cost: j.cost, Decision: d, Waited: waited}, next)
+			return g.run(ctx, j, &Admission{Tenant: j.tenant, ID: j.id, Cost: j.cost, Decision: d, Waited: waited}, next)
 		}
 		g.m.decision(j.tenant, verdictDenied, d.Rule)
 		left := budget - time.Since(start)
@@ -501,7 +514,7 @@ func (g *Gate) redeem(ctx context.Context, j *job, ticket string, budget time.Du
 	g.m.decision(j.tenant, verdictAllowed, "")
 	waited := time.Since(start)
 	g.m.wait.Observe(waited.Seconds())
-	return g.run(ctx, j, Admission{Tenant: j.tenant, ID: j.id, Cost: j.cost, Decision: d, Waited: waited}, next)
+	return g.run(ctx, j, &Admission{Tenant: j.tenant, ID: j.id, Cost: j.cost, Decision: d, Waited: waited}, next)
 }
 
 // decide asks the limiter whether the job may start, waiting at most
@@ -549,8 +562,11 @@ type admissionKey struct{}
 // AdmissionFrom returns how the gate admitted the job whose handler got
 // ctx; false outside the gate.
 func AdmissionFrom(ctx context.Context) (Admission, bool) {
-	a, ok := ctx.Value(admissionKey{}).(Admission)
-	return a, ok
+	a, ok := ctx.Value(admissionKey{}).(*Admission)
+	if !ok {
+		return Admission{}, false
+	}
+	return *a, true
 }
 
 // canWait reports whether the job's own deadline leaves room to wait d and
@@ -669,7 +685,7 @@ func (g *Gate) gateError(ctx context.Context, j *job, err error, next asynq.Hand
 	if pol != nil && pol.FailOpen {
 		g.m.decision(j.tenant, verdictFailOpen, "")
 		g.warn(errRedis, "sluice: cannot reach Redis; running the job unthrottled (fail_open=true)", "task", j.taskID, "tenant", j.tenant, "err", err)
-		return g.run(ctx, j, Admission{Tenant: j.tenant, ID: j.id, Cost: j.cost, FailOpen: true, Waited: time.Since(start)}, next)
+		return g.run(ctx, j, &Admission{Tenant: j.tenant, ID: j.id, Cost: j.cost, FailOpen: true, Waited: time.Since(start)}, next)
 	}
 	delay := g.backoff()
 	g.warn(errRedis, "sluice: cannot reach Redis; deferring the job (fail closed)", "task", j.taskID, "tenant", j.tenant, "retry_in", delay, "err", err)
@@ -690,7 +706,7 @@ func (g *Gate) backoff() time.Duration {
 
 // run calls the handler of an admitted job, renewing its lease while it
 // runs, and releases what the job holds when it returns or panics.
-func (g *Gate) run(ctx context.Context, j *job, a Admission, next asynq.Handler) (err error) {
+func (g *Gate) run(ctx context.Context, j *job, a *Admission, next asynq.Handler) (err error) {
 	lease := a.Decision.Lease
 	ctx = context.WithValue(context.WithValue(ctx, admissionKey{}, a), gateKey{}, g)
 	settled := &settlement{}

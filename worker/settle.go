@@ -53,7 +53,7 @@ func SettleCost(ctx context.Context, actual int64) error {
 // failed without reporting and the gate refunds failed jobs. A job whose
 // cost is its estimate, or that ran without a decision (fail-open), makes
 // no call.
-func (g *Gate) settle(ctx context.Context, j *job, a Admission, s *settlement, failed bool) {
+func (g *Gate) settle(ctx context.Context, j *job, a *Admission, s *settlement, failed bool) {
 	actual := s.actual.Load() - 1
 	if actual < 0 {
 		if !failed || !g.cfg.RefundFailed {
