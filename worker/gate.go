@@ -76,7 +76,8 @@ type Gate struct {
 	layout     *asynqroom.Layout
 	roomOff    atomic.Bool // asynq's layout is not the one the room writes
 
-	rel      releases // releases on their way (releaseSoon)
+	rel      releases      // releases on their way (releaseSoon)
+	linger   time.Duration // releaseLinger (tests set another)
 	stopping chan struct{}
 	stopOnce sync.Once
 	pumpOnce sync.Once
@@ -125,6 +126,7 @@ func NewGate(lim *throttle.Limiter, asynqRedis redis.UniversalClient, cfg *GateC
 		stopping:   make(chan struct{}),
 		kick:       make(chan struct{}, 1),
 		asynqRedis: asynqRedis,
+		linger:     releaseLinger,
 	}
 	reg := c.Registerer
 	if reg == nil {
@@ -195,6 +197,7 @@ func (g *Gate) kickPump() {
 func (g *Gate) Stop() {
 	g.stopOnce.Do(func() {
 		close(g.stopping)
+		g.releaseLingering()
 		g.pumpOnce.Do(func() {}) // no pump starts after Stop
 		if g.stopPump != nil {
 			g.stopPump()
@@ -808,9 +811,10 @@ func (g *Gate) after(ctx context.Context, j *job, err error) error {
 // returned, without holding asynq's slot for it: the releases of the
 // gate's jobs that end while one round of them is on its way go together
 // in the next (waitroom.Room.ReleaseAll), their small releases in one
-// script run. The job counts as inside the gate (Wait) until its slots
-// are back. A job of no tenant, and any job while the gate stops or the
-// room is off, releases at once.
+// script run, and those of tenants far from their caps wait a little for
+// company first (lingers). The job counts as inside the gate (Wait) until
+// its slots are back. A job of no tenant, and any job while the gate
+// stops or the room is off, releases at once.
 func (g *Gate) releaseSoon(ctx context.Context, j *job, claim uint64) {
 	if claim == 0 {
 		return
@@ -821,7 +825,22 @@ func (g *Gate) releaseSoon(ctx context.Context, j *job, claim uint64) {
 	}
 	g.active.add()
 	g.rel.mu.Lock()
+	if g.lingers(j) && len(g.rel.later) < int(g.blockSlots.Load()) {
+		// far from its cap: it waits a little for company
+		g.rel.later = append(g.rel.later, pendingRelease{j: j, claim: claim})
+		if g.rel.timer == nil {
+			g.rel.timer = time.AfterFunc(g.linger, g.releaseLingering)
+		}
+		g.rel.mu.Unlock()
+		return
+	}
 	g.rel.q = append(g.rel.q, pendingRelease{j: j, claim: claim})
+	g.flushLocked()
+}
+
+// flushLocked starts the goroutine that sends the releases on their way
+// unless it runs; g.rel.mu is held, and unlocked on return.
+func (g *Gate) flushLocked() {
 	if g.rel.flushing {
 		g.rel.mu.Unlock()
 		return
@@ -831,11 +850,67 @@ func (g *Gate) releaseSoon(ctx context.Context, j *job, claim uint64) {
 	go g.flushReleases()
 }
 
+// releaseLinger is how long the release of a job of a tenant far from its
+// concurrency cap (lingers) waits for other jobs' to go with it: a
+// release is a round trip of its own per job otherwise, in a busy fleet.
+const releaseLinger = 20 * time.Millisecond
+
+// lingerCapacities is how many times the fleet's slots a tenant's
+// concurrency limit (and @global's, when it has one) must be for its
+// releases to linger. A tenant's slots in a queue are held by its jobs
+// running (at most the fleet's slots), those in asynq's pending list (the
+// waiting room keeps it at most the fleet's slots), its blocks (at most a
+// process's concurrency per process) and its lingering releases (as
+// many): together at most four times the fleet's slots, so there the slots
+// a linger holds back cannot make the cap bind.
+const lingerCapacities = 4
+
+// lingers reports whether the release of j may wait releaseLinger for
+// company: its tenant and @global are far from their concurrency caps
+// (lingerCapacities), as far as the fleet's capacity known to the pump
+// tells (0 while unknown: no linger). A job with a key or pools releases
+// at once. Holding a slot a little longer never lets a cap be exceeded;
+// a crash loses a lingering release, whose slot frees itself when its
+// lease ends, as a crashed job's does.
+func (g *Gate) lingers(j *job) bool {
+	if j.key != "" || len(j.pools) > 0 || j.policies == nil {
+		return false
+	}
+	capacity := int64(g.gauge.Known(j.queue))
+	if capacity <= 0 {
+		return false
+	}
+	far := func(p *throttle.Policy) bool {
+		return p == nil || p.Concurrency == nil || p.Concurrency.Limit >= lingerCapacities*capacity
+	}
+	return j.policies.Policy != nil && j.policies.Policy.Concurrency != nil && far(j.policies.Policy) && far(j.policies.Global)
+}
+
+// releaseLingering sends the lingering releases on their way (the
+// linger's timer, and Stop).
+func (g *Gate) releaseLingering() {
+	g.rel.mu.Lock()
+	if g.rel.timer != nil {
+		g.rel.timer.Stop()
+		g.rel.timer = nil
+	}
+	if len(g.rel.later) == 0 {
+		g.rel.mu.Unlock()
+		return
+	}
+	g.rel.q = append(g.rel.q, g.rel.later...)
+	g.rel.later = nil
+	g.flushLocked()
+}
+
 // releases are the gate's releases on their way (releaseSoon).
 type releases struct {
 	mu       sync.Mutex
 	q        []pendingRelease
 	flushing bool // a goroutine sends them; it ends when none is left
+	// later are the releases that linger (lingers) until timer fires
+	later []pendingRelease
+	timer *time.Timer
 }
 
 type pendingRelease struct {

@@ -523,3 +523,45 @@ func lateForTicket(ctx context.Context, task *asynq.Task) bool {
 	slot, err := strconv.ParseInt(f[1], 10, 64)
 	return err == nil && (a.Decision.Slot.IsZero() || a.Decision.Slot.UnixMicro() != slot)
 }
+
+// TestRoomReleasesOfAFarTenantGoTogether: the release of a job whose
+// tenant's concurrency limit is far above the fleet's slots (at least four
+// times) waits for other releases to go with it, at most a process's
+// concurrency of them (here for an hour: until the worker stops), while a
+// tenant near its cap releases at once; the worker's stop sends the
+// lingering releases, and every slot is back.
+func TestRoomReleasesOfAFarTenantGoTogether(t *testing.T) {
+	e := setup(t, nil)
+	e.policy(t, "far", "concurrency=1000")
+	e.policy(t, "near", "concurrency=8")
+	srv := e.server(t, func(c *worker.Config) { c.Asynq.Concurrency = 4 })
+	worker.SetLinger(srv.Gate(), time.Hour)
+	rec := newTenantRecorder(0)
+	srv.Handle("job", rec)
+	require.NoError(t, srv.Start())
+	eventually(t, 20*time.Second, func() bool { return worker.KnownCapacity(srv.Gate(), e.queue) == 4 }, "the pump knows the fleet's 4 slots")
+	inFlight := func(tenant string) int64 {
+		st, err := e.lim.Stats(context.Background(), tenant)
+		require.NoError(t, err)
+		return st.Concurrency.InFlight
+	}
+
+	// concurrency=8 is less than four times the fleet's 4 slots: at once
+	e.enqueue(t, "near", 6, "")
+	eventually(t, 20*time.Second, func() bool { return rec.done() == 6 }, "the near tenant's 6 jobs done")
+	eventually(t, 5*time.Second, func() bool { return inFlight("near") == 0 }, "the near tenant's slots back while the worker runs")
+
+	// concurrency=1000: four releases linger (the process's concurrency),
+	// the other two go at once
+	e.enqueue(t, "far", 6, "")
+	eventually(t, 20*time.Second, func() bool { return rec.done() == 12 }, "the far tenant's 6 jobs done")
+	eventually(t, 5*time.Second, func() bool { return inFlight("far") == 4 }, "two of the far tenant's slots back, four lingering")
+	require.Equal(t, int64(4), inFlight("far"), "the lingering slots stay held while the worker runs")
+
+	srv.Shutdown()
+	require.Zero(t, inFlight("far"), "the worker's stop sent the lingering releases")
+	require.LessOrEqual(t, rec.maxRunOf("near"), 4)
+	for id, runs := range rec.runs {
+		require.Equal(t, 1, runs, "job %s ran %d times", id, runs)
+	}
+}

@@ -167,6 +167,14 @@ func (g *Gauge) capacityOf(ctx context.Context, queue string) (int, error) {
 	return n, nil
 }
 
+// Known is the fleet's capacity for queue as last read (capacityOf, which
+// the pump's rounds call), without a read of its own: 0 when not read yet.
+func (g *Gauge) Known(queue string) int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.capacity[queue].n
+}
+
 type capacityRead struct {
 	n  int
 	at time.Time
