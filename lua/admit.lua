@@ -75,7 +75,7 @@
 --     and with a budget the queue, the base of the tenant's key scopes'
 --     keys (BASE..KEY..":s", ":w", ":a"), the policy of its keys without
 --     their own (0: none), the number of keys with their own, then each
---     key and its policy
+--     key and its policy, then the hand-over in the run's (roomops.lua)
 --   flags: 1 reserve on denial, 2 hold a concurrency slot, 4 dry run (write
 --     nothing), 8 plan only (take the slot, do not start), 16 set no expiry,
 --     32 probe (write only when the job starts now), 64 two-step (return a
@@ -135,15 +135,17 @@
 --     earlier 1 when an earlier arrival of the job left its intent (its
 --     task may be parked in no line)
 --   promote and release ops answer {{promoted}, {retries}, due, waiting,
---     head lined (ms; -1: none), skipped, released, lost, midturn}: per promoted job
---     {entry, slot, claim, {undo records}, late, slack}; the handing
---     entries to hand over
+--     head lined (ms; -1: none), skipped, released, lost, midturn, gone}:
+--     per promoted job {entry, slot, claim, {undo records}, late, slack,
+--     handed in the run (0 no; 1 moved to pending; 2 pending or running
+--     already)}; the handing entries to hand over
 --     again; when the line is next due (-1: empty, nothing handed over);
 --     entries skipped (their job runs already); for release how many scopes
 --     gave back a slot and how many held none under the claim; midturn 1
 --     when the budget ended the turn with deficit left for the head: the
 --     rest of the turn is kept (d:<queue> negative) and the next turn goes
---     on with it, adding no quantum
+--     on with it, adding no quantum; gone: jobs whose tasks the turn found
+--     gone, handing over in its run (they left the line charged nothing)
 -- Errors: "ERR sluice: clock" when the time is outside the quota windows
 --   given (the caller's clock estimate is off; it retries with fresh bounds).
 --
@@ -457,7 +459,7 @@ for o = 1, nops do
     local budget, quantum, repair = next_int(), next_int(), next_int()
     E.lead = next_int()
     local lines, handing, qset, queue
-    local keyed = false
+    local keyed, eng = false, false
     if budget > 0 then
       lines = { KEYS[k + 4], KEYS[k + 1], KEYS[k + 5] }
       handing, qset = KEYS[k + 2], KEYS[k + 3]
@@ -475,6 +477,7 @@ for o = 1, nops do
           keyed.own[key] = POL[next_int()]
         end
       end
+      eng = rm.engine()
       k = k + 5
     end
     local released, lost = 0, 0
@@ -482,11 +485,11 @@ for o = 1, nops do
       released, lost = rm.release(bases, noexpire)
     end
     if budget > 0 then
-      local promoted, retries, due, waiting, head, skipped, midturn =
-        rm.promote(bases, lines, handing, qset, queue, budget, quantum, repair, noexpire, num(E.claim) + 1, keyed)
-      out[o] = { promoted, retries, due, waiting, head, skipped, released, lost, midturn }
+      local promoted, retries, due, waiting, head, skipped, midturn, gone =
+        rm.promote(bases, lines, handing, qset, queue, budget, quantum, repair, noexpire, num(E.claim) + 1, keyed, eng)
+      out[o] = { promoted, retries, due, waiting, head, skipped, released, lost, midturn, gone }
     else
-      out[o] = { {}, {}, -1, -1, -1, 0, released, lost, 0 }
+      out[o] = { {}, {}, -1, -1, -1, 0, released, lost, 0, 0 }
     end
   else
 

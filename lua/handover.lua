@@ -35,12 +35,37 @@ local call, char, floor = redis.call, string.char, math.floor
 
 -- @include varint
 
--- a headers map entry, key and value, as a field of the task message
-local hname = ARGV[3]
-local function header(v)
-  local e = '\10' .. varint(#hname) .. hname .. '\18' .. varint(#v) .. v
-  return '\122' .. varint(#e) .. e
+-- @begin move_task
+-- The state of the task whose hash is key, for a hand-over: 0 no such
+-- task, 1 to move (parked in asynq's schedule or deferred in its retry
+-- set: the set's name is returned too), 2 pending or active already, 3 in
+-- another state (archived, completed, in a group).
+local function task_state(key)
+  local v = call('HMGET', key, 'state', 'group')
+  local state, group = v[1], v[2]
+  if not state then return 0 end
+  if state == 'pending' or state == 'active' then return 2 end
+  if (state == 'scheduled' or state == 'retry') and (not group or group == '') then return 1, state end
+  return 3
 end
+-- Move task id (its hash key) from the set it waits in (prefix .. set) to
+-- the pending list, pending since since (ns), as asynq's forwarder moves
+-- it; a decision (not "") goes with it as a header named hname: a map
+-- entry of the task message's headers (field 15 of asynq's TaskMessage)
+-- appended to the encoded message, which protobuf reads as the last value
+-- of that key.
+local function move_task(key, prefix, set, pending, id, since, hname, decided)
+  call('ZREM', prefix .. set, id)
+  call('LPUSH', pending, id)
+  if decided ~= '' then
+    local e = '\10' .. varint(#hname) .. hname .. '\18' .. varint(#decided) .. decided
+    call('HSET', key, 'state', 'pending', 'pending_since', since,
+      'msg', call('HGET', key, 'msg') .. '\122' .. varint(#e) .. e)
+  else
+    call('HSET', key, 'state', 'pending', 'pending_since', since)
+  end
+end
+-- @end move_task
 
 local out = {}
 local n = tonumber(ARGV[4])
@@ -48,26 +73,8 @@ local h = n + 2
 for i = 1, n do
   local a = 3 * i + 2
   local key, id, decided, entry = KEYS[i + 1], ARGV[a], ARGV[a + 1], ARGV[a + 2]
-  local v = call('HMGET', key, 'state', 'group')
-  local state, group = v[1], v[2]
-  local r
-  if not state then
-    r = 0
-  elseif state == 'pending' or state == 'active' then
-    r = 2
-  elseif (state == 'scheduled' or state == 'retry') and (not group or group == '') then
-    call('ZREM', ARGV[1] .. state, id)
-    call('LPUSH', KEYS[1], id)
-    if decided ~= '' then
-      local msg = call('HGET', key, 'msg')
-      call('HSET', key, 'state', 'pending', 'pending_since', ARGV[2], 'msg', msg .. header(decided))
-    else
-      call('HSET', key, 'state', 'pending', 'pending_since', ARGV[2])
-    end
-    r = 1
-  else
-    r = 3
-  end
+  local r, set = task_state(key)
+  if r == 1 then move_task(key, ARGV[1], set, KEYS[1], id, ARGV[2], ARGV[3], decided) end
   if entry ~= '' then
     if r == 1 or r == 2 then
       call('ZREM', KEYS[h], entry)

@@ -84,7 +84,7 @@ func admitScript() string {
 	for _, p := range []struct{ name, src string }{
 		{"window", windowSrc}, {"quota", quotaSrc}, {"concurrency", concurrencySrc},
 		{"rate", rateSrc}, {"phases", phasesSrc}, {"twostep", twostepSrc}, {"roomops", roomopsSrc}, {"quick", quickSrc},
-		{"clock", clockSrc}, {"slot", slotSrc}, {"release_slot", releaseSrc},
+		{"clock", clockSrc}, {"slot", slotSrc}, {"release_slot", releaseSrc}, {"varint", protoSrc}, {"move_task", handoverSrc},
 	} {
 		s = include(s, p.src, p.name)
 	}

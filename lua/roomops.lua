@@ -45,6 +45,55 @@ local function room_functions(ts)
     return sc
   end
 
+  -- The hand-over in the turn's run (where the queue engine's keys and the
+  -- room's share a server): the engine's keys of the queue, read from the
+  -- op's last arguments: its key prefix ("": none, the caller hands the
+  -- jobs over with handover.lua), the decision's header name, the
+  -- policies' fingerprint and the lease (µs). A job's task is looked up before the job is
+  -- decided: a task gone (deleted, ended, archived or in a group) takes
+  -- its job out of the line charged nothing; a parked or deferred one
+  -- moves to the pending list with its decision, as handover.lua moves it.
+  E.room.engine = function()
+    local prefix = ARGV[E.a]
+    E.a = E.a + 1
+    if prefix == '' then return false end
+    local h = { prefix = prefix, pending = prefix .. 'pending', since = fmt(now) .. '000',
+      header = ARGV[E.a], fp = ARGV[E.a + 1], lease = num(ARGV[E.a + 2]), state = false }
+    E.a = E.a + 3
+    return h
+  end
+  local char = string.char
+  -- @include varint
+  -- @include move_task
+  -- the task's state (handover.lua's task_state), kept for over(): 0 it
+  -- is gone, 1 to move, 2 pending or running already
+  local function hand_state(eng, jid)
+    local st, set = task_state(eng.prefix .. 't:' .. jid)
+    if st == 3 then st = 0 end
+    eng.state, eng.set = st, set
+    return st
+  end
+  -- the task of job jid, decided for slot (late, slack: the decision's,
+  -- claim its concurrency slots'), moves to the pending list; a decision
+  -- made once travels as its ticket (throttle/ticket.go: version, slot,
+  -- late, slack, lease end, claim, fingerprint), a reservation too (late
+  -- -2: the gate decides at its slot)
+  local function over(eng, jid, slot, late, slack, claim)
+    if eng.state ~= 1 then return eng.state end
+    local t = ''
+    if E.once or late == -2 then
+      local lend = 0
+      if late == -2 or eng.lease <= 0 or claim == 0 then
+        claim = 0
+      else
+        lend = now + eng.lease
+      end
+      t = '1:' .. fmt(slot) .. ':' .. fmt(late) .. ':' .. fmt(slack) .. ':' .. fmt(lend) .. ':' .. fmt(claim) .. ':' .. eng.fp
+    end
+    move_task(eng.prefix .. 't:' .. jid, eng.prefix, eng.set, eng.pending, jid, eng.since, eng.header, t)
+    return 1
+  end
+
   -- does the job hold a live concurrency slot in one of the scopes (it is
   -- running, or handed to asynq already)?
   local function running(scopes)
@@ -81,7 +130,7 @@ local function room_functions(ts)
   -- jobs keep their order), at most MAX_ROTATE per turn; a line whose
   -- jobs left all wait for their keys is due when the first key allows.
   local MAX_ROTATE = 100
-  E.room.promote = function(bases, lines, handing, qset, queue, budget, quantum, repair, noexpire, base_claim, keyed)
+  E.room.promote = function(bases, lines, handing, qset, queue, budget, quantum, repair, noexpire, base_claim, keyed, eng)
     local st = KEYS[bases[1].k + 1]
     local out, retries = {}, {}
     -- handovers not confirmed in time are handed over again (and held a
@@ -109,7 +158,7 @@ local function room_functions(ts)
     local dq = resumed and dq0 or dq0 + quantum
     local midturn = false
     local due, head = -1, -1
-    local np, skipped = 0, 0
+    local np, skipped, gone = 0, 0, 0
     local cd = plain and num(v[2]) or 0
     if cd > now + E.lead then
       budget = 0
@@ -221,12 +270,18 @@ local function room_functions(ts)
         end
         if due < 0 then due = now end
         break
+      elseif not run and eng and hand_state(eng, jid) == 0 then
+        -- its task is gone: it leaves the line, charged nothing
+        pop()
+        gone = gone + 1
+        head = -1
       elseif plain then
         pop()
-        handed(m)
+        local h = 0
+        if eng then h = over(eng, jid, now, -1, 0, 0) else handed(m) end
         dq = dq - rc
         np = np + 1
-        out[np] = { m, now, 0, {}, -1, 0 }
+        out[np] = { m, now, 0, {}, -1, 0, h }
         head = -1
       elseif run then
         pop()
@@ -251,15 +306,22 @@ local function room_functions(ts)
           due, dq = now + wait, min(dq, rc)
           break
         else
-          for s = 1, #scopes do ts.remember(scopes[s]) end
+          -- (a job handed over in this run is never taken back: no undo
+          -- records)
+          if not eng then
+            for s = 1, #scopes do ts.remember(scopes[s]) end
+          end
           apply(scopes, write, slot, noexpire)
           local recs = {}
-          for s = 1, #scopes do recs[s] = ts.record(scopes[s]) end
+          if not eng then
+            for s = 1, #scopes do recs[s] = ts.record(scopes[s]) end
+          end
           pop()
-          handed(m)
+          local h = 0
+          if eng then h = over(eng, jid, slot, E.late, E.slack, num(E.claim)) else handed(m) end
           dq = dq - rc
           np = np + 1
-          out[np] = { m, slot, num(E.claim), recs, E.late, E.slack }
+          out[np] = { m, slot, num(E.claim), recs, E.late, E.slack, h }
           head = -1
         end
       end
@@ -290,7 +352,7 @@ local function room_functions(ts)
     end
     local waiting = 0
     for i = 1, #lines do waiting = waiting + call('LLEN', lines[i]) end
-    return out, retries, due, waiting, head, skipped, midturn and 1 or 0
+    return out, retries, due, waiting, head, skipped, midturn and 1 or 0, gone
   end
 
   -- A new job, not yet in asynq: may it go straight to asynq's pending

@@ -414,9 +414,12 @@ func (p *pump) serve(ctx context.Context, queue string) (time.Duration, error) {
 		tenants[i] = d.tenant
 	}
 	// the round's turns in one round trip (one script run on one server)
-	turns, errs := p.r.promoteAll(ctx, queue, tenants, budgets, quanta)
+	turns, errs := p.r.promoteAll(ctx, queue, tenants, budgets, quanta, p.cfg.Engine)
 	due := make(map[string]time.Time, len(taken))
-	var all []waitroom.Promoted
+	// all: the jobs promoted; toHand: those the turns did not hand over
+	// in their run
+	var all, toHand []waitroom.Promoted
+	inRun := map[string]int{}
 	for i, t := range tenants {
 		if errs[i] != nil {
 			// due again when the hold ends
@@ -426,6 +429,13 @@ func (p *pump) serve(ctx context.Context, queue string) (time.Duration, error) {
 		if budgets[i] > 0 {
 			due[t] = turns[i].Due
 			all = append(all, turns[i].Promoted...)
+			for _, j := range turns[i].Promoted {
+				if j.InRun {
+					inRun[t]++
+				} else {
+					toHand = append(toHand, j)
+				}
+			}
 			p.fed(queue, t, len(turns[i].Promoted) >= budgets[i] && turns[i].Waiting > 0)
 			if turns[i].Waiting == 0 {
 				// its line is empty: it no longer shares out the rounds'
@@ -435,11 +445,15 @@ func (p *pump) serve(ctx context.Context, queue string) (time.Duration, error) {
 		}
 	}
 	if len(all) > 0 {
+		// (the jobs a turn handed over in its run are in asynq already)
 		crashpoint.Hit("room.promoted")
 	}
-	handed, gone, herr := p.r.handOver(ctx, all, p.cfg.Handover)
+	handed, gone, herr := p.r.handOver(ctx, toHand, p.cfg.Handover)
 	if herr != nil {
 		p.report(ctx, herr)
+	}
+	for t, n := range inRun {
+		handed[t] += n
 	}
 	for t, n := range gone {
 		// the gone jobs' promotions were taken back: the slots they took
@@ -452,7 +466,7 @@ func (p *pump) serve(ctx context.Context, queue string) (time.Duration, error) {
 	if p.cfg.OnTurn != nil {
 		for i, t := range tenants {
 			if errs[i] == nil && budgets[i] > 0 {
-				p.cfg.OnTurn(t, turns[i], handed[t], gone[t])
+				p.cfg.OnTurn(t, turns[i], handed[t], gone[t]+turns[i].Gone)
 			}
 		}
 	}

@@ -747,7 +747,10 @@ func (tt *turnCall) decode(raw any, err error) (waitroom.Turn, error) {
 // promoteAll gives each tenant of a pump's round its turn (promote), all in
 // one round trip: on one server in one admit.lua run, whose fixed cost the
 // turns share; on a Cluster in one pipeline.
-func (r *room) promoteAll(ctx context.Context, queue string, tenants []string, budgets []int, quanta []int64) ([]waitroom.Turn, []error) {
+//
+// With engine (the queue engine's keys, on this server), each turn of a
+// tenant without key policies hands its jobs over in the same run.
+func (r *room) promoteAll(ctx context.Context, queue string, tenants []string, budgets []int, quanta []int64, engine *waitroom.EngineLayout) ([]waitroom.Turn, []error) {
 	turns := make([]waitroom.Turn, len(tenants))
 	errs := make([]error, len(tenants))
 	var calls []*turnCall
@@ -760,6 +763,10 @@ func (r *room) promoteAll(ctx context.Context, queue string, tenants []string, b
 		if err != nil {
 			errs[i] = err
 			continue
+		}
+		if engine != nil && !r.l.cluster && tt.op.keyed == nil {
+			tt.op.engine = []any{engine.Prefix(queueOf(queue)), engine.Header,
+				strconv.FormatUint(uint64(printWith(tt.fp, tt.scopes)), 10), micros(leaseOf(tt.scopes))}
 		}
 		calls = append(calls, tt)
 		at = append(at, i)

@@ -3,6 +3,7 @@ package throttle
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -1712,4 +1713,104 @@ func TestRoomPumpStopsQuietly(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	require.Empty(t, errs)
+}
+
+// TestRoomPumpHandsOverInItsRun: where the queue engine's keys share the
+// room's server (PumpConfig.Engine), a round's turns hand their jobs over
+// in their own script run: each parked task moves to the pending list
+// with its decision as its ticket, no handing set holds it and the
+// pump's Handover is not called; a job whose task is gone leaves its
+// line charged nothing (its tenant holds no slot for it) and is counted
+// gone. On a Cluster (the engine's keys are in other slots) the turns
+// leave the hand-over to Handover, as before.
+func TestRoomPumpHandsOverInItsRun(t *testing.T) {
+	t.Parallel()
+	e := setup(t, true, nil)
+	ctx := context.Background()
+	pumpCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	e.policy(t, "far", "rate=1000/s burst=100 concurrency=100")
+	room := e.lim.room()
+	// the engine's layout under a prefix of the test's own
+	tag := fmt.Sprintf("inrun%d", time.Now().UnixNano())
+	prefix := func(q string) string { return tag + ":{" + q + "}:" }
+	const header = "x-decided"
+	const n = 5
+	joinJobs(t, room, "far", n)
+	p := prefix(waitroom.DefaultQueue)
+	for i := range n {
+		if i == 2 {
+			continue // its task is gone (deleted while it waited)
+		}
+		id := fmt.Sprintf("far-%d", i)
+		require.NoError(t, e.client.HSet(ctx, p+"t:"+id, "state", "scheduled", "msg", "m").Err())
+		require.NoError(t, e.client.ZAdd(ctx, p+"scheduled", redis.Z{Score: 1, Member: id}).Err())
+	}
+	f := &fleetRoom{free: 100}
+	var mu sync.Mutex
+	var handed, gone int
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = room.Pump(pumpCtx, &waitroom.PumpConfig{Handover: f.handover, Free: f.Free, Queues: []string{waitroom.DefaultQueue},
+			Interval: 5 * time.Millisecond, Engine: &waitroom.EngineLayout{Prefix: prefix, Header: header},
+			OnError: func(err error) { t.Log(err) },
+			OnTurn: func(_ string, _ waitroom.Turn, h, g int) {
+				mu.Lock()
+				handed, gone = handed+h, gone+g
+				mu.Unlock()
+			}})
+	}()
+	waitFor(t, 5*time.Second, func() bool {
+		w, _, err := room.Waiting(ctx, "far")
+		require.NoError(t, err)
+		return w == 0
+	})
+	if e.lim.cluster {
+		waitFor(t, 5*time.Second, func() bool { return len(f.ids()) == n })
+		cancel()
+		<-done
+		return
+	}
+	waitFor(t, 5*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return handed+gone == n
+	})
+	cancel()
+	<-done
+	require.Empty(t, f.ids(), "no job went through Handover")
+	require.Equal(t, 4, handed)
+	require.Equal(t, 1, gone)
+	pending, err := e.client.LRange(ctx, p+"pending", 0, -1).Result()
+	require.NoError(t, err)
+	require.ElementsMatch(t, []string{"far-0", "far-1", "far-3", "far-4"}, pending)
+	left, err := e.client.ZCard(ctx, p+"scheduled").Result()
+	require.NoError(t, err)
+	require.Zero(t, left, "the parked tasks left the schedule")
+	for _, id := range pending {
+		v, err := e.client.HMGet(ctx, p+"t:"+id, "state", "pending_since", "msg").Result()
+		require.NoError(t, err)
+		require.Equal(t, "pending", v[0])
+		since, err := strconv.ParseInt(v[1].(string), 10, 64)
+		require.NoError(t, err)
+		require.InDelta(t, float64(time.Now().UnixNano()), float64(since), float64(time.Minute))
+		// the task message gained a headers entry (protobuf field 15)
+		// holding the decision
+		msg := v[2].(string)
+		require.True(t, strings.HasPrefix(msg, "m\x7a"), "a headers entry follows the message: %q", msg)
+		i := strings.Index(msg, header)
+		require.Positive(t, i, "the entry is keyed by the decision's header: %q", msg)
+		tk, ok := parseTicket(msg[i+len(header)+2:])
+		require.True(t, ok, "a ticket: %q", msg[i+len(header)+2:])
+		require.NotZero(t, tk.claim, "it holds its concurrency slot")
+		require.Positive(t, tk.leaseEnd)
+		require.InDelta(t, float64(time.Now().UnixMicro()), float64(tk.slot), float64(time.Minute))
+	}
+	n0, err := e.client.ZCard(ctx, keysFor(e.lim.cfg.Prefix, "far").handing).Result()
+	require.NoError(t, err)
+	require.Zero(t, n0, "no handing entry")
+	st, err := e.lim.Stats(ctx, "far")
+	require.NoError(t, err)
+	require.Equal(t, int64(4), st.Concurrency.InFlight, "the gone job holds no slot")
 }

@@ -79,6 +79,10 @@ type admitOp struct {
 	roomKeys []string
 	roomArgs []any
 	keyed    *keyedPolicies
+	// engine: for a turn that hands its jobs over in its run, the queue
+	// engine's key prefix of the queue, the decision's header name, the
+	// policies' fingerprint and the lease (µs); nil: none
+	engine []any
 }
 
 // opScope is a scope of an op: local (read and written by the op), or
@@ -217,6 +221,11 @@ func (l *Limiter) encode(op *admitOp, clock int64, now time.Time) ([]string, *ad
 			aa.op = append(aa.op, key)
 			aa.refs = append(aa.refs, len(aa.op))
 			aa.op = append(aa.op, aa.policyRef(c.policy, c.facts, now))
+		}
+		if op.engine != nil {
+			aa.op = append(aa.op, op.engine...)
+		} else {
+			aa.op = append(aa.op, "")
 		}
 	}
 	return keys, aa
@@ -541,25 +550,26 @@ func roomOpReply(raw any, n int) ([]any, int64, error) {
 }
 
 // decodeTurn reads a promote or release op's reply: {{promoted}, {retries},
-// due, waiting, head lined (ms), skipped, released, lost, midturn}, each promoted
-// job {entry, slot, claim, {undo records}, late, slack}; scopes are the op's. With
+// due, waiting, head lined (ms), skipped, released, lost, midturn, gone}, each
+// promoted job {entry, slot, claim, {undo records}, late, slack, handed in
+// the run}; scopes are the op's. With
 // once, each promoted job gets its ticket (it holds its concurrency slots
 // for lease; fp is its policies' fingerprint).
 // decodeTurn reads a turn's reply: scopes are the turn's, keyed the
 // policies of the tenant's keys (a promoted job with a key was decided in
 // its key's scope too).
 func decodeTurn(prefix, tenant string, raw any, scopes []scope, keyed *keyedPolicies, once bool, fp uint32) (waitroom.Turn, error) {
-	op, now, err := roomOpReply(raw, 9)
+	op, now, err := roomOpReply(raw, 10)
 	if err != nil {
 		return waitroom.Turn{}, err
 	}
 	promoted, ok1 := op[0].([]any)
 	retries, ok2 := op[1].([]any)
-	v, err := int64s(op[2:], 7)
+	v, err := int64s(op[2:], 8)
 	if !ok1 || !ok2 || err != nil {
 		return waitroom.Turn{}, fmt.Errorf("admit.lua: unexpected turn %v", op)
 	}
-	t := waitroom.Turn{Waiting: max(v[1], 0), Skipped: int(v[3]), Released: int(v[4]), Lost: int(v[5]), MidTurn: v[6] == 1}
+	t := waitroom.Turn{Waiting: max(v[1], 0), Skipped: int(v[3]), Released: int(v[4]), Lost: int(v[5]), MidTurn: v[6] == 1, Gone: int(v[7])}
 	if v[0] >= 0 {
 		t.Due = time.UnixMicro(v[0])
 	}
@@ -568,13 +578,14 @@ func decodeTurn(prefix, tenant string, raw any, scopes []scope, keyed *keyedPoli
 	}
 	for _, x := range promoted {
 		p, ok := x.([]any)
-		if !ok || len(p) != 6 {
+		if !ok || len(p) != 7 {
 			return waitroom.Turn{}, fmt.Errorf("admit.lua: unexpected promoted job %v", x)
 		}
 		m, ok := p[0].(string)
 		late, okLate := p[4].(int64)
 		slack, okSlack := p[5].(int64)
-		ok = ok && okLate && okSlack
+		inRun, okRun := p[6].(int64)
+		ok = ok && okLate && okSlack && okRun
 		nums, err := int64s(p[1:3], 2)
 		if !ok || err != nil {
 			return waitroom.Turn{}, fmt.Errorf("admit.lua: unexpected promoted job %v", x)
@@ -595,7 +606,8 @@ func decodeTurn(prefix, tenant string, raw any, scopes []scope, keyed *keyedPoli
 			jonce = once && ks.policy.Window == nil && ks.policy.Quota == nil
 		}
 		j.Slot, j.Claim, j.Undo = time.UnixMicro(nums[0]), uint64(nums[1]), &promotion{undo: undo, scopes: js}
-		if jonce || late == lateReserved {
+		j.InRun = inRun > 0
+		if (jonce || late == lateReserved) && !j.InRun {
 			j.Ticket = ticketFor(nums[0], late, slack, now, leaseOf(js), j.Claim, printWith(fp, js))
 		}
 		t.Promoted = append(t.Promoted, j)

@@ -60,7 +60,11 @@ type Gate struct {
 	room      waitroom.Room
 	path      engine
 	handover  waitroom.Handover
-	gauge     *asynqroom.Gauge
+	// engine lays out asynq's keys for the pump's turns to hand their
+	// jobs over in their own runs; nil unless asynq's keys share the
+	// room's server
+	engine *waitroom.EngineLayout
+	gauge  *asynqroom.Gauge
 	// asynqRedis is the client of asynq's queues; registration counts the
 	// worker in the fleet's capacity while its pump runs
 	asynqRedis   redis.UniversalClient
@@ -112,6 +116,7 @@ func NewGate(lim *throttle.Limiter, asynqRedis redis.UniversalClient, cfg *GateC
 	if err := c.validate(); err != nil {
 		return nil, err
 	}
+	shares := waitroom.Of(lim).Shares(asynqRedis)
 	g := &Gate{
 		lim:        lim,
 		cfg:        c,
@@ -120,13 +125,16 @@ func NewGate(lim *throttle.Limiter, asynqRedis redis.UniversalClient, cfg *GateC
 		inspector:  asynq.NewInspectorFromRedisClient(asynqRedis),
 		room:       waitroom.Of(lim),
 		path:       jobpath.Of(lim).(engine),
-		handover:   asynqroom.Handover(asynqRedis, waitroom.Of(lim).Shares(asynqRedis)),
+		handover:   asynqroom.Handover(asynqRedis, shares),
 		gauge:      asynqroom.NewGauge(asynqRedis),
 		layout:     asynqroom.NewLayout(asynqRedis),
 		stopping:   make(chan struct{}),
 		kick:       make(chan struct{}, 1),
 		asynqRedis: asynqRedis,
 		linger:     releaseLinger,
+	}
+	if shares {
+		g.engine = asynqroom.Engine()
 	}
 	reg := c.Registerer
 	if reg == nil {

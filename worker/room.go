@@ -155,6 +155,7 @@ func (g *Gate) startPump(queues []string, concurrency int) {
 			_ = g.room.Pump(ctx, &waitroom.PumpConfig{
 				Queues:   queues,
 				Handover: g.handover,
+				Engine:   g.engine,
 				Tasks:    asynqroom.Tasks(g.inspector),
 				Repark:   asynqroom.Repark(g.asynqRedis),
 				Free: func(ctx context.Context, queue string) (int, error) {

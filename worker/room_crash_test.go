@@ -47,8 +47,10 @@ func TestRoomCrashPoints(t *testing.T) {
 		t.Parallel()
 		testProducerKilledParkedAtOnce(t, bin, producer)
 	})
-	// A worker dies: after its pump promoted jobs, before asynq has them;
-	// after asynq has them, before the handing set knows; in a release that
+	// A worker dies: after its pump promoted jobs, before asynq has them
+	// (on one server, where a turn hands its jobs over in its own run,
+	// asynq has them already: they run once, on their tickets); after
+	// asynq has them, before the handing set knows; in a release that
 	// handed a freed slot on, before asynq has the job. Another worker's
 	// pump hands the jobs over again after the repair age.
 	for _, point := range []string{"room.promoted", "room.handed-over", "room.released"} {

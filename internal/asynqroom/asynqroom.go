@@ -310,6 +310,15 @@ func (g *Gauge) Spare(ctx context.Context, queue string) int {
 	return max(n, 0)
 }
 
+// Engine is asynq's key layout for a waiting-room turn that hands its
+// jobs over in its own script run (waitroom.PumpConfig.Engine), where
+// asynq's keys and the room's share a server: the same keys and writes
+// as Handover's (handover.lua), pinned alike by
+// TestHandoverPinsAsynqLayout.
+func Engine() *waitroom.EngineLayout {
+	return &waitroom.EngineLayout{Prefix: queuePrefix, Header: taskspec.DecidedHeader}
+}
+
 // handoverChunk is the most tasks one handover.lua call moves.
 const handoverChunk = 100
 

@@ -277,6 +277,10 @@ type Promoted struct {
 	// the job ("" on a Cluster): a hand-over whose client Room.Shares may
 	// take Entry out of it itself, and answer Confirmed.
 	Handing string
+	// InRun reports a job its turn handed over to the queue engine in its
+	// own script run (PumpConfig.Engine): the engine has it, and it is in
+	// no handing set.
+	InRun bool
 }
 
 // Turn is what one turn of a tenant's line did.
@@ -293,6 +297,10 @@ type Turn struct {
 	Oldest  time.Time
 	// Skipped counts line entries dropped because their job runs already.
 	Skipped int
+	// Gone counts jobs that left the line charged nothing because the
+	// turn, handing its jobs over in its run (PumpConfig.Engine), found
+	// their tasks gone.
+	Gone int
 	// Released and Lost are, for Release, how many scopes gave back the
 	// job's slot and how many held none under its claim.
 	Released, Lost int
@@ -404,6 +412,13 @@ type PumpConfig struct {
 	Queues []string
 	// Handover gives promoted jobs to the queue engine. Required.
 	Handover Handover
+	// Engine, when set, lays out the queue engine's keys on the room's
+	// own server (the engine's client Room.Shares): a turn then hands its
+	// jobs over in its own script run, one round trip fewer per round and
+	// no handing set, and a job whose task is gone leaves its line
+	// charged nothing. Jobs it cannot hand over so (a tenant with key
+	// policies, earlier promotions handed over again) go through Handover.
+	Engine *EngineLayout
 	// Free is how many more jobs of queue the fleet can take now: the room
 	// in the queue engine's pending list, so that it stays short and a
 	// tenant arriving later is not served after everything already
@@ -455,6 +470,17 @@ type PumpConfig struct {
 	Repark Repark
 }
 
+// EngineLayout is where the queue engine keeps a queue's jobs, for a
+// hand-over in a turn's own script run (internal/asynqroom.Layout; the
+// layout handover.lua writes): Prefix(queue) followed by "pending" is
+// the queue's pending list, by "t:" and a job's ID its task's hash, by
+// "scheduled" or "retry" the sets a parked or deferred task waits in;
+// Header names the task header a decision travels in.
+type EngineLayout struct {
+	Prefix func(queue string) string
+	Header string
+}
+
 // QuietIdleFactor is how many Idles a quiet pump (PumpConfig.Quiet) sleeps
 // at the most while no line it knows of is due.
 const QuietIdleFactor = 10
@@ -483,6 +509,8 @@ func (c PumpConfig) Validate() error {
 		return fmt.Errorf("pump config: Idle %s: must be at least Interval %s", c.Idle, c.Interval)
 	case c.Tenants < 1:
 		return fmt.Errorf("pump config: Tenants %d: must be at least 1", c.Tenants)
+	case c.Engine != nil && (c.Engine.Prefix == nil || c.Engine.Header == ""):
+		return errors.New("pump config: Engine needs its Prefix and its Header")
 	}
 	return nil
 }
