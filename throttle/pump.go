@@ -47,6 +47,9 @@ func (r *room) Pump(ctx context.Context, cfg *waitroom.PumpConfig) error {
 		return err
 	}
 	p := &pump{r: r, cfg: c, wake: make(chan struct{}, 1)}
+	if c.Engine != nil {
+		r.engine.Store(c.Engine)
+	}
 	// resolving once starts the policy store's watcher, whose changes the
 	// pump follows from here on
 	if _, err := r.l.policies.resolve(ctx, ""); err != nil {

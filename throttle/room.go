@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -42,6 +43,10 @@ type room struct {
 	// crowds are, per queue, what the turns this process asked found
 	// (turnOf)
 	crowds map[string]*crowd
+	// engine is the queue engine's layout a pump of this room was given
+	// (PumpConfig.Engine): a release's hand-on hands its job over in its
+	// run too
+	engine atomic.Pointer[waitroom.EngineLayout]
 }
 
 // The limiter's waiting room is what sluice's queue and worker packages
@@ -667,8 +672,22 @@ func (r *room) turn(ctx context.Context, tenant, queue, id string, claim uint64,
 	if err != nil {
 		return waitroom.Turn{}, err
 	}
+	if kind == flagRelease && budget > 0 {
+		r.handInRun(tt, queue, r.engine.Load())
+	}
 	raw, err := r.l.runRaw(ctx, tt.op, -1)
 	return tt.decode(raw, err)
+}
+
+// handInRun has turn tt hand the jobs it promotes over to the queue engine
+// in its own run, when the engine's layout is known (engine not nil), the
+// room is on one server and the tenant has no key policies (a key's scope
+// changes a job's ticket: those go through the Handover).
+func (r *room) handInRun(tt *turnCall, queue string, engine *waitroom.EngineLayout) {
+	if engine != nil && !r.l.cluster && tt.op.keyed == nil {
+		tt.op.engine = []any{engine.Prefix(queueOf(queue)), engine.Header,
+			strconv.FormatUint(uint64(printWith(tt.fp, tt.scopes)), 10), micros(leaseOf(tt.scopes))}
+	}
 }
 
 // turnCall is a turn's admit.lua op and what reading its reply needs.
@@ -764,10 +783,7 @@ func (r *room) promoteAll(ctx context.Context, queue string, tenants []string, b
 			errs[i] = err
 			continue
 		}
-		if engine != nil && !r.l.cluster && tt.op.keyed == nil {
-			tt.op.engine = []any{engine.Prefix(queueOf(queue)), engine.Header,
-				strconv.FormatUint(uint64(printWith(tt.fp, tt.scopes)), 10), micros(leaseOf(tt.scopes))}
-		}
+		r.handInRun(tt, queue, engine)
 		calls = append(calls, tt)
 		at = append(at, i)
 	}

@@ -1814,3 +1814,43 @@ func TestRoomPumpHandsOverInItsRun(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, int64(4), st.Concurrency.InFlight, "the gone job holds no slot")
 }
+
+// TestRoomReleaseHandsOnInItsRun: a release's hand-on, in a room whose
+// pump was given the queue engine's layout (PumpConfig.Engine), hands the
+// job it promotes into the freed slot over in the same run: its task is
+// in the pending list with its ticket when Release returns, and the
+// Handover it is given only hears of it (Promoted.InRun), to count it.
+func TestRoomReleaseHandsOnInItsRun(t *testing.T) {
+	t.Parallel()
+	if redistest.ClusterMode() {
+		t.Skip("on a Cluster asynq's keys are in other slots: the hand-on goes through the Handover (TestRoomReleaseHandsOnInOneStep)")
+	}
+	e := setup(t, false, nil)
+	ctx := context.Background()
+	e.policy(t, "acme", "concurrency=1")
+	room := e.lim.room()
+	tag := fmt.Sprintf("inrun%d", time.Now().UnixNano())
+	room.engine.Store(&waitroom.EngineLayout{Prefix: func(q string) string { return tag + ":{" + q + "}:" }, Header: "x-decided"})
+	p := tag + ":{" + waitroom.DefaultQueue + "}:"
+	require.Equal(t, []string{"a1"}, line(t, e, "acme", "a1", "a2"))
+	require.NoError(t, e.client.HSet(ctx, p+"t:a2", "state", "scheduled", "msg", "m").Err())
+	require.NoError(t, e.client.ZAdd(ctx, p+"scheduled", redis.Z{Score: 1, Member: "a2"}).Err())
+	d, err := e.lim.Admit(ctx, "acme", "a1")
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+	g := &engine{}
+	require.NoError(t, room.Release(ctx, "acme", waitroom.DefaultQueue, "a1", d.Claim, waitroom.Scopes{}, g.handover, nil))
+	require.Len(t, g.handed, 1)
+	require.Equal(t, "a2", g.handed[0].ID)
+	require.True(t, g.handed[0].InRun, "handed over in the release's run")
+	pending, err := e.client.LRange(ctx, p+"pending", 0, -1).Result()
+	require.NoError(t, err)
+	require.Equal(t, []string{"a2"}, pending)
+	v, err := e.client.HMGet(ctx, p+"t:a2", "state", "msg").Result()
+	require.NoError(t, err)
+	require.Equal(t, "pending", v[0])
+	require.Contains(t, v[1], "x-decided", "with its ticket")
+	n, err := e.client.ZCard(ctx, keysFor(e.lim.cfg.Prefix, "acme").handing).Result()
+	require.NoError(t, err)
+	require.Zero(t, n, "no handing entry")
+}

@@ -328,13 +328,19 @@ const handoverChunk = 100
 // script call per queue and chunk. With confirm (the client reaches the
 // room's keys: waitroom.Room.Shares), a job with a handing set
 // (waitroom.Promoted.Handing) that asynq has leaves it in the same call,
-// and is answered waitroom.Confirmed.
+// and is answered waitroom.Confirmed, as is a job its turn handed over
+// in its own run (waitroom.Promoted.InRun), with no call.
 func Handover(client redis.UniversalClient, confirm bool) waitroom.Handover {
 	return func(ctx context.Context, jobs []waitroom.Promoted) []waitroom.HandoverResult {
 		out := make([]waitroom.HandoverResult, len(jobs))
 		byQueue := map[string][]int{}
 		var order []string
 		for i, j := range jobs {
+			if j.InRun {
+				// its turn handed it over in its run (Engine)
+				out[i] = waitroom.Confirmed
+				continue
+			}
 			if _, ok := byQueue[j.Queue]; !ok {
 				order = append(order, j.Queue)
 			}
