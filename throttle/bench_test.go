@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicehq/sluice/internal/asynqroom"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/waitroom"
 )
@@ -178,45 +179,103 @@ func infoInt(tb testing.TB, c redis.UniversalClient, section, field string) int6
 // handed over to a stand-in engine outside the count.
 func BenchmarkTurn(b *testing.B) {
 	for _, k := range []int{1, 4, 16} {
-		b.Run(fmt.Sprintf("jobs=%d", k), func(b *testing.B) {
-			ctx := context.Background()
-			client := redistest.NewServer(b, nil).Client(b)
-			lim, err := NewLimiter(client, &Config{Prefix: "sluice"})
-			require.NoError(b, err)
-			b.Cleanup(func() { _ = lim.Close() })
-			p, err := ParsePolicy("rate=1000000/s burst=100000 concurrency=100000")
-			require.NoError(b, err)
-			require.NoError(b, lim.Policies().Set(ctx, "acme", p))
-			room, engine := lim.room(), &engine{}
-			next, waiting := 0, 0
-			var usec, jobs int64
-			b.ResetTimer()
-			for i := 0; i < b.N; i++ {
-				if waiting < k {
-					b.StopTimer()
-					ws := make([]waitroom.Waiter, 1000)
-					for j := range ws {
-						ws[j] = waitroom.Waiter{ID: fmt.Sprintf("job-%d", next)}
-						next++
-					}
-					_, _, err := room.Join(ctx, "acme", 0, ws...)
-					require.NoError(b, err)
-					waiting += len(ws)
-					b.StartTimer()
-				}
-				before := evalUsec(b, client)
-				turn, err := room.promote(ctx, "acme", waitroom.DefaultQueue, k, int64(k))
-				usec += evalUsec(b, client) - before
-				require.NoError(b, err)
-				require.Len(b, turn.Promoted, k)
-				jobs += int64(k)
-				waiting -= k
-				room.handOver(ctx, turn.Promoted, engine.handover)
-			}
-			b.ReportMetric(float64(usec)/float64(jobs), "redis-µs/job")
-			b.ReportMetric(float64(usec)/float64(b.N), "redis-µs/turn")
-		})
+		b.Run(fmt.Sprintf("jobs=%d", k), func(b *testing.B) { benchTurns(b, k, "") })
 	}
+}
+
+// BenchmarkTurnHandOver reports what a promotion turn and the hand-over
+// of its jobs to asynq cost Redis together, both ways: the turn's run,
+// then handover.lua's (hand=script, as on a Cluster or with asynq on
+// another server), and the turn handing its jobs over in its own run
+// (hand=run, PumpConfig.Engine, one server). Each job's task is parked in
+// asynq's schedule as the producer parks it (asynq v0.26's layout).
+// redis-µs/job is the server's time in script runs per job handed over.
+func BenchmarkTurnHandOver(b *testing.B) {
+	for _, k := range []int{1, 4, 16} {
+		for _, hand := range []string{"script", "run"} {
+			b.Run(fmt.Sprintf("jobs=%d/hand=%s", k, hand), func(b *testing.B) { benchTurns(b, k, hand) })
+		}
+	}
+}
+
+// benchTurns runs turns of k jobs of a tenant whose rules never bind,
+// each job's hand-over counted with its turn (hand "script" or "run") or
+// not (hand "": a stand-in engine takes the jobs outside the count).
+func benchTurns(b *testing.B, k int, hand string) {
+	ctx := context.Background()
+	client, room := turnBench(b)
+	q := waitroom.DefaultQueue
+	var layout *waitroom.EngineLayout
+	if hand == "run" {
+		layout = asynqroom.Engine()
+	}
+	handover := (&engine{}).handover
+	if hand != "" {
+		handover = asynqroom.Handover(client, true)
+	}
+	msg := strings.Repeat("m", 160)
+	next, waiting := 0, 0
+	var usec, jobs int64
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if waiting < k {
+			b.StopTimer()
+			ws := make([]waitroom.Waiter, 1000)
+			pipe := client.Pipeline()
+			for j := range ws {
+				id := fmt.Sprintf("job-%d", next)
+				ws[j] = waitroom.Waiter{ID: id}
+				if hand != "" {
+					pipe.HSet(ctx, asynqroom.TaskKey(q, id), "state", "scheduled", "msg", msg)
+					pipe.ZAdd(ctx, "asynq:{"+q+"}:scheduled", redis.Z{Score: 1, Member: id})
+				}
+				next++
+			}
+			_, err := pipe.Exec(ctx)
+			require.NoError(b, err)
+			_, _, err = room.Join(ctx, "acme", 0, ws...)
+			require.NoError(b, err)
+			waiting += len(ws)
+			b.StartTimer()
+		}
+		before := evalUsec(b, client)
+		turns, errs := room.promoteAll(ctx, q, []string{"acme"}, []int{k}, []int64{int64(k)}, layout)
+		require.NoError(b, errs[0])
+		require.Len(b, turns[0].Promoted, k)
+		if hand == "" {
+			usec += evalUsec(b, client) - before
+		}
+		_, _, err := room.handOver(ctx, turns[0].Promoted, handover)
+		require.NoError(b, err)
+		if hand != "" {
+			usec += evalUsec(b, client) - before
+		}
+		jobs += int64(k)
+		waiting -= k
+	}
+	b.StopTimer()
+	if hand != "" {
+		n, err := client.LLen(ctx, asynqroom.PendingKey(q)).Result()
+		require.NoError(b, err)
+		require.Equal(b, jobs, n, "every job handed over")
+	}
+	b.ReportMetric(float64(usec)/float64(jobs), "redis-µs/job")
+	if hand == "" {
+		b.ReportMetric(float64(usec)/float64(b.N), "redis-µs/turn")
+	}
+}
+
+// turnBench is a private server and the room of a limiter on it, whose
+// tenant acme has the end-to-end round's policy (rules that never bind).
+func turnBench(b *testing.B) (*redis.Client, *room) {
+	client := redistest.NewServer(b, nil).Client(b)
+	lim, err := NewLimiter(client, &Config{Prefix: "sluice"})
+	require.NoError(b, err)
+	b.Cleanup(func() { _ = lim.Close() })
+	p, err := ParsePolicy("rate=1000000/s burst=100000 concurrency=100000")
+	require.NoError(b, err)
+	require.NoError(b, lim.Policies().Set(context.Background(), "acme", p))
+	return client, lim.room()
 }
 
 // evalUsec is the time Redis has spent in script runs (µs).
