@@ -75,7 +75,7 @@
 --     and with a budget the queue, the base of the tenant's key scopes'
 --     keys (BASE..KEY..":s", ":w", ":a"), the policy of its keys without
 --     their own (0: none), the number of keys with their own, then each
---     key and its policy, then the hand-over in the run's (roomops.lua)
+--     key and its policy, then the arguments of the run's hand-over (roomops.lua)
 --   flags: 1 reserve on denial, 2 hold a concurrency slot, 4 dry run (write
 --     nothing), 8 plan only (take the slot, do not start), 16 set no expiry,
 --     32 probe (write only when the job starts now), 64 two-step (return a

@@ -471,7 +471,7 @@ type PumpConfig struct {
 }
 
 // EngineLayout is where the queue engine keeps a queue's jobs, for a
-// hand-over in a turn's own script run (internal/asynqroom.Layout; the
+// hand-over in a turn's own script run (internal/asynqroom.Engine; the
 // layout handover.lua writes): Prefix(queue) followed by "pending" is
 // the queue's pending list, by "t:" and a job's ID its task's hash, by
 // "scheduled" or "retry" the sets a parked or deferred task waits in;
