@@ -6,10 +6,9 @@
 -- also bring back archived tasks, and takes one task per call.
 --
 -- The task of a job the room decided once (docs/architecture.md) gets its
--- decision as a header, which the worker's gate starts it on: a map entry
--- of the task message's headers (field 15 of asynq's TaskMessage) appended
--- to the encoded message, which protobuf reads as the last value of that
--- key.
+-- decision as a header, which the worker's gate starts it on (move_task,
+-- which admit.lua's turns share where they hand their jobs over
+-- themselves).
 --
 -- A job's entry in the waiting room's handing set (the tenant's, where
 -- the room keeps it until asynq has the job) may leave it in the same run,

@@ -552,12 +552,10 @@ func roomOpReply(raw any, n int) ([]any, int64, error) {
 // decodeTurn reads a promote or release op's reply: {{promoted}, {retries},
 // due, waiting, head lined (ms), skipped, released, lost, midturn, gone}, each
 // promoted job {entry, slot, claim, {undo records}, late, slack, handed in
-// the run}; scopes are the op's. With
-// once, each promoted job gets its ticket (it holds its concurrency slots
-// for lease; fp is its policies' fingerprint).
-// decodeTurn reads a turn's reply: scopes are the turn's, keyed the
-// policies of the tenant's keys (a promoted job with a key was decided in
-// its key's scope too).
+// the run}. scopes are the turn's, keyed the policies of the tenant's keys
+// (a promoted job with a key was decided in its key's scope too). With
+// once, each promoted job the run did not hand over gets its ticket (it
+// holds its concurrency slots for lease; fp is its policies' fingerprint).
 func decodeTurn(prefix, tenant string, raw any, scopes []scope, keyed *keyedPolicies, once bool, fp uint32) (waitroom.Turn, error) {
 	op, now, err := roomOpReply(raw, 10)
 	if err != nil {
