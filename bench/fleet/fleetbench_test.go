@@ -182,6 +182,7 @@ func TestBadFlags(t *testing.T) {
 		{"-workers", "-1"},
 		{"-allowance", "5s"},
 		{"-flood-concurrency", "10"}, // the small saturation fleet's own 10 slots: it would bind
+		{"-e2e-policy", "rate=fast"},
 		{"-cpuprofile", "/dev/null/profiles"},
 		{"-out", "/dev/null/report"},
 		{"-nope"},
@@ -270,6 +271,24 @@ func TestTinyRun(t *testing.T) {
 				require.Zero(t, r.EnqErrs)
 			}
 			e2e = e.e2e
+		})
+		t.Run(kindEndToEnd+"-no-policy", func(t *testing.T) {
+			// the waiting room's own path: no tenant has a policy
+			t.Parallel()
+			e := run(t, kindEndToEnd, func(o *options) { o.e2ePolicy = e2eNoPolicy })
+			for _, s := range summarizeE2E(e.e2e) {
+				require.Positive(t, s.sluiceJPS, s.handler)
+			}
+			for _, r := range e.e2e {
+				require.Empty(t, r.Problems)
+				require.Zero(t, r.EnqErrs)
+			}
+			var md bytes.Buffer
+			e.e2eMarkdown(&md)
+			require.Contains(t, md.String(), "sluice's tenants have no policy")
+			for _, tg := range e.e2eTargets() {
+				require.Contains(t, tg.name, "(policy `none`)")
+			}
 		})
 		t.Run(kindSaturation, func(t *testing.T) {
 			t.Parallel()

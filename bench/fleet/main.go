@@ -42,6 +42,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/sluicehq/sluice/throttle"
 )
 
 func main() {
@@ -65,6 +67,7 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 	render := fs.String("render", "", "run nothing: write the report of the run saved in this file (with -out)")
 	cluster := fs.Bool("cluster", false, "run the end-to-end rounds on a private Redis Cluster of 3 masters (redis-server with cluster support)")
 	floodConc := fs.Int("flood-concurrency", 0, "give the saturation scenario's flooding tenant a concurrency rule of this many (more than the fleet's slots; 0: no limits)")
+	e2ePol := fs.String("e2e-policy", e2ePolicy, "every tenant's policy in sluice's end-to-end rounds, or \"none\" for no policy (the waiting room's own path: jobs parked, turned and handed over, charged nothing)")
 	cpuprofile := fs.String("cpuprofile", "", "write CPU profiles into this directory: this program's (bench.pprof: the producers and the downstream) and each worker process's (worker-SETUP-HANDLER-PID.pprof), for go tool pprof")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -135,7 +138,13 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "fleetbench: -flood-concurrency %d: want 0 (no limits) or more than the saturation fleet's %d slots, so that it never binds\n", *floodConc, sc.workers*sc.conc)
 		return 2
 	}
-	o := options{cfg: cfg, setups: chosen, scenarios: kinds, allowance: *allowance, log: stderr, cluster: *cluster, floodConc: *floodConc}
+	if *e2ePol != e2eNoPolicy {
+		if _, err := throttle.ParsePolicy(*e2ePol); err != nil {
+			fmt.Fprintf(stderr, "fleetbench: -e2e-policy %q: %v (want a policy in sluice's text form, or \"none\")\n", *e2ePol, err)
+			return 2
+		}
+	}
+	o := options{cfg: cfg, setups: chosen, scenarios: kinds, allowance: *allowance, log: stderr, cluster: *cluster, floodConc: *floodConc, e2ePolicy: *e2ePol}
 	if *cpuprofile != "" {
 		stopProfile, err := profileCPU(*cpuprofile, "bench.pprof")
 		if err != nil {

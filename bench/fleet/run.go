@@ -42,6 +42,9 @@ type options struct {
 	// tenant a concurrency rule of that many (above the fleet's slots, so
 	// that it never binds, but its jobs hold and release slots)
 	floodConc int
+	// e2ePolicy is the end-to-end rounds' tenants' policy (-e2e-policy;
+	// "": e2ePolicy)
+	e2ePolicy string
 	// cpuprofile, when set, is the directory the worker processes write
 	// their CPU profiles into (-cpuprofile)
 	cpuprofile string

@@ -18,14 +18,16 @@ type savedBench struct {
 	Workers   int
 	// FloodConcurrency: -flood-concurrency (0 in runs saved before it)
 	FloodConcurrency int
-	Began            time.Time
-	Took             time.Duration
-	Command          string
-	Machine          savedMachine
-	Runs             []savedRun
-	SatRuns          []savedRun
-	E2E              []e2eRound
-	Prev             previous
+	// E2EPolicy: -e2e-policy ("" in runs saved before it: the default)
+	E2EPolicy string
+	Began     time.Time
+	Took      time.Duration
+	Command   string
+	Machine   savedMachine
+	Runs      []savedRun
+	SatRuns   []savedRun
+	E2E       []e2eRound
+	Prev      previous
 }
 
 type savedMachine struct {
@@ -65,7 +67,7 @@ type savedRun struct {
 func (b *benchmark) save(file string) error {
 	m := b.machine
 	s := savedBench{Config: b.o.cfg.name, Setups: b.o.setups, Scenarios: b.o.scenarios, Allowance: b.o.allowance, Workers: b.o.cfg.workers,
-		FloodConcurrency: b.o.floodConc, Began: b.began, Took: b.took, Command: b.command, Prev: b.prev, E2E: b.e2e,
+		FloodConcurrency: b.o.floodConc, E2EPolicy: b.o.e2ePolicy, Began: b.began, Took: b.took, Command: b.command, Prev: b.prev, E2E: b.e2e,
 		Machine: savedMachine{Cores: m.cores, CPU: m.cpu, Memory: m.memory, Kernel: m.kernel, Go: m.goVer, Redis: m.redis}}
 	for _, rd := range b.runs {
 		s.Runs = append(s.Runs, toSaved(rd))
@@ -163,7 +165,7 @@ func load(file string) (*benchmark, error) {
 		return nil, err
 	}
 	m := s.Machine
-	b := &benchmark{o: options{cfg: cfg, setups: s.Setups, scenarios: s.Scenarios, allowance: s.Allowance, floodConc: s.FloodConcurrency}, w: w,
+	b := &benchmark{o: options{cfg: cfg, setups: s.Setups, scenarios: s.Scenarios, allowance: s.Allowance, floodConc: s.FloodConcurrency, e2ePolicy: s.E2EPolicy}, w: w,
 		began: s.Began, took: s.Took, command: s.Command, prev: s.Prev, e2e: s.E2E,
 		machine: machine{cores: m.Cores, cpu: m.CPU, memory: m.Memory, kernel: m.Kernel, goVer: m.Go, redis: m.Redis}}
 	for _, r := range s.Runs {
