@@ -117,39 +117,47 @@ if op == 'take' then
 elseif op == 'takeall' then
   -- take on every shard in KEYS at once (one server only): the N due
   -- tenants due earliest across them (ties by the shards' order in KEYS),
-  -- each held in its shard
+  -- each held in its shard. Each shard's due tenants come in its order;
+  -- the N are merged from their heads.
   local n = tonumber(ARGV[A])
   local held = format('%d', now + tonumber(ARGV[A + 1]))
-  local cand = {}
+  local lists, at = {}, {}
   for k = 1, #KEYS do
-    local due = call('ZRANGEBYSCORE', KEYS[k], '-inf', nowf, 'WITHSCORES', 'LIMIT', '0', ARGV[A])
-    for i = 1, #due, 2 do
-      cand[#cand + 1] = { k, due[i], due[i + 1], tonumber(due[i + 1]) }
-    end
+    lists[k] = call('ZRANGEBYSCORE', KEYS[k], '-inf', nowf, 'WITHSCORES', 'LIMIT', '0', ARGV[A])
+    at[k] = 1
   end
-  table.sort(cand, function(x, y)
-    if x[4] ~= y[4] then return x[4] < y[4] end
-    if x[1] ~= y[1] then return x[1] < y[1] end
-    return x[2] < y[2]
-  end)
   out[2] = held
   local took = {}
-  for i = 1, math.min(n, #cand) do
-    local c = cand[i]
-    took[c[1]] = took[c[1]] or {}
-    local z = took[c[1]]
+  for _ = 1, n do
+    local best, bs = false, false
+    for k = 1, #KEYS do
+      local d = lists[k][at[k] + 1]
+      if d then
+        d = tonumber(d)
+        if not best or d < bs then best, bs = k, d end
+      end
+    end
+    if not best then break end
+    local l, i = lists[best], at[best]
+    at[best] = i + 2
+    local z = took[best] or {}
+    took[best] = z
     z[#z + 1] = held
-    z[#z + 1] = c[2]
-    out[#out + 1] = c[1]
-    out[#out + 1] = c[2]
-    out[#out + 1] = c[3]
+    z[#z + 1] = l[i]
+    out[#out + 1] = best
+    out[#out + 1] = l[i]
+    out[#out + 1] = l[i + 1]
   end
   for k = 1, #KEYS do
     if took[k] then zadd_to(KEYS[k], took[k], 'XX') end
   end
-  -- then each shard's earliest due time once they are held
+  -- then each shard's earliest due time once they are held: a due tenant
+  -- it keeps is its earliest
   local heads = {}
-  for k = 1, #KEYS do heads[k] = first(KEYS[k]) end
+  for k = 1, #KEYS do
+    local d = lists[k][at[k] + 1]
+    heads[k] = d and tonumber(d) or first(KEYS[k])
+  end
   table.insert(out, 3, heads)
 elseif op == 'settle' or op == 'settleall' then
   -- each tenant still held at held gets its due time (settle's)

@@ -310,11 +310,49 @@ func TestRoomTakesEarliestAcrossShards(t *testing.T) {
 	view := e.lim.due.get(q)
 	for s := range dueShards {
 		require.True(t, view[s].known, "shard %d", s)
+		require.Equal(t, firstDue(t, e, q, s), view[s].head, "shard %d's earliest", s)
 	}
 	next, _, ok, err := room.next(ctx, q)
 	require.NoError(t, err)
 	require.True(t, ok)
 	require.Equal(t, due["t5"].UnixMicro(), next.UnixMicro(), "t5 is the earliest not held")
+
+	// tenants due at the same time are taken in the shards' order, and in
+	// a shard in its own order (by name)
+	tied := now.Add(-time.Hour)
+	byShard := map[int][]string{}
+	for i := range 24 {
+		tenant := fmt.Sprint("tie", i)
+		byShard[dueShard(tenant)] = append(byShard[dueShard(tenant)], tenant)
+		require.NoError(t, e.client.ZAdd(ctx, dueKey(e.prefix, q, dueShard(tenant)), redis.Z{Score: float64(tied.UnixMicro()), Member: tenant}).Err())
+	}
+	var want []string
+	for s := range dueShards {
+		names := byShard[s]
+		slices.Sort(names)
+		want = append(want, names...)
+	}
+	taken, err = room.take(ctx, q, 10, time.Minute)
+	require.NoError(t, err)
+	got = got[:0]
+	for _, d := range taken {
+		got = append(got, d.tenant)
+	}
+	require.Equal(t, want[:10], got)
+	view = e.lim.due.get(q)
+	for s := range dueShards {
+		require.Equal(t, firstDue(t, e, q, s), view[s].head, "shard %d's earliest", s)
+	}
+}
+
+// firstDue is the earliest due time in shard of queue's index (-1: empty).
+func firstDue(t *testing.T, e *env, queue string, shard int) int64 {
+	z, err := e.client.ZRangeWithScores(context.Background(), dueKey(e.prefix, queue, shard), 0, 0).Result()
+	require.NoError(t, err)
+	if len(z) == 0 {
+		return -1
+	}
+	return int64(z[0].Score)
 }
 
 // TestRoomSettlesEveryShardInOneCall: the tenants a round took, spread
