@@ -817,6 +817,15 @@ func (r *room) handOn(ctx context.Context, tenant, queue, id string, claim uint6
 	if err != nil {
 		return err
 	}
+	if t.Gone > 0 {
+		// jobs the run found gone and dropped (waitroom.Promoted.Gone):
+		// told to the hand-over only to be counted
+		gone := make([]waitroom.Promoted, t.Gone)
+		for i := range gone {
+			gone[i] = waitroom.Promoted{Tenant: tenant, Queue: queue, InRun: true, Gone: true}
+		}
+		h(ctx, gone)
+	}
 	if t.Waiting == 0 {
 		// the line is empty: the next release asks again
 		r.remember(&r.queued, queued, 0)

@@ -1856,3 +1856,42 @@ func TestRoomReleaseHandsOnInItsRun(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, n, "no handing entry")
 }
+
+// TestRoomReleaseCountsGoneInItsRun: a release whose hand-on finds the
+// line's head gone from asynq (deleted while it waited) drops it in its
+// run, charged nothing, hands the slot to the next job, and tells the
+// hand-over of the dropped one (waitroom.Promoted.Gone), so that it is
+// counted as a pump's turn counts its own.
+func TestRoomReleaseCountsGoneInItsRun(t *testing.T) {
+	t.Parallel()
+	if redistest.ClusterMode() {
+		t.Skip("on a Cluster asynq's keys are in other slots: the hand-on goes through the Handover, which finds the job gone itself")
+	}
+	e := setup(t, false, nil)
+	ctx := context.Background()
+	e.policy(t, "acme", "concurrency=1")
+	room := e.lim.room()
+	tag := fmt.Sprintf("gone%d", time.Now().UnixNano())
+	room.engine.Store(&waitroom.EngineLayout{Prefix: func(q string) string { return tag + ":{" + q + "}:" }, Header: "x-decided"})
+	p := tag + ":{" + waitroom.DefaultQueue + "}:"
+	require.Equal(t, []string{"g1"}, line(t, e, "acme", "g1", "g2", "g3"))
+	// g2's task is gone; g3's is parked
+	require.NoError(t, e.client.HSet(ctx, p+"t:g3", "state", "scheduled", "msg", "m").Err())
+	require.NoError(t, e.client.ZAdd(ctx, p+"scheduled", redis.Z{Score: 1, Member: "g3"}).Err())
+	d, err := e.lim.Admit(ctx, "acme", "g1")
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+	g := &engine{}
+	require.NoError(t, room.Release(ctx, "acme", waitroom.DefaultQueue, "g1", d.Claim, waitroom.Scopes{}, g.handover, nil))
+	require.Len(t, g.handed, 2)
+	require.Equal(t, waitroom.Promoted{Tenant: "acme", Queue: waitroom.DefaultQueue, InRun: true, Gone: true}, g.handed[0], "the gone job, told to be counted")
+	require.Equal(t, "g3", g.handed[1].ID)
+	require.True(t, g.handed[1].InRun)
+	pending, err := e.client.LRange(ctx, p+"pending", 0, -1).Result()
+	require.NoError(t, err)
+	require.Equal(t, []string{"g3"}, pending)
+	st, err := e.lim.Stats(ctx, "acme")
+	require.NoError(t, err)
+	require.Zero(t, st.Waiting, "g2 left the line")
+	require.Equal(t, int64(1), st.Concurrency.InFlight, "g3's slot: g2 took none")
+}

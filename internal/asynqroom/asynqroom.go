@@ -329,7 +329,8 @@ const handoverChunk = 100
 // room's keys: waitroom.Room.Shares), a job with a handing set
 // (waitroom.Promoted.Handing) that asynq has leaves it in the same call,
 // and is answered waitroom.Confirmed, as is a job its turn handed over
-// in its own run (waitroom.Promoted.InRun), with no call.
+// in its own run (waitroom.Promoted.InRun), with no call (one its turn
+// found gone, waitroom.Promoted.Gone, is answered waitroom.Gone).
 func Handover(client redis.UniversalClient, confirm bool) waitroom.Handover {
 	return func(ctx context.Context, jobs []waitroom.Promoted) []waitroom.HandoverResult {
 		out := make([]waitroom.HandoverResult, len(jobs))
@@ -337,8 +338,12 @@ func Handover(client redis.UniversalClient, confirm bool) waitroom.Handover {
 		var order []string
 		for i, j := range jobs {
 			if j.InRun {
-				// its turn handed it over in its run (Engine)
+				// its turn handed it over in its run (Engine), or found
+				// it gone
 				out[i] = waitroom.Confirmed
+				if j.Gone {
+					out[i] = waitroom.Gone
+				}
 				continue
 			}
 			if _, ok := byQueue[j.Queue]; !ok {

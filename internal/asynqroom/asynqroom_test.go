@@ -219,4 +219,14 @@ func TestHandoverConfirmsInTheHandingSet(t *testing.T) {
 	n, err := client.LLen(ctx, PendingKey(queue)).Result()
 	require.NoError(t, err)
 	require.Equal(t, int64(4), n, "a, b, c and pending are pending, once each")
+
+	// jobs a turn handed over, or found gone, in its own run: answered
+	// with no call
+	res = Handover(client, true)(ctx, []waitroom.Promoted{
+		{Tenant: "acme", Queue: queue, ID: "x", InRun: true}, {Tenant: "acme", Queue: queue, InRun: true, Gone: true},
+	})
+	require.Equal(t, []waitroom.HandoverResult{waitroom.Confirmed, waitroom.Gone}, res)
+	n, err = client.LLen(ctx, PendingKey(queue)).Result()
+	require.NoError(t, err)
+	require.Equal(t, int64(4), n, "nothing moved")
 }

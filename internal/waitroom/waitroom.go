@@ -281,6 +281,12 @@ type Promoted struct {
 	// own script run (PumpConfig.Engine): the engine has it, and it is in
 	// no handing set.
 	InRun bool
+	// Gone, with InRun, stands for a job a release's turn found gone from
+	// the queue engine and dropped from its line in its run, charged
+	// nothing (Turn.Gone; only Tenant and Queue are set): there is nothing
+	// to hand over, and a Handover answers Gone, so that it is counted as
+	// the pump's turns count theirs (PumpConfig.OnTurn).
+	Gone bool
 }
 
 // Turn is what one turn of a tenant's line did.
