@@ -1827,21 +1827,8 @@ func TestRoomReleaseHandsOnInItsRun(t *testing.T) {
 	if redistest.ClusterMode() {
 		t.Skip("on a Cluster asynq's keys are in other slots: the hand-on goes through the Handover (TestRoomReleaseHandsOnInOneStep)")
 	}
-	e := setup(t, false, nil)
+	e, g, p := releaseInRun(t, []string{"a1", "a2"}, "a2")
 	ctx := context.Background()
-	e.policy(t, "acme", "concurrency=1")
-	room := e.lim.room()
-	tag := fmt.Sprintf("inrun%d", time.Now().UnixNano())
-	room.engine.Store(&waitroom.EngineLayout{Prefix: func(q string) string { return tag + ":{" + q + "}:" }, Header: "x-decided"})
-	p := tag + ":{" + waitroom.DefaultQueue + "}:"
-	require.Equal(t, []string{"a1"}, line(t, e, "acme", "a1", "a2"))
-	require.NoError(t, e.client.HSet(ctx, p+"t:a2", "state", "scheduled", "msg", "m").Err())
-	require.NoError(t, e.client.ZAdd(ctx, p+"scheduled", redis.Z{Score: 1, Member: "a2"}).Err())
-	d, err := e.lim.Admit(ctx, "acme", "a1")
-	require.NoError(t, err)
-	require.True(t, d.Allowed)
-	g := &engine{}
-	require.NoError(t, room.Release(ctx, "acme", waitroom.DefaultQueue, "a1", d.Claim, waitroom.Scopes{}, g.handover, nil))
 	require.Len(t, g.handed, 1)
 	require.Equal(t, "a2", g.handed[0].ID)
 	require.True(t, g.handed[0].InRun, "handed over in the release's run")
@@ -1867,22 +1854,9 @@ func TestRoomReleaseCountsGoneInItsRun(t *testing.T) {
 	if redistest.ClusterMode() {
 		t.Skip("on a Cluster asynq's keys are in other slots: the hand-on goes through the Handover, which finds the job gone itself")
 	}
-	e := setup(t, false, nil)
-	ctx := context.Background()
-	e.policy(t, "acme", "concurrency=1")
-	room := e.lim.room()
-	tag := fmt.Sprintf("gone%d", time.Now().UnixNano())
-	room.engine.Store(&waitroom.EngineLayout{Prefix: func(q string) string { return tag + ":{" + q + "}:" }, Header: "x-decided"})
-	p := tag + ":{" + waitroom.DefaultQueue + "}:"
-	require.Equal(t, []string{"g1"}, line(t, e, "acme", "g1", "g2", "g3"))
 	// g2's task is gone; g3's is parked
-	require.NoError(t, e.client.HSet(ctx, p+"t:g3", "state", "scheduled", "msg", "m").Err())
-	require.NoError(t, e.client.ZAdd(ctx, p+"scheduled", redis.Z{Score: 1, Member: "g3"}).Err())
-	d, err := e.lim.Admit(ctx, "acme", "g1")
-	require.NoError(t, err)
-	require.True(t, d.Allowed)
-	g := &engine{}
-	require.NoError(t, room.Release(ctx, "acme", waitroom.DefaultQueue, "g1", d.Claim, waitroom.Scopes{}, g.handover, nil))
+	e, g, p := releaseInRun(t, []string{"g1", "g2", "g3"}, "g3")
+	ctx := context.Background()
 	require.Len(t, g.handed, 2)
 	require.Equal(t, waitroom.Promoted{Tenant: "acme", Queue: waitroom.DefaultQueue, InRun: true, Gone: true}, g.handed[0], "the gone job, told to be counted")
 	require.Equal(t, "g3", g.handed[1].ID)
@@ -1894,4 +1868,27 @@ func TestRoomReleaseCountsGoneInItsRun(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, st.Waiting, "g2 left the line")
 	require.Equal(t, int64(1), st.Concurrency.InFlight, "g3's slot: g2 took none")
+}
+
+// releaseInRun lines jobs of a tenant acme at concurrency=1 in a room
+// given a queue engine's layout (its keys under p), the first straight,
+// parks the task of job parked in the engine's schedule, and releases the
+// first job's slot with a stand-in Handover g.
+func releaseInRun(t *testing.T, jobs []string, parked string) (e *env, g *engine, p string) {
+	e = setup(t, false, nil)
+	ctx := context.Background()
+	e.policy(t, "acme", "concurrency=1")
+	room := e.lim.room()
+	tag := fmt.Sprintf("inrun%d", time.Now().UnixNano())
+	room.engine.Store(&waitroom.EngineLayout{Prefix: func(q string) string { return tag + ":{" + q + "}:" }, Header: "x-decided"})
+	p = tag + ":{" + waitroom.DefaultQueue + "}:"
+	require.Equal(t, jobs[:1], line(t, e, "acme", jobs...))
+	require.NoError(t, e.client.HSet(ctx, p+"t:"+parked, "state", "scheduled", "msg", "m").Err())
+	require.NoError(t, e.client.ZAdd(ctx, p+"scheduled", redis.Z{Score: 1, Member: parked}).Err())
+	d, err := e.lim.Admit(ctx, "acme", jobs[0])
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+	g = &engine{}
+	require.NoError(t, room.Release(ctx, "acme", waitroom.DefaultQueue, jobs[0], d.Claim, waitroom.Scopes{}, g.handover, nil))
+	return e, g, p
 }
