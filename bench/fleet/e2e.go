@@ -432,17 +432,19 @@ func (b *benchmark) e2eMarkdown(out io.Writer) {
 	p("an `asynq.Server` with no middleware) and with **sluice** (`queue.Client`, `worker.Server`), in")
 	p("the same run: per round a fresh Redis and %d worker processes (`Concurrency: %d`, the fleet", b.o.cfg.workers, b.o.cfg.conc)
 	p("scenario's), %s jobs over %d tenants enqueued by %d goroutines as fast as they go, timed from", thousands(int64(ec.jobs)), ec.tenants, enqueueParallel)
-	switch pol := e2ePolicyOf(b.o); pol {
+	pol, has := e2ePolicyOf(b.o), "the policy"
+	if pol == e2eNoPolicy {
+		has = "no policy"
+	}
+	p("the first enqueue until asynq counts the last job processed. sluice's tenants have %s", has)
+	switch pol {
 	case e2ePolicy:
-		p("the first enqueue until asynq counts the last job processed. sluice's tenants have the policy")
 		p("`%s`: it never binds, but every job comes through the waiting room, is", pol)
 		p("decided, holds a concurrency slot and gives it back.")
 	case e2eNoPolicy:
-		p("the first enqueue until asynq counts the last job processed. sluice's tenants have no policy")
 		p("(`-e2e-policy none`): every job still comes through the waiting room (parked, given its")
 		p("tenant's turn, handed to asynq) and is charged nothing, so the rounds measure the room's own path.")
 	default:
-		p("the first enqueue until asynq counts the last job processed. sluice's tenants have the policy")
 		p("`%s` (`-e2e-policy`).", pol)
 	}
 	p("Two kinds of job: `http`, the fleet's job (a")
