@@ -11,12 +11,15 @@
 --   process runs) of the calling process (beat, leave) or of the lapsed
 --   process (drop); not used by check
 -- KEYS[4] -> PREFIX:{r}:queues (set: the queues the fleet serves), beat only
+-- KEYS[5] -> PREFIX:{r}:admin (hash: process -> the HOST:PORT of its admin
+--   endpoints, for sluice dashboard), beat, drop and leave
 -- ARGV[1] -> the op: beat | check | drop | leave
 -- ARGV[2] -> the calling process
 -- beat: ARGV[3] the lease (ms), ARGV[4] the lock's life (ms), ARGV[5] how
---   long the job hash outlives the last beat (ms), ARGV[6..] the queues the
---   process serves. The process's lease ends a lease from now; it takes the
---   lock if nobody holds it.
+--   long the job hash outlives the last beat (ms), ARGV[6] the address of
+--   its admin endpoints ("" for none), ARGV[7..] the queues the process
+--   serves. The process's lease ends a lease from now; it takes the lock if
+--   nobody holds it.
 --   Returns {rejoined, leader}: rejoined 1 when the process was not
 --   registered (its first beat, or it had been taken for dead), leader 1
 --   when it holds the lock.
@@ -38,7 +41,12 @@ local op, me = ARGV[1], ARGV[2]
 if op == 'beat' then
   local rejoined = call('ZADD', KEYS[1], now + tonumber(ARGV[3]), me)
   call('PEXPIRE', KEYS[3], tonumber(ARGV[5]))
-  for i = 6, #ARGV do
+  if ARGV[6] ~= '' then
+    call('HSET', KEYS[5], me, ARGV[6])
+  else
+    call('HDEL', KEYS[5], me)
+  end
+  for i = 7, #ARGV do
     call('SADD', KEYS[4], ARGV[i])
   end
   local leader = 0
@@ -69,10 +77,12 @@ elseif op == 'drop' then
   end
   call('ZREM', KEYS[1], ARGV[3])
   call('DEL', KEYS[3])
+  call('HDEL', KEYS[5], ARGV[3])
   return 1
 elseif op == 'leave' then
   call('ZREM', KEYS[1], me)
   call('DEL', KEYS[3])
+  call('HDEL', KEYS[5], me)
   if call('GET', KEYS[2]) == me then
     call('DEL', KEYS[2])
   end

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -182,6 +183,11 @@ type Config struct {
 	// a NoHandlerError naming the type. Either way its type is logged once
 	// and counted (sluice_worker_unknown_types_total).
 	RetryUnknownTypes bool
+	// Admin is the HOST:PORT at which the rest of the fleet reaches this
+	// process's metrics (its /metrics), recorded with its registration so
+	// that sluice dashboard finds every worker without being told their
+	// addresses; "" records none.
+	Admin string
 }
 
 func (c Config) withDefaults() Config {
@@ -210,6 +216,12 @@ func (c Config) validate() error {
 		return fmt.Errorf("worker config: RecoverLease %s: must be between 1s and 10m (a shorter lease finds a dead worker sooner; a worker paused longer than it has its jobs run twice)", c.RecoverLease)
 	case c.ShutdownWait < 0:
 		return fmt.Errorf("worker config: ShutdownWait %s must not be negative", c.ShutdownWait)
+	}
+	if c.Admin != "" {
+		host, _, err := net.SplitHostPort(c.Admin)
+		if ip := net.ParseIP(host); err != nil || host == "" || (ip != nil && ip.IsUnspecified()) {
+			return fmt.Errorf("worker config: Admin %q: want the HOST:PORT at which other machines reach this worker's metrics, such as 10.0.3.7:9464 (not an unspecified address such as 0.0.0.0)", c.Admin)
+		}
 	}
 	return nil
 }

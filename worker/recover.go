@@ -89,6 +89,9 @@ type recoverer struct {
 	id     string
 	lease  time.Duration
 	queues []string
+	// admin is the HOST:PORT of the process's admin endpoints, recorded
+	// with its beats for sluice dashboard (Config.Admin)
+	admin string
 
 	recovered *prometheus.CounterVec
 	declared  prometheus.Counter
@@ -127,7 +130,7 @@ type leaseSeen struct {
 	left  bool // given back too often: left to asynq's recoverer
 }
 
-func newRecoverer(g *Gate, lim *throttle.Limiter, asynqRedis redis.UniversalClient, lease time.Duration, reg prometheus.Registerer) (*recoverer, error) {
+func newRecoverer(g *Gate, lim *throttle.Limiter, asynqRedis redis.UniversalClient, lease time.Duration, admin string, reg prometheus.Registerer) (*recoverer, error) {
 	host, _ := os.Hostname()
 	var b [4]byte
 	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
@@ -137,6 +140,7 @@ func newRecoverer(g *Gate, lim *throttle.Limiter, asynqRedis redis.UniversalClie
 		asynq:   asynqRedis,
 		id:      fmt.Sprintf("%s:%d:%s", host, os.Getpid(), hex.EncodeToString(b[:])),
 		lease:   lease,
+		admin:   admin,
 		running: map[string]string{},
 		dirty:   map[string]struct{}{},
 		written: map[string]bool{},
@@ -253,7 +257,7 @@ func (r *recoverer) beats(ctx context.Context) {
 // what it runs again, and says so.
 func (r *recoverer) beat(ctx context.Context, first bool) {
 	cctx, cancel := context.WithTimeout(ctx, min(r.g.cfg.CallTimeout, r.lease/3))
-	rejoined, leader, err := r.fleet.Beat(cctx, r.id, r.lease, r.lockTTL(), r.queues)
+	rejoined, leader, err := r.fleet.Beat(cctx, r.id, r.admin, r.lease, r.lockTTL(), r.queues)
 	cancel()
 	if err != nil {
 		if ctx.Err() == nil {

@@ -224,7 +224,7 @@ func TestRecovererRecordsRejoinsAndLeaves(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	e := setup(t, nil)
-	srv := e.server(t, func(c *worker.Config) { c.RecoverLease = time.Second })
+	srv := e.server(t, func(c *worker.Config) { c.RecoverLease = time.Second; c.Admin = "127.0.0.1:9464" })
 	release := make(chan struct{})
 	rec := newRecorder(0)
 	rec.before = func(ctx context.Context, _ string, _ int) error {
@@ -238,6 +238,11 @@ func TestRecovererRecordsRejoinsAndLeaves(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, members, 1, "Start registers the process")
 	me := members[0]
+	list, err := fleet.List(ctx)
+	require.NoError(t, err)
+	require.Len(t, list, 1)
+	require.Equal(t, "127.0.0.1:9464", list[0].Admin, "with the address of its metrics")
+	require.True(t, list[0].Up())
 	id := e.enqueue(t, "acme", 1, `{}`)[0]
 	recorded := func() bool {
 		jobs, err := fleet.Jobs(ctx, me)
@@ -263,9 +268,9 @@ func TestRecovererRecordsRejoinsAndLeaves(t *testing.T) {
 	members, err = fleet.Members(ctx)
 	require.NoError(t, err)
 	require.Empty(t, members, "a graceful shutdown leaves the registry")
-	n, err := e.client.Exists(ctx, e.prefix+":{r}:w:"+me, e.prefix+":{r}:recover").Result()
+	n, err := e.client.Exists(ctx, e.prefix+":{r}:w:"+me, e.prefix+":{r}:recover", e.prefix+":{r}:admin").Result()
 	require.NoError(t, err)
-	require.Zero(t, n, "nor its records, nor the lock")
+	require.Zero(t, n, "nor its records, nor the lock, nor its address")
 }
 
 // TestRecovererWritesItsRecordsInRounds: a process writes the records of

@@ -71,7 +71,7 @@ func New(client redis.UniversalClient, cfg *Config) (*Server, error) {
 	if reg == nil {
 		reg, _ = gate.gatherer.(prometheus.Registerer)
 	}
-	if gate.rec, err = newRecoverer(gate, s.lim, ar, c.RecoverLease, reg); err != nil {
+	if gate.rec, err = newRecoverer(gate, s.lim, ar, c.RecoverLease, c.Admin, reg); err != nil {
 		s.closeLimiter()
 		return nil, fmt.Errorf("worker: register metrics: %w", err)
 	}

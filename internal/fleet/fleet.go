@@ -12,6 +12,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -43,12 +45,13 @@ func fleetKey(prefix string) string           { return prefix + ":{r}:fleet" }
 func recoverLockKey(prefix string) string     { return prefix + ":{r}:recover" }
 func fleetQueuesKey(prefix string) string     { return prefix + ":{r}:queues" }
 func fleetJobsKey(prefix, proc string) string { return prefix + ":{r}:w:" + proc }
+func fleetAdminKey(prefix string) string      { return prefix + ":{r}:admin" }
 
 func (f *Registry) prefix() string { return f.pfx }
 
 func (f *Registry) keys(proc string) []string {
 	p := f.prefix()
-	return []string{fleetKey(p), recoverLockKey(p), fleetJobsKey(p, proc), fleetQueuesKey(p)}
+	return []string{fleetKey(p), recoverLockKey(p), fleetJobsKey(p, proc), fleetQueuesKey(p), fleetAdminKey(p)}
 }
 
 // jobsTTL is how long a process's job record outlives its last beat: only
@@ -56,12 +59,13 @@ func (f *Registry) keys(proc string) []string {
 const jobsTTL = 24 * time.Hour
 
 // Beat renews proc's lease (now + lease) and records the queues it
-// serves; it takes the recoverer's lock, for lock, when nobody holds it.
+// serves and the HOST:PORT of its admin endpoints (admin, "" for none); it
+// takes the recoverer's lock, for lock, when nobody holds it.
 // rejoined reports that proc was not registered: its first beat, or it
 // had been taken for dead (its jobs may have been given back). leader
 // reports that proc holds the lock.
-func (f *Registry) Beat(ctx context.Context, proc string, lease, lock time.Duration, queues []string) (rejoined, leader bool, err error) {
-	args := []any{"beat", proc, lease.Milliseconds(), lock.Milliseconds(), jobsTTL.Milliseconds()}
+func (f *Registry) Beat(ctx context.Context, proc, admin string, lease, lock time.Duration, queues []string) (rejoined, leader bool, err error) {
+	args := []any{"beat", proc, lease.Milliseconds(), lock.Milliseconds(), jobsTTL.Milliseconds(), admin}
 	for _, q := range queues {
 		args = append(args, q)
 	}
@@ -111,8 +115,7 @@ func (f *Registry) Check(ctx context.Context, proc string, lock time.Duration, l
 // jobs were given back; proc must hold the lock. It reports false, and
 // changes nothing, when proc lost the lock or dead beat again meanwhile.
 func (f *Registry) Drop(ctx context.Context, proc, dead string) (bool, error) {
-	k := f.keys(dead)
-	n, err := lua.Fleet.Run(ctx, f.client, []string{k[0], k[1], k[2]}, "drop", proc, dead).Int64()
+	n, err := lua.Fleet.Run(ctx, f.client, f.keys(dead), "drop", proc, dead).Int64()
 	if err != nil {
 		return false, fmt.Errorf("fleet drop %s: %w", dead, err)
 	}
@@ -122,7 +125,7 @@ func (f *Registry) Drop(ctx context.Context, proc, dead string) (bool, error) {
 // Leave forgets proc (a graceful shutdown) and gives back the lock if it
 // holds it.
 func (f *Registry) Leave(ctx context.Context, proc string) error {
-	if err := lua.Fleet.Run(ctx, f.client, f.keys(proc)[:3], "leave", proc).Err(); err != nil {
+	if err := lua.Fleet.Run(ctx, f.client, f.keys(proc), "leave", proc).Err(); err != nil {
 		return fmt.Errorf("fleet leave: %w", err)
 	}
 	return nil
@@ -165,6 +168,43 @@ func (f *Registry) Members(ctx context.Context) ([]string, error) {
 		return nil, fmt.Errorf("fleet members: %w", err)
 	}
 	return m, nil
+}
+
+// Member is a registered process as sluice dashboard shows it.
+type Member struct {
+	ID string
+	// Admin is the HOST:PORT of its admin endpoints; "" when it serves
+	// none.
+	Admin string
+	// LeaseLeft is how long its lease runs on; zero or less once it ran
+	// out without a beat (the process is down, or cut off from Redis).
+	LeaseLeft time.Duration
+}
+
+// Up reports whether the process beat within its lease.
+func (m Member) Up() bool { return m.LeaseLeft > 0 }
+
+// List returns every registered process, lapsed or not, by id, in one
+// round trip; lease times are measured against Redis's clock.
+func (f *Registry) List(ctx context.Context) ([]Member, error) {
+	pipe := f.client.Pipeline()
+	now := pipe.Time(ctx)
+	leases := pipe.ZRangeWithScores(ctx, fleetKey(f.prefix()), 0, -1)
+	admins := pipe.HGetAll(ctx, fleetAdminKey(f.prefix()))
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, fmt.Errorf("fleet list: %w", err)
+	}
+	nowMS := now.Val().UnixMilli()
+	out := make([]Member, 0, len(leases.Val()))
+	for _, z := range leases.Val() {
+		id, ok := z.Member.(string)
+		if !ok {
+			return nil, fmt.Errorf("fleet list: unexpected member %T", z.Member)
+		}
+		out = append(out, Member{ID: id, Admin: admins.Val()[id], LeaseLeft: time.Duration(int64(z.Score)-nowMS) * time.Millisecond})
+	}
+	slices.SortFunc(out, func(a, b Member) int { return strings.Compare(a.ID, b.ID) })
+	return out, nil
 }
 
 // Queues returns the queues the fleet's processes said they serve.
