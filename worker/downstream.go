@@ -156,6 +156,22 @@ func newDownstream(reg prometheus.Registerer, tenants bool) (*downstream, error)
 			return nil, err
 		}
 	}
+	for _, k := range []string{signalRetryAfter, signalIETF, signalDraft, signalX, signalVendor} {
+		for _, r := range []string{"read", "malformed"} {
+			d.signals.WithLabelValues(k, r)
+		}
+	}
+	for _, r := range []string{"ok", actionFailed} {
+		d.reports.WithLabelValues(r)
+	}
+	if !tenants {
+		for _, a := range []string{actionPaused, string(throttle.LearnStored), string(throttle.LearnKept), string(throttle.LearnCleared), string(throttle.LearnNotLower), string(throttle.LearnPinned), actionFailed} {
+			d.actions.WithLabelValues(a)
+		}
+		for _, r := range []string{"start", "policy", "increase", "throttled", "latency"} {
+			d.adaptations.WithLabelValues(r)
+		}
+	}
 	return d, nil
 }
 

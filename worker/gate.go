@@ -413,7 +413,7 @@ func (g *Gate) fromBlock(ctx context.Context, j *job, s *blocks.Start, start tim
 	d, _ := s.Decision.(throttle.Decision)
 	d.Now = s.Now
 	g.m.blocks.Inc()
-	g.m.decision(j.tenant, verdictAllowed, "")
+	g.m.decision(j.tenant, verdictAllowed, "", "")
 	waited := time.Since(start)
 	g.m.wait.Observe(waited.Seconds())
 	return g.run(ctx, j, &Admission{Tenant: j.tenant, ID: j.id, Cost: j.cost, Decision: d, Waited: waited}, next)
@@ -450,12 +450,12 @@ func (g *Gate) oneByOne(ctx context.Context, j *job, mode throttle.Overflow, bud
 			continue
 		}
 		if d.Allowed {
-			g.m.decision(j.tenant, verdictAllowed, "")
+			g.m.decision(j.tenant, verdictAllowed, "", "")
 			waited := time.Since(start)
 			g.m.wait.Observe(waited.Seconds())
 			return g.run(ctx, j, &Admission{Tenant: j.tenant, ID: j.id, Cost: j.cost, Decision: d, Waited: waited}, next)
 		}
-		g.m.decision(j.tenant, verdictDenied, d.Rule)
+		g.m.decision(j.tenant, verdictDenied, d.Rule, d.Policy)
 		left := budget - time.Since(start)
 		if d.RetryAfter <= left+waitSlack && g.canWait(ctx, d.RetryAfter) {
 			if !reserve && d.Rule != "concurrency" {
@@ -522,7 +522,7 @@ func (g *Gate) redeem(ctx context.Context, j *job, ticket string, budget time.Du
 		}
 	}
 	g.m.tickets.WithLabelValues(ticketRedeemed).Inc()
-	g.m.decision(j.tenant, verdictAllowed, "")
+	g.m.decision(j.tenant, verdictAllowed, "", "")
 	waited := time.Since(start)
 	g.m.wait.Observe(waited.Seconds())
 	return g.run(ctx, j, &Admission{Tenant: j.tenant, ID: j.id, Cost: j.cost, Decision: d, Waited: waited}, next)
@@ -694,7 +694,7 @@ func (g *Gate) gateError(ctx context.Context, j *job, err error, next asynq.Hand
 		}
 	}
 	if pol != nil && pol.FailOpen {
-		g.m.decision(j.tenant, verdictFailOpen, "")
+		g.m.decision(j.tenant, verdictFailOpen, "", "")
 		g.warn(errRedis, "sluice: cannot reach Redis; running the job unthrottled (fail_open=true)", "task", j.taskID, "tenant", j.tenant, "err", err)
 		return g.run(ctx, j, &Admission{Tenant: j.tenant, ID: j.id, Cost: j.cost, FailOpen: true, Waited: time.Since(start)}, next)
 	}

@@ -1,7 +1,14 @@
 package worker
 
 import (
+	"runtime"
+	"strings"
+	"sync"
+
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluicehq/sluice/internal/buildinfo"
+	"github.com/sluicehq/sluice/throttle"
 )
 
 // Metric label values.
@@ -45,12 +52,45 @@ const (
 	outcomeRevoke   = "revoke"
 	outcomePanic    = "panic"
 	outcomeCooldown = "cooldown"
+
+	scopeTenant = "tenant"
+	scopeKey    = "key"
 )
+
+// The label values each labelled series starts at zero with, so that rate()
+// and increase() see a series' first event and alerts on them do not wait
+// for a second one. Rules: the denying rules of every policy (a policy's
+// second and later rates, rate[1]…, appear when they first deny).
+var (
+	deniedRules   = []string{"rate[0]", "window", "quota", "concurrency", "cooldown", "reserved"}
+	deniedScopes  = []string{scopeTenant, scopeKey, throttle.GlobalPolicy}
+	deferReasons  = []string{ReasonThrottled, ReasonCooldown, ReasonUnavailable, ReasonCost, ReasonPolicy, ReasonShutdown}
+	outcomeValues = []string{outcomeSuccess, outcomeError, outcomeSkip, outcomeRevoke, outcomePanic, outcomeCooldown}
+	errorKinds    = []string{errRedis, errPolicy, errCost, errTenant, errNoTenant, errCostHeader, errPoolsHeader, errKeyHeader, errIDHeader, errCopy, errRelease, errCooldown, errRoom, errShadow, errSettle, errBlock, errUsage, errRecover, errLayout, errDownstream, errForward}
+	renewResults  = []string{renewOK, renewLost, renewError}
+	ticketResults = []string{ticketRedeemed, ticketAsked, ticketReserved}
+	settleDirs    = []string{settleRefund, settleExtra}
+)
+
+// scopeOf is the scope label of a denial by the rule of policy: a pool's
+// or @global's name, "key" for a key's policy (acme/user-42, acme/*), else
+// "tenant" (the tenant's own policy or the default, *).
+func scopeOf(policy string) string {
+	switch {
+	case strings.HasPrefix(policy, "@"):
+		return policy
+	case strings.Contains(policy, "/"):
+		return scopeKey
+	}
+	return scopeTenant
+}
 
 // metrics are the gate's Prometheus metrics. The per-job ones get a tenant
 // label only when GateConfig.TenantLabels is set.
 type metrics struct {
-	tenants   bool
+	tenants bool
+	// known are the tenants whose labelled series were set to zero
+	known sync.Map
 	decisions *prometheus.CounterVec
 	deferrals *prometheus.CounterVec
 	drops     *prometheus.CounterVec
@@ -81,8 +121,8 @@ func newMetrics(reg prometheus.Registerer, tenants bool) (*metrics, error) {
 		tenants: tenants,
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_worker_decisions_total",
-			Help: "Admission decisions of the gate, by verdict (allowed, denied, fail_open) and the rule that denied.",
-		}, withTenant("verdict", "rule")),
+			Help: "Admission decisions of the gate, by verdict (allowed, denied, fail_open), the rule that denied and the scope of its policy (tenant, key, @global or a shared pool's name).",
+		}, withTenant("verdict", "rule", "scope")),
 		deferrals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_worker_deferrals_total",
 			Help: "Jobs handed back to asynq to run later, by reason (throttled, cooldown, unavailable, cost, policy, shutdown).",
@@ -133,23 +173,73 @@ func newMetrics(reg prometheus.Registerer, tenants bool) (*metrics, error) {
 			Help: "Cost settled after jobs ran (worker.SettleCost, the http handler's usage), by direction: refund (jobs cheaper than their estimate) or extra (dearer).",
 		}, withTenant("direction")),
 	}
-	for _, c := range []prometheus.Collector{m.decisions, m.deferrals, m.drops, m.wait, m.inFlight, m.renewals, m.tickets, m.blocks, m.errors, m.outcomes, m.unknownTypes, m.shadows, m.settled} {
+	build := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "sluice_build_info",
+		Help: "Always 1: the versions of sluice, Go and asynq this worker was built with.",
+	}, []string{"version", "goversion", "asynq_version"})
+	build.WithLabelValues(buildinfo.Sluice(), runtime.Version(), buildinfo.Asynq()).Set(1)
+	for _, c := range []prometheus.Collector{build, m.decisions, m.deferrals, m.drops, m.wait, m.inFlight, m.renewals, m.tickets, m.blocks, m.errors, m.outcomes, m.unknownTypes, m.shadows, m.settled} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
 	}
+	for _, v := range renewResults {
+		m.renewals.WithLabelValues(v)
+	}
+	for _, v := range ticketResults {
+		m.tickets.WithLabelValues(v)
+	}
+	for _, v := range errorKinds {
+		m.errors.WithLabelValues(v)
+	}
+	if !tenants {
+		m.zero("")
+	}
 	return m, nil
+}
+
+// zero sets the series of tenant (of every tenant when the metrics have
+// no tenant label) at zero for their known label values, once.
+func (m *metrics) zero(tenant string) {
+	if _, seen := m.known.LoadOrStore(tenant, true); seen {
+		return
+	}
+	m.decisions.WithLabelValues(m.labels(tenant, verdictAllowed, "", "")...)
+	m.decisions.WithLabelValues(m.labels(tenant, verdictFailOpen, "", "")...)
+	for _, rule := range deniedRules {
+		for _, scope := range deniedScopes {
+			m.decisions.WithLabelValues(m.labels(tenant, verdictDenied, rule, scope)...)
+		}
+	}
+	for _, v := range deferReasons {
+		m.deferrals.WithLabelValues(m.labels(tenant, v)...)
+	}
+	for _, v := range outcomeValues {
+		m.outcomes.WithLabelValues(m.labels(tenant, v)...)
+	}
+	for _, v := range settleDirs {
+		m.settled.WithLabelValues(m.labels(tenant, v)...)
+	}
+	m.drops.WithLabelValues(m.labels(tenant)...)
+	m.inFlight.WithLabelValues(m.labels(tenant)...)
 }
 
 func (m *metrics) labels(tenant string, values ...string) []string {
 	if m.tenants {
+		m.zero(tenant)
 		return append(values, tenant)
 	}
 	return values
 }
 
-func (m *metrics) decision(tenant, verdict, rule string) {
-	m.decisions.WithLabelValues(m.labels(tenant, verdict, rule)...).Inc()
+// decision counts a verdict; policy names the policy of the rule that
+// denied ("" when allowed).
+func (m *metrics) decision(tenant, verdict, rule, policy string) {
+	scope := ""
+	if verdict == verdictDenied {
+		scope = scopeOf(policy)
+	}
+	m.decisions.WithLabelValues(m.labels(tenant, verdict, rule, scope)...).Inc()
 }
 
 func (m *metrics) deferral(tenant, reason string) {

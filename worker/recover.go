@@ -160,6 +160,9 @@ func newRecoverer(g *Gate, lim *throttle.Limiter, asynqRedis redis.UniversalClie
 			return nil, err
 		}
 	}
+	for _, reason := range []string{"dead_worker", "orphan", "too_often"} {
+		r.recovered.WithLabelValues(reason)
+	}
 	return r, nil
 }
 

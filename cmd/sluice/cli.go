@@ -7,11 +7,11 @@ import (
 	"fmt"
 	"io"
 	"runtime"
-	"runtime/debug"
 	"strings"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice/internal/cmdline"
 	"github.com/sluicehq/sluice/internal/jobpath"
 	"github.com/sluicehq/sluice/internal/names"
 	"github.com/sluicehq/sluice/internal/redisurl"
@@ -273,14 +273,7 @@ func (a *app) runCommand(c *command, args []string) error {
 }
 
 func (a *app) version() error {
-	v := version
-	if v == "" {
-		v = "(devel)"
-		if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
-			v = bi.Main.Version
-		}
-	}
-	fmt.Fprintf(a.stdout, "sluice %s %s %s/%s\n", v, runtime.Version(), runtime.GOOS, runtime.GOARCH)
+	fmt.Fprintf(a.stdout, "sluice %s %s %s/%s\n", cmdline.Version(version), runtime.Version(), runtime.GOOS, runtime.GOARCH)
 	return nil
 }
 

@@ -25,6 +25,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicehq/sluice/internal/clitest"
+	"github.com/sluicehq/sluice/internal/fleet"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/throttle"
 )
@@ -55,6 +56,7 @@ func TestCLI(t *testing.T) {
 		"JSONLogLevels": testJSONLogLevels,
 		"HTTPJobs":      testHTTPJobs,
 		"FailingJobs":   testFailingJobs,
+		"Probe":         testProbeAndRegistry,
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -113,6 +115,11 @@ func testBadUsage(t *testing.T, b *bins) {
 		{[]string{"--redis", "memory://127.0.0.1:6379/1"}, nil, `--redis: Redis URL "memory://127.0.0.1:6379/1": memory:// takes only an address`},
 		{nil, map[string]string{"SLUICE_REDIS_URL": "http://x"}, `SLUICE_REDIS_URL: Redis URL "http://x": unknown scheme "http"`},
 		{nil, map[string]string{"SLUICE_WORKER_ADMIN": "9464"}, `SLUICE_WORKER_ADMIN "9464": want HOST:PORT such as 127.0.0.1:9464 (port 0 picks a free one), or "off"`},
+		{[]string{"--advertise", "0.0.0.0:9464"}, nil, `--advertise "0.0.0.0:9464": want the HOST:PORT at which other machines reach this worker's admin endpoints, such as 10.0.3.7:9464`},
+		{[]string{"--advertise", "10.0.0.1"}, nil, `--advertise "10.0.0.1": want the HOST:PORT`},
+		{[]string{"--advertise", "10.0.0.1:9464", "--admin", "off"}, nil, `--advertise "10.0.0.1:9464": the admin endpoints are off (--admin off); give them an address with --admin`},
+		{[]string{"--probe", "metrics"}, nil, `--probe "metrics": want healthz or readyz, the admin endpoint to ask`},
+		{[]string{"--probe", "healthz", "--admin", "off"}, nil, `--probe healthz: the admin endpoints are off (--admin off); give the worker's --admin address`},
 	} {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
 			r := runBin(t, b.worker, tt.env, tt.args...)
@@ -520,4 +527,42 @@ func testFailingJobs(t *testing.T, b *bins) {
 	require.Regexp(t, `\n`+ids[0]+`\s+acme\s+slep\s+`+q+`\s+archived\s+0/25\s+-\s+no handler for task type "slep" on this worker \(it handles http, sleep\): archiv…\n`, r.stdout)
 	require.Regexp(t, `\n`+ids[2]+`\s+acme\s+http\s+`+q+`\s+archived\s+0/25\s+-\s+http task: GET http://127\.0\.0\.1:\d+/missing: status 404: 404 page not found \(…\n`, r.stdout)
 	require.Equal(t, 0, w.stop(syscall.SIGTERM, 20*time.Second))
+}
+
+// testProbeAndRegistry: --probe asks a running worker's admin endpoint and
+// says so in its exit code (the image's health check), and the worker
+// records the address of its metrics in the fleet's registry for sluice
+// dashboard: the one it listens on, or --advertise's.
+func testProbeAndRegistry(t *testing.T, b *bins) {
+	url, prefix, q := redistest.URL(t), redistest.Prefix(t), qname(t)
+	w := startWorker(t, b, "--redis", url, "--prefix", prefix, "--queues", q, "--admin", "127.0.0.1:0")
+	admin := w.admin()
+	other := startWorker(t, b, "--redis", url, "--prefix", prefix, "--queues", q, "--admin", "127.0.0.1:0", "--advertise", "worker-2.example:9464")
+	other.admin()
+	for _, endpoint := range []string{"healthz", "readyz"} {
+		r := runBin(t, b.worker, nil, "--admin", admin, "--probe", endpoint)
+		require.Equal(t, 0, r.code, r.stderr)
+		require.Equal(t, "http://"+admin+"/"+endpoint+": ok\n", r.stdout)
+	}
+	reg := fleet.New(redistest.Client(t), prefix)
+	waitFor(t, "both workers registered", 10*time.Second, func() bool {
+		list, err := reg.List(context.Background())
+		require.NoError(t, err)
+		return len(list) == 2
+	})
+	list, err := reg.List(context.Background())
+	require.NoError(t, err)
+	var addrs []string
+	for _, m := range list {
+		require.True(t, m.Up(), m.ID)
+		addrs = append(addrs, m.Admin)
+	}
+	require.ElementsMatch(t, []string{admin, "worker-2.example:9464"}, addrs)
+
+	require.Equal(t, 0, w.stop(syscall.SIGTERM, 20*time.Second))
+	r := runBin(t, b.worker, nil, "--admin", admin, "--probe", "healthz")
+	require.Equal(t, 1, r.code)
+	require.Contains(t, r.stderr, "worker: --probe healthz: ")
+	require.Contains(t, r.stderr, "(is the worker running with --admin "+admin+"?)")
+	require.Equal(t, 0, other.stop(syscall.SIGTERM, 20*time.Second))
 }

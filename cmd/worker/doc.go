@@ -13,6 +13,9 @@
 //	--concurrency N         jobs handled at once (default 100)
 //	--admin ADDR            /metrics, /healthz, /readyz (default $SLUICE_WORKER_ADMIN,
 //	                        else 127.0.0.1:9464; "off")
+//	--advertise ADDR        where sluice dashboard reaches them, recorded in the
+//	                        fleet's registry (default: --admin's address)
+//	--probe healthz|readyz  ask the running worker at --admin; exit 0 on 200
 //	--prefix PREFIX         key prefix of sluice's limits (default "sluice")
 //	--shutdown-timeout D    how long running jobs may finish after SIGTERM (default 8s)
 //	--recover-lease D       heartbeat lease: a worker silent this long is taken

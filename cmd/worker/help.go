@@ -26,6 +26,14 @@ Flags:
   --admin ADDR             address of the admin endpoints (default
                            $SLUICE_WORKER_ADMIN, else 127.0.0.1:9464; port 0
                            picks a free one; "off" turns them off)
+  --advertise ADDR         the HOST:PORT at which sluice dashboard reaches the
+                           admin endpoints, recorded in the fleet's registry
+                           (default --admin's; an unspecified host such as
+                           0.0.0.0 becomes this machine's first address
+                           beyond loopback)
+  --probe ENDPOINT         ask the worker running at --admin for healthz or
+                           readyz and exit 0 when it answers 200, else 1: a
+                           health check for images with no shell
   --prefix PREFIX          the key prefix of sluice's limits (default "sluice")
   --shutdown-timeout D     how long running jobs may take to finish after
                            SIGTERM before they go back to the queue (default 8s)
@@ -55,7 +63,7 @@ Job types:
 
 Admin endpoints:
   /metrics   Prometheus metrics: the gate's (sluice_worker_*), the queues'
-             (sluice_queue_*), Go's and the process's
+             (sluice_queue_*), sluice_build_info, Go's and the process's
   /healthz   200 while the process is alive
   /readyz    200 while Redis answers and the worker takes jobs, else 503
 

@@ -64,6 +64,8 @@ type options struct {
 	queues          map[string]int
 	concurrency     int
 	admin           string
+	advertise       string
+	probe           string
 	prefix          string
 	shutdownTimeout time.Duration
 	recoverLease    time.Duration
@@ -80,6 +82,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, env func(
 	o, err := parseFlags(args, env)
 	if code, done := cmdline.Parsed(err, "worker", version, usageLine, helpText, stdout, stderr); done {
 		return code
+	}
+	if o.probe != "" {
+		return probe(ctx, o, stdout, stderr)
 	}
 	if err := serve(ctx, o, stdout, stderr); err != nil {
 		if errors.Is(err, context.Canceled) && ctx.Err() != nil {
@@ -111,6 +116,8 @@ func parseFlags(args []string, env func(string) string) (*options, error) {
 	fs.StringVar(&queues, "queues", queuesDefault, "")
 	fs.IntVar(&o.concurrency, "concurrency", worker.ConcurrencyDefault, "")
 	fs.StringVar(&o.admin, "admin", cmp.Or(env(adminEnv), adminDefault), "")
+	fs.StringVar(&o.advertise, "advertise", "", "")
+	fs.StringVar(&o.probe, "probe", "", "")
 	fs.StringVar(&o.prefix, "prefix", throttle.PrefixDefault, "")
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", shutdownTimeoutDefault, "")
 	fs.DurationVar(&o.recoverLease, "recover-lease", worker.RecoverLeaseDefault, "")
@@ -169,6 +176,23 @@ func parseFlags(args []string, env func(string) string) (*options, error) {
 			}
 			return nil, usagef("%s %q: want HOST:PORT such as %s (port 0 picks a free one), or %q", source, o.admin, adminDefault, adminOff)
 		}
+	}
+	if o.advertise != "" {
+		host, port, err := net.SplitHostPort(o.advertise)
+		if ip := net.ParseIP(host); err != nil || host == "" || port == "" || port == "0" || (ip != nil && ip.IsUnspecified()) {
+			return nil, usagef("--advertise %q: want the HOST:PORT at which other machines reach this worker's admin endpoints, such as 10.0.3.7:9464", o.advertise)
+		}
+		if o.admin == adminOff {
+			return nil, usagef("--advertise %q: the admin endpoints are off (--admin %s); give them an address with --admin", o.advertise, adminOff)
+		}
+	}
+	switch o.probe {
+	case "", "healthz", "readyz":
+	default:
+		return nil, usagef("--probe %q: want healthz or readyz, the admin endpoint to ask", o.probe)
+	}
+	if o.probe != "" && o.admin == adminOff {
+		return nil, usagef("--probe %s: the admin endpoints are off (--admin %s); give the worker's --admin address", o.probe, adminOff)
 	}
 	switch o.logFormat {
 	case "text", "json":
@@ -276,9 +300,14 @@ func serve(ctx context.Context, o *options, stdout, stderr io.Writer) error {
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		newQueueCollector(asynq.NewInspectorFromRedisClient(client), o.queues),
 	)
+	var advertised string
+	if ln != nil {
+		advertised = advertise(o.advertise, ln.Addr().(*net.TCPAddr))
+	}
 	srv, err := worker.New(client, &worker.Config{
 		Prefix:       o.prefix,
 		RecoverLease: o.recoverLease,
+		Admin:        advertised,
 		Asynq: asynq.Config{
 			Queues:          o.queues,
 			Concurrency:     o.concurrency,
@@ -327,6 +356,9 @@ func serve(ctx context.Context, o *options, stdout, stderr io.Writer) error {
 	}
 	if ln != nil {
 		attrs = append(attrs, "admin", "http://"+ln.Addr().String())
+		if advertised != "" && advertised != ln.Addr().String() {
+			attrs = append(attrs, "advertise", advertised)
+		}
 	}
 	log.Info("worker started", attrs...)
 

@@ -9,7 +9,8 @@ import (
 	"io"
 	"net"
 	"runtime"
-	"runtime/debug"
+
+	"github.com/sluicehq/sluice/internal/buildinfo"
 )
 
 // Exit codes: the contract scripts rely on.
@@ -33,15 +34,12 @@ func Usagef(format string, args ...any) error {
 var ErrVersion = errors.New("version requested")
 
 // Version is v when set at build time (-ldflags "-X main.version=v1.2.3"),
-// else the module version from the build info.
+// else sluice's module version from the build info (buildinfo.Sluice).
 func Version(v string) string {
 	if v != "" {
 		return v
 	}
-	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
-		return bi.Main.Version
-	}
-	return "(devel)"
+	return buildinfo.Sluice()
 }
 
 // Parsed answers a flag parser's error for the binary name: the help text,
