@@ -13,6 +13,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
+	"github.com/sluicehq/sluice/internal/fleet"
 	"github.com/sluicehq/sluice/internal/names"
 	"github.com/sluicehq/sluice/internal/waitroom"
 	"github.com/sluicehq/sluice/taskspec"
@@ -33,8 +34,14 @@ type boardConfig struct {
 	interval   time.Duration
 	points     int // per tenant
 	maxTenants int
-	scrape     []string // workers' metrics URLs
-	readOnly   bool
+	scrape     []string // workers' metrics URLs (--metrics)
+	// discover finds the workers' metrics in the fleet's registry in
+	// Redis instead (no --metrics).
+	discover bool
+	// history draws the tenants' history from Prometheus (--prometheus);
+	// nil keeps it in memory only.
+	history  *promHistory
+	readOnly bool
 }
 
 // board samples Redis (and the workers' metrics) once per interval in one
@@ -44,7 +51,8 @@ type boardConfig struct {
 type board struct {
 	cn      *conn
 	cfg     boardConfig
-	scraper *scraper // nil without --metrics
+	scraper *scraper // nil when the workers' metrics are not read
+	fleet   *fleet.Registry
 
 	// Only the sampling goroutine uses these.
 	samples int
@@ -59,9 +67,20 @@ type board struct {
 	now      time.Time // Redis time of the last good sample
 	err      string    // why the last sample failed; "" when it went well
 	errSince time.Time
-	fleet    *decisionsJSON
+	decided  *decisionsJSON
 	labelled bool
 	sources  []sourceJSON
+	workers  []workerJSON // nil unless discover
+}
+
+// workerJSON is a worker of the fleet's registry: up while it beats within
+// its lease (--recover-lease).
+type workerJSON struct {
+	ID string `json:"id"`
+	// Metrics is its metrics URL, "" when it serves no admin endpoints.
+	Metrics     string  `json:"metrics"`
+	Up          bool    `json:"up"`
+	LeaseLeftMS float64 `json:"lease_left_ms"`
 }
 
 // track is one followed tenant.
@@ -174,12 +193,15 @@ type tenantsDoc struct {
 	PoolsTotal   int `json:"pools_total"`
 	KeysTotal    int `json:"keys_total"`
 	// Decisions are the fleet's decisions per second, from the workers'
-	// metrics (MetricsSources); null without --metrics. TenantLabels says
-	// whether the workers label them by tenant.
+	// metrics (MetricsSources); null before the first scrape. TenantLabels
+	// says whether the workers label them by tenant.
 	Decisions      *decisionsJSON `json:"decisions"`
 	TenantLabels   bool           `json:"tenant_labels"`
 	MetricsSources []sourceJSON   `json:"metrics_sources"`
-	Tenants        []rowJSON      `json:"tenants"`
+	// Workers are the fleet's registered workers, up or not, when the
+	// dashboard finds them there (no --metrics); null otherwise.
+	Workers []workerJSON `json:"workers"`
+	Tenants []rowJSON    `json:"tenants"`
 }
 
 // tenantDoc is GET /api/tenants/{name}: the tenant's line, its state as
@@ -189,6 +211,12 @@ type tenantDoc struct {
 	Tenant rowJSON    `json:"tenant"`
 	Stats  tenantJSON `json:"stats"`
 	Points []point    `json:"points"`
+	// HistoryFrom says where Points come from: "prometheus" (then the
+	// points since Prometheus's last one are the dashboard's own) or
+	// "memory", the dashboard's samples since it started; HistoryError
+	// says why Prometheus's could not be used.
+	HistoryFrom  string `json:"history_from"`
+	HistoryError string `json:"history_error,omitempty"`
 	// Next are the first jobs of each of the tenant's lines, with when
 	// they are expected to start (sluice jobs explain); empty when none
 	// waits.
@@ -209,8 +237,11 @@ type nextJSON struct {
 
 func newBoard(cn *conn, cfg boardConfig) *board {
 	b := &board{cn: cn, cfg: cfg, tracks: map[string]*track{}}
-	if len(cfg.scrape) > 0 {
-		b.scraper = newScraper(cfg.scrape, max(cfg.interval, time.Second))
+	if len(cfg.scrape) > 0 || cfg.discover {
+		b.scraper = newScraper(max(cfg.interval, time.Second))
+	}
+	if cfg.discover {
+		b.fleet = fleet.New(cn.client, cn.prefix)
 	}
 	return b
 }
@@ -218,6 +249,9 @@ func newBoard(cn *conn, cfg boardConfig) *board {
 func (b *board) close() {
 	if b.scraper != nil {
 		b.scraper.close()
+	}
+	if b.cfg.history != nil {
+		b.cfg.history.close()
 	}
 }
 
@@ -241,14 +275,24 @@ func (b *board) sample(parent context.Context) {
 	ctx, cancel := context.WithTimeout(parent, max(2*b.cfg.interval, 5*time.Second))
 	defer cancel()
 	var (
-		rates decisionRates
-		wg    sync.WaitGroup
+		rates   decisionRates
+		workers []workerJSON
+		wg      sync.WaitGroup
 	)
 	if b.scraper != nil {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			rates = b.scraper.round(ctx)
+			urls, down := b.cfg.scrape, []sourceJSON(nil)
+			if b.fleet != nil {
+				var err error
+				if workers, urls, down, err = b.findWorkers(ctx); err != nil {
+					return // the sample's own read of Redis says so
+				}
+			}
+			rates = b.scraper.round(ctx, urls)
+			b.nameSources(rates.sources, workers)
+			rates.sources = append(rates.sources, down...)
 		}()
 	}
 	cur, names, err := b.read(ctx)
@@ -256,7 +300,45 @@ func (b *board) sample(parent context.Context) {
 	if parent.Err() != nil {
 		return // shutting down
 	}
-	b.record(cur, names, rates, err)
+	b.record(cur, names, rates, workers, err)
+}
+
+// findWorkers lists the fleet's registered workers: the metrics URLs of
+// those that are up, and a source with the reason for each that is not
+// scraped (down, or serving no metrics).
+func (b *board) findWorkers(ctx context.Context) (workers []workerJSON, urls []string, down []sourceJSON, err error) {
+	members, err := b.fleet.List(ctx)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	workers = make([]workerJSON, 0, len(members))
+	for _, m := range members {
+		w := workerJSON{ID: m.ID, Up: m.Up(), LeaseLeftMS: ms(m.LeaseLeft)}
+		if m.Admin != "" {
+			w.Metrics = "http://" + m.Admin + "/metrics"
+		}
+		workers = append(workers, w)
+		switch {
+		case !w.Up:
+			down = append(down, sourceJSON{URL: w.Metrics, Worker: m.ID, Error: fmt.Sprintf("down: no beat for %s past its lease", (-m.LeaseLeft).Round(time.Second))})
+		case w.Metrics == "":
+			down = append(down, sourceJSON{Worker: m.ID, Error: "serves no metrics (started with --admin off)"})
+		default:
+			urls = append(urls, w.Metrics)
+		}
+	}
+	return workers, urls, down, nil
+}
+
+// nameSources gives each scraped source the id of its registered worker.
+func (b *board) nameSources(sources []sourceJSON, workers []workerJSON) {
+	for i := range sources {
+		for _, w := range workers {
+			if w.Metrics == sources[i].URL {
+				sources[i].Worker = w.ID
+			}
+		}
+	}
 }
 
 // read lists the tenants (names), picks the ones to follow and reads
@@ -325,11 +407,11 @@ func (b *board) choose(names []string) []string {
 
 // record stores a sample of the tenants known (names): a failed one only
 // as the error.
-func (b *board) record(cur topSample, names []string, rates decisionRates, err error) {
+func (b *board) record(cur topSample, names []string, rates decisionRates, workers []workerJSON, err error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.scraper != nil {
-		b.fleet, b.labelled, b.sources = rates.fleet(), rates.labelled, rates.sources
+	if b.scraper != nil && (b.fleet == nil || workers != nil) {
+		b.decided, b.labelled, b.sources, b.workers = rates.fleet(), rates.labelled, rates.sources, workers
 	}
 	if err != nil {
 		if b.err == "" {
@@ -474,7 +556,7 @@ func (b *board) tenants() tenantsDoc {
 	defer b.mu.RUnlock()
 	doc := tenantsDoc{
 		boardHeader: b.header(), TenantsTotal: b.total, PoolsTotal: b.pools, KeysTotal: b.keys,
-		Decisions: b.fleet, TenantLabels: b.labelled, MetricsSources: b.sources,
+		Decisions: b.decided, TenantLabels: b.labelled, MetricsSources: b.sources, Workers: b.workers,
 		Tenants: make([]rowJSON, 0, len(b.tracks)),
 	}
 	if doc.MetricsSources == nil {
@@ -504,7 +586,7 @@ func (b *board) tenant(name string) (tenantDoc, bool) {
 	}
 	return tenantDoc{
 		boardHeader: b.header(), Tenant: tr.row, Stats: toJSON(tr.stats),
-		Points: slices.Clone(tr.points),
+		Points: slices.Clone(tr.points), HistoryFrom: historyMemory,
 	}, true
 }
 
@@ -519,6 +601,18 @@ func (b *board) serveTenant(w http.ResponseWriter, r *http.Request) {
 		serveJSON(w, http.StatusNotFound, map[string]string{"error": fmt.Sprintf(
 			"tenant %q is not followed: it has no policy and no throttle state (or more than --max-tenants tenants have)", name)})
 		return
+	}
+	if h := b.cfg.history; h != nil {
+		span := time.Duration(b.cfg.points) * b.cfg.interval
+		points, err := h.tenant(r.Context(), name, time.Now().Add(-span), time.Now(), b.cfg.interval, doc.Tenant)
+		switch {
+		case err != nil:
+			doc.HistoryError = err.Error()
+		case len(points) == 0:
+			doc.HistoryError = "Prometheus has no series of this tenant: the workers label their metrics by tenant only with --tenant-labels"
+		default:
+			doc.Points, doc.HistoryFrom = joinHistory(points, doc.Points), historyPrometheus
+		}
 	}
 	doc.Next = []nextJSON{}
 	if doc.Stats.Waiting > 0 {

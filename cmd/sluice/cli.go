@@ -95,6 +95,8 @@ type opts struct {
 	public     bool
 	allowWrite bool
 	metrics    stringList
+	prometheus string
+	authFile   string
 	history    durationFlag
 	maxTenants int
 }

@@ -67,6 +67,9 @@ func TestCLI(t *testing.T) {
 		"AdmitDryRun":          testAdmitDryRun,
 		"TopOnce":              testTopOnce,
 		"Dashboard":            testDashboard,
+		"DashboardFleet":       testDashboardFindsTheFleet,
+		"DashboardHistory":     testDashboardHistoryFromPrometheus,
+		"DashboardAuth":        testDashboardAuth,
 		"PolicyListEmptyState": testPolicyListEmpty,
 		"Cluster":              testCluster,
 		"InvalidNames":         testInvalidNames,
@@ -226,6 +229,9 @@ func keysOnly(m map[string]string) map[string]string {
 	return out
 }
 
+// dashUsage is sluice dashboard's usage line.
+const dashUsage = "sluice dashboard [--listen 127.0.0.1:8080] [--metrics URL]... [--prometheus URL] [--allow-write]"
+
 func testBadUsage(t *testing.T, c *cli) {
 	c.mustRun(t, "policy", "set", "acme", "rate=10/s")
 	before := c.policies(t)
@@ -270,14 +276,17 @@ func testBadUsage(t *testing.T, c *cli) {
 		{args: []string{"admit", "acme", "--dry-run", "--cost", "abc"}, wantMsg: `admit: invalid value "abc" for flag --cost`, usage: "sluice admit TENANT --dry-run [--cost N] [--id JOB] [--json]"},
 		{args: []string{"top", "--interval", "0"}, wantMsg: `top: invalid value "0" for flag --interval: want a positive duration such as 1s or 500ms`, usage: "sluice top [--once] [--interval 1s] [--limit N] [--json]"},
 		{args: []string{"top", "--limit", "-1"}, wantMsg: "--limit -1: must be 0 (as many as fit) or more", usage: "sluice top [--once] [--interval 1s] [--limit N] [--json]"},
-		{args: []string{"dashboard", "--listen", "0.0.0.0:8080"}, wantMsg: `--listen "0.0.0.0:8080": not a loopback address; the dashboard has no login, so it serves 127.0.0.1 or localhost only unless --public is given`, usage: "sluice dashboard [--listen 127.0.0.1:8080] [--metrics URL]... [--allow-write]"},
-		{args: []string{"dashboard", "--listen", ":8080"}, wantMsg: `--listen ":8080": not a loopback address`, usage: "sluice dashboard [--listen 127.0.0.1:8080] [--metrics URL]... [--allow-write]"},
-		{args: []string{"dashboard", "--listen", "8080"}, wantMsg: `--listen "8080": want HOST:PORT such as 127.0.0.1:8080 (port 0 picks a free one)`, usage: "sluice dashboard [--listen 127.0.0.1:8080] [--metrics URL]... [--allow-write]"},
-		{args: []string{"dashboard", "--metrics", "127.0.0.1:9464"}, wantMsg: `--metrics "127.0.0.1:9464": want a worker's metrics URL such as http://127.0.0.1:9464/metrics (its --admin address)`, usage: "sluice dashboard [--listen 127.0.0.1:8080] [--metrics URL]... [--allow-write]"},
-		{args: []string{"dashboard", "--interval", "2s", "--history", "1s"}, wantMsg: "--history 1s: must be at least --interval (2s)", usage: "sluice dashboard [--listen 127.0.0.1:8080] [--metrics URL]... [--allow-write]"},
-		{args: []string{"dashboard", "--interval", "10ms"}, wantMsg: "--interval 10ms: must be at least 100ms (each sample reads every followed tenant's state)", usage: "sluice dashboard [--listen 127.0.0.1:8080] [--metrics URL]... [--allow-write]"},
-		{args: []string{"dashboard", "--max-tenants", "0"}, wantMsg: "--max-tenants 0: must be at least 1 (default 500)", usage: "sluice dashboard [--listen 127.0.0.1:8080] [--metrics URL]... [--allow-write]"},
-		{args: []string{"dashboard", "extra"}, wantMsg: `dashboard: unexpected argument "extra"`, usage: "sluice dashboard [--listen 127.0.0.1:8080] [--metrics URL]... [--allow-write]"},
+		{args: []string{"dashboard", "--listen", "0.0.0.0:8080"}, wantMsg: `--listen "0.0.0.0:8080": not a loopback address; the dashboard serves 127.0.0.1 or localhost only unless --public is given (and with --allow-write, a credential: --auth-file)`, usage: dashUsage},
+		{args: []string{"dashboard", "--listen", ":8080"}, wantMsg: `--listen ":8080": not a loopback address`, usage: dashUsage},
+		{args: []string{"dashboard", "--listen", "8080"}, wantMsg: `--listen "8080": want HOST:PORT such as 127.0.0.1:8080 (port 0 picks a free one)`, usage: dashUsage},
+		{args: []string{"dashboard", "--listen", "0.0.0.0:8080", "--public", "--allow-write"}, wantMsg: `--public with --allow-write: whoever reaches 0.0.0.0:8080 could pause queues and delete tasks; give a credential with --auth-file FILE or SLUICE_DASHBOARD_AUTH (USER:PASSWORD for basic auth, or a token), or drop --allow-write`, usage: dashUsage},
+		{args: []string{"dashboard", "--auth-file", "/nonexistent/auth"}, wantMsg: `--auth-file /nonexistent/auth: no such file or directory`, usage: dashUsage},
+		{args: []string{"dashboard", "--prometheus", "prometheus:9090"}, wantMsg: `--prometheus "prometheus:9090": want the URL of a Prometheus server that scrapes the workers, such as http://127.0.0.1:9090 (its API is below it, at /api/v1/)`, usage: dashUsage},
+		{args: []string{"dashboard", "--metrics", "127.0.0.1:9464"}, wantMsg: `--metrics "127.0.0.1:9464": want a worker's metrics URL such as http://127.0.0.1:9464/metrics (its --admin address)`, usage: dashUsage},
+		{args: []string{"dashboard", "--interval", "2s", "--history", "1s"}, wantMsg: "--history 1s: must be at least --interval (2s)", usage: dashUsage},
+		{args: []string{"dashboard", "--interval", "10ms"}, wantMsg: "--interval 10ms: must be at least 100ms (each sample reads every followed tenant's state)", usage: dashUsage},
+		{args: []string{"dashboard", "--max-tenants", "0"}, wantMsg: "--max-tenants 0: must be at least 1 (default 500)", usage: dashUsage},
+		{args: []string{"dashboard", "extra"}, wantMsg: `dashboard: unexpected argument "extra"`, usage: dashUsage},
 		{args: []string{"version", "extra"}, wantMsg: `version takes no arguments, got "extra"`, usage: "sluice version"},
 		{args: []string{"help", "nope"}, wantMsg: `no command "nope"`, usage: "sluice [--redis URL] [--prefix PREFIX] COMMAND [ARGS]"},
 		{args: []string{"--redis", "foo", "policy", "list"}, wantMsg: `--redis: Redis URL "foo": no scheme; write it as a URL, e.g. redis://foo; accepted forms: redis://[USER:PASSWORD@]HOST:PORT[/DB], `, usage: "sluice policy list [--shadow] [--json]"},

@@ -125,7 +125,7 @@ func init() {
 			run: top,
 		},
 		{
-			name: "dashboard", usage: "dashboard [--listen 127.0.0.1:8080] [--metrics URL]... [--allow-write]",
+			name: "dashboard", usage: "dashboard [--listen 127.0.0.1:8080] [--metrics URL]... [--prometheus URL] [--allow-write]",
 			summary: "a web page of the tenants, live and over the last minutes, and of asynq's queues",
 			help: "Serves a web page: every tenant's starts per second against its rate limit,\n" +
 				"jobs in flight against its concurrency cap, waiting and reserved jobs, cooldown\n" +
@@ -134,14 +134,24 @@ func init() {
 				"Redis every --interval for every browser; /api/tenants and /api/tenants/NAME\n" +
 				"serve its figures as JSON.\n\n" +
 				"  --listen ADDR     where to serve (default 127.0.0.1:8080; port 0 picks one)\n" +
-				"  --public          allow an address other than loopback: the dashboard has\n" +
-				"                    no login, so put it behind a proxy that asks for one\n" +
+				"  --public          allow an address other than loopback (in a cluster); with\n" +
+				"                    --allow-write it needs a credential\n" +
 				"  --allow-write     let asynq's pages pause queues and run, archive or delete\n" +
 				"                    tasks (read-only by default)\n" +
+				"  --auth-file FILE  ask every request (but /healthz) for the credential in\n" +
+				"                    FILE, else in $SLUICE_DASHBOARD_AUTH: USER:PASSWORD for\n" +
+				"                    HTTP basic auth, or a token (Authorization: Bearer, or\n" +
+				"                    basic auth's password)\n" +
 				"  --metrics URL     a worker's metrics (http://HOST:9464/metrics, its --admin\n" +
 				"                    address), repeated for every worker: the decisions by rule\n" +
 				"                    live only there; per tenant when the workers run with\n" +
-				"                    --tenant-labels\n" +
+				"                    --tenant-labels. Without it the dashboard finds the\n" +
+				"                    workers in the fleet's registry in Redis (each records\n" +
+				"                    its --advertise address) and shows which are up\n" +
+				"  --prometheus URL  a Prometheus server scraping the workers: a tenant's\n" +
+				"                    history comes from it (workers with --tenant-labels), so\n" +
+				"                    it survives the dashboard's restarts and every worker\n" +
+				"                    that came and went\n" +
 				"  --interval D      how often to sample (default 1s, at least 100ms)\n" +
 				"  --history D       how much history each tenant keeps (default 5m)\n" +
 				"  --max-tenants N   how many tenants to follow at once (default 500); past it,\n" +

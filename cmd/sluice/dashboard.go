@@ -53,6 +53,8 @@ func dashboardFlags(fs *flag.FlagSet, o *opts) {
 	fs.BoolVar(&o.public, "public", false, "")
 	fs.BoolVar(&o.allowWrite, "allow-write", false, "")
 	fs.Var(&o.metrics, "metrics", "")
+	fs.StringVar(&o.prometheus, "prometheus", "", "")
+	fs.StringVar(&o.authFile, "auth-file", "", "")
 	fs.Var(&o.interval, "interval", "")
 	fs.Var(&o.history, "history", "")
 	fs.IntVar(&o.maxTenants, "max-tenants", maxTenantsDefault, "")
@@ -81,6 +83,19 @@ func dashboard(a *app, c *command, o *opts, args []string) error {
 	if o.maxTenants < 1 {
 		return usagef(c, "--max-tenants %d: must be at least 1 (default %d)", o.maxTenants, maxTenantsDefault)
 	}
+	var prom *promHistory
+	if o.prometheus != "" {
+		if prom, err = newPromHistory(o.prometheus); err != nil {
+			return usagef(c, "--prometheus %q: %v", o.prometheus, err)
+		}
+	}
+	cred, err := loadCredential(o.authFile, a.env)
+	if err != nil {
+		return usagef(c, "%v", err)
+	}
+	if o.public && o.allowWrite && cred == nil {
+		return usagef(c, "--public with --allow-write: whoever reaches %s could pause queues and delete tasks; give a credential with --auth-file FILE or %s (USER:PASSWORD for basic auth, or a token), or drop --allow-write", o.listen, authEnv)
+	}
 	cn, err := a.connect(c)
 	if err != nil {
 		return err
@@ -99,11 +114,17 @@ func dashboard(a *app, c *command, o *opts, args []string) error {
 		points:     min(int(history/interval), maxPoints),
 		maxTenants: o.maxTenants,
 		scrape:     scrapeURLs,
+		discover:   len(scrapeURLs) == 0,
+		history:    prom,
 		readOnly:   !o.allowWrite,
 	})
 	defer b.close()
+	h := b.handler(mon, o.public)
+	if cred != nil {
+		h = cred.guard(h)
+	}
 	srv := &http.Server{
-		Handler:           b.handler(mon, o.public),
+		Handler:           h,
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 	}
@@ -120,9 +141,9 @@ func dashboard(a *app, c *command, o *opts, args []string) error {
 	mode := "read-only"
 	if o.allowWrite {
 		mode = "asynq's pages may change queues and tasks (--allow-write)"
-		if o.public {
-			fmt.Fprintln(a.stderr, "sluice: warning: --public with --allow-write: whoever reaches this address can pause queues and delete tasks")
-		}
+	}
+	if cred != nil {
+		mode += ", asks for its credential"
 	}
 	fmt.Fprintf(a.stdout, "sluice dashboard on http://%s/ (%s; asynq's queues and tasks at %s/)\n", ln.Addr(), mode, asynqRoot)
 
@@ -146,14 +167,14 @@ func dashboard(a *app, c *command, o *opts, args []string) error {
 }
 
 // checkListen accepts HOST:PORT; a host that is not loopback only with
-// --public, because the dashboard has no login of its own.
+// --public.
 func checkListen(c *command, listen string, public bool) error {
 	host, _, err := net.SplitHostPort(listen)
 	if err != nil {
 		return usagef(c, "--listen %q: want HOST:PORT such as %s (port 0 picks a free one)", listen, listenDefault)
 	}
 	if !public && !loopbackHost(host) {
-		return usagef(c, "--listen %q: not a loopback address; the dashboard has no login, so it serves 127.0.0.1 or localhost only unless --public is given (then put it behind a proxy that asks for one)", listen)
+		return usagef(c, "--listen %q: not a loopback address; the dashboard serves 127.0.0.1 or localhost only unless --public is given (and with --allow-write, a credential: --auth-file)", listen)
 	}
 	return nil
 }
@@ -214,6 +235,10 @@ func (b *board) handler(mon http.Handler, public bool) http.Handler {
 	mux.HandleFunc("GET /api/tenants", b.serveTenants)
 	mux.HandleFunc("GET /api/tenants/{name}", b.serveTenant)
 	mux.HandleFunc("GET /api/jobs/{id}", b.serveJob)
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		fmt.Fprintln(w, "ok")
+	})
 	mux.Handle(asynqRoot+"/", mon)
 	mux.Handle(asynqRoot, http.RedirectHandler(asynqRoot+"/", http.StatusMovedPermanently))
 

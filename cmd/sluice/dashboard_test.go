@@ -11,7 +11,9 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -464,14 +466,15 @@ func TestScraperRates(t *testing.T) {
 	var body atomic.Value
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, body.Load()) }))
 	defer srv.Close()
-	s := newScraper([]string{srv.URL, "http://127.0.0.1:1/metrics"}, time.Second)
+	urls := []string{srv.URL, "http://127.0.0.1:1/metrics"}
+	s := newScraper(time.Second)
 	defer s.close()
 	counter := func(allowed, denied int) string {
 		return fmt.Sprintf("sluice_worker_decisions_total{rule=\"\",verdict=\"allowed\"} %d\nsluice_worker_decisions_total{rule=\"window\",verdict=\"denied\"} %d\n", allowed, denied)
 	}
 	ctx := context.Background()
 	body.Store(counter(100, 10))
-	r := s.round(ctx)
+	r := s.round(ctx, urls)
 	require.Empty(t, r.perSec, "the first round has nothing to compare with")
 	require.True(t, r.sources[0].OK)
 	require.False(t, r.sources[1].OK)
@@ -479,14 +482,14 @@ func TestScraperRates(t *testing.T) {
 	require.Nil(t, r.byTenant(), "no tenant labels")
 
 	body.Store(counter(300, 10))
-	r = s.round(ctx)
+	r = s.round(ctx, urls)
 	fleet := r.fleet()
 	require.Positive(t, fleet.Allowed)
 	require.Zero(t, fleet.Denied["window"])
 
 	// A restarted worker's counters start again: what it counted since.
 	body.Store(counter(5, 1))
-	r = s.round(ctx)
+	r = s.round(ctx, urls)
 	require.Positive(t, r.fleet().Allowed)
 	require.Positive(t, r.fleet().Denied["window"])
 }
@@ -507,6 +510,7 @@ type runningDashboard struct {
 	lines  *bufio.Scanner
 	stderr *clitest.SyncBuffer
 	base   string // http://127.0.0.1:PORT/
+	first  string // the line it printed first
 }
 
 // startDashboard runs the binary with env on a free loopback port and
@@ -528,8 +532,8 @@ func startDashboard(t *testing.T, c *cli, env map[string]string, args ...string)
 	d.lines = bufio.NewScanner(stdout)
 	require.True(t, d.lines.Scan(), "stderr: %s", d.stderr.String())
 	first := d.lines.Text()
-	require.Regexp(t, `^sluice dashboard on http://127\.0\.0\.1:\d+/ \(read-only; asynq's queues and tasks at /asynq/\)$`, first)
-	d.base = strings.Fields(first)[3]
+	require.Regexp(t, `^sluice dashboard on http://127\.0\.0\.1:\d+/ \((read-only|asynq's pages may change queues and tasks \(--allow-write\))(, asks for its credential)?; asynq's queues and tasks at /asynq/\)$`, first)
+	d.base, d.first = strings.Fields(first)[3], first
 	return d
 }
 
@@ -558,7 +562,9 @@ func testDashboard(t *testing.T, c *cli) {
 	c.mustRun(t, "policy", "set", "acme", "rate=10/s concurrency=2")
 	d := startDashboard(t, c, map[string]string{"SLUICE_REDIS_URL": c.url}, "--prefix", c.prefix, "--interval", "100ms")
 	doc := d.tenants(t, "acme")
-	require.Nil(t, doc.Decisions, "no --metrics")
+	require.NotNil(t, doc.Workers, "no --metrics: the workers come from the fleet's registry")
+	require.Empty(t, doc.Workers, "where none is registered")
+	require.Contains(t, d.first, "(read-only; ")
 
 	// A second dashboard on the same address fails and says what to do.
 	addr := strings.TrimSuffix(strings.TrimPrefix(d.base, "http://"), "/")
@@ -644,4 +650,54 @@ sluice_worker_errors_total{kind="redis"} 5
 	require.Equal(t, map[string]float64{"room": 0.5}, d.RoomErrors)
 	require.Equal(t, 10.0, d.Allowed)
 	require.Nil(t, decisionRates{perSec: map[decisionKey]float64{{"", "allowed", ""}: 10}}.fleet().RoomErrors, "a working room shows nothing")
+}
+
+// testDashboardAuth: with a credential every request but /healthz must
+// carry it: USER:PASSWORD as basic auth, a token as a bearer token or as
+// basic auth's password.
+func testDashboardAuth(t *testing.T, c *cli) {
+	c.mustRun(t, "policy", "set", "acme", "rate=10/s")
+	status := func(d *runningDashboard, path string, set func(*http.Request)) int {
+		t.Helper()
+		req, err := http.NewRequest(http.MethodGet, d.base+path, nil)
+		require.NoError(t, err)
+		if set != nil {
+			set(req)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		if resp.StatusCode == http.StatusUnauthorized {
+			require.Equal(t, `Basic realm="sluice dashboard", charset="UTF-8"`, resp.Header.Get("WWW-Authenticate"))
+		}
+		return resp.StatusCode
+	}
+	basic := func(user, pass string) func(*http.Request) {
+		return func(r *http.Request) { r.SetBasicAuth(user, pass) }
+	}
+	d := startDashboard(t, c, map[string]string{"SLUICE_REDIS_URL": c.url, "SLUICE_DASHBOARD_AUTH": "admin:s3cret-pass"}, "--prefix", c.prefix, "--allow-write")
+	require.Contains(t, d.first, "(asynq's pages may change queues and tasks (--allow-write), asks for its credential; ")
+	require.Equal(t, http.StatusUnauthorized, status(d, "api/tenants", nil))
+	require.Equal(t, http.StatusUnauthorized, status(d, "", basic("admin", "wrong-pass")))
+	require.Equal(t, http.StatusUnauthorized, status(d, "", basic("root", "s3cret-pass")))
+	require.Equal(t, http.StatusOK, status(d, "api/tenants", basic("admin", "s3cret-pass")))
+	require.Equal(t, http.StatusOK, status(d, "asynq/", basic("admin", "s3cret-pass")))
+	require.Equal(t, http.StatusOK, status(d, "healthz", nil), "the probes' endpoint needs none")
+
+	file := filepath.Join(t.TempDir(), "token")
+	require.NoError(t, os.WriteFile(file, []byte("0123456789abcdef\n"), 0o600))
+	d = startDashboard(t, c, map[string]string{"SLUICE_REDIS_URL": c.url}, "--prefix", c.prefix, "--auth-file", file)
+	require.Equal(t, http.StatusUnauthorized, status(d, "api/tenants", nil))
+	require.Equal(t, http.StatusOK, status(d, "api/tenants", func(r *http.Request) { r.Header.Set("Authorization", "Bearer 0123456789abcdef") }))
+	require.Equal(t, http.StatusUnauthorized, status(d, "api/tenants", func(r *http.Request) { r.Header.Set("Authorization", "Bearer 0123456789abcdeX") }))
+	require.Equal(t, http.StatusOK, status(d, "", basic("anyone", "0123456789abcdef")), "a browser sends the token as a password")
+
+	for _, tt := range []struct{ value, want string }{
+		{"admin:", "sluice: SLUICE_DASHBOARD_AUTH: USER:PASSWORD with an empty user or password; give both, or a token with no colon\n"},
+		{"short", "sluice: SLUICE_DASHBOARD_AUTH: a password or token of 5 characters; use at least 8 (e.g. openssl rand -hex 16)\n"},
+	} {
+		r := c.runWith(t, nil, map[string]string{"SLUICE_DASHBOARD_AUTH": tt.value}, "dashboard")
+		require.Equal(t, 2, r.code)
+		require.True(t, strings.HasPrefix(r.stderr, tt.want), r.stderr)
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -31,17 +32,20 @@ type decisionRates struct {
 }
 
 // sourceJSON is one worker's metrics endpoint and how its last scrape went.
+// Worker is the worker's id in the fleet's registry, when the dashboard
+// found it there; a worker found there that is down, or serves no
+// metrics, has an Error and no scrape.
 type sourceJSON struct {
-	URL   string `json:"url"`
-	OK    bool   `json:"ok"`
-	Error string `json:"error,omitempty"`
+	URL    string `json:"url"`
+	Worker string `json:"worker,omitempty"`
+	OK     bool   `json:"ok"`
+	Error  string `json:"error,omitempty"`
 }
 
 // scraper reads the decisions counters of the workers' /metrics and turns
 // the growth between two rounds into rates. It is used by one goroutine.
 type scraper struct {
 	client *http.Client
-	urls   []string
 	prev   map[string]scrape // by URL, the last good scrape
 }
 
@@ -52,10 +56,9 @@ type scrape struct {
 	err      error
 }
 
-func newScraper(urls []string, timeout time.Duration) *scraper {
+func newScraper(timeout time.Duration) *scraper {
 	return &scraper{
 		client: &http.Client{Timeout: timeout},
-		urls:   urls,
 		prev:   map[string]scrape{},
 	}
 }
@@ -64,11 +67,17 @@ func (s *scraper) close() { s.client.CloseIdleConnections() }
 
 // round scrapes every URL at once and returns the rates since the previous
 // round. A worker seen for the first time, or whose counters went back
-// (it restarted), counts from its new values on the next round.
-func (s *scraper) round(ctx context.Context) decisionRates {
-	cur := make([]scrape, len(s.urls))
+// (it restarted), counts from its new values on the next round; one no
+// longer among urls is forgotten.
+func (s *scraper) round(ctx context.Context, urls []string) decisionRates {
+	for u := range s.prev {
+		if !slices.Contains(urls, u) {
+			delete(s.prev, u)
+		}
+	}
+	cur := make([]scrape, len(urls))
 	var wg sync.WaitGroup
-	for i, u := range s.urls {
+	for i, u := range urls {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -77,7 +86,7 @@ func (s *scraper) round(ctx context.Context) decisionRates {
 	}
 	wg.Wait()
 	out := decisionRates{perSec: map[decisionKey]float64{}}
-	for i, u := range s.urls {
+	for i, u := range urls {
 		c := cur[i]
 		src := sourceJSON{URL: u, OK: c.err == nil}
 		if c.err != nil {

@@ -39,7 +39,11 @@ function showCharts(doc) {
   const now = pts.length ? pts[pts.length - 1].t : Date.parse(doc.now || new Date());
   const first = pts.length ? pts[0].t : now;
   const span = Math.min(Math.max(now - first, 60000), doc.history_ms);
-  const opts = { now, span, gap: 2.5 * doc.interval_ms };
+  const spacing = pts.length > 1 ? pts[1].t - pts[0].t : 0;
+  const opts = { now, span, gap: 2.5 * Math.max(doc.interval_ms, spacing) };
+  document.getElementById("history-from").textContent = doc.history_from === "prometheus"
+    ? "History from Prometheus, then the dashboard's own samples."
+    : "History: the dashboard's own samples since it started" + (doc.history_error ? ` (Prometheus: ${doc.history_error})` : "") + ".";
   const series = (name, colour, f, extra) => Object.assign({ name, colour, values: pts.map((p) => [p.t, f(p)]) }, extra || {});
 
   const starts = [series("starts/s", "#2563eb", (p) => p.starts_per_s)];

@@ -40,10 +40,9 @@ function showDecisions(doc) {
   const d = doc.decisions;
   if (!d) {
     box.replaceChildren(el("p", { class: "hint" },
-      "The gate's decisions are counted by each worker, not in Redis. Start the dashboard with ",
-      el("code", {}, "--metrics http://WORKER:9464/metrics"),
-      " (once per worker, its --admin address) to see them here; add ",
-      el("code", {}, "--tenant-labels"), " to the workers to see them per tenant."));
+      "The gate's decisions are counted by each worker, not in Redis: they show here once the workers' metrics are read ",
+      "(found in the fleet's registry, or given with ", el("code", {}, "--metrics http://WORKER:9464/metrics"),
+      "); add ", el("code", {}, "--tenant-labels"), " to the workers to see them per tenant."));
     return;
   }
   const rules = Object.keys(d.denied_per_s).sort();
@@ -58,10 +57,18 @@ function showDecisions(doc) {
   for (const p of parts) {
     legend.append(el("span", { "data-decision": p.name }, el("i", { class: "swatch", style: `background:${p.colour}` }), p.name + " ", el("b", {}, rate(p.v) + "/s")));
   }
-  const sources = el("div", { class: "sources" }, `from ${doc.metrics_sources.length} worker${doc.metrics_sources.length === 1 ? "" : "s"}: `);
+  const sources = el("div", { class: "sources" });
+  if (doc.workers) {
+    const up = doc.workers.filter((w) => w.up).length;
+    sources.append(el("span", { id: "workers-up" }, `${up} of ${doc.workers.length} worker${doc.workers.length === 1 ? "" : "s"} up`),
+      " (the fleet's registry)" + (doc.metrics_sources.length ? ": " : ""));
+  } else {
+    sources.append(`from ${doc.metrics_sources.length} worker${doc.metrics_sources.length === 1 ? "" : "s"}: `);
+  }
   doc.metrics_sources.forEach((s, i) => {
     if (i) sources.append(", ");
-    sources.append(s.ok ? el("span", {}, s.url) : el("span", { class: "err", title: s.error }, s.url + " (" + s.error + ")"));
+    const name = s.worker ? s.worker + (s.url ? " " + s.url : "") : s.url;
+    sources.append(s.ok ? el("span", {}, name) : el("span", { class: "err", title: s.error }, name + " (" + s.error + ")"));
   });
   if (!doc.tenant_labels) sources.append(" · per tenant when the workers run with --tenant-labels");
   const failing = [];
