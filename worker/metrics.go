@@ -90,7 +90,7 @@ func scopeOf(policy string) string {
 type metrics struct {
 	tenants bool
 	// known are the tenants whose labelled series were set to zero
-	known sync.Map
+	known     sync.Map
 	decisions *prometheus.CounterVec
 	deferrals *prometheus.CounterVec
 	drops     *prometheus.CounterVec
