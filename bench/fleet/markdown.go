@@ -639,7 +639,9 @@ func counterSummaryExcept(g map[string]float64, family, label, where, except str
 	sums := map[string]float64{}
 	for k, v := range g {
 		name, labels, ok := strings.Cut(strings.TrimSuffix(k, "}"), "{")
-		if !ok || name != family || (where != "" && !slices.Contains(strings.Split(labels, ","), where)) {
+		// a worker exports its series at zero before their first event:
+		// a zero is nothing recorded
+		if !ok || name != family || v == 0 || (where != "" && !slices.Contains(strings.Split(labels, ","), where)) {
 			continue
 		}
 		for _, l := range strings.Split(labels, ",") {

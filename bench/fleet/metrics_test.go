@@ -524,7 +524,9 @@ func TestGateCounters(t *testing.T) {
 		"sluice_worker_decisions_total{rule=,verdict=allowed}":           10,
 		"sluice_worker_decisions_total{rule=rate[0],verdict=denied}":     7,
 		"sluice_worker_decisions_total{rule=concurrency,verdict=denied}": 2000,
+		"sluice_worker_decisions_total{rule=window,verdict=denied}":      0, // exported at zero, never denied
 		"sluice_worker_deferrals_total{reason=throttled}":                3,
+		"sluice_worker_deferrals_total{reason=cooldown}":                 0,
 	}
 	require.Equal(t, "concurrency 2,000, rate[0] 7", counterSummary(g, "sluice_worker_decisions_total", "rule", "verdict=denied"))
 	require.Equal(t, "throttled 3", counterSummary(g, "sluice_worker_deferrals_total", "reason", ""))
