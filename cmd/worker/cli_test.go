@@ -316,7 +316,7 @@ func testProcessAndDrain(t *testing.T, b *bins) {
 
 	_, body = get(t, "http://"+admin+"/metrics")
 	for _, want := range []string{
-		"go_goroutines ", "process_cpu_seconds_total ", `sluice_worker_decisions_total{rule="",verdict="allowed"} `,
+		"go_goroutines ", "process_cpu_seconds_total ", `sluice_worker_decisions_total{rule="",scope="",verdict="allowed"} 20`, `sluice_build_info{asynq_version="v0.26.0",`,
 		`sluice_queue_tasks{queue="` + q + `",state="completed"} 0`, `sluice_queue_tasks{queue="` + q + `",state="pending"} 0`,
 	} {
 		require.Contains(t, body, want)
