@@ -92,7 +92,9 @@
 // some late; the gate holds early ones until their slots, and the limiter's
 // started-jobs meter spaces late ones, so starts stay within the policy.
 //
-// Metrics (Prometheus, GateConfig.Registerer): sluice_worker_decisions_total,
+// Metrics (Prometheus, GateConfig.Registerer; docs/metrics.md describes
+// each, and every labelled series starts at zero): sluice_build_info,
+// sluice_worker_decisions_total,
 // sluice_worker_deferrals_total, sluice_worker_drops_total,
 // sluice_worker_wait_seconds, sluice_worker_in_flight,
 // sluice_worker_lease_renewals_total, sluice_worker_errors_total,

@@ -18,7 +18,7 @@
 //	stats [TENANT] [--json]            throttle state of TENANT, or of every tenant with a policy or state
 //	top [--once] [--interval 1s] [--limit N]
 //	                                   live view of the busiest tenants (q or Ctrl-C quits)
-//	dashboard [--listen 127.0.0.1:8080] [--metrics URL]... [--allow-write]
+//	dashboard [--listen 127.0.0.1:8080] [--metrics URL]... [--prometheus URL] [--allow-write]
 //	                                   a web page of the tenants, live and over the last minutes, and of asynq's queues
 //	admit TENANT --dry-run [--cost N] [--id JOB] [--json]
 //	                                   would a job of TENANT be admitted now, and if not, why
@@ -68,9 +68,12 @@
 // and the shared pools live, a page per tenant with its last minutes
 // plotted, and asynq's own queues and tasks (asynqmon) under /asynq/. It
 // is read-only unless --allow-write, and serves another address only with
-// --public. One goroutine samples Redis every second for every browser and
-// keeps a few minutes of history per tenant; the gate's decisions by rule
-// come from the workers' /metrics (--metrics URL, repeated).
+// --public (and, writable, only with a credential: --auth-file or
+// SLUICE_DASHBOARD_AUTH). One goroutine samples Redis every second for
+// every browser and keeps a few minutes of history per tenant, or draws it
+// from Prometheus (--prometheus URL); the gate's decisions by rule come
+// from the workers' /metrics, found in the fleet's registry in Redis or
+// given with --metrics URL, repeated.
 //
 // Exit status: 0 on success, 1 on failure (Redis unreachable, a bad policy
 // file, no such policy for `policy get`), 2 on bad usage (unknown command or
