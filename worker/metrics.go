@@ -206,8 +206,14 @@ func (m *metrics) zero(tenant string) {
 	}
 	m.decisions.WithLabelValues(m.labels(tenant, verdictAllowed, "", "")...)
 	m.decisions.WithLabelValues(m.labels(tenant, verdictFailOpen, "", "")...)
+	scopes := deniedScopes
+	if m.tenants {
+		// a tenant's own rules; its keys' and @global's denials appear
+		// with their first, to keep a tenant's series few
+		scopes = []string{scopeTenant}
+	}
 	for _, rule := range deniedRules {
-		for _, scope := range deniedScopes {
+		for _, scope := range scopes {
 			m.decisions.WithLabelValues(m.labels(tenant, verdictDenied, rule, scope)...)
 		}
 	}
