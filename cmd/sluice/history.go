@@ -8,9 +8,11 @@ import (
 	"math"
 	"net/http"
 	"net/url"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -30,6 +32,12 @@ const (
 	minRateWindow = time.Minute
 	// maxPrometheusBody bounds what one answer reads.
 	maxPrometheusBody = 32 << 20
+	// historyFresh is how long a tenant's history from Prometheus is
+	// reused: a page asks every --interval, and the points since come
+	// from the dashboard's own samples.
+	historyFresh = 10 * time.Second
+	// maxCachedHistories bounds the tenants whose history is kept.
+	maxCachedHistories = 100
 )
 
 // promHistory reads the tenants' history from a Prometheus server that
@@ -39,6 +47,14 @@ const (
 type promHistory struct {
 	base   *url.URL
 	client *http.Client
+
+	mu    sync.Mutex
+	fresh map[string]cachedHistory // by tenant
+}
+
+type cachedHistory struct {
+	at     time.Time
+	points []point
 }
 
 // newPromHistory checks raw, the URL of a Prometheus server (its API is at
@@ -49,7 +65,7 @@ func newPromHistory(raw string) (*promHistory, error) {
 		return nil, fmt.Errorf("want the URL of a Prometheus server that scrapes the workers, such as http://127.0.0.1:9090 (its API is below it, at /api/v1/)")
 	}
 	u.Path = strings.TrimSuffix(u.Path, "/")
-	return &promHistory{base: u, client: &http.Client{Timeout: 10 * time.Second}}, nil
+	return &promHistory{base: u, client: &http.Client{Timeout: 10 * time.Second}, fresh: map[string]cachedHistory{}}, nil
 }
 
 func (p *promHistory) close() { p.client.CloseIdleConnections() }
@@ -58,8 +74,30 @@ func (p *promHistory) close() { p.client.CloseIdleConnections() }
 // coarser), from the workers' series labelled with it: starts per second,
 // decisions by rule, jobs in flight and waiting. The limit and the cap are
 // the row's (its policy's now); reservations are not in Prometheus. No
-// series at all (workers without --tenant-labels) is no points.
+// series at all (workers without --tenant-labels) is no points. An answer
+// is reused for historyFresh.
 func (p *promHistory) tenant(ctx context.Context, tenant string, from, to time.Time, step time.Duration, row rowJSON) ([]point, error) {
+	p.mu.Lock()
+	c, ok := p.fresh[tenant]
+	p.mu.Unlock()
+	if ok && time.Since(c.at) < historyFresh {
+		return slices.Clone(c.points), nil
+	}
+	points, err := p.ask(ctx, tenant, from, to, step, row)
+	if err != nil {
+		return nil, err
+	}
+	p.mu.Lock()
+	if len(p.fresh) >= maxCachedHistories {
+		clear(p.fresh)
+	}
+	p.fresh[tenant] = cachedHistory{at: time.Now(), points: points}
+	p.mu.Unlock()
+	return slices.Clone(points), nil
+}
+
+// ask queries Prometheus for the tenant's points.
+func (p *promHistory) ask(ctx context.Context, tenant string, from, to time.Time, step time.Duration, row rowJSON) ([]point, error) {
 	step = max(step, time.Second, to.Sub(from)/maxHistoryPoints)
 	step = step.Round(time.Second)
 	window := promDuration(max(4*step, minRateWindow))
