@@ -519,7 +519,7 @@ func testAdmitDryRun(t *testing.T, c *cli) {
 	require.Equal(t, before, stateKeys())
 
 	r = c.run(t, "admit", "slow", "--dry-run", "--cost", "5")
-	require.Equal(t, result{code: 1, stderr: "sluice: a job of \"slow\" costing 5 could never be admitted: the 1 that slow rate[0] (1/h) allows at once is less; raise that limit or split the job\n"}, r)
+	require.Equal(t, result{code: 1, stderr: "sluice: tenant \"slow\": a job of cost 5 can never start: slow rate[0] (1/h) admits at most 1 at once, and a job's cost must fit its burst; give that rate burst=5 or more (rate=1/h burst=5), or split the job into jobs of cost 1 or less\n"}, r)
 }
 
 func testTopOnce(t *testing.T, c *cli) {
