@@ -181,6 +181,13 @@ func testPolicyCommands(t *testing.T, c *cli) {
 
 	clitest.Golden(t, "policy_list", c.mustRun(t, "policy", "list"))
 	clitest.Golden(t, "policy_list_json", c.mustRun(t, "policy", "list", "--json"))
+	// -o json is --json; another output is refused, naming --json
+	for _, o := range [][]string{{"-o", "json"}, {"-o=json"}, {"--output", "json"}} {
+		clitest.Golden(t, "policy_list_json", c.mustRun(t, append([]string{"policy", "list"}, o...)...))
+	}
+	r = c.run(t, "policy", "list", "-o", "yaml")
+	require.Equal(t, result{code: 2, stderr: "sluice: policy list: invalid value \"yaml\" for flag --o: want json (-o json is --json; leave both out for the table)\nusage: sluice policy list [--shadow] [--json]\nrun 'sluice help policy list' for details\n"}, r)
+	require.Equal(t, 2, c.run(t, "policy", "set", "acme", "rate=1/s", "-o", "json").code, "policy set prints no JSON")
 
 	r = c.run(t, "policy", "get", "bob")
 	require.Equal(t, result{code: 1, stderr: "sluice: no policy for \"bob\"; it follows the default policy *: rate=10/s\n"}, r)
@@ -686,12 +693,32 @@ func testJobs(t *testing.T, c *cli) {
 	require.Equal(t, "only the first 2 are listed: --limit N lists more (0: all); --state or a TENANT narrows them\n", r.stderr)
 	r = c.run(t, "jobs", "initech")
 	require.Equal(t, result{code: 0, stderr: "no active, pending, waiting, scheduled, retry, archived jobs of tenant initech in queues idle, work\n"}, r)
+	// a job's id where a tenant goes: the job, and a word on the mix-up
+	r = c.run(t, "jobs", "j-archived", "--state", "pending")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, "no jobs of tenant j-archived, but j-archived is a job's id: the job is listed (sluice jobs explain j-archived says what holds it)\n", r.stderr)
+	require.Regexp(t, `^ID .*\nj-archived\s+globex\s+slep\s+work\s+archived\s+0/25\s+-\s+no handler for task type "slep" `, r.stdout)
+	r = c.run(t, "jobs", "dup")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Regexp(t, `\ndup\s+globex\s+sleep\s+idle\s+waiting\s+0/25\s+its turn\s+-\ndup\s+acme\s+sleep\s+work\s+scheduled\s`, r.stdout)
+	enqueue("acme", "sleep", "import/7", asynq.Queue("work"), asynq.ProcessIn(time.Hour))
+	r = c.run(t, "jobs", "import/7")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Regexp(t, `\nimport/7\s+acme\s+sleep\s+work\s+scheduled\s`, r.stdout)
+	r = c.run(t, "jobs", "export/7")
+	require.Equal(t, 2, r.code)
+	require.True(t, strings.HasPrefix(r.stderr, "sluice: invalid tenant: tenant \"export/7\" holds \"/\", "), r.stderr)
+	require.Contains(t, r.stderr, "; nor is it a job's id in queues idle, work (sluice jobs lists the jobs)\n")
+	require.NoError(t, in.DeleteTask("work", "import/7"))
+	js := c.mustRun(t, "jobs", "j-scheduled", "--json")
+	require.Contains(t, js, `"id": "j-scheduled"`)
+	require.Contains(t, js, `"state": "scheduled"`)
 	out = c.mustRun(t, "jobs", "--state", "waiting", "--queue", "idle")
 	require.Equal(t, 3, strings.Count(out, "\n"), out)
 	r = c.run(t, "jobs", "--state", "waiting", "--queue", "work")
 	require.Equal(t, result{code: 0, stderr: "no waiting jobs in queue work\n"}, r)
 
-	js := c.mustRun(t, "jobs", "--state", "retry,archived", "--json")
+	js = c.mustRun(t, "jobs", "--state", "retry,archived", "--json")
 	js = regexp.MustCompile(`"(now|last_failed_at|next_process_at)": "[^"]+"`).ReplaceAllString(js, `"$1": "<time>"`)
 	clitest.Golden(t, "jobs_json", js)
 

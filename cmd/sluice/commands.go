@@ -179,7 +179,8 @@ func init() {
 				"\"max_retry\", \"last_error\", \"last_failed_at\", \"next_process_at\", \"payload\"}],\n" +
 				"\"more\": …}; a waiting job's \"priority\" in its line, which the table shows\n" +
 				"after its state when it is not normal: waiting (high). A tenant named explain,\n" +
-				"prioritize, run or delete is written after --.\n\n" +
+				"prioritize, run or delete is written after --. A job's id in place of TENANT,\n" +
+				"when no tenant of that name has jobs, lists that job.\n\n" +
 				"  sluice jobs explain ID [--queue Q]  what holds a job and when it is expected to start\n" +
 				"  sluice jobs prioritize ID --priority high|normal|low [--queue Q]\n" +
 				"                                      move a waiting job to another priority in its line\n" +
@@ -318,6 +319,7 @@ const flagsHelp = `Flags (before or after the command):
   --redis URL        the Redis the workers use (forms below); default
                      $SLUICE_REDIS_URL, else redis://127.0.0.1:6379
   --prefix PREFIX    the key prefix the workers use (default "sluice")
+  --json, -o json    JSON instead of a table (the commands that list --json)
 
 Redis URL forms:
 %s
