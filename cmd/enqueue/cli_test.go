@@ -393,7 +393,7 @@ func testFileRerun(t *testing.T, c *cli) {
 	file := write("\xef\xbb\xbf"+job, job, `{"tenant":"acme","type":"slep"`, `{"tenant":"globex","type":"sleep"}`)
 	r := c.run(t, nil, "--file", file)
 	require.Equal(t, 1, r.code)
-	require.Equal(t, "enqueue: line 3: not valid JSON: unexpected end of JSON input at byte 30\nenqueue: 1 of 4 lines of "+file+" are bad (reported above): nothing was enqueued; fix them and run again (--partial enqueues the good lines and reports the bad ones)\n", r.stderr)
+	require.Equal(t, "enqueue: line 3: not valid JSON: unexpected end of JSON input at byte 30\nenqueue: 1 of 4 lines of "+file+" is bad (reported above): nothing was enqueued; fix it and run again (--partial enqueues the good lines and reports the bad ones)\n", r.stderr)
 	require.Empty(t, c.tasks(t))
 
 	// --partial enqueues the three good lines (a leading byte order mark

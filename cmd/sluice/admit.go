@@ -131,7 +131,7 @@ func admit(a *app, c *command, o *opts, args []string) error {
 		row("learned", "%s", l.String())
 	}
 	if d.Remaining >= 0 {
-		row("remaining", "%d more jobs of cost 1 right now", d.Remaining)
+		row("remaining", "%s of cost 1 right now", human.Count(d.Remaining, "more job", "more jobs"))
 	}
 	switch {
 	case d.ResetAfter > 0:

@@ -484,6 +484,23 @@ func testStatsTable(t *testing.T, c *cli) {
 	require.Regexp(t, `\npolicy\s+none \(no policy of its own and no default \*\): not limited\n`, cooling)
 	require.Regexp(t, `cooldown\s+\S+ left \(until `, cooling)
 	require.Contains(t, cooling, "waiting   0 jobs in its line\n")
+
+	// one of a thing is said in the singular
+	c.mustRun(t, "policy", "set", "single", "rate=1/h")
+	l := c.limiter(t)
+	d, err := l.Admit(context.Background(), "single", "job-1")
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+	_, _, err = waitroom.Of(l).Join(context.Background(), "single", 0, waitroom.Waiter{ID: "job-2"})
+	require.NoError(t, err)
+	one := c.mustRun(t, "stats", "single")
+	require.Contains(t, one, "started   1 job (counted while the tenant's state is alive)\n")
+	require.Regexp(t, `\nwaiting   1 job in its line, the oldest for \S+\n`, one)
+	c.mustRun(t, "policy", "set", "pair", "window=2/min")
+	d, err = l.Admit(context.Background(), "pair", "job-1")
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+	require.Contains(t, c.mustRun(t, "admit", "--dry-run", "pair"), "remaining   1 more job of cost 1 right now\n")
 }
 
 func testAdmitDryRun(t *testing.T, c *cli) {
@@ -800,7 +817,7 @@ func testAdaptive(t *testing.T, c *cli) {
 	detail := c.mustRun(t, "stats", "acme")
 	require.Contains(t, detail, "rate=50/s adapt=10..200/s", "the policy as stored")
 	require.Regexp(t, `(?m)^rate\[0\] \(adaptive\)\s+37/s: `, detail)
-	require.Regexp(t, `(?m)^adaptive\s+37/s now, between 10/s and 200/s \(\+4 every 1s while answers are good, ×0.75 on 429/503\); 0 increases, 1 decreases; lapses (10m0s|9m5\d(\.\d+)?s) after the last report$`, detail)
+	require.Regexp(t, `(?m)^adaptive\s+37/s now, between 10/s and 200/s \(\+4 every 1s while answers are good, ×0.75 on 429/503\); 0 increases, 1 decrease; lapses (10m0s|9m5\d(\.\d+)?s) after the last report$`, detail)
 	require.Regexp(t, `(?m)^\s+\S+ ago: 50 → 37, the downstream answered 429/503$`, detail)
 	require.Contains(t, c.mustRun(t, "stats"), "(adaptive 10..200)")
 	js := c.mustRun(t, "stats", "--json", "acme")
