@@ -80,6 +80,7 @@ func TestCLI(t *testing.T) {
 		"Pools":                testPools,
 		"Keys":                 testKeys,
 		"TopSettled":           testTopSettled,
+		"AsynqURLForms":        testAsynqURLForms,
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -641,6 +642,17 @@ func testRangeEdge(t *testing.T, c *cli) {
 	out := c.mustRun(t, "admit", "edge", "--dry-run")
 	require.True(t, strings.HasPrefix(out, "a job of edge would be admitted now\n"), out)
 	require.Contains(t, out, "remaining   4503599627 more jobs of cost 1 right now\n")
+}
+
+// testAsynqURLForms: the binary reaches a Redis through a unix socket,
+// written as go-redis (unix://) or asynq (redis-socket://) writes it.
+func testAsynqURLForms(t *testing.T, c *cli) {
+	sock := filepath.Join(t.TempDir(), "redis.sock")
+	redistest.NewServer(t, &redistest.Options{Args: []string{"--unixsocket", sock, "--unixsocketperm", "700"}})
+	r := c.runWith(t, nil, nil, "--redis", "unix://"+sock, "policy", "set", "acme", "rate=5/s")
+	require.Equal(t, result{stdout: "set policy acme: rate=5/s\n"}, r)
+	r = c.runWith(t, nil, map[string]string{"SLUICE_REDIS_URL": "redis-socket://" + sock}, "policy", "get", "acme")
+	require.Equal(t, result{stdout: "rate=5/s\n"}, r)
 }
 
 // testJobs: sluice jobs lists the jobs of every queue by state, with their
