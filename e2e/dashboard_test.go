@@ -47,8 +47,9 @@ const (
 // headless: the tenants page shows the tenants the test configured, their
 // figures move while jobs run, a tenant's page plots them, a shared pool
 // has a panel of its own, the cost settled after jobs ran shows on the
-// pool's line and the tenant's page, and asynq's pages list the queue. It
-// saves screenshots of both pages.
+// pool's line and the tenant's page, a waiting job's page says where it
+// stands and links to its task in asynq's pages, and asynq's pages list
+// the queue. It saves screenshots of both pages.
 func TestDashboardInChromium(t *testing.T) {
 	browser := findChromium(t)
 	srv := redistest.NewServer(t, nil)
@@ -97,6 +98,7 @@ func TestDashboardInChromium(t *testing.T) {
 	require.NotEmpty(t, text(t, bctx, `#tenants tr[data-tenant="@global"]`), "@global is")
 	require.Equal(t, 0.0, cell(t, bctx, "acme", "starts"), "nothing has run yet")
 	require.Equal(t, 0.0, cell(t, bctx, "acme", "in_flight"))
+	require.Contains(t, text(t, bctx, `[data-card="cooldown"]`), "tenants paused by a 429/503 in the last", "the count says the span it covers")
 
 	enqueue(ctx, t, srv.Client(t), map[string]job{
 		"acme":     {count: 800, ms: 300},
@@ -134,7 +136,7 @@ func TestDashboardInChromium(t *testing.T) {
 	// the shadow panel: acme runs at its enforced 20/s, and its shadow of
 	// 10/s counts the starts it would have denied
 	waitPage(t, base+"api/tenants", "acme's shadow counting denials", func() bool {
-		return regexp.MustCompile(`^[1-9][0-9,]* of [0-9,]+ \([0-9.]+%\)$`).MatchString(text(t, bctx, `#shadows tr[data-tenant="acme"] td[data-field="shadow-denied"]`))
+		return regexp.MustCompile(`^[1-9][0-9,]* of [0-9,]+ \([0-9.]+%\) since \d\d:\d\d:\d\d$`).MatchString(text(t, bctx, `#shadows tr[data-tenant="acme"] td[data-field="shadow-denied"]`))
 	})
 	require.Contains(t, text(t, bctx, `#shadows tr[data-tenant="acme"]`), "rate=10/s burst=2")
 	require.Empty(t, text(t, bctx, `#shadows tr[data-tenant="globex"]`), "only tenants with a shadow are in the panel")
@@ -164,6 +166,15 @@ func TestDashboardInChromium(t *testing.T) {
 		return n >= 20
 	})
 	screenshot(t, bctx, filepath.Join(shots, "dashboard-tenant.png"))
+	require.True(t, visible(t, bctx, "#chart-inflight"), "acme has a concurrency rule: its jobs in flight against the cap")
+
+	// A tenant without a concurrency rule has no chart of jobs in flight
+	// against a cap.
+	require.NoError(t, chromedp.Do(bctx,
+		chromedp.Navigate(base+"tenants/globex"),
+		chromedp.WaitVisible(chromedp.CSS(`#chart-starts path[data-series="starts/s"]`)),
+	))
+	require.False(t, visible(t, bctx, "#chart-inflight"), "globex has no concurrency rule")
 
 	// An adaptive tenant's page: its limit rising while its jobs succeed,
 	// and the changes.
@@ -213,6 +224,28 @@ func TestDashboardInChromium(t *testing.T) {
 		return line == "w-4/high w-1/ w-2/ w-3/low"
 	})
 	require.Contains(t, text(t, bctx, `#detail [data-priority="low"]`), "low")
+
+	// A waiting job's page, reached from its tenant's: where it stands in
+	// the words of sluice jobs explain, its place in the line, its history,
+	// and its task in asynq's pages.
+	require.NoError(t, chromedp.Do(bctx,
+		chromedp.Click(`#detail a[href="/jobs/w-2?queue=reports"]`),
+		chromedp.WaitVisible(chromedp.CSS(`#history tr`)),
+	))
+	require.Equal(t, "w-2", text(t, bctx, "#job-id"))
+	require.Contains(t, text(t, bctx, "#explain"), "job w-2 (type sleep, tenant wayne, queue reports): waiting in its tenant's line, 2 ahead of it")
+	require.Contains(t, text(t, bctx, "#explain"), "held by rate[0]")
+	require.Contains(t, text(t, bctx, "#line"), "#3: 2 jobs ahead of it")
+	require.Contains(t, text(t, bctx, "#history"), "joined tenant wayne's line in queue reports")
+	require.Contains(t, text(t, bctx, "#history"), "expected to start (held by rate[0])")
+	require.Equal(t, "waiting", text(t, bctx, `[data-card="state"] .value`))
+	asynqLink, err := chromedp.Run(bctx, chromedp.Evaluate[string](`document.getElementById("asynq-link").getAttribute("href")`))
+	require.NoError(t, err)
+	require.Equal(t, "/asynq/queues/reports/tasks/w-2", asynqLink)
+	require.NoError(t, chromedp.Do(bctx, chromedp.Click(`#asynq-link`)))
+	waitPage(t, base+"api/jobs/w-2", "asynqmon's page of task w-2", func() bool {
+		return strings.Contains(text(t, bctx, "body"), "w-2")
+	})
 
 	// asynq's own pages, under /asynq/, list the queue.
 	require.NoError(t, chromedp.Do(bctx,
@@ -403,6 +436,15 @@ func value(t *testing.T, ctx context.Context, sel string) float64 {
 	f, err := strconv.ParseFloat(v, 64)
 	require.NoError(t, err)
 	return f
+}
+
+// visible reports whether the element sel finds is laid out on the page
+// (it and its ancestors not hidden).
+func visible(t *testing.T, ctx context.Context, sel string) bool {
+	t.Helper()
+	v, err := chromedp.Run(ctx, chromedp.Evaluate[bool](fmt.Sprintf(`document.querySelector(%q)?.offsetParent != null`, sel)))
+	require.NoError(t, err)
+	return v
 }
 
 func text(t *testing.T, ctx context.Context, sel string) string {

@@ -1,6 +1,6 @@
 module github.com/sluicehq/sluice/e2e
 
-go 1.26.8
+go 1.26.0
 
 require (
 	github.com/chromedp/chromedp v0.23.0

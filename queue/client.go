@@ -291,7 +291,7 @@ func (c *Client) roomOn(ctx context.Context) bool {
 	err := c.layout.Check(ctx)
 	var le *asynqroom.LayoutError
 	if errors.As(err, &le) {
-		c.layoutLog.Do(func() { slog.Error("sluice: producer: " + le.Error()) })
+		c.layoutLog.Do(func() { slog.Error("waiting room is off", "err", le) })
 	}
 	return err == nil
 }

@@ -24,10 +24,10 @@ func ExampleClient_Enqueue() {
 	}
 	defer client.Close()
 
-	// A job for tenant "acme" that counts as 3 requests against its limits;
-	// asynq's options pass through. No worker serves the queue yet, so the
-	// job waits in acme's line; asynq holds its task, parked in its
-	// schedule, until a worker promotes it.
+	// A job for tenant "acme" that counts as 3 requests against its limits
+	// (a cost must fit the tenant's burst: see ExampleCost); asynq's
+	// options pass through. No worker serves the queue yet, so the job
+	// waits in acme's line until it may start.
 	info, err := client.Enqueue(ctx, "acme", asynq.NewTask("email:send", []byte(`{"to":"ana@example.com"}`)),
 		asynq.Queue(queueName), asynq.MaxRetry(5), queue.Cost(3))
 	if err != nil {
@@ -230,4 +230,40 @@ func ExampleKey() {
 	// r2 user-7
 	// r1 user-42 rate[0] 1s
 	// r2 turn 0s
+}
+
+func ExampleCost() {
+	rdb, prefix, queueName, done := exampleEnv("ExampleCost")
+	defer done()
+	ctx := context.Background()
+
+	client, err := queue.New(rdb, &queue.Config{Prefix: prefix})
+	if err != nil {
+		panic(err)
+	}
+	defer client.Close()
+
+	// A job's cost must fit every rule it passes: rate=2/s lets one job
+	// start at once (its burst is 1), so a job of cost 3 could never
+	// start. It is refused, and nothing is written.
+	policy, _ := throttle.ParsePolicy("rate=2/s")
+	if err := client.Limiter().Policies().Set(ctx, "acme", policy); err != nil {
+		panic(err)
+	}
+	_, err = client.Enqueue(ctx, "acme", asynq.NewTask("report", nil), asynq.Queue(queueName), queue.Cost(3))
+	var ce *throttle.CostError
+	fmt.Println(errors.As(err, &ce), ce.Max)
+	fmt.Println(err)
+
+	// A burst of 3 lets it in.
+	policy, _ = throttle.ParsePolicy("rate=2/s burst=3")
+	if err := client.Limiter().Policies().Set(ctx, "acme", policy); err != nil {
+		panic(err)
+	}
+	_, err = client.Enqueue(ctx, "acme", asynq.NewTask("report", nil), asynq.Queue(queueName), queue.Cost(3))
+	fmt.Println(err)
+	// Output:
+	// true 1
+	// tenant "acme": a job of cost 3 can never start: acme rate[0] (2/s) admits at most 1 at once, and a job's cost must fit its burst; give that rate burst=3 or more (rate=2/s burst=3), or split the job into jobs of cost 1 or less
+	// <nil>
 }

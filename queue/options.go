@@ -50,8 +50,11 @@ type costOption int64
 
 // Cost is an option of Client.Enqueue: the job weighs n on its tenant's
 // rate, window and quota rules (a batch call that counts as n requests).
-// The default is 1. Client removes it before the task reaches asynq; given
-// to asynq.Client directly it has no effect.
+// The default is 1. A cost must fit each of those rules (at most a rate's
+// burst, a window's or a quota's limit): under rate=2/s, whose burst is 1,
+// a job of cost 3 could never start, and Enqueue refuses it with a
+// *throttle.CostError. Client removes the option before the task reaches
+// asynq; given to asynq.Client directly it has no effect.
 func Cost(n int64) asynq.Option { return costOption(n) }
 
 func (n costOption) String() string         { return fmt.Sprintf("Cost(%d)", int64(n)) }

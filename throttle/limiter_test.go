@@ -94,17 +94,20 @@ func TestCostError(t *testing.T) {
 	e.policy(t, "r", "rate=10/s burst=5 rate=100/min burst=50")
 	e.policy(t, "w", "window=3/s")
 	e.policy(t, "q", "quota=4/day")
+	e.policy(t, "qc", `quota=4 reset="0 6 * * *"`)
 	e.policy(t, GlobalPolicy, "window=20/s")
 	for _, c := range []struct {
 		tenant string
 		cost   int64
 		max    int64
 		rule   string
+		fix    string // what the message tells the user to change
 	}{
-		{"r", 6, 5, "r rate[0] (10/s burst 5)"},
-		{"w", 4, 3, "w window (3/s)"},
-		{"q", 5, 4, "q quota (4/day)"},
-		{"other", 21, 20, "@global window (20/s)"},
+		{"r", 6, 5, "r rate[0] (10/s burst 5)", "must fit its burst; give that rate burst=6 or more (rate=10/s burst=6), or split the job into jobs of cost 5 or less"},
+		{"w", 4, 3, "w window (3/s)", "must fit its window; raise the window to window=4/s or more, or split the job into jobs of cost 3 or less"},
+		{"q", 5, 4, "q quota (4/day)", "must fit its quota; raise the quota to quota=5/day or more, or split the job into jobs of cost 4 or less"},
+		{"qc", 5, 4, `qc quota (4 reset="0 6 * * *")`, "must fit its quota; raise the quota to quota=5 or more, or split"},
+		{"other", 21, 20, "@global window (20/s)", "must fit its window; raise the window to window=21/s or more"},
 	} {
 		e.clock.Advance(time.Second)
 		// checkCost (queue.Client's, for the jobs it sends on undecided)
@@ -116,7 +119,8 @@ func TestCostError(t *testing.T) {
 		_, err := e.lim.Do(ctx, Request{Tenant: c.tenant, ID: "j", Cost: c.cost})
 		require.ErrorAs(t, err, &ce, c.tenant)
 		require.Equal(t, CostError{Tenant: c.tenant, Cost: c.cost, Max: c.max, Rule: c.rule}, *ce)
-		require.Contains(t, err.Error(), fmt.Sprintf("cost %d exceeds the %d", c.cost, c.max))
+		require.Contains(t, err.Error(), fmt.Sprintf("a job of cost %d can never start: %s admits at most %d at once", c.cost, c.rule, c.max))
+		require.Contains(t, err.Error(), c.fix)
 		// the largest cost that fits is admitted
 		d, err := e.lim.Do(ctx, Request{Tenant: c.tenant, ID: "j", Cost: c.max})
 		require.NoError(t, err)
@@ -127,7 +131,7 @@ func TestCostError(t *testing.T) {
 	p := setup(t, false, nil)
 	p.policy(t, "@openai", "rate=90000/min burst=20000")
 	err := p.lim.checkCost(ctx, Request{Tenant: "acme", Cost: 30000, Pools: []string{"@openai"}})
-	require.EqualError(t, err, `tenant "acme": cost 30000 exceeds the 20000 that @openai rate[0] (90000/min burst 20000) allows at once; raise that limit or split the job`)
+	require.EqualError(t, err, `tenant "acme": a job of cost 30000 can never start: @openai rate[0] (90000/min burst 20000) admits at most 20000 at once, and a job's cost must fit its burst; give that rate burst=30000 or more (rate=90000/min burst=30000), or split the job into jobs of cost 20000 or less`)
 	require.NoError(t, p.lim.checkCost(ctx, Request{Tenant: "acme", Cost: 4000, Pools: []string{"@openai"}}))
 }
 

@@ -2,6 +2,7 @@ package throttle
 
 import (
 	"fmt"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -321,7 +322,9 @@ func (p *Policy) maxCostOf() (int64, string) {
 }
 
 // CostError is returned for a job whose cost no rule of its policy can ever
-// admit (more than a rate's burst, a window or a quota).
+// admit (more than a rate's burst, a window or a quota). A job's cost must
+// fit every rule it passes: under rate=2/s (burst 1) a job of cost 3 never
+// starts. The message names the rule and the change that lets the job in.
 type CostError struct {
 	Tenant string
 	Cost   int64
@@ -330,5 +333,30 @@ type CostError struct {
 }
 
 func (e *CostError) Error() string {
-	return fmt.Sprintf("tenant %q: cost %d exceeds the %d that %s allows at once; raise that limit or split the job", e.Tenant, e.Cost, e.Max, e.Rule)
+	fit, fix := e.fix()
+	return fmt.Sprintf("tenant %q: a job of cost %d can never start: %s admits at most %d at once, and a job's cost must fit %s; %s, or split the job into jobs of cost %d or less",
+		e.Tenant, e.Cost, e.Rule, e.Max, fit, fix, e.Max)
+}
+
+// costRuleRE reads the rule of a CostError: "rate[0] (2/s)", "window
+// (3/s)", "quota (4/day)", after the scope's name.
+var costRuleRE = regexp.MustCompile(`(rate\[\d+\]|window|quota) \(([^()]*)\)$`)
+
+// fix says what a job's cost must fit and how to change the rule so that
+// it does.
+func (e *CostError) fix() (fit, fix string) {
+	m := costRuleRE.FindStringSubmatch(e.Rule)
+	if m == nil {
+		return "every rule's limit", "raise that limit"
+	}
+	limit, per, _ := strings.Cut(strings.Fields(m[2])[0], "/")
+	switch {
+	case strings.HasPrefix(m[1], "rate"):
+		return "its burst", fmt.Sprintf("give that rate burst=%d or more (rate=%s/%s burst=%d)", e.Cost, limit, per, e.Cost)
+	case m[1] == "window":
+		return "its window", fmt.Sprintf("raise the window to window=%d/%s or more", e.Cost, per)
+	case per != "":
+		return "its quota", fmt.Sprintf("raise the quota to quota=%d/%s or more", e.Cost, per)
+	}
+	return "its quota", fmt.Sprintf("raise the quota to quota=%d or more", e.Cost)
 }

@@ -24,7 +24,7 @@ import (
 // start waits until the debt is paid off. Windows and quotas are settled
 // exactly, as if the actual cost had been charged at the job's start; a
 // rate's meter exactly where the job's charge is its last, and otherwise
-// on the cautious side (docs/operations.md, "Settled costs").
+// on the cautious side (docs/llm.md, "Settled costs").
 //
 // Settle a job once: a second settlement of the same decision moves the
 // meters again. A job whose actual cost is its estimate needs no call, and

@@ -99,7 +99,7 @@ func TestBadTenantRunsUnderGlobalOnly(t *testing.T) {
 	info := e.queueInfo(t)
 	require.Zero(t, info.Archived)
 	logMu.Lock()
-	require.Contains(t, logs.String(), "job's tenant cannot be used: running it under @global only")
+	require.Contains(t, logs.String(), "job with unusable tenant runs under @global")
 	require.Contains(t, logs.String(), "invalid tenant")
 	logMu.Unlock()
 
@@ -130,7 +130,7 @@ func TestMissingTenantHeaderIsLoggedAndCounted(t *testing.T) {
 	eventually(t, 10*time.Second, func() bool { return rec.doneCount() == 3 }, "every job runs")
 	require.Equal(t, 3.0, metric(t, srv.Gate().Gatherer(), "sluice_worker_errors_total", map[string]string{"kind": "no_tenant"}))
 	logMu.Lock()
-	require.Contains(t, logs.String(), "job has no tenant header: running it under @global only")
+	require.Contains(t, logs.String(), "job without tenant header runs under @global")
 	logMu.Unlock()
 
 	// A worker whose jobs follow @global only by design says so with a
@@ -196,7 +196,7 @@ func TestGarbagePolicyFailsClosedUntilFixed(t *testing.T) {
 	require.Equal(t, 2, rec.doneCount(), "nothing runs on a policy that cannot be read")
 	require.Zero(t, metric(t, g, "sluice_worker_errors_total", map[string]string{"kind": "redis"}), "not taken for a Redis outage")
 	logMu.Lock()
-	require.Contains(t, logs.String(), "a policy in Redis cannot be read; deferring the job until it is fixed")
+	require.Contains(t, logs.String(), "policy unreadable; job deferred")
 	require.Contains(t, logs.String(), "is not valid JSON")
 	logMu.Unlock()
 

@@ -194,7 +194,7 @@ func (d *downstream) act(ctx context.Context, g *Gate, tenant string, sig Signal
 		d.signals.WithLabelValues(k, "malformed").Inc()
 	}
 	if len(sig.Malformed) > 0 {
-		g.warn("downstream_malformed", "sluice: a downstream's rate-limit header could not be read; it was ignored", "tenant", tenant, "response", from, "malformed", sig.Malformed)
+		g.warn("downstream_malformed", "rate-limit header ignored", "tenant", tenant, "response", from, "malformed", sig.Malformed)
 	}
 	if tenant == "" {
 		return
@@ -267,5 +267,5 @@ func (d *downstream) act(ctx context.Context, g *Gate, tenant string, sig Signal
 func (d *downstream) fail(g *Gate, tenant string, err error) {
 	d.action(tenant, actionFailed)
 	g.m.err(errDownstream)
-	g.warn(errDownstream, "sluice: could not act on a downstream's rate-limit signal", "tenant", tenant, "err", err)
+	g.warn(errDownstream, "cannot act on rate-limit signal", "tenant", tenant, "err", err)
 }

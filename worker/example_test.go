@@ -45,6 +45,7 @@ func ExampleServer() {
 	var wg sync.WaitGroup
 	wg.Add(10)
 	srv.HandleFunc("report", func(ctx context.Context, t *asynq.Task) error {
+		// the job's work: here, counting how many run at once
 		defer wg.Done()
 		n := running.Add(1)
 		defer running.Add(-1)

@@ -71,7 +71,7 @@ func (r *recoverer) forwards(ctx context.Context, interval time.Duration) {
 		queues, err := r.fleetQueues(ctx)
 		if err != nil && ctx.Err() == nil {
 			r.g.m.err(errForward)
-			r.g.warn(errForward, "sluice: could not read the fleet's queues; their due jobs are moved for the queues known", "err", err)
+			r.g.warn(errForward, "cannot list fleet queues", "err", err)
 		}
 		for _, q := range queues {
 			cctx, cancel := context.WithTimeout(ctx, r.g.cfg.CallTimeout)
@@ -79,7 +79,7 @@ func (r *recoverer) forwards(ctx context.Context, interval time.Duration) {
 			cancel()
 			if err != nil && ctx.Err() == nil {
 				r.g.m.err(errForward)
-				r.g.warn(errForward, "sluice: could not move a queue's due jobs to its pending list; asynq's own forwarders move them meanwhile", "queue", q, "err", err)
+				r.g.warn(errForward, "cannot move due jobs to pending", "queue", q, "err", err)
 			}
 		}
 	})

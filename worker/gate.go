@@ -155,7 +155,7 @@ func NewGate(lim *throttle.Limiter, asynqRedis redis.UniversalClient, cfg *GateC
 			CallTimeout: c.CallTimeout,
 			OnError: func(op string, err error) {
 				g.m.err(errBlock)
-				g.warn(errBlock, "sluice: a block of starts could not be "+op+"; its jobs are decided one by one, its slots free themselves with their lease", "err", err)
+				g.warn(errBlock, "block of starts failed; deciding jobs one by one", "op", op, "err", err)
 			},
 		})
 	}
@@ -219,7 +219,7 @@ func (g *Gate) Stop() {
 			ctx, cancel := context.WithTimeout(context.Background(), g.cfg.CallTimeout)
 			if err := g.registration.Close(ctx); err != nil {
 				g.m.err(errRoom)
-				g.warn(errRoom, "sluice: could not take the worker out of the fleet's capacity; it stops counting when its registration lapses", "err", err)
+				g.warn(errRoom, "cannot leave fleet capacity", "err", err)
 			}
 			cancel()
 		}
@@ -240,7 +240,7 @@ func (g *Gate) giveBack(ctx context.Context, task *asynq.Task) {
 	defer cancel()
 	if err := g.room.Release(cctx, j.tenant, j.queue, j.id, 0, j.scopes(), g.handing(), g.gauge.Spare); err != nil {
 		g.m.err(errRelease)
-		g.warn(errRelease, "sluice: could not release the job's slot; it frees itself when its lease runs out", "task", j.taskID, "tenant", j.tenant, "err", err)
+		g.warn(errRelease, "cannot release slot; it frees at lease end", "task", j.taskID, "tenant", j.tenant, "err", err)
 	}
 }
 
@@ -311,12 +311,12 @@ func (g *Gate) identify(ctx context.Context, task *asynq.Task) *job {
 		// Most likely a producer that bypassed queue.Client; a worker whose
 		// jobs follow @global only by design says so with a TenantFunc.
 		g.m.err(errNoTenant)
-		g.warn(errNoTenant, "job has no tenant header: running it under @global only", "task", j.taskID, "type", task.Type(), "header", taskspec.TenantHeader)
+		g.warn(errNoTenant, "job without tenant header runs under @global", "task", j.taskID, "type", task.Type(), "header", taskspec.TenantHeader)
 	}
 	if j.tenant != "" {
 		if err := names.Tenant(j.tenant); err != nil {
 			g.m.err(errTenant)
-			g.warn(errTenant, "job's tenant cannot be used: running it under @global only", "task", j.taskID, "type", task.Type(), "err", err)
+			g.warn(errTenant, "job with unusable tenant runs under @global", "task", j.taskID, "type", task.Type(), "err", err)
 			j.tenant = ""
 		}
 	}
@@ -324,7 +324,7 @@ func (g *Gate) identify(ctx context.Context, task *asynq.Task) *job {
 	if id, ok := h[taskspec.IDHeader]; ok {
 		if id == "" || len(id) > maxIDLen {
 			g.m.err(errIDHeader)
-			g.warn(errIDHeader, "job's identity header cannot be used: using its task id", "task", j.taskID, "header", taskspec.IDHeader, "length", len(id))
+			g.warn(errIDHeader, "unusable identity header; task id used", "task", j.taskID, "header", taskspec.IDHeader, "length", len(id))
 		} else {
 			j.id = id
 		}
@@ -333,7 +333,7 @@ func (g *Gate) identify(ctx context.Context, task *asynq.Task) *job {
 		n, err := strconv.ParseInt(s, 10, 64)
 		if err != nil || n < 1 {
 			g.m.err(errCostHeader)
-			g.warn(errCostHeader, "job's cost header is not a whole number of at least 1: counting it as 1", "task", j.taskID, "header", taskspec.CostHeader, "value", s)
+			g.warn(errCostHeader, "unusable cost header; cost 1 used", "task", j.taskID, "header", taskspec.CostHeader, "value", s)
 		} else {
 			j.cost = n
 		}
@@ -342,7 +342,7 @@ func (g *Gate) identify(ctx context.Context, task *asynq.Task) *job {
 		for _, p := range taskspec.ParsePools(v) {
 			if err := names.Pool(p); err != nil {
 				g.m.err(errPoolsHeader)
-				g.warn(errPoolsHeader, "job's pools header names a pool that cannot be used: running it without that pool", "task", j.taskID, "header", taskspec.PoolsHeader, "err", err)
+				g.warn(errPoolsHeader, "unusable pool in pools header; pool left out", "task", j.taskID, "header", taskspec.PoolsHeader, "err", err)
 				continue
 			}
 			j.pools = append(j.pools, p)
@@ -351,7 +351,7 @@ func (g *Gate) identify(ctx context.Context, task *asynq.Task) *job {
 	if k, ok := h[taskspec.KeyHeader]; ok && j.tenant != "" {
 		if err := names.Key(k); err != nil {
 			g.m.err(errKeyHeader)
-			g.warn(errKeyHeader, "job's key header cannot be used: running it under its tenant without the key", "task", j.taskID, "header", taskspec.KeyHeader, "err", err)
+			g.warn(errKeyHeader, "unusable key header; job runs without its key", "task", j.taskID, "header", taskspec.KeyHeader, "err", err)
 		} else {
 			j.key = k
 		}
@@ -667,7 +667,7 @@ func (g *Gate) gateError(ctx context.Context, j *job, err error, next asynq.Hand
 	var ce *throttle.CostError
 	if errors.As(err, &ce) {
 		g.m.err(errCost)
-		g.log.Error("sluice: job costs more than its policy can ever admit; deferring it until the policy changes", "task", j.taskID, "tenant", j.tenant, "err", err)
+		g.log.Error("job cost exceeds policy; deferred until it changes", "task", j.taskID, "tenant", j.tenant, "err", err)
 		delay := g.cfg.BackoffMax/2 + rand.N(g.cfg.BackoffMax/2+1)
 		return g.deferJob(ctx, j, &DeferError{Reason: ReasonCost, RetryAfter: delay, At: time.Now().Add(delay), Err: err})
 	}
@@ -680,7 +680,7 @@ func (g *Gate) gateError(ctx context.Context, j *job, err error, next asynq.Hand
 		// rule admits, it takes a policy change to fix.
 		g.m.err(errPolicy)
 		delay := g.cfg.BackoffMax/2 + rand.N(g.cfg.BackoffMax/2+1)
-		g.warn(errPolicy, "sluice: a policy in Redis cannot be read; deferring the job until it is fixed (fail closed)", "task", j.taskID, "tenant", j.tenant, "retry_in", delay, "err", err)
+		g.warn(errPolicy, "policy unreadable; job deferred", "task", j.taskID, "tenant", j.tenant, "retry_in", delay, "err", err)
 		return g.deferJob(ctx, j, &DeferError{Reason: ReasonPolicy, RetryAfter: delay, At: time.Now().Add(delay), Err: err})
 	}
 	g.m.err(errRedis)
@@ -695,11 +695,11 @@ func (g *Gate) gateError(ctx context.Context, j *job, err error, next asynq.Hand
 	}
 	if pol != nil && pol.FailOpen {
 		g.m.decision(j.tenant, verdictFailOpen, "", "")
-		g.warn(errRedis, "sluice: cannot reach Redis; running the job unthrottled (fail_open=true)", "task", j.taskID, "tenant", j.tenant, "err", err)
+		g.warn(errRedis, "Redis unreachable; job runs unthrottled (fail_open)", "task", j.taskID, "tenant", j.tenant, "err", err)
 		return g.run(ctx, j, &Admission{Tenant: j.tenant, ID: j.id, Cost: j.cost, FailOpen: true, Waited: time.Since(start)}, next)
 	}
 	delay := g.backoff()
-	g.warn(errRedis, "sluice: cannot reach Redis; deferring the job (fail closed)", "task", j.taskID, "tenant", j.tenant, "retry_in", delay, "err", err)
+	g.warn(errRedis, "Redis unreachable; job deferred", "task", j.taskID, "tenant", j.tenant, "retry_in", delay, "err", err)
 	return g.deferJob(ctx, j, &DeferError{Reason: ReasonUnavailable, RetryAfter: delay, At: time.Now().Add(delay), Err: err})
 }
 
@@ -762,7 +762,7 @@ func (g *Gate) shadowCounted(tenant string) func(throttle.Decision, error) {
 		switch {
 		case err != nil:
 			g.m.err(errShadow)
-			g.warn(errShadow, "sluice: a shadow decision could not be made; the job ran, its start is not counted", "tenant", tenant, "err", err)
+			g.warn(errShadow, "shadow decision failed; start not counted", "tenant", tenant, "err", err)
 		case d.Allowed:
 			g.m.shadows.WithLabelValues(tenant, verdictAllowed, "").Inc()
 		default:
@@ -800,7 +800,7 @@ func (g *Gate) after(ctx context.Context, j *job, err error) error {
 		cancel()
 		if cerr != nil {
 			g.m.err(errCooldown)
-			g.warn(errCooldown, "sluice: could not pause the tenant", "tenant", scope, "err", cerr)
+			g.warn(errCooldown, "cannot pause tenant", "tenant", scope, "err", cerr)
 		}
 		return g.deferJob(ctx, j, &DeferError{Reason: ReasonCooldown, RetryAfter: d, At: time.Now().Add(d), Err: err})
 	case errors.Is(err, asynq.SkipRetry):
@@ -967,7 +967,7 @@ func (g *Gate) released(j *job, err error) {
 	}
 	if err != nil {
 		g.m.err(errRelease)
-		g.warn(errRelease, "sluice: could not release the job's slot; it frees itself when its lease runs out", "task", j.taskID, "tenant", j.tenant, "err", err)
+		g.warn(errRelease, "cannot release slot; it frees at lease end", "task", j.taskID, "tenant", j.tenant, "err", err)
 	}
 }
 
@@ -994,11 +994,16 @@ func (g *Gate) release(ctx context.Context, j *job, claim uint64) {
 	g.released(j, err)
 }
 
+// logMsg is a log message that passes through a helper: only a constant
+// converts to it implicitly, and internal/logstyle's test holds every
+// explicit conversion to a constant too.
+type logMsg string
+
 // warn logs at most once a second per kind, so that a stream of bad jobs
 // or a Redis outage does not flood the log; the metrics count every one.
-func (g *Gate) warn(kind, msg string, args ...any) {
+func (g *Gate) warn(kind string, msg logMsg, args ...any) {
 	if g.logLimit.allow(kind) {
-		g.log.Warn(msg, args...)
+		g.log.Warn(string(msg), args...)
 	}
 }
 

@@ -342,7 +342,7 @@ func TestUnusableHeadersRunTheJobUnderGlobal(t *testing.T) {
 	require.GreaterOrEqual(t, metric(t, g, "sluice_worker_errors_total", map[string]string{"kind": "tenant_header"}), 2.0)
 	require.GreaterOrEqual(t, metric(t, g, "sluice_worker_errors_total", map[string]string{"kind": "cost_header"}), 1.0)
 	logMu.Lock()
-	require.Contains(t, logs.String(), "running it under @global only")
+	require.Contains(t, logs.String(), "runs under @global")
 	logMu.Unlock()
 }
 

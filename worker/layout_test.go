@@ -47,7 +47,7 @@ func TestRoomOffOnAnUnknownAsynqLayout(t *testing.T) {
 	require.Zero(t, nonConforming(rec.startTimes(), rate, 2), "the gate kept the rate")
 	require.LessOrEqual(t, rec.maxRun, conc)
 	require.Equal(t, 1.0, metric(t, srv.Gate().Gatherer(), "sluice_worker_errors_total", map[string]string{"kind": "asynq_layout"}))
-	require.Equal(t, 1, strings.Count(logs.String(), "waiting room is off"), logs.String())
+	require.Equal(t, 1, strings.Count(logs.String(), `msg="waiting room is off"`), logs.String())
 	require.Contains(t, logs.String(), "asynq v0.99.0: not a version sluice knows")
 	require.Zero(t, e.queueInfo(t).Archived)
 }

@@ -246,7 +246,7 @@ func (r *recoverer) leave() {
 		defer cancel()
 		if err := r.fleet.Leave(ctx, r.id); err != nil {
 			r.g.m.err(errRecover)
-			r.g.log.Warn("sluice: could not leave the fleet's registry; the fleet forgets this worker when its lease runs out", "worker", r.id, "err", err)
+			r.g.log.Warn("cannot leave fleet registry", "worker", r.id, "err", err)
 		}
 	})
 }
@@ -265,7 +265,7 @@ func (r *recoverer) beat(ctx context.Context, first bool) {
 	if err != nil {
 		if ctx.Err() == nil {
 			r.g.m.err(errRecover)
-			r.g.warn(errRecover, "sluice: could not renew this worker's lease in the fleet's registry; after RecoverLease without one the fleet takes it for dead and gives its jobs back", "worker", r.id, "lease", r.lease, "err", err)
+			r.g.warn(errRecover, "cannot renew worker lease in fleet registry", "worker", r.id, "lease", r.lease, "err", err)
 		}
 		return
 	}
@@ -273,7 +273,7 @@ func (r *recoverer) beat(ctx context.Context, first bool) {
 	r.leader.Store(leader)
 	if rejoined && !first {
 		r.declared.Inc()
-		r.g.log.Warn("sluice: this worker was taken for dead (a whole RecoverLease without a beat: a pause, or Redis unreachable); the jobs it runs may have been given back and run a second time", "worker", r.id, "lease", r.lease)
+		r.g.log.Warn("worker was taken for dead; its jobs may run twice", "worker", r.id, "lease", r.lease)
 		r.mu.Lock()
 		clear(r.written)
 		r.epoch++
@@ -337,7 +337,7 @@ func (r *recoverer) records(ctx context.Context) {
 		gap.Reset(recordEvery)
 		if err := r.flush(ctx); err != nil && ctx.Err() == nil {
 			r.g.m.err(errRecover)
-			r.g.warn(errRecover, "sluice: could not record the jobs this worker runs; if it dies now, asynq's own recoverer gives them back (in 1–2 minutes)", "worker", r.id, "err", err)
+			r.g.warn(errRecover, "cannot record running jobs", "worker", r.id, "err", err)
 			t := time.NewTimer(backoff)
 			select {
 			case <-ctx.Done():
@@ -409,7 +409,7 @@ func (r *recoverer) checks(ctx context.Context) {
 		}
 		if err := r.check(ctx, n%2 == 1); err != nil && ctx.Err() == nil {
 			r.g.m.err(errRecover)
-			r.g.warn(errRecover, "sluice: the recoverer met an error; it tries again in a second", "worker", r.id, "err", err)
+			r.g.warn(errRecover, "recoverer error; retrying", "worker", r.id, "err", err)
 		}
 	})
 }
@@ -483,7 +483,7 @@ func (r *recoverer) recoverDead(ctx context.Context, lapsed []string) error {
 		if _, err := r.fleet.Drop(ctx, r.id, dead); err != nil {
 			return err
 		}
-		r.g.log.Info("sluice: a worker's lease ran out; its jobs went back to their queues", "dead", dead, "lease", r.lease, "recorded", len(jobs), "given_back", given)
+		r.g.log.Info("dead worker's jobs given back", "dead", dead, "lease", r.lease, "recorded", len(jobs), "given_back", given)
 	}
 	return nil
 }
@@ -547,7 +547,7 @@ func (r *recoverer) recoverOrphans(ctx context.Context) error {
 	}
 	given, err := r.giveBack(ctx, candidates, "orphan")
 	if given > 0 {
-		r.g.log.Info("sluice: gave back asynq tasks that nobody ran (active, not recorded by any worker, their asynq lease unextended)", "given_back", given, "unextended_for", orphanAfter)
+		r.g.log.Info("orphaned active tasks given back", "given_back", given, "unextended_for", orphanAfter)
 	}
 	return err
 }

@@ -149,7 +149,7 @@ func (r *renewer) counted(h *held, err error) {
 		h.lost = true
 		r.mu.Unlock()
 		if first {
-			g.log.Warn("sluice: a running job lost its concurrency slot (its lease ran out before a renewal); it keeps running but no longer counts", "task", j.taskID, "tenant", j.tenant, "lease", h.lease)
+			g.log.Warn("running job lost its concurrency slot", "task", j.taskID, "tenant", j.tenant, "lease", h.lease)
 		}
 	case err != nil:
 		g.m.renewals.WithLabelValues(renewError).Inc()

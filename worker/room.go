@@ -103,13 +103,13 @@ func (g *Gate) layoutOK(ctx context.Context) bool {
 		case errors.As(err, &le):
 			g.roomOff.Store(true)
 			g.m.err(errLayout)
-			g.log.Error("sluice: worker: " + le.Error())
+			g.log.Error("waiting room is off", "err", le)
 			return false
 		case ctx.Err() != nil:
 			return false
 		}
 		g.m.err(errRoom)
-		g.warn(errRoom, "sluice: could not check asynq's layout before running the waiting room; trying again", "err", err)
+		g.warn(errRoom, "cannot check asynq layout; retrying", "err", err)
 		t := time.NewTimer(time.Second)
 		select {
 		case <-ctx.Done():
@@ -135,11 +135,11 @@ func (g *Gate) startPump(queues []string, concurrency int) {
 		// the fleet's capacity counts this worker while it lives
 		reg, err := asynqroom.Register(ctx, g.asynqRedis, queues, concurrency, func(err error) {
 			g.m.err(errRoom)
-			g.warn(errRoom, "sluice: could not renew the worker's registration in the fleet's capacity; it tries again", "err", err)
+			g.warn(errRoom, "cannot renew fleet capacity registration", "err", err)
 		})
 		if err != nil {
 			g.m.err(errRoom)
-			g.log.Error("sluice: could not register the worker in the fleet's capacity; producers and pumps count it once asynq's server registry shows it", "err", err)
+			g.log.Error("cannot register in fleet capacity", "err", err)
 		}
 		g.registration = reg
 		g.pumpWG.Add(2)
@@ -173,7 +173,7 @@ func (g *Gate) startPump(queues []string, concurrency int) {
 				},
 				OnError: func(err error) {
 					g.m.err(errRoom)
-					g.warn(errRoom, "sluice: the waiting room's pump met an error; it goes on", "err", err)
+					g.warn(errRoom, "pump error", "err", err)
 				},
 			})
 		}()
@@ -202,7 +202,7 @@ func (g *Gate) sampleLines(ctx context.Context, queues []string) {
 		if err != nil {
 			if ctx.Err() == nil {
 				g.m.err(errRoom)
-				g.warn(errRoom, "sluice: could not sample the waiting room's lines for sluice_room_waiting; it tries again", "err", err)
+				g.warn(errRoom, "cannot sample waiting lines", "err", err)
 			}
 			return
 		}

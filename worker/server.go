@@ -162,7 +162,7 @@ func (s *Server) Shutdown() {
 		s.srv.Shutdown()
 		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownWait)
 		if err := s.gate.Wait(ctx); err != nil {
-			s.gate.log.Warn("sluice: handlers still running after shutdown; their slots free themselves when their leases run out", "waited", s.cfg.ShutdownWait)
+			s.gate.log.Warn("handlers still running after shutdown", "waited", s.cfg.ShutdownWait)
 		}
 		cancel()
 	}

@@ -69,7 +69,7 @@ func (g *Gate) settle(ctx context.Context, j *job, a *Admission, s *settlement, 
 	err := g.lim.Settle(cctx, j.request(g.path), a.Decision, actual)
 	if err != nil {
 		g.m.err(errSettle)
-		g.warn(errSettle, "sluice: could not settle the job's cost; its estimate stays charged", "task", j.taskID, "tenant", j.tenant, "estimate", j.cost, "actual", actual, "err", err)
+		g.warn(errSettle, "cost not settled; estimate stays charged", "task", j.taskID, "tenant", j.tenant, "estimate", j.cost, "actual", actual, "err", err)
 		return
 	}
 	if actual < j.cost {
@@ -106,7 +106,7 @@ func usage(ctx context.Context, value any, from string) {
 	g.m.err(errUsage)
 	if g.usageLogged.CompareAndSwap(false, true) {
 		id, _ := AdmissionFrom(ctx)
-		g.log.Warn("sluice: the response's usage is not a whole number of at least 0: the job keeps its estimated cost (logged once; sluice_worker_errors_total{kind=\"usage\"} counts every one)",
+		g.log.Warn("usage not a whole number; estimate kept",
 			"from", from, "value", fmt.Sprint(value), "tenant", id.Tenant)
 	}
 }

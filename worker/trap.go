@@ -58,7 +58,7 @@ func (g *Gate) copyJob(ctx context.Context, j *job, e *DeferError) error {
 			opts = append(opts, asynq.Retention(info.Retention))
 		}
 	} else {
-		g.warn(errCopy, "sluice: could not read the task's options; its copy gets asynq's default timeout", "task", j.taskID, "err", err)
+		g.warn(errCopy, "cannot read task options; copy gets default timeout", "task", j.taskID, "err", err)
 	}
 	task := asynq.NewTaskWithHeaders(j.task.Type(), j.task.Payload(), headers)
 	for attempt := 1; ; attempt++ {
@@ -71,7 +71,7 @@ func (g *Gate) copyJob(ctx context.Context, j *job, e *DeferError) error {
 		}
 		g.m.err(errCopy)
 		if attempt == copyAttempts || !g.sleep(ctx, time.Duration(attempt)*200*time.Millisecond) {
-			g.log.Error("sluice: could not enqueue the copy of a deferred job at its retry limit; asynq will archive the job", "task", j.taskID, "tenant", j.tenant, "copy", id, "err", err)
+			g.log.Error("cannot enqueue copy at retry limit; job will be archived", "task", j.taskID, "tenant", j.tenant, "copy", id, "err", err)
 			return e
 		}
 	}

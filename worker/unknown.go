@@ -130,11 +130,11 @@ func (f *failures) unknownTypes(next asynq.Handler) asynq.Handler {
 		}
 		f.m.unknownTypes.WithLabelValues(label).Inc()
 		if logIt {
-			what := "its jobs are archived at once (sluice jobs --state archived lists them)"
+			jobs := "archived"
 			if f.retry {
-				what = "asynq retries its jobs (RetryUnknownTypes)"
+				jobs = "retried" // RetryUnknownTypes
 			}
-			f.log.Error("sluice: no handler for this task type; "+what+"; logged once per type", "type", typ, "handles", handledText(err.Handled), "task", id)
+			f.log.Error("no handler for task type", "type", typ, "handles", handledText(err.Handled), "task", id, "jobs", jobs)
 		}
 		return err
 	})
@@ -159,7 +159,7 @@ func (f *failures) handlerErrors(next asynq.Handler) asynq.Handler {
 		attrs := []any{"task", id, "type", task.Type(), "tenant", a.Tenant, "queue", q, "retried", retried, "max_retry", maxRetry}
 		var ra *RetryAfterError
 		if errors.As(err, &ra) {
-			f.log.Debug("sluice: handler asked to pause the tenant; the job is deferred", append(attrs, "retry_after", ra.Delay, "err", err)...)
+			f.log.Debug("handler paused tenant; job deferred", append(attrs, "retry_after", ra.Delay, "err", err)...)
 			return err
 		}
 		suppressed, ok := f.allowErrLog(task.Type())
@@ -171,9 +171,9 @@ func (f *failures) handlerErrors(next asynq.Handler) asynq.Handler {
 		}
 		attrs = append(attrs, "err", err.Error())
 		if errors.Is(err, asynq.SkipRetry) || retried >= maxRetry {
-			f.log.Error("sluice: job failed for good; asynq archives it", attrs...)
+			f.log.Error("job failed for good", attrs...)
 		} else {
-			f.log.Warn("sluice: job failed; asynq will retry it", attrs...)
+			f.log.Warn("job failed; will retry", attrs...)
 		}
 		return err
 	})

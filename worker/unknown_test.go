@@ -85,7 +85,7 @@ func TestUnknownTypeIsArchivedAtOnce(t *testing.T) {
 	g := srv.Gate().Gatherer()
 	require.Equal(t, 3.0, metric(t, g, "sluice_worker_unknown_types_total", map[string]string{"type": "slep"}))
 	require.Equal(t, 1.0, metric(t, g, "sluice_worker_unknown_types_total", map[string]string{"type": "nope"}))
-	require.Len(t, logs.lines(`msg="sluice: no handler for this task type`), 2, "one line per type")
+	require.Len(t, logs.lines(`msg="no handler for task type"`), 2, "one line per type")
 	require.Len(t, logs.lines(`type=slep handles="email:*, sleep"`), 1)
 
 	// The gate was never asked, and what the waiting room took for the
@@ -140,14 +140,14 @@ func TestHandlerErrorsAreLogged(t *testing.T) {
 
 	retry := logs.lines("task=" + flaky.ID)
 	require.Len(t, retry, 2)
-	require.Contains(t, retry[0], `level=WARN msg="sluice: job failed; asynq will retry it"`)
+	require.Contains(t, retry[0], `level=WARN msg="job failed; will retry"`)
 	require.Contains(t, retry[0], "task="+flaky.ID+" type=flaky tenant=acme queue="+e.queue+" retried=0 max_retry=1")
 	require.Contains(t, retry[0], `err="downstream said 500: internal\nerror"`)
-	require.Contains(t, retry[1], `level=ERROR msg="sluice: job failed for good; asynq archives it"`)
+	require.Contains(t, retry[1], `level=ERROR msg="job failed for good"`)
 	require.Contains(t, retry[1], "retried=1 max_retry=1")
 	final := logs.lines("task=" + broken.ID)
 	require.Len(t, final, 1)
-	require.Contains(t, final[0], `level=ERROR msg="sluice: job failed for good; asynq archives it" task=`+broken.ID+" type=broken tenant=globex")
+	require.Contains(t, final[0], `level=ERROR msg="job failed for good" task=`+broken.ID+" type=broken tenant=globex")
 	require.Contains(t, final[0], `err="payload has no url\nskip retry for the task"`)
 }
 

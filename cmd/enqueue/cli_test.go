@@ -44,18 +44,19 @@ func TestCLI(t *testing.T) {
 	require.NoError(t, err, "go build: %s", out)
 
 	for name, fn := range map[string]func(*testing.T, *cli){
-		"Help":        testHelp,
-		"BadUsage":    testBadUsage,
-		"Unreachable": testUnreachable,
-		"One":         testOne,
-		"Count":       testCount,
-		"File":        testFile,
-		"FileRerun":   testFileRerun,
-		"Stdin":       testStdin,
-		"Cron":        testCron,
-		"Priority":    testPriority,
-		"Pools":       testPools,
-		"Keys":        testKeys,
+		"Help":          testHelp,
+		"BadUsage":      testBadUsage,
+		"Unreachable":   testUnreachable,
+		"One":           testOne,
+		"Count":         testCount,
+		"File":          testFile,
+		"FileRerun":     testFileRerun,
+		"Stdin":         testStdin,
+		"Cron":          testCron,
+		"Priority":      testPriority,
+		"Pools":         testPools,
+		"Keys":          testKeys,
+		"CostOverBurst": testCostOverBurst,
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -237,11 +238,40 @@ func testOne(t *testing.T, c *cli) {
 	require.Len(t, c.tasks(t), 2)
 }
 
-func testCount(t *testing.T, c *cli) {
-	client := redistest.Client(t)
-	lim, err := throttle.NewLimiter(client, &throttle.Config{Prefix: c.prefix})
+// testCostOverBurst: a job whose cost does not fit its tenant's burst is
+// refused every time, with the message naming the rule and the fix, and
+// nothing is enqueued; once the burst fits, it is.
+func testCostOverBurst(t *testing.T, c *cli) {
+	lim := c.limiter(t)
+	set := func(text string) {
+		p, err := throttle.ParsePolicy(text)
+		require.NoError(t, err)
+		require.NoError(t, lim.Policies().Set(context.Background(), "acme", p))
+	}
+	set("rate=2/s")
+	for range 2 {
+		r := c.run(t, nil, "--tenant", "acme", "--type", "sleep", "--payload", `{"ms":1}`, "--cost", "3")
+		require.Equal(t, result{code: 1, stderr: "enqueue: tenant \"acme\": a job of cost 3 can never start: acme rate[0] (2/s) admits at most 1 at once, and a job's cost must fit its burst; give that rate burst=3 or more (rate=2/s burst=3), or split the job into jobs of cost 1 or less\n"}, r)
+		require.Empty(t, c.tasks(t))
+	}
+	set("rate=2/s burst=3")
+	r := c.run(t, nil, "--tenant", "acme", "--type", "sleep", "--payload", `{"ms":1}`, "--cost", "3")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Len(t, c.tasks(t), 1)
+}
+
+// limiter is a limiter on the test's Redis and prefix, closed when the
+// test ends.
+func (c *cli) limiter(t *testing.T) *throttle.Limiter {
+	t.Helper()
+	lim, err := throttle.NewLimiter(redistest.Client(t), &throttle.Config{Prefix: c.prefix})
 	require.NoError(t, err)
-	defer lim.Close()
+	t.Cleanup(func() { _ = lim.Close() })
+	return lim
+}
+
+func testCount(t *testing.T, c *cli) {
+	lim := c.limiter(t)
 	ctx := context.Background()
 	p, err := throttle.ParsePolicy("backlog=250")
 	require.NoError(t, err)
@@ -363,7 +393,7 @@ func testFileRerun(t *testing.T, c *cli) {
 	file := write("\xef\xbb\xbf"+job, job, `{"tenant":"acme","type":"slep"`, `{"tenant":"globex","type":"sleep"}`)
 	r := c.run(t, nil, "--file", file)
 	require.Equal(t, 1, r.code)
-	require.Equal(t, "enqueue: line 3: not valid JSON: unexpected end of JSON input at byte 30\nenqueue: 1 of 4 lines of "+file+" are bad (reported above): nothing was enqueued; fix them and run again (--partial enqueues the good lines and reports the bad ones)\n", r.stderr)
+	require.Equal(t, "enqueue: line 3: not valid JSON: unexpected end of JSON input at byte 30\nenqueue: 1 of 4 lines of "+file+" is bad (reported above): nothing was enqueued; fix it and run again (--partial enqueues the good lines and reports the bad ones)\n", r.stderr)
 	require.Empty(t, c.tasks(t))
 
 	// --partial enqueues the three good lines (a leading byte order mark

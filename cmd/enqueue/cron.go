@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/human"
 	"github.com/sluicehq/sluice/queue"
 )
 
@@ -24,7 +25,7 @@ func (e *enqueuer) cron(ctx context.Context) int {
 	for {
 		select {
 		case <-ctx.Done():
-			fmt.Fprintf(e.stdout, "stopped: enqueued %d jobs in %d runs%s\n", done, runs, failedNote(failed))
+			fmt.Fprintf(e.stdout, "stopped: enqueued %s in %s%s\n", human.Count(done, "job", "jobs"), human.Count(runs, "run", "runs"), failedNote(failed))
 			if failed > 0 {
 				return exitFailure
 			}
@@ -50,7 +51,7 @@ func (e *enqueuer) cron(ctx context.Context) int {
 		}
 		done += ok
 		if o.count > 1 {
-			fmt.Fprintf(e.stdout, "%s enqueued %d of %d jobs for tenant %s\n", time.Now().UTC().Format(time.RFC3339), ok, o.count, o.tenant)
+			fmt.Fprintf(e.stdout, "%s enqueued %d of %s for tenant %s\n", time.Now().UTC().Format(time.RFC3339), ok, human.Count(o.count, "job", "jobs"), o.tenant)
 		}
 		next = o.schedule.Next(time.Now())
 		timer.Reset(time.Until(next))

@@ -18,6 +18,7 @@ import (
 	"github.com/robfig/cron/v3"
 
 	"github.com/sluicehq/sluice/internal/cmdline"
+	"github.com/sluicehq/sluice/internal/human"
 	"github.com/sluicehq/sluice/internal/names"
 	"github.com/sluicehq/sluice/internal/redisurl"
 	"github.com/sluicehq/sluice/queue"
@@ -451,10 +452,10 @@ func (e *enqueuer) count(ctx context.Context) int {
 	}
 	p.finish()
 	if interrupted {
-		fmt.Fprintf(e.stdout, "interrupted: enqueued %d of %d jobs for tenant %s (%d failed); the other %d were not enqueued\n", done, o.count, o.tenant, failed, o.count-done-failed)
+		fmt.Fprintf(e.stdout, "interrupted: enqueued %d of %s for tenant %s (%d failed); the other %d %s not enqueued\n", done, human.Count(o.count, "job", "jobs"), o.tenant, failed, o.count-done-failed, plural(o.count-done-failed, "was", "were"))
 		return exitFailure
 	}
-	fmt.Fprintf(e.stdout, "enqueued %d of %d jobs for tenant %s in %s%s\n", done, o.count, o.tenant, elapsed(start, done), failedNote(failed))
+	fmt.Fprintf(e.stdout, "enqueued %d of %s for tenant %s in %s%s\n", done, human.Count(o.count, "job", "jobs"), o.tenant, elapsed(start, done), failedNote(failed))
 	if failed > 0 {
 		return exitFailure
 	}

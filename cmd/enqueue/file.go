@@ -19,6 +19,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
+	"github.com/sluicehq/sluice/internal/human"
 	"github.com/sluicehq/sluice/internal/names"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/taskspec"
@@ -312,10 +313,10 @@ func (e *enqueuer) file(ctx context.Context, in io.Reader, name string) int {
 		fmt.Fprintf(e.stderr, "enqueue: cannot read %s: %v; nothing was enqueued\n", name, err)
 		return exitFailure
 	case bad > 0 && e.o.dryRun:
-		fmt.Fprintf(e.stdout, "dry run: %d of %d lines of %s are bad (reported above); the other %d are good; nothing was enqueued\n", bad, good+bad, name, good)
+		fmt.Fprintf(e.stdout, "dry run: %d of %s of %s %s bad (reported above); the other %d %s good; nothing was enqueued\n", bad, human.Count(good+bad, "line", "lines"), name, plural(bad, "is", "are"), good, plural(good, "is", "are"))
 		return exitFailure
 	case bad > 0:
-		fmt.Fprintf(e.stderr, "enqueue: %d of %d lines of %s are bad (reported above): nothing was enqueued; fix them and run again (--partial enqueues the good lines and reports the bad ones)\n", bad, good+bad, name)
+		fmt.Fprintf(e.stderr, "enqueue: %d of %s of %s %s bad (reported above): nothing was enqueued; fix %s and run again (--partial enqueues the good lines and reports the bad ones)\n", bad, human.Count(good+bad, "line", "lines"), name, plural(bad, "is", "are"), plural(bad, "it", "them"))
 		return exitFailure
 	case e.o.dryRun:
 		fmt.Fprintf(e.stdout, "dry run: the %d %s of %s would be enqueued; nothing was enqueued\n", good, plural(good, "job", "jobs"), name)
@@ -461,14 +462,14 @@ func (e *enqueuer) stream(ctx context.Context, in io.Reader, name string, total 
 	}
 	switch {
 	case interrupted:
-		fmt.Fprintf(e.stdout, "interrupted after line %d of %s: enqueued %d jobs, %d failed%s; the lines after %d were not enqueued%s\n", last, name, done, failed, alreadyNote(already), last, rerun)
+		fmt.Fprintf(e.stdout, "interrupted after line %d of %s: enqueued %s, %d failed%s; the lines after %d were not enqueued%s\n", last, name, human.Count(done, "job", "jobs"), failed, alreadyNote(already), last, rerun)
 		return exitFailure
 	case readErr != nil:
 		fmt.Fprintf(e.stderr, "enqueue: cannot read %s after line %d: %v\n", name, last, readErr)
-		fmt.Fprintf(e.stdout, "enqueued %d of %d jobs from %s in %s%s%s; the lines after %d were not read\n", done, done+failed+already, name, elapsed(start, done), failedNote(failed), alreadyNote(already), last)
+		fmt.Fprintf(e.stdout, "enqueued %d of %s from %s in %s%s%s; the lines after %d were not read\n", done, human.Count(done+failed+already, "job", "jobs"), name, elapsed(start, done), failedNote(failed), alreadyNote(already), last)
 		return exitFailure
 	}
-	fmt.Fprintf(e.stdout, "enqueued %d of %d jobs from %s in %s%s%s\n", done, done+failed+already, name, elapsed(start, done), failedNote(failed), alreadyNote(already))
+	fmt.Fprintf(e.stdout, "enqueued %d of %s from %s in %s%s%s\n", done, human.Count(done+failed+already, "job", "jobs"), name, elapsed(start, done), failedNote(failed), alreadyNote(already))
 	if failed > 0 {
 		return exitFailure
 	}

@@ -22,7 +22,9 @@ Job flags (with --file, defaults for the lines that leave them out):
                      as it is written (not with --file)
   --queue Q          the queue (default "default")
   --cost C           how much the job weighs on its tenant's rate, window and
-                     quota rules (default 1)
+                     quota rules (default 1); it must fit each of them: under
+                     rate=2/s (burst 1) a job of cost 3 is refused every time
+                     (give the rate burst=3 or more)
   --priority P       high, normal (the default) or low: the job's place among
                      its tenant's jobs while they wait (high leave first);
                      other tenants' jobs are served as before

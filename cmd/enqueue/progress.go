@@ -9,6 +9,8 @@ import (
 
 	"github.com/schollz/progressbar/v3"
 	"golang.org/x/term"
+
+	"github.com/sluicehq/sluice/internal/human"
 )
 
 // progress shows how far a long enqueue has come, on stderr.
@@ -59,14 +61,14 @@ func (p *plain) add(done, failed int) {
 	p.last = time.Now()
 	rate := float64(done) / time.Since(p.start).Seconds()
 	if p.total < 0 {
-		fmt.Fprintf(p.w, "enqueue: %d jobs enqueued, %d failed (%.0f/s)\n", done, failed, rate)
+		fmt.Fprintf(p.w, "enqueue: %s enqueued, %d failed (%.0f/s)\n", human.Count(done, "job", "jobs"), failed, rate)
 		return
 	}
 	left := ""
 	if rest := p.total - int64(done+failed); rest > 0 && rate > 0 {
 		left = fmt.Sprintf(", about %s left", (time.Duration(float64(rest)/rate) * time.Second).Round(time.Second))
 	}
-	fmt.Fprintf(p.w, "enqueue: %d of %d jobs enqueued, %d failed (%.0f/s%s)\n", done, p.total, failed, rate, left)
+	fmt.Fprintf(p.w, "enqueue: %d of %s enqueued, %d failed (%.0f/s%s)\n", done, human.Count(p.total, "job", "jobs"), failed, rate, left)
 }
 
 func (p *plain) note(msg string) { fmt.Fprintln(p.w, msg) }

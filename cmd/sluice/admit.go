@@ -60,7 +60,7 @@ func admit(a *app, c *command, o *opts, args []string) error {
 	d, err := cn.limiter.Do(a.ctx, throttle.Request{Tenant: tenant, ID: id, Cost: o.cost, DryRun: true})
 	var ce *throttle.CostError
 	if errors.As(err, &ce) {
-		return fmt.Errorf("a job of %q costing %d could never be admitted: the %d that %s allows at once is less; raise that limit or split the job", tenant, o.cost, ce.Max, ce.Rule)
+		return ce
 	}
 	if err != nil {
 		return err
@@ -131,7 +131,7 @@ func admit(a *app, c *command, o *opts, args []string) error {
 		row("learned", "%s", l.String())
 	}
 	if d.Remaining >= 0 {
-		row("remaining", "%d more jobs of cost 1 right now", d.Remaining)
+		row("remaining", "%s of cost 1 right now", human.Count(d.Remaining, "more job", "more jobs"))
 	}
 	switch {
 	case d.ResetAfter > 0:

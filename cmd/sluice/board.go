@@ -6,14 +6,17 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"net/url"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/hibiken/asynq"
 
 	"github.com/sluicehq/sluice/internal/fleet"
+	"github.com/sluicehq/sluice/internal/human"
 	"github.com/sluicehq/sluice/internal/names"
 	"github.com/sluicehq/sluice/internal/waitroom"
 	"github.com/sluicehq/sluice/taskspec"
@@ -117,7 +120,11 @@ type rowJSON struct {
 	OldestWaitMS float64 `json:"oldest_wait_ms"`
 	Reserved     int64   `json:"reserved"`
 	CooldownMS   float64 `json:"cooldown_ms"`
-	BacklogCap   int64   `json:"backlog_cap"`
+	// Paused says the tenant was in cooldown at some moment since the
+	// sample before: at this one, at that one, or, when the workers label
+	// their decisions by tenant, in a job the gate denied by cooldown.
+	Paused     bool  `json:"paused"`
+	BacklogCap int64 `json:"backlog_cap"`
 	// SettledRefunded and SettledExtra are the cost settled after its
 	// jobs ran (Stats.Refunded, Stats.Extra): given back by jobs cheaper
 	// than their estimate and charged for dearer ones, while its state
@@ -452,6 +459,8 @@ func (b *board) record(cur topSample, names []string, rates decisionRates, worke
 				row.Decisions = &decisionsJSON{Denied: map[string]float64{}}
 			}
 		}
+		p := prev[r.tenant]
+		row.Paused = row.CooldownMS > 0 || (p != nil && p.CooldownUntil.After(p.Now)) || (row.Decisions != nil && row.Decisions.Denied[ruleCooldown] > 0)
 		tr := b.tracks[r.tenant]
 		if tr == nil {
 			tr = &track{}
@@ -505,12 +514,19 @@ func newRow(s *throttle.Stats, r topRow) rowJSON {
 		row.Limit, row.LimitPerS = limitText(rt), perSec
 	}
 	if sh := s.Shadow; sh != nil {
+		text := "would have denied " + shadowCell(sh)
+		if sh.Decisions > 0 {
+			text += " starts in the last " + short(s.Now.Sub(sh.Since))
+		}
 		row.Shadow = &boardShadowJSON{shadowJSON: *toJSON(&throttle.Stats{Shadow: sh}).Shadow,
-			DecisionsPerS: round2(r.shadowPerSec), DeniedPerS: round2(r.shadowDeniedPerSec),
-			Text: "would have denied " + shadowCell(sh)}
+			DecisionsPerS: round2(r.shadowPerSec), DeniedPerS: round2(r.shadowDeniedPerSec), Text: text}
 	}
 	return row
 }
+
+// ruleCooldown is the rule of a decision denied because its tenant was
+// in cooldown (throttle.Decision.Rule).
+const ruleCooldown = "cooldown"
 
 // The kinds of the dashboard's lines.
 const (
@@ -649,7 +665,41 @@ func (b *board) next(ctx context.Context, tenant string) ([]nextJSON, error) {
 	return out, nil
 }
 
-// serveJob is GET /api/jobs/{id}[?queue=Q]: sluice jobs explain --json.
+// jobDoc is GET /api/jobs/{id}[?queue=Q], what a job's page shows: Job is
+// what sluice jobs explain --json prints and Explain what it prints as
+// text; Line the job's place in its tenant's line (null when it does not
+// wait in one); History what is known of the job's way, oldest first;
+// AsynqURL its page in asynq's own UI.
+type jobDoc struct {
+	boardHeader
+	Job      explainDoc  `json:"job"`
+	Explain  string      `json:"explain"`
+	Line     *lineJSON   `json:"line"`
+	History  []eventJSON `json:"history"`
+	AsynqURL string      `json:"asynq_url"`
+}
+
+// lineJSON is a waiting job's place in its tenant's line: Position counts
+// from 1 at the head; Waiting is how many of the tenant's jobs wait, in
+// all its lines, at the last sample (0 when the tenant is not followed).
+type lineJSON struct {
+	Position  int64      `json:"position"`
+	Ahead     int64      `json:"ahead"`
+	CostAhead int64      `json:"cost_ahead"`
+	Cost      int64      `json:"cost"`
+	Priority  string     `json:"priority"`
+	Since     *time.Time `json:"since"`
+	Waiting   int64      `json:"waiting"`
+}
+
+// eventJSON is a moment of a job's history; Next marks one to come.
+type eventJSON struct {
+	At   time.Time `json:"at"`
+	What string    `json:"what"`
+	Next bool      `json:"next,omitempty"`
+}
+
+// serveJob is GET /api/jobs/{id}[?queue=Q]: the job's page (jobDoc).
 func (b *board) serveJob(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	in := asynq.NewInspectorFromRedisClient(b.cn.client)
@@ -672,12 +722,56 @@ func (b *board) serveJob(w http.ResponseWriter, r *http.Request) {
 		serveJSON(w, http.StatusConflict, map[string]string{"error": fmt.Sprintf("task %q is in several queues: give the one you mean with ?queue=", id)})
 		return
 	}
-	doc, _, err := explainTask(r.Context(), b.cn, found[0])
+	info := found[0]
+	doc, x, err := explainTask(r.Context(), b.cn, info)
 	if err != nil {
 		serveJSON(w, http.StatusBadGateway, map[string]string{"error": err.Error()})
 		return
 	}
-	serveJSON(w, http.StatusOK, doc)
+	var text strings.Builder
+	if err := writeExplain(&text, doc, x); err != nil {
+		serveJSON(w, http.StatusInternalServerError, map[string]string{"error": err.Error()})
+		return
+	}
+	b.mu.RLock()
+	out := jobDoc{boardHeader: b.header(), Job: doc, Explain: text.String(), History: jobHistory(info, doc, x, time.Now()),
+		AsynqURL: asynqRoot + "/queues/" + url.PathEscape(info.Queue) + "/tasks/" + url.PathEscape(info.ID)}
+	if x != nil && x.Waiting {
+		out.Line = &lineJSON{Position: x.Ahead + 1, Ahead: x.Ahead, CostAhead: x.CostAhead, Cost: x.Cost,
+			Priority: taskspec.Priority(x.Priority).String(), Since: timePtr(x.Lined)}
+		if tr := b.tracks[doc.Tenant]; tr != nil {
+			out.Line.Waiting = tr.stats.Waiting
+		}
+	}
+	b.mu.RUnlock()
+	serveJSON(w, http.StatusOK, out)
+}
+
+// jobHistory is what asynq and the tenant's line know of a job's way, in
+// time order: when it joined its line, its last failure, its completion,
+// where it stands now, and what comes next. asynq keeps a job's last
+// failure only, not every attempt.
+func jobHistory(info *asynq.TaskInfo, doc explainDoc, x *throttle.Explanation, now time.Time) []eventJSON {
+	var out []eventJSON
+	if x != nil && x.Waiting {
+		now = x.Now
+		out = append(out, eventJSON{At: x.Lined, What: fmt.Sprintf("joined tenant %s's line in queue %s", human.Text(doc.Tenant), human.Text(info.Queue))})
+	}
+	if !info.LastFailedAt.IsZero() {
+		out = append(out, eventJSON{At: info.LastFailedAt, What: fmt.Sprintf("failed (retried %d of %d): %s", info.Retried, info.MaxRetry, human.Line(info.LastErr, 200))})
+	}
+	if !info.CompletedAt.IsZero() {
+		out = append(out, eventJSON{At: info.CompletedAt, What: "completed"})
+	}
+	out = append(out, eventJSON{At: now, What: "now: " + explainState(doc, x)})
+	switch {
+	case x != nil && x.Waiting && x.HeldBy != "turn" && x.HeldBy != "concurrency" && x.Expected.After(x.Now):
+		out = append(out, eventJSON{At: x.Expected, What: "expected to start (held by " + x.HeldBy + ")", Next: true})
+	case doc.NextProcessAt != nil && doc.NextProcessAt.After(now) && (info.State == asynq.TaskStateScheduled || info.State == asynq.TaskStateRetry):
+		out = append(out, eventJSON{At: *doc.NextProcessAt, What: "asynq runs it again", Next: true})
+	}
+	sort.SliceStable(out, func(i, j int) bool { return out[i].At.Before(out[j].At) })
+	return out
 }
 
 func serveJSON(w http.ResponseWriter, code int, v any) {

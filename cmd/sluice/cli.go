@@ -264,6 +264,11 @@ func (a *app) runCommand(c *command, args []string) error {
 	if c.flags != nil {
 		c.flags(fs, o)
 	}
+	if fs.Lookup("json") != nil {
+		// -o json, kubectl's and asynq's CLI habit, is --json
+		fs.Var(outputFlag{&o.json}, "o", "")
+		fs.Var(outputFlag{&o.json}, "output", "")
+	}
 	pos, err := parseArgs(fs, args)
 	if errors.Is(err, flag.ErrHelp) {
 		return helpRequested{cmd: c}
@@ -272,6 +277,25 @@ func (a *app) runCommand(c *command, args []string) error {
 		return usagef(c, "%s: %s", c.name, flagError(err))
 	}
 	return c.run(a, c, o, pos)
+}
+
+// outputFlag is -o and --output: -o json is --json; the table is the
+// other output, given by neither.
+type outputFlag struct{ json *bool }
+
+func (f outputFlag) String() string {
+	if f.json != nil && *f.json {
+		return "json"
+	}
+	return ""
+}
+
+func (f outputFlag) Set(s string) error {
+	if s != "json" {
+		return errors.New("want json (-o json is --json; leave both out for the table)")
+	}
+	*f.json = true
+	return nil
 }
 
 func (a *app) version() error {

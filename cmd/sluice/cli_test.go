@@ -83,6 +83,7 @@ func TestCLI(t *testing.T) {
 		"Pools":                testPools,
 		"Keys":                 testKeys,
 		"TopSettled":           testTopSettled,
+		"AsynqURLForms":        testAsynqURLForms,
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -184,6 +185,13 @@ func testPolicyCommands(t *testing.T, c *cli) {
 
 	clitest.Golden(t, "policy_list", c.mustRun(t, "policy", "list"))
 	clitest.Golden(t, "policy_list_json", c.mustRun(t, "policy", "list", "--json"))
+	// -o json is --json; another output is refused, naming --json
+	for _, o := range [][]string{{"-o", "json"}, {"-o=json"}, {"--output", "json"}} {
+		clitest.Golden(t, "policy_list_json", c.mustRun(t, append([]string{"policy", "list"}, o...)...))
+	}
+	r = c.run(t, "policy", "list", "-o", "yaml")
+	require.Equal(t, result{code: 2, stderr: "sluice: policy list: invalid value \"yaml\" for flag --o: want json (-o json is --json; leave both out for the table)\nusage: sluice policy list [--shadow] [--json]\nrun 'sluice help policy list' for details\n"}, r)
+	require.Equal(t, 2, c.run(t, "policy", "set", "acme", "rate=1/s", "-o", "json").code, "policy set prints no JSON")
 
 	r = c.run(t, "policy", "get", "bob")
 	require.Equal(t, result{code: 1, stderr: "sluice: no policy for \"bob\"; it follows the default policy *: rate=10/s\n"}, r)
@@ -486,6 +494,23 @@ func testStatsTable(t *testing.T, c *cli) {
 	require.Regexp(t, `\npolicy\s+none \(no policy of its own and no default \*\): not limited\n`, cooling)
 	require.Regexp(t, `cooldown\s+\S+ left \(until `, cooling)
 	require.Contains(t, cooling, "waiting   0 jobs in its line\n")
+
+	// one of a thing is said in the singular
+	c.mustRun(t, "policy", "set", "single", "rate=1/h")
+	l := c.limiter(t)
+	d, err := l.Admit(context.Background(), "single", "job-1")
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+	_, _, err = waitroom.Of(l).Join(context.Background(), "single", 0, waitroom.Waiter{ID: "job-2"})
+	require.NoError(t, err)
+	one := c.mustRun(t, "stats", "single")
+	require.Contains(t, one, "started   1 job (counted while the tenant's state is alive)\n")
+	require.Regexp(t, `\nwaiting   1 job in its line, the oldest for \S+\n`, one)
+	c.mustRun(t, "policy", "set", "pair", "window=2/min")
+	d, err = l.Admit(context.Background(), "pair", "job-1")
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+	require.Contains(t, c.mustRun(t, "admit", "--dry-run", "pair"), "remaining   1 more job of cost 1 right now\n")
 }
 
 func testAdmitDryRun(t *testing.T, c *cli) {
@@ -528,7 +553,7 @@ func testAdmitDryRun(t *testing.T, c *cli) {
 	require.Equal(t, before, stateKeys())
 
 	r = c.run(t, "admit", "slow", "--dry-run", "--cost", "5")
-	require.Equal(t, result{code: 1, stderr: "sluice: a job of \"slow\" costing 5 could never be admitted: the 1 that slow rate[0] (1/h) allows at once is less; raise that limit or split the job\n"}, r)
+	require.Equal(t, result{code: 1, stderr: "sluice: tenant \"slow\": a job of cost 5 can never start: slow rate[0] (1/h) admits at most 1 at once, and a job's cost must fit its burst; give that rate burst=5 or more (rate=1/h burst=5), or split the job into jobs of cost 1 or less\n"}, r)
 }
 
 func testTopOnce(t *testing.T, c *cli) {
@@ -628,6 +653,17 @@ func testRangeEdge(t *testing.T, c *cli) {
 	require.Contains(t, out, "remaining   4503599627 more jobs of cost 1 right now\n")
 }
 
+// testAsynqURLForms: the binary reaches a Redis through a unix socket,
+// written as go-redis (unix://) or asynq (redis-socket://) writes it.
+func testAsynqURLForms(t *testing.T, c *cli) {
+	sock := filepath.Join(t.TempDir(), "redis.sock")
+	redistest.NewServer(t, &redistest.Options{Args: []string{"--unixsocket", sock, "--unixsocketperm", "700"}})
+	r := c.runWith(t, nil, nil, "--redis", "unix://"+sock, "policy", "set", "acme", "rate=5/s")
+	require.Equal(t, result{stdout: "set policy acme: rate=5/s\n"}, r)
+	r = c.runWith(t, nil, map[string]string{"SLUICE_REDIS_URL": "redis-socket://" + sock}, "policy", "get", "acme")
+	require.Equal(t, result{stdout: "rate=5/s\n"}, r)
+}
+
 // testJobs: sluice jobs lists the jobs of every queue by state, with their
 // tenant, retries and last error (a handler's error, an unknown type),
 // filters them by tenant and state, and runs or deletes one by id. It has
@@ -695,12 +731,32 @@ func testJobs(t *testing.T, c *cli) {
 	require.Equal(t, "only the first 2 are listed: --limit N lists more (0: all); --state or a TENANT narrows them\n", r.stderr)
 	r = c.run(t, "jobs", "initech")
 	require.Equal(t, result{code: 0, stderr: "no active, pending, waiting, scheduled, retry, archived jobs of tenant initech in queues idle, work\n"}, r)
+	// a job's id where a tenant goes: the job, and a word on the mix-up
+	r = c.run(t, "jobs", "j-archived", "--state", "pending")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, "no jobs of tenant j-archived, but j-archived is a job's id: the job is listed (sluice jobs explain j-archived says what holds it)\n", r.stderr)
+	require.Regexp(t, `^ID .*\nj-archived\s+globex\s+slep\s+work\s+archived\s+0/25\s+-\s+no handler for task type "slep" `, r.stdout)
+	r = c.run(t, "jobs", "dup")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Regexp(t, `\ndup\s+globex\s+sleep\s+idle\s+waiting\s+0/25\s+its turn\s+-\ndup\s+acme\s+sleep\s+work\s+scheduled\s`, r.stdout)
+	enqueue("acme", "sleep", "import/7", asynq.Queue("work"), asynq.ProcessIn(time.Hour))
+	r = c.run(t, "jobs", "import/7")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Regexp(t, `\nimport/7\s+acme\s+sleep\s+work\s+scheduled\s`, r.stdout)
+	r = c.run(t, "jobs", "export/7")
+	require.Equal(t, 2, r.code)
+	require.True(t, strings.HasPrefix(r.stderr, "sluice: invalid tenant: tenant \"export/7\" holds \"/\", "), r.stderr)
+	require.Contains(t, r.stderr, "; nor is it a job's id in queues idle, work (sluice jobs lists the jobs)\n")
+	require.NoError(t, in.DeleteTask("work", "import/7"))
+	js := c.mustRun(t, "jobs", "j-scheduled", "--json")
+	require.Contains(t, js, `"id": "j-scheduled"`)
+	require.Contains(t, js, `"state": "scheduled"`)
 	out = c.mustRun(t, "jobs", "--state", "waiting", "--queue", "idle")
 	require.Equal(t, 3, strings.Count(out, "\n"), out)
 	r = c.run(t, "jobs", "--state", "waiting", "--queue", "work")
 	require.Equal(t, result{code: 0, stderr: "no waiting jobs in queue work\n"}, r)
 
-	js := c.mustRun(t, "jobs", "--state", "retry,archived", "--json")
+	js = c.mustRun(t, "jobs", "--state", "retry,archived", "--json")
 	js = regexp.MustCompile(`"(now|last_failed_at|next_process_at)": "[^"]+"`).ReplaceAllString(js, `"$1": "<time>"`)
 	clitest.Golden(t, "jobs_json", js)
 
@@ -782,7 +838,7 @@ func testAdaptive(t *testing.T, c *cli) {
 	detail := c.mustRun(t, "stats", "acme")
 	require.Contains(t, detail, "rate=50/s adapt=10..200/s", "the policy as stored")
 	require.Regexp(t, `(?m)^rate\[0\] \(adaptive\)\s+37/s: `, detail)
-	require.Regexp(t, `(?m)^adaptive\s+37/s now, between 10/s and 200/s \(\+4 every 1s while answers are good, ×0.75 on 429/503\); 0 increases, 1 decreases; lapses (10m0s|9m5\d(\.\d+)?s) after the last report$`, detail)
+	require.Regexp(t, `(?m)^adaptive\s+37/s now, between 10/s and 200/s \(\+4 every 1s while answers are good, ×0.75 on 429/503\); 0 increases, 1 decrease; lapses (10m0s|9m5\d(\.\d+)?s) after the last report$`, detail)
 	require.Regexp(t, `(?m)^\s+\S+ ago: 50 → 37, the downstream answered 429/503$`, detail)
 	require.Contains(t, c.mustRun(t, "stats"), "(adaptive 10..200)")
 	js := c.mustRun(t, "stats", "--json", "acme")

@@ -189,7 +189,8 @@ func init() {
 				"\"max_retry\", \"last_error\", \"last_failed_at\", \"next_process_at\", \"payload\"}],\n" +
 				"\"more\": …}; a waiting job's \"priority\" in its line, which the table shows\n" +
 				"after its state when it is not normal: waiting (high). A tenant named explain,\n" +
-				"prioritize, run or delete is written after --.\n\n" +
+				"prioritize, run or delete is written after --. A job's id in place of TENANT,\n" +
+				"when no tenant of that name has jobs, lists that job.\n\n" +
 				"  sluice jobs explain ID [--queue Q]  what holds a job and when it is expected to start\n" +
 				"  sluice jobs prioritize ID --priority high|normal|low [--queue Q]\n" +
 				"                                      move a waiting job to another priority in its line\n" +
@@ -328,19 +329,58 @@ const flagsHelp = `Flags (before or after the command):
   --redis URL        the Redis the workers use (forms below); default
                      $SLUICE_REDIS_URL, else redis://127.0.0.1:6379
   --prefix PREFIX    the key prefix the workers use (default "sluice")
+  --json, -o json    JSON instead of a table (the commands that list --json)
 
 Redis URL forms:
 %s
 `
 
-const rulesHelp = `Rules (policy set, policy apply), in any combination:
-  rate=N/PERIOD [burst=B]     N starts per s, min, h or e.g. 10s; B back to back
+// rulesHelp is the policy language in full: every option the parser
+// reads and every form of a policy's name (cli_test holds it to
+// internal/policylang's lists, which throttle's tests hold to the parser).
+const rulesHelp = `Rules (policy set, policy apply), in any combination; a job starts only when
+every rule of its tenant's policy (and of @global, its key's and its pools')
+allows it, and a job held back is charged nothing:
+  rate=N/PERIOD [burst=B]     N starts per PERIOD (s, min, h, day or e.g. 10s);
+                              at most B back to back (default 1: evenly spaced)
   window=N/DURATION           never more than N starts in any DURATION
-  quota=N/day [tz=ZONE]       N per calendar day (or hour, week, month);
-  quota=N reset="CRON"        or per window of a cron spec
-  concurrency=M [lease=D]     at most M jobs running at once
-  overflow=defer|wait|drop    what a worker does with a denied job [max_wait=D]
-  backlog=K  weight=W  fail_open=true
+  quota=N/PERIOD [tz=ZONE]    N per calendar hour, day, week or month, in ZONE
+  quota=N reset="CRON"        or N per window of a cron spec
+  concurrency=M [lease=D]     at most M jobs running at once across the fleet;
+                              a dead worker's slots free within D (default 30s)
+A job's cost (enqueue --cost, queue.Cost; default 1) counts against rate,
+window and quota, and must fit each of them: at most a rate's burst, a
+window's N, a quota's N. Under rate=2/s (burst 1) a job of cost 3 is refused
+every time; give that rate burst=3 or more, or split the job.
+
+Options:
+  overflow=defer|wait|drop    a job denied when a worker starts it: defer it to
+  max_wait=D                  its slot (default), wait in the worker up to D
+                              (overflow=wait), or drop it (archived, throttled)
+  backlog=K                   at most K jobs waiting in each of the tenant's lines
+  weight=W                    the tenant's share of a saturated fleet (1-1000)
+  fail_open=true              run jobs unthrottled while Redis is unreachable
+  learn=false                 show, but do not apply, limits the downstream
+                              declares in its answers' headers
+  adapt=FLOOR..CEILING/PERIOD the rate of that PERIOD adapts to the downstream:
+  adapt_step=N                up N (default CEILING/50) every adapt_every
+  adapt_every=D               (default 1s) while answers are good, cut to 3/4
+  adapt_latency=D             on 429/503 or on answers slower than D
+  shape=true                  retired: accepted, without effect
+
+Policy names (what a policy applies to):
+  TENANT          a tenant's jobs: acme
+  *               the default: tenants without a policy of their own
+  TENANT/KEY      a key below a tenant (enqueue --key): acme/user-42; the
+                  tenant's own policy limits the sum of its keys
+  TENANT/*        every key of TENANT without a policy of its own
+  */*             every key of every tenant without one
+  @global         every job, beside its tenant's policy
+  @NAME           a shared pool that the jobs naming it draw from
+                  (enqueue --pool): @openai
+  @shadow:TENANT  TENANT's shadow (policy set --shadow): decided and counted
+                  on its jobs' starts, never enforced
+  @shadow:*       the default policy's shadow
 Example: sluice policy set acme 'rate=100/s burst=20 concurrency=5'
 `
 

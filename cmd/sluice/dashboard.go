@@ -231,6 +231,7 @@ func (b *board) handler(mon http.Handler, public bool) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /{$}", page("index.html", "tenants", "tenants.js"))
 	mux.HandleFunc("GET /tenants/{name}", page("tenant.html", "tenant", "tenant.js"))
+	mux.HandleFunc("GET /jobs/{id}", page("job.html", "job", "job.js"))
 	mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(assets)))
 	mux.HandleFunc("GET /api/tenants", b.serveTenants)
 	mux.HandleFunc("GET /api/tenants/{name}", b.serveTenant)

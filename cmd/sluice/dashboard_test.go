@@ -2,18 +2,22 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"github.com/sluicehq/sluice/internal/waitroom"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -221,10 +225,40 @@ func TestBoardShowsReservationsAndCooldown(t *testing.T) {
 	_, row := e.row(t, "slow", "two reserved slots and a cooldown", func(_ tenantsDoc, r rowJSON) bool {
 		return r.Reserved == 2 && r.CooldownMS > 0
 	})
+	require.True(t, row.Paused)
 	require.LessOrEqual(t, row.CooldownMS, 60_000.0)
 	require.Equal(t, "1/min", row.Limit)
 	require.InDelta(t, 1.0/60, row.LimitPerS, 1e-9, "a slow limit is not rounded to 0")
 	require.Zero(t, row.Waiting)
+}
+
+// TestBoardPausedSinceTheSampleBefore: a tenant counts as paused while
+// in cooldown, at the sample after its cooldown ended (the decisions by
+// rule are counted over that interval), and when its labelled decisions
+// show denials by cooldown; not otherwise.
+func TestBoardPausedSinceTheSampleBefore(t *testing.T) {
+	t.Parallel()
+	b := newBoard(nil, boardConfig{interval: time.Second, points: 10, maxTenants: 10})
+	t0 := time.Unix(1_800_000_000, 0)
+	sample := func(at time.Time, cooldownUntil time.Time) topSample {
+		return topSample{"acme": &throttle.Stats{Tenant: "acme", Now: at, CooldownUntil: cooldownUntil}}
+	}
+	paused := func() bool {
+		b.mu.RLock()
+		defer b.mu.RUnlock()
+		return b.tracks["acme"].row.Paused
+	}
+	b.record(sample(t0, time.Time{}), []string{"acme"}, decisionRates{}, nil)
+	require.False(t, paused())
+	b.record(sample(t0.Add(time.Second), t0.Add(1500*time.Millisecond)), []string{"acme"}, decisionRates{}, nil)
+	require.True(t, paused(), "in cooldown now")
+	b.record(sample(t0.Add(2*time.Second), time.Time{}), []string{"acme"}, decisionRates{}, nil)
+	require.True(t, paused(), "in cooldown at the sample before: paused during the interval")
+	b.record(sample(t0.Add(3*time.Second), time.Time{}), []string{"acme"}, decisionRates{}, nil)
+	require.False(t, paused())
+	labelled := decisionRates{labelled: true, perSec: map[decisionKey]float64{{"acme", "denied", ruleCooldown}: 2}}
+	b.record(sample(t0.Add(4*time.Second), time.Time{}), []string{"acme"}, labelled, nil)
+	require.True(t, paused(), "a cooldown between two samples, seen in the decisions")
 }
 
 // TestBoardShowsPoolsAndSettledCosts: a line's kind tells tenants, @global,
@@ -613,16 +647,17 @@ func TestBoardExplainsWaitingJobs(t *testing.T) {
 	require.Equal(t, "rate[0]", doc.Next[2].HeldBy)
 	require.InDelta(t, 120_000, doc.Next[2].ExpectedInMS, 1000)
 
-	var job explainDoc
-	require.Equal(t, http.StatusOK, e.get(t, "/api/jobs/"+e.cn.prefix+"-b?queue="+qname, &job))
+	var doc2 jobDoc
+	require.Equal(t, http.StatusOK, e.get(t, "/api/jobs/"+e.cn.prefix+"-b?queue="+qname, &doc2))
+	job := doc2.Job
 	require.Equal(t, "waiting", job.State)
 	require.Equal(t, "rate[0]", job.HeldBy)
 	require.EqualValues(t, 2, job.Ahead)
 	require.Equal(t, "normal", job.Priority)
 	require.Contains(t, job.Text, "held by rate[0]")
-	require.Equal(t, http.StatusOK, e.get(t, "/api/jobs/"+e.cn.prefix+"-c?queue="+qname, &job))
-	require.Equal(t, "low", job.Priority)
-	require.Contains(t, job.Text, "waiting in its tenant's line at low priority, 3 ahead of it")
+	require.Equal(t, http.StatusOK, e.get(t, "/api/jobs/"+e.cn.prefix+"-c?queue="+qname, &doc2))
+	require.Equal(t, "low", doc2.Job.Priority)
+	require.Contains(t, doc2.Job.Text, "waiting in its tenant's line at low priority, 3 ahead of it")
 	var missing map[string]string
 	require.Equal(t, http.StatusNotFound, e.get(t, "/api/jobs/nope?queue="+qname, &missing))
 	require.Contains(t, missing["error"], `no task "nope"`)
@@ -700,4 +735,100 @@ func testDashboardAuth(t *testing.T, c *cli) {
 		require.Equal(t, 2, r.code)
 		require.True(t, strings.HasPrefix(r.stderr, tt.want), r.stderr)
 	}
+}
+
+// durationsRE masks the durations and times of an explanation, which move
+// between two readings.
+var durationsRE = regexp.MustCompile(`\d+(\.\d+)?(ns|µs|ms|s|m|h)\b|\(\d{4}-[0-9T:.-]+Z\)`)
+
+// TestBoardJobPage: /jobs/ID is a page of its own, and /api/jobs/ID gives
+// it the job's explanation as sluice jobs explain prints it, its place in
+// its tenant's line, what is known of its history and its task's page in
+// asynqmon, which the dashboard serves.
+func TestBoardJobPage(t *testing.T) {
+	t.Parallel()
+	e := newBoardEnv(t, boardConfig{readOnly: true})
+	ctx := context.Background()
+	setPolicy(t, e.cn, "paced", "rate=1/min")
+	qname := "q-" + strings.ReplaceAll(e.cn.prefix, ":", ".")
+	qc, err := queue.New(e.cn.client, &queue.Config{Prefix: e.cn.prefix})
+	require.NoError(t, err)
+	defer qc.Close()
+	for _, id := range []string{"a", "b", "c"} {
+		_, err := qc.Enqueue(ctx, "paced", asynq.NewTask("sleep", nil), asynq.Queue(qname), asynq.TaskID(e.cn.prefix+"-"+id))
+		require.NoError(t, err)
+	}
+	e.row(t, "paced", "three waiting", func(_ tenantsDoc, r rowJSON) bool { return r.Waiting == 3 })
+	id := e.cn.prefix + "-c"
+
+	resp, err := http.Get(e.srv.URL + "/jobs/" + url.PathEscape(id) + "?queue=" + qname)
+	require.NoError(t, err)
+	page, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Equal(t, "text/html; charset=utf-8", resp.Header.Get("Content-Type"))
+	require.Contains(t, string(page), `<script src="/static/job.js" defer></script>`)
+	require.Contains(t, string(page), `id="explain"`)
+
+	var doc jobDoc
+	require.Equal(t, http.StatusOK, e.get(t, "/api/jobs/"+url.PathEscape(id)+"?queue="+qname, &doc))
+	require.Equal(t, "waiting", doc.Job.State)
+	require.NotEmpty(t, doc.Redis, "the header's fields, for the page's status")
+
+	// the explanation is sluice jobs explain's, word for word
+	var stdout, stderr bytes.Buffer
+	env := func(k string) string {
+		if k == "SLUICE_REDIS_URL" {
+			return redistest.URL(t)
+		}
+		return ""
+	}
+	require.Equal(t, 0, run(ctx, []string{"--prefix", e.cn.prefix, "jobs", "explain", id}, nil, &stdout, &stderr, env), stderr.String())
+	require.Equal(t, durationsRE.ReplaceAllString(stdout.String(), "<d>"), durationsRE.ReplaceAllString(doc.Explain, "<d>"))
+	require.Contains(t, doc.Explain, "held by rate[0]")
+
+	require.NotNil(t, doc.Line)
+	require.Equal(t, int64(3), doc.Line.Position)
+	require.Equal(t, int64(2), doc.Line.Ahead)
+	require.Equal(t, int64(2), doc.Line.CostAhead)
+	require.Equal(t, "normal", doc.Line.Priority)
+	require.Equal(t, int64(3), doc.Line.Waiting)
+
+	require.Len(t, doc.History, 3, "%+v", doc.History)
+	require.Equal(t, "joined tenant paced's line in queue "+qname, doc.History[0].What)
+	require.True(t, strings.HasPrefix(doc.History[1].What, "now: waiting in its tenant's line, 2 ahead of it"), doc.History[1].What)
+	require.Equal(t, eventJSON{At: doc.History[2].At, What: "expected to start (held by rate[0])", Next: true}, doc.History[2])
+	require.InDelta(t, 2*time.Minute, doc.History[2].At.Sub(doc.History[1].At), float64(2*time.Second))
+
+	require.Equal(t, "/asynq/queues/"+qname+"/tasks/"+url.PathEscape(id), doc.AsynqURL)
+	require.Equal(t, http.StatusOK, e.get(t, doc.AsynqURL, nil), "asynqmon serves the task's page")
+
+	// a job that failed: its last failure and when asynq runs it again
+	srv := asynq.NewServerFromRedisClient(e.cn.client, asynq.Config{
+		Queues: map[string]int{qname + "-f": 1}, Concurrency: 1, LogLevel: asynq.FatalLevel,
+		RetryDelayFunc: func(int, error, *asynq.Task) time.Duration { return time.Hour },
+	})
+	mux := asynq.NewServeMux()
+	mux.HandleFunc("fail", func(context.Context, *asynq.Task) error { return errors.New("downstream said 500") })
+	require.NoError(t, srv.Start(mux))
+	defer srv.Shutdown()
+	ac := asynq.NewClientFromRedisClient(e.cn.client)
+	_, err = ac.Enqueue(asynq.NewTaskWithHeaders("fail", nil, map[string]string{taskspec.TenantHeader: "paced"}), asynq.Queue(qname+"-f"), asynq.TaskID("failing"), asynq.MaxRetry(3))
+	require.NoError(t, err)
+	waitFor(t, "the job in retry", func() bool {
+		doc = jobDoc{}
+		return e.get(t, "/api/jobs/failing", &doc) == http.StatusOK && doc.Job.State == "retry"
+	})
+	require.Nil(t, doc.Line)
+	require.Len(t, doc.History, 3, "%+v", doc.History)
+	require.Equal(t, "failed (retried 1 of 3): downstream said 500", doc.History[0].What)
+	require.True(t, strings.HasPrefix(doc.History[1].What, "now: retry: asynq brings it back in "), doc.History[1].What)
+	require.Equal(t, "asynq runs it again", doc.History[2].What)
+	require.True(t, doc.History[2].Next)
+	require.Contains(t, doc.Explain, "last error: downstream said 500")
+
+	var missing map[string]string
+	require.Equal(t, http.StatusNotFound, e.get(t, "/api/jobs/nope", &missing))
+	require.Contains(t, missing["error"], `no task "nope"`)
 }

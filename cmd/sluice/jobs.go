@@ -132,11 +132,10 @@ func jobs(a *app, c *command, o *opts, args []string) error {
 		return err
 	}
 	tenant := ""
+	var notTenant error // TENANT is no tenant's name; it may be a job's id
 	if len(args) == 1 {
 		tenant = args[0]
-		if err := names.Tenant(tenant); err != nil {
-			return usagef(c, "%v", err)
-		}
+		notTenant = names.Tenant(tenant)
 	}
 	states, err := parseStates(c, o.state)
 	if err != nil {
@@ -155,19 +154,36 @@ func jobs(a *app, c *command, o *opts, args []string) error {
 	if err != nil {
 		return err
 	}
-	var waiting map[string]taskspec.Priority
-	if slices.Contains(states, "waiting") || slices.Contains(states, "scheduled") {
-		if waiting, err = waitingIDs(a.ctx, cn, tenant, queues); err != nil {
+	var (
+		list []job
+		more bool
+	)
+	if notTenant == nil {
+		var waiting map[string]taskspec.Priority
+		if slices.Contains(states, "waiting") || slices.Contains(states, "scheduled") {
+			if waiting, err = waitingIDs(a.ctx, cn, tenant, queues); err != nil {
+				return err
+			}
+		}
+		limit := o.limit
+		if limit == 0 {
+			limit = -1
+		}
+		if list, more, err = listJobs(in, queues, states, tenant, waiting, limit); err != nil {
 			return err
 		}
 	}
-	limit := o.limit
-	if limit == 0 {
-		limit = -1
-	}
-	list, more, err := listJobs(in, queues, states, tenant, waiting, limit)
-	if err != nil {
-		return err
+	if tenant != "" && len(list) == 0 {
+		// sluice jobs order-17: a job's id where a tenant goes
+		if list, err = jobsByID(a.ctx, cn, in, queues, tenant); err != nil {
+			return err
+		}
+		switch {
+		case len(list) > 0:
+			fmt.Fprintf(a.stderr, "no jobs of tenant %s, but %s is a job's id: the job is listed (sluice jobs explain %s says what holds it)\n", human.Text(tenant), human.Text(tenant), human.Text(tenant))
+		case notTenant != nil:
+			return usagef(c, "%v; nor is it a job's id in %s (sluice jobs lists the jobs)", notTenant, queuesText(queues))
+		}
 	}
 	if err := explainWaiting(a.ctx, cn, list); err != nil {
 		return err
@@ -343,6 +359,29 @@ func nextRun(j job, now time.Time) string {
 		return "in " + short(d)
 	}
 	return "now"
+}
+
+// jobsByID are the jobs with task id id in queues, in whatever state.
+func jobsByID(ctx context.Context, cn *conn, in *asynq.Inspector, queues []string, id string) ([]job, error) {
+	found, err := tasksNamed(in, queues, id)
+	if err != nil {
+		return nil, err
+	}
+	var out []job
+	for _, info := range found {
+		j := job{info: info, state: info.State.String()}
+		if tenant := j.tenant(); info.State == asynq.TaskStateScheduled && names.Tenant(tenant) == nil {
+			waiting, err := waitingIDs(ctx, cn, tenant, queues)
+			if err != nil {
+				return nil, err
+			}
+			if p, ok := waiting[waitingKey(info.Queue, info.ID)]; ok {
+				j.state, j.priority = "waiting", p
+			}
+		}
+		out = append(out, j)
+	}
+	return out, nil
 }
 
 // tasksNamed are the tasks with id in queues (one, unless a producer gave

@@ -72,18 +72,10 @@ func jobsPrioritize(a *app, c *command, o *opts, args []string) error {
 		case x == nil || !x.Waiting:
 			fmt.Fprintf(a.stdout, "%s moved to %s priority; it has left the line since (a worker took it)\n", job, p)
 		case was == p:
-			fmt.Fprintf(a.stdout, "%s is at %s priority already: %s ahead of it; nothing changed\n", job, p, jobsCount(x.Ahead))
+			fmt.Fprintf(a.stdout, "%s is at %s priority already: %s ahead of it; nothing changed\n", job, p, human.Count(x.Ahead, "job", "jobs"))
 		default:
-			fmt.Fprintf(a.stdout, "%s moved to %s priority: %s ahead of it now (it was at %s priority)\n", job, p, jobsCount(x.Ahead), was)
+			fmt.Fprintf(a.stdout, "%s moved to %s priority: %s ahead of it now (it was at %s priority)\n", job, p, human.Count(x.Ahead, "job", "jobs"), was)
 		}
 		return nil
 	})
-}
-
-// jobsCount is "1 job" or "3 jobs".
-func jobsCount(n int64) string {
-	if n == 1 {
-		return "1 job"
-	}
-	return fmt.Sprintf("%d jobs", n)
 }

@@ -172,7 +172,8 @@ func TestBoardShowsShadow(t *testing.T) {
 	require.Equal(t, "rate=5/s", row.Shadow.Rules)
 	require.Equal(t, int64(9), row.Shadow.Denied)
 	require.Equal(t, map[string]int64{"rate[0]": 9}, row.Shadow.DeniedBy)
-	require.Equal(t, "would have denied 9 of 10 (90%)", row.Shadow.Text)
+	require.Regexp(t, `^would have denied 9 of 10 \(90%\) starts in the last \S+$`, row.Shadow.Text, "the counts say their time range")
+	require.NotNil(t, row.Shadow.Since)
 
 	var detail tenantDoc
 	require.Equal(t, http.StatusOK, e.get(t, "/api/tenants/acme", &detail))

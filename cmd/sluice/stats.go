@@ -364,7 +364,7 @@ func adaptiveText(s *throttle.Stats) string {
 	if a.Until.IsZero() {
 		text += "; not begun: the policy's rate"
 	} else {
-		text += fmt.Sprintf("; %d increases, %d decreases; lapses %s after the last report", a.Increases, a.Decreases, short(a.Until.Sub(s.Now)))
+		text += fmt.Sprintf("; %s, %s; lapses %s after the last report", human.Count(a.Increases, "increase", "increases"), human.Count(a.Decreases, "decrease", "decreases"), short(a.Until.Sub(s.Now)))
 	}
 	return text
 }
@@ -440,6 +440,14 @@ func cooldownCell(s *throttle.Stats) string {
 
 // waitingCell is how many jobs wait in the tenant's line (of its backlog
 // cap).
+// jobsNoun is "job" or "jobs", as n asks.
+func jobsNoun(n int64) string {
+	if n == 1 {
+		return "job"
+	}
+	return "jobs"
+}
+
 func waitingCell(s *throttle.Stats) string {
 	if s.Rules != nil && s.Rules.Backlog > 0 {
 		return fmt.Sprintf("%d/%d", s.Waiting, s.Rules.Backlog)
@@ -551,7 +559,7 @@ func writeDetail(w io.Writer, s *throttle.Stats) error {
 	default:
 		row("policy", "%s: %s", human.Text(s.Policy), describeRules(s.Rules))
 	}
-	row("started", "%d jobs (counted while the tenant's state is alive)", s.Started)
+	row("started", "%s (counted while the tenant's state is alive)", human.Count(s.Started, "job", "jobs"))
 	for _, r := range s.Rates {
 		name := r.Rule
 		if isLearned(s, name) {
@@ -594,7 +602,7 @@ func writeDetail(w io.Writer, s *throttle.Stats) error {
 		}
 	}
 	if s.Reservations > 0 {
-		row("reserved", "%d jobs hold future slots, the first in %s, the last in %s", s.Reservations, short(s.FirstSlot.Sub(s.Now)), short(s.LastSlot.Sub(s.Now)))
+		row("reserved", "%s future slots, the first in %s, the last in %s", human.Count(s.Reservations, "job holds", "jobs hold"), short(s.FirstSlot.Sub(s.Now)), short(s.LastSlot.Sub(s.Now)))
 	} else {
 		row("reserved", "0")
 	}
@@ -604,15 +612,15 @@ func writeDetail(w io.Writer, s *throttle.Stats) error {
 		row("cooldown", "%s left (until %s)", short(s.CooldownUntil.Sub(s.Now)), s.CooldownUntil.UTC().Format(time.RFC3339Nano))
 	}
 	if s.Waiting > 0 {
-		row("waiting", "%s jobs in its line, the oldest for %s", waitingCell(s), short(s.Now.Sub(s.WaitingSince)))
+		row("waiting", "%s %s in its line, the oldest for %s", waitingCell(s), jobsNoun(s.Waiting), short(s.Now.Sub(s.WaitingSince)))
 	} else {
-		row("waiting", "%s jobs in its line", waitingCell(s))
+		row("waiting", "%s %s in its line", waitingCell(s), jobsNoun(s.Waiting))
 	}
 	if s.Refunded > 0 || s.Extra > 0 {
 		row("settled", "%d refunded, %d charged extra (jobs' actual costs against their estimates)", s.Refunded, s.Extra)
 	}
 	if s.Leftovers > 0 {
-		row("leftovers", "%d charges a two-step Cluster admission could not take back (each at most one interval of a rate; they pass with time)", s.Leftovers)
+		row("leftovers", "%s a two-step Cluster admission could not take back (each at most one interval of a rate; they pass with time)", human.Count(s.Leftovers, "charge", "charges"))
 	}
 	return tw.Flush()
 }

@@ -51,16 +51,16 @@ func top(a *app, c *command, o *opts, args []string) error {
 	// The reader ends with the process: a read from a terminal cannot be
 	// interrupted portably.
 	go readKeys(a.stdin, keys)
-	height := func() int {
-		_, h, err := term.GetSize(outFd)
+	size := func() (int, int) {
+		w, h, err := term.GetSize(outFd)
 		if err != nil {
-			return 24
+			return 80, 24
 		}
-		return h
+		return w, h
 	}
 	fmt.Fprint(a.stdout, "\x1b[?1049h\x1b[?25l") // alternate screen, hide cursor
 	defer fmt.Fprint(a.stdout, "\x1b[?25h\x1b[?1049l")
-	return topLoop(a.ctx, cn, a.stdout, keys, interval, o.limit, height)
+	return topLoop(a.ctx, cn, a.stdout, keys, interval, o.limit, size)
 }
 
 // terminal reports whether f is a terminal, and its descriptor.
@@ -260,7 +260,7 @@ func writeTop(w io.Writer, rows []topRow, limit int, eol string) error {
 		fmt.Fprintf(w, "%s%s", strings.TrimRight(l, " "), eol)
 	}
 	if limit > 0 && len(rows) > limit {
-		fmt.Fprintf(w, "... and %d more tenants%s", len(rows)-limit, eol)
+		fmt.Fprintf(w, "... and %s%s", human.Count(len(rows)-limit, "more tenant", "more tenants"), eol)
 	}
 	return nil
 }
@@ -469,8 +469,10 @@ type sampled struct {
 // topLoop redraws the view every interval until q, Ctrl-C or Ctrl-D is
 // typed, keys closes, or ctx ends. Refreshes run in the background, one at
 // a time, so that while Redis does not answer the view says so (STALE,
-// with how long) above the last figures it read.
-func topLoop(ctx context.Context, cn *conn, w io.Writer, keys <-chan byte, interval time.Duration, limit int, height func() int) error {
+// with how long) above the last figures it read. size gives the
+// terminal's width and height: the view shows as many tenants as fit (or
+// limit) and cuts its lines to the width, so that none wraps.
+func topLoop(ctx context.Context, cn *conn, w io.Writer, keys <-chan byte, interval time.Duration, limit int, size func() (width, height int)) error {
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
 	results := make(chan sampled, 1)
@@ -501,10 +503,11 @@ func topLoop(ctx context.Context, cn *conn, w io.Writer, keys <-chan byte, inter
 		}()
 	}
 	draw := func() {
+		width, height := size()
 		var b strings.Builder
+		line := func(s string) { b.WriteString(human.Fit(s, width) + "\x1b[K\r\n") }
 		b.WriteString("\x1b[H")
-		header := fmt.Sprintf("sluice top  %s  prefix %s  every %s  (q quits)", cn.url.String(), cn.prefix, interval)
-		b.WriteString(header + "\x1b[K\r\n")
+		line(fmt.Sprintf("sluice top  %s  prefix %s  every %s  (q quits)", cn.url.String(), cn.prefix, interval))
 		since := lastGood
 		if since.IsZero() {
 			since = started
@@ -515,23 +518,25 @@ func topLoop(ctx context.Context, cn *conn, w io.Writer, keys <-chan byte, inter
 		}
 		switch {
 		case lastErr != nil && !strings.HasPrefix(lastErr.Error(), "no answer from Redis"):
-			b.WriteString(fmt.Sprintf("STALE: the last refresh failed: %s; %s\x1b[K\r\n", human.Line(lastErr.Error(), 0), figures))
+			line(fmt.Sprintf("STALE: the last refresh failed: %s; %s", human.Line(lastErr.Error(), 0), figures))
 		case lastErr != nil || (busy && time.Since(since) > 2*interval):
-			b.WriteString(fmt.Sprintf("STALE: no answer from Redis for %s; %s\x1b[K\r\n", short(time.Since(since)), figures))
+			line(fmt.Sprintf("STALE: no answer from Redis for %s; %s", short(time.Since(since)), figures))
 		case prev == nil || cur == nil:
-			b.WriteString("measuring...\x1b[K\r\n")
+			line("measuring...")
 		default:
-			b.WriteString(figuresFrom.Format("15:04:05") + fmt.Sprintf("  %d tenants", len(cur)) + "\x1b[K\r\n")
+			line(figuresFrom.Format("15:04:05") + "  " + human.Count(len(cur), "tenant", "tenants"))
 		}
 		if prev != nil && cur != nil {
 			rows := topRows(prev, cur)
 			n := limit
 			if n == 0 {
-				n = max(height()-4, 1)
+				n = max(height-4, 1)
 			}
 			var t strings.Builder
-			_ = writeTop(&t, rows, n, "\x1b[K\r\n")
-			b.WriteString(t.String())
+			_ = writeTop(&t, rows, n, "\n")
+			for _, l := range strings.Split(strings.TrimSuffix(t.String(), "\n"), "\n") {
+				line(l)
+			}
 		}
 		b.WriteString("\x1b[J")
 		_, _ = io.WriteString(w, b.String())

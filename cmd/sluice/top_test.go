@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/require"
 
@@ -58,7 +59,7 @@ func TestTopRows(t *testing.T) {
 busy    100.0     5000/h  -          0         -         0        busy
 reset   5.0       -       -          0         -         0        *
 new     2.0       -       -          0         -         0        -
-... and 1 more tenants
+... and 1 more tenant
 `, b.String(), "no row shown has settled costs: no SETTLED column")
 
 	// Settled costs: refunded/charged extra, blank for tenants without.
@@ -106,7 +107,7 @@ func TestTopLoopQuitsOnKeys(t *testing.T) {
 		keys := make(chan byte, 1)
 		done := make(chan error, 1)
 		go func() {
-			done <- topLoop(context.Background(), cn, out, keys, 20*time.Millisecond, 0, func() int { return 10 })
+			done <- topLoop(context.Background(), cn, out, keys, 20*time.Millisecond, 0, func() (int, int) { return 200, 10 })
 		}()
 		waitFor(t, "a frame with the tenant", func() bool { return strings.Contains(out.String(), "\r\npaused ") })
 		keys <- key
@@ -132,11 +133,11 @@ func TestTopLoopEndsWithInputOrContext(t *testing.T) {
 
 	keys := make(chan byte)
 	close(keys) // standard input at its end
-	require.NoError(t, topLoop(context.Background(), cn, &clitest.SyncBuffer{}, keys, time.Hour, 0, func() int { return 10 }))
+	require.NoError(t, topLoop(context.Background(), cn, &clitest.SyncBuffer{}, keys, time.Hour, 0, func() (int, int) { return 200, 10 }))
 
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel() // Ctrl-C delivered as a signal
-	require.NoError(t, topLoop(ctx, cn, &clitest.SyncBuffer{}, make(chan byte), time.Hour, 0, func() int { return 10 }))
+	require.NoError(t, topLoop(ctx, cn, &clitest.SyncBuffer{}, make(chan byte), time.Hour, 0, func() (int, int) { return 200, 10 }))
 }
 
 func TestRunInProcess(t *testing.T) {
@@ -223,7 +224,7 @@ func TestTopShowsStaleFigures(t *testing.T) {
 	keys := make(chan byte)
 	done := make(chan error, 1)
 	go func() {
-		done <- topLoop(context.Background(), cn, out, keys, 50*time.Millisecond, 0, func() int { return 10 })
+		done <- topLoop(context.Background(), cn, out, keys, 50*time.Millisecond, 0, func() (int, int) { return 200, 10 })
 	}()
 	frame := func() string { // the last frame drawn
 		s := out.String()
@@ -300,5 +301,50 @@ func TestTopJSONStreams(t *testing.T) {
 		require.Len(t, d.Tenants, 1)
 		require.Equal(t, "paused", d.Tenants[0].Tenant)
 		require.Greater(t, d.Tenants[0].CooldownMS, 0.0)
+	}
+}
+
+// TestTopFitsTheTerminal: the live view cuts every line to the terminal's
+// width (a cut line ends in …) and shows as many tenants as its height
+// leaves room for.
+func TestTopFitsTheTerminal(t *testing.T) {
+	t.Parallel()
+	a := &app{ctx: context.Background(), env: func(string) string { return "" }, redisFlag: redistest.URL(t), prefix: redistest.Prefix(t)}
+	cn, err := a.connect(nil)
+	require.NoError(t, err)
+	defer cn.Close()
+	for _, name := range []string{"a-tenant-with-a-rather-long-name", "b", "c", "d", "e", "f", "g"} {
+		setPolicy(t, cn, name, "rate=100/s burst=20 window=600/min concurrency=5 weight=2")
+	}
+	const width, height = 40, 8
+	out := &clitest.SyncBuffer{}
+	keys := make(chan byte, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- topLoop(context.Background(), cn, out, keys, 20*time.Millisecond, 0, func() (int, int) { return width, height })
+	}()
+	var frame string
+	waitFor(t, "a frame with the tenants", func() bool {
+		frames := strings.Split(out.String(), "\x1b[H")
+		for _, f := range frames {
+			if strings.Contains(f, "\r\nTENANT ") && strings.HasSuffix(f, "\x1b[J") {
+				frame = f
+			}
+		}
+		return frame != ""
+	})
+	keys <- 'q'
+	require.NoError(t, <-done)
+
+	lines := strings.Split(strings.TrimSuffix(frame, "\x1b[K\r\n\x1b[J"), "\x1b[K\r\n")
+	require.Len(t, lines, height, "the header, the time, the column names and as many tenants as fit:\n%s", strings.Join(lines, "\n"))
+	for _, l := range lines {
+		require.LessOrEqual(t, utf8.RuneCountInString(l), width, "%q", l)
+	}
+	require.True(t, strings.HasPrefix(lines[0], "sluice top  "))
+	require.True(t, strings.HasSuffix(lines[0], "…"), "the header is cut: %q", lines[0])
+	require.Equal(t, "... and 3 more tenants", lines[height-1])
+	for _, l := range lines[3 : height-1] {
+		require.True(t, strings.HasSuffix(l, "…"), "the long name widens the first column, so every row is cut: %q", l)
 	}
 }

@@ -519,8 +519,8 @@ func testFailingJobs(t *testing.T, b *bins) {
 	})
 	require.EqualValues(t, 2, metric(t, admin, `sluice_worker_unknown_types_total{type="slep"}`))
 	logs := w.stderr.String()
-	require.Equal(t, 1, strings.Count(logs, `msg="sluice: no handler for this task type; its jobs are archived at once (sluice jobs --state archived lists them); logged once per type" type=slep handles="http, sleep"`), logs)
-	require.Contains(t, logs, `level=ERROR msg="sluice: job failed for good; asynq archives it" task=`+ids[2]+` type=http tenant=acme queue=`+q+` retried=0 max_retry=25 err="http task: GET `+api.URL+`/missing: status 404: 404 page not found (retrying would get the same answer)`)
+	require.Equal(t, 1, strings.Count(logs, `msg="no handler for task type" type=slep handles="http, sleep"`), logs)
+	require.Contains(t, logs, `level=ERROR msg="job failed for good" task=`+ids[2]+` type=http tenant=acme queue=`+q+` retried=0 max_retry=25 err="http task: GET `+api.URL+`/missing: status 404: 404 page not found (retrying would get the same answer)`)
 
 	r := runBin(t, b.sluice, env, "--prefix", prefix, "jobs", "acme", "--queue", q, "--state", "archived")
 	require.Equal(t, 0, r.code, r.stderr)

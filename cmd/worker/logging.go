@@ -35,16 +35,21 @@ func parseLevel(s string) (slog.Level, asynq.LogLevel, error) {
 	return 0, 0, errors.New("want debug, info, warn or error")
 }
 
-// asynqLogger sends asynq's logs to the worker's logger.
+// asynqLogger sends asynq's logs to the worker's logger: the message is
+// "asynq", asynq's own words the attribute text, so that the worker's
+// messages stay constant.
 type asynqLogger struct{ l *slog.Logger }
 
-func (a asynqLogger) Debug(args ...any) { a.l.Debug(fmt.Sprint(args...)) }
-func (a asynqLogger) Info(args ...any)  { a.l.Info(fmt.Sprint(args...)) }
-func (a asynqLogger) Warn(args ...any)  { a.l.Warn(fmt.Sprint(args...)) }
-func (a asynqLogger) Error(args ...any) { a.l.Error(fmt.Sprint(args...)) }
+// asynqMsg is the message of every line asynq logs through the worker.
+const asynqMsg = "asynq"
+
+func (a asynqLogger) Debug(args ...any) { a.l.Debug(asynqMsg, "text", fmt.Sprint(args...)) }
+func (a asynqLogger) Info(args ...any)  { a.l.Info(asynqMsg, "text", fmt.Sprint(args...)) }
+func (a asynqLogger) Warn(args ...any)  { a.l.Warn(asynqMsg, "text", fmt.Sprint(args...)) }
+func (a asynqLogger) Error(args ...any) { a.l.Error(asynqMsg, "text", fmt.Sprint(args...)) }
 
 // Fatal is what asynq's Logger interface asks for: log, then exit 1.
 func (a asynqLogger) Fatal(args ...any) {
-	a.l.Error(fmt.Sprint(args...))
+	a.l.Error(asynqMsg, "text", fmt.Sprint(args...))
 	os.Exit(exitFailure)
 }

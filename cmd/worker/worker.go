@@ -364,7 +364,7 @@ func serve(ctx context.Context, o *options, stdout, stderr io.Writer) error {
 
 	<-ctx.Done()
 	adm.ready.Store(false)
-	log.Info("draining: no new jobs; jobs waiting for a slot go back to the queue; running jobs may finish", "shutdown_timeout", o.shutdownTimeout)
+	log.Info("draining", "shutdown_timeout", o.shutdownTimeout)
 	start := time.Now()
 	srv.Shutdown()
 	stopAdmin(httpSrv)

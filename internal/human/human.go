@@ -3,6 +3,7 @@
 package human
 
 import (
+	"fmt"
 	"strconv"
 	"strings"
 	"time"
@@ -62,4 +63,23 @@ func Line(s string, max int) string {
 		s = string(r[:max-1]) + "…"
 	}
 	return s
+}
+
+// Fit cuts a line of a terminal's view to width runes, its last one "…"
+// when anything was cut (width 0: no limit). It counts runes, as
+// text/tabwriter does when it lines up the columns.
+func Fit(s string, width int) string {
+	if width <= 0 || utf8.RuneCountInString(s) <= width {
+		return s
+	}
+	return string([]rune(s)[:width-1]) + "…"
+}
+
+// Count is n followed by the noun that agrees with it: "1 job", "0 jobs",
+// "3 jobs".
+func Count[N int | int64](n N, one, many string) string {
+	if n == 1 {
+		return "1 " + one
+	}
+	return fmt.Sprintf("%d %s", n, many)
 }

@@ -43,3 +43,17 @@ func TestLine(t *testing.T) {
 	require.Equal(t, "abcd…", Line("abcdefgh", 5))
 	require.Equal(t, "ünï", Line("ünï", 3))
 }
+
+func TestFit(t *testing.T) {
+	require.Equal(t, "acme    5.0", Fit("acme    5.0", 0))
+	require.Equal(t, "acme    5.0", Fit("acme    5.0", 11))
+	require.Equal(t, "acme    5…", Fit("acme    5.0", 10))
+	require.Equal(t, "ünï…", Fit("ünïcode", 4))
+}
+
+func TestCount(t *testing.T) {
+	require.Equal(t, "0 jobs", Count(0, "job", "jobs"))
+	require.Equal(t, "1 job", Count(int64(1), "job", "jobs"))
+	require.Equal(t, "2 jobs", Count(2, "job", "jobs"))
+	require.Equal(t, "1 entry", Count(1, "entry", "entries"))
+}

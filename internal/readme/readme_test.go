@@ -28,6 +28,7 @@ func TestMain(m *testing.M) { redistest.Main(m) }
 var notRun = map[string]string{
 	"go run ./examples/quickstart": "it takes about 25 s; examples/quickstart has its own test",
 	"make test":                    "this test is part of make test",
+	"go install github.com/sluicehq/sluice/cmd/...@latest": "it downloads the released module; the tour builds the same commands from this checkout",
 }
 
 // block is a fenced block of the README.
@@ -205,6 +206,14 @@ func copyTree(t *testing.T, src, dst string) {
 		return os.WriteFile(filepath.Join(dst, rel), b, 0o644)
 	})
 	require.NoError(t, err)
+}
+
+// repoRoot is the repository's root directory, two above this package.
+func repoRoot(t *testing.T) string {
+	t.Helper()
+	root, err := filepath.Abs(filepath.Join("..", ".."))
+	require.NoError(t, err)
+	return root
 }
 
 func goEnv(t *testing.T, name string) string {

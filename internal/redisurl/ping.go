@@ -78,7 +78,7 @@ func (u *URL) Ping(ctx context.Context, client redis.UniversalClient, timeout ti
 	return u.explain(err, time.Since(start))
 }
 
-// probe opens a TCP connection to each address until one accepts: a
+// probe opens a connection to each address until one accepts: a
 // refused connection is known at once, where the client would dial again
 // several times (about 1.5 s) before saying so. It returns nil when any
 // address accepts, else the first error.
@@ -86,7 +86,7 @@ func (u *URL) probe(ctx context.Context) error {
 	var first error
 	var d net.Dialer
 	for _, addr := range u.Addrs {
-		c, err := d.DialContext(ctx, "tcp", addr)
+		c, err := d.DialContext(ctx, cmp.Or(u.Network, "tcp"), addr)
 		if err == nil {
 			_ = c.Close()
 			return nil
@@ -141,6 +141,10 @@ func (u *URL) explain(err error, waited time.Duration) *UnreachableError {
 	switch {
 	case errors.Is(err, syscall.ECONNREFUSED):
 		e.Reason, e.Hint = "connection refused", running
+	case u.Network == "unix" && errors.Is(err, syscall.ENOENT):
+		e.Reason, e.Hint = "no socket at that path", "is redis-server running with unixsocket "+u.Addrs[0]+"? "+setURL
+	case u.Network == "unix" && errors.Is(err, syscall.EACCES):
+		e.Reason, e.Hint = "permission denied", "let this user reach the socket (redis-server's unixsocketperm, the directory's permissions)"
 	case errors.As(err, &dnsErr):
 		e.Reason, e.Hint = fmt.Sprintf("host %q not found", dnsErr.Name), "check the host name; "+setURL
 	case errors.Is(err, context.DeadlineExceeded) || isTimeout(err):

@@ -262,6 +262,9 @@ func TestPingSentinel(t *testing.T) {
 	defer ac.Close()
 	require.NoError(t, ac.Ping(context.Background()).Err())
 
+	// asynq's form of the same
+	require.NoError(t, ping(t, "redis-sentinel://"+saddr+"?master=mymaster", 0))
+
 	err = ping(t, "redis+sentinel://"+saddr+"/nosuchmaster", time.Second)
 	requireUnreachable(t, err, "cannot reach Redis at Sentinel "+saddr+" (master nosuchmaster): the Sentinels know no master named \"nosuchmaster\"; check MASTER in redis+sentinel://HOST:PORT/MASTER (redis-cli -p 26379 SENTINEL MASTERS lists them)")
 }
@@ -366,4 +369,37 @@ func writeCert(t *testing.T, dir string) {
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "cert.pem"), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600))
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "key.pem"), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), 0o600))
+}
+
+// TestPingUnixSocket: unix:// and asynq's redis-socket:// reach a server
+// through its unix socket, with the database of ?db=, from go-redis and
+// from asynq alike; a missing socket is named.
+func TestPingUnixSocket(t *testing.T) {
+	t.Parallel()
+	sock := filepath.Join(t.TempDir(), "redis.sock")
+	srv := redistest.NewServer(t, &redistest.Options{Args: []string{"--unixsocket", sock, "--unixsocketperm", "700"}})
+	tcp := redis.NewClient(&redis.Options{Addr: srv.Addr(), DB: 2})
+	defer tcp.Close()
+	ctx := context.Background()
+	for _, raw := range []string{"unix://" + sock + "?db=2", "redis-socket://" + sock + "?db=2"} {
+		u, err := Parse(raw)
+		require.NoError(t, err)
+		c := u.NewClient()
+		require.NoError(t, u.Ping(ctx, c, 0), raw)
+		require.NoError(t, c.Set(ctx, "via", raw, time.Minute).Err())
+		require.NoError(t, c.Close())
+		got, err := tcp.Get(ctx, "via").Result()
+		require.NoError(t, err)
+		require.Equal(t, raw, got, "the socket's database 2 is the server's")
+
+		ac, ok := u.AsynqOpt().MakeRedisClient().(redis.UniversalClient)
+		require.True(t, ok)
+		got, err = ac.Get(ctx, "via").Result()
+		require.NoError(t, ac.Close())
+		require.NoError(t, err)
+		require.Equal(t, raw, got)
+	}
+	missing := filepath.Join(t.TempDir(), "none.sock")
+	err := ping(t, "unix://"+missing, time.Second)
+	requireUnreachable(t, err, "cannot reach Redis at unix socket "+missing+": no socket at that path; is redis-server running with unixsocket "+missing+"? set --redis or SLUICE_REDIS_URL")
 }

@@ -8,10 +8,19 @@
 //	rediss://[USER:PASSWORD@]HOST:PORT[/DB]                         TLS
 //	redis+sentinel://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...]/MASTER[/DB]
 //	redis+cluster://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...]
+//	unix://[USER:PASSWORD@]/PATH/redis.sock[?db=N]                  a unix socket
 //	memory://HOST:PORT                                              a worker's embedded Redis
 //
 // rediss+sentinel:// and rediss+cluster:// are the TLS variants of the
-// Sentinel and Cluster forms. The port may be left out (6379; 26379 for
+// Sentinel and Cluster forms. asynq's own forms (asynq.ParseRedisURI) are
+// read as asynq reads them, so that an application's asynq URL works as
+// it is:
+//
+//	redis-socket://[:PASSWORD@]/PATH/redis.sock[?db=N]              a unix socket
+//	redis-sentinel://[:PASSWORD@]HOST:PORT[,HOST:PORT...]?master=MASTER
+//
+// where, as in asynq, the password of redis-sentinel:// is the Sentinels'
+// own (sentinel_password). The port may be left out (6379; 26379 for
 // Sentinels). USER and PASSWORD are percent-encoded like any URL userinfo;
 // they authenticate with the data nodes (for Sentinel: with the master and
 // replicas). Query parameters tune the connection:
@@ -34,7 +43,10 @@
 package redisurl
 
 import (
+	"cmp"
+	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
@@ -66,12 +78,16 @@ rediss://[USER:PASSWORD@]HOST:PORT[/DB]                   TLS
 redis+sentinel://[USER:PASSWORD@]HOST:PORT,.../MASTER[/DB]
 redis+cluster://[USER:PASSWORD@]HOST:PORT,...
 rediss+sentinel://..., rediss+cluster://...               TLS
-memory://HOST:PORT               a worker's embedded Redis`
+unix:///PATH/redis.sock[?db=N]   a unix socket
+memory://HOST:PORT               a worker's embedded Redis
+asynq's forms: redis-socket://[:PASSWORD@]/PATH[?db=N] and
+redis-sentinel://[:PASSWORD@]HOST:PORT,...?master=MASTER`
 
 // formsInline is Forms, shorter and on one line, for error messages.
 const formsInline = "redis://[USER:PASSWORD@]HOST:PORT[/DB], rediss://... (TLS), " +
 	"redis+sentinel://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...]/MASTER[/DB], " +
-	"redis+cluster://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...], memory://HOST:PORT"
+	"redis+cluster://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...], unix:///PATH/redis.sock[?db=N], memory://HOST:PORT, " +
+	"and asynq's redis-socket:// and redis-sentinel://HOST:PORT,...?master=MASTER"
 
 // Kind is the kind of deployment a URL points at.
 type Kind string
@@ -91,8 +107,11 @@ const (
 type URL struct {
 	Kind Kind
 	// Addrs are HOST:PORT: the server (node, memory), the Sentinels, or the
-	// Cluster's seed nodes.
+	// Cluster's seed nodes; for a unix socket, its path.
 	Addrs []string
+	// Network is "unix" for a server reached through a unix socket
+	// (unix://, redis-socket://), "" for TCP.
+	Network string
 	// MasterName is the Sentinel master's name.
 	MasterName string
 	// Username and Password authenticate with the data nodes.
@@ -147,6 +166,9 @@ var schemes = map[string]struct {
 	"redis+cluster":   {KindCluster, false},
 	"rediss+cluster":  {KindCluster, true},
 	"memory":          {KindMemory, false},
+	"unix":            {KindNode, false},
+	"redis-socket":    {KindNode, false},
+	"redis-sentinel":  {KindSentinel, false},
 }
 
 // Parse reads a Redis URL in one of the accepted forms (see the package
@@ -166,16 +188,15 @@ func Parse(raw string) (*URL, error) {
 	scheme = strings.ToLower(scheme)
 	sc, ok := schemes[scheme]
 	if !ok {
-		hint := ""
-		switch scheme {
-		case "redis-sentinel":
-			hint = " (sluice writes it redis+sentinel://HOST:PORT/MASTER)"
-		case "redis-socket", "unix":
-			hint = " (unix sockets are not supported; use the TCP address)"
-		}
-		return nil, bad("unknown scheme %q%s", scheme, hint)
+		return nil, bad("unknown scheme %q", scheme)
 	}
 	u := &URL{Kind: sc.kind, TLS: sc.tls}
+	if scheme == "unix" || scheme == "redis-socket" {
+		if err := u.parseSocket(rest, bad); err != nil {
+			return nil, err
+		}
+		return u, nil
+	}
 
 	// Split "userinfo@hosts/path?query" by hand: url.Parse rejects the
 	// comma-separated host lists of the Sentinel and Cluster forms.
@@ -188,15 +209,8 @@ func Parse(raw string) (*URL, error) {
 		if u.Kind == KindMemory {
 			return nil, bad("memory:// takes only an address, e.g. memory://127.0.0.1:6379")
 		}
-		user, pass, hasPass := strings.Cut(authority[:at], ":")
-		var err error
-		if u.Username, err = url.PathUnescape(user); err != nil {
-			return nil, bad("user name is not valid percent-encoding")
-		}
-		if hasPass {
-			if u.Password, err = url.PathUnescape(pass); err != nil {
-				return nil, bad("password is not valid percent-encoding; encode special characters, e.g. %%40 for @")
-			}
+		if err := u.parseUserinfo(authority[:at], bad); err != nil {
+			return nil, err
 		}
 		authority = authority[at+1:]
 	}
@@ -241,6 +255,15 @@ func Parse(raw string) (*URL, error) {
 			}
 		}
 	case KindSentinel:
+		if scheme == "redis-sentinel" {
+			// asynq's form: the master in the query, the password the
+			// Sentinels'
+			if len(segs) > 0 {
+				return nil, bad("path %q: redis-sentinel:// names the master as ?master=MASTER (or write redis+sentinel://HOST:PORT/MASTER)", "/"+path)
+			}
+			u.SentinelUsername, u.SentinelPassword, u.Username, u.Password = u.Username, u.Password, "", ""
+			break
+		}
 		if len(segs) == 0 || segs[0] == "" {
 			return nil, bad("no master name; write redis+sentinel://HOST:PORT,HOST:PORT/MASTER (the name Sentinel monitors, e.g. mymaster)")
 		}
@@ -271,11 +294,59 @@ func Parse(raw string) (*URL, error) {
 		if u.Kind == KindMemory {
 			return nil, bad("memory:// takes only an address, e.g. memory://127.0.0.1:6379")
 		}
-		if err := u.parseQuery(rawQuery); err != nil {
+		if err := u.parseQuery(rawQuery, scheme); err != nil {
 			return nil, bad("%v", err)
 		}
 	}
+	if scheme == "redis-sentinel" && u.MasterName == "" {
+		return nil, bad("no master name; write redis-sentinel://HOST:PORT,HOST:PORT?master=MASTER (the name Sentinel monitors, e.g. mymaster)")
+	}
 	return u, nil
+}
+
+// parseUserinfo reads USER[:PASSWORD], percent-encoded.
+func (u *URL) parseUserinfo(info string, bad func(string, ...any) error) error {
+	user, pass, hasPass := strings.Cut(info, ":")
+	var err error
+	if u.Username, err = url.PathUnescape(user); err != nil {
+		return bad("user name is not valid percent-encoding")
+	}
+	if hasPass {
+		if u.Password, err = url.PathUnescape(pass); err != nil {
+			return bad("password is not valid percent-encoding; encode special characters, e.g. %%40 for @")
+		}
+	}
+	return nil
+}
+
+// parseSocket reads the rest of a unix:// or redis-socket:// URL:
+// [USER:PASSWORD@]/PATH[?QUERY].
+func (u *URL) parseSocket(rest string, bad func(string, ...any) error) error {
+	u.Network = "unix"
+	rest, rawQuery, _ := strings.Cut(rest, "?")
+	if strings.Contains(rest, "#") {
+		return bad("unexpected #; percent-encode it as %%23 inside a password")
+	}
+	if at := strings.Index(rest, "@"); at >= 0 && !strings.Contains(rest[:at], "/") {
+		if err := u.parseUserinfo(rest[:at], bad); err != nil {
+			return err
+		}
+		rest = rest[at+1:]
+	}
+	path, err := url.PathUnescape(rest)
+	if err != nil {
+		return bad("path %q is not valid percent-encoding", rest)
+	}
+	if !strings.HasPrefix(path, "/") || strings.HasSuffix(path, "/") {
+		return bad("socket path %q: give the socket's absolute path, e.g. unix:///var/run/redis/redis.sock", path)
+	}
+	u.Addrs = []string{path}
+	if rawQuery != "" {
+		if err := u.parseQuery(rawQuery, "unix"); err != nil {
+			return bad("%v", err)
+		}
+	}
+	return nil
 }
 
 // hostPort checks one HOST[:PORT] and fills in the default port.
@@ -308,7 +379,9 @@ func hostPort(h string, defPort int, memory bool) (string, error) {
 	return net.JoinHostPort(host, strconv.Itoa(p)), nil
 }
 
-func (u *URL) parseQuery(raw string) error {
+// parseQuery reads a URL's query parameters; scheme picks the ones only
+// some forms take (db for a socket, master for redis-sentinel://).
+func (u *URL) parseQuery(raw, scheme string) error {
 	q, err := url.ParseQuery(raw)
 	if err != nil {
 		return fmt.Errorf("query %q is not valid", raw)
@@ -319,6 +392,12 @@ func (u *URL) parseQuery(raw string) error {
 	}
 	if u.TLS {
 		known += ", skip_verify"
+	}
+	if u.Network == "unix" {
+		known += ", db"
+	}
+	if scheme == "redis-sentinel" {
+		known += ", master"
 	}
 	for key, vals := range q {
 		if len(vals) != 1 {
@@ -350,6 +429,17 @@ func (u *URL) parseQuery(raw string) error {
 			u.SentinelUsername = val
 		case key == "sentinel_password" && u.Kind == KindSentinel:
 			u.SentinelPassword = val
+		case key == "db" && u.Network == "unix":
+			n, perr := strconv.Atoi(val)
+			if perr != nil || n < 0 || n > 1_000_000 {
+				err = fmt.Errorf("db=%s: must be a number such as 0 or 3", val)
+			}
+			u.DB = n
+		case key == "master" && scheme == "redis-sentinel":
+			if val == "" {
+				err = errors.New("master=: give the name Sentinel monitors, e.g. master=mymaster")
+			}
+			u.MasterName = val
 		case key == "skip_verify" && u.TLS:
 			b, perr := strconv.ParseBool(val)
 			if perr != nil {
@@ -380,7 +470,15 @@ func redact(raw string) string {
 			}
 		}
 	}
-	// A sentinel_password in the query is a secret too.
+	// A sentinel_password in the query is a secret too, and so is a
+	// socket URL's password, which comes before its path.
+	if scheme, rest, ok := strings.Cut(out, "://"); ok && (strings.EqualFold(scheme, "unix") || strings.EqualFold(scheme, "redis-socket")) {
+		if at := strings.Index(rest, "@"); at >= 0 && !strings.Contains(rest[:at], "/") {
+			if user, _, hasPass := strings.Cut(rest[:at], ":"); hasPass {
+				out = scheme + "://" + user + ":xxxxx@" + rest[at+1:]
+			}
+		}
+	}
 	if i := strings.Index(out, "sentinel_password="); i >= 0 {
 		i += len("sentinel_password=")
 		end := strings.IndexByte(out[i:], '&')
@@ -408,6 +506,9 @@ func (u *URL) String() string {
 	case KindMemory:
 		scheme = "memory"
 	}
+	if u.Network == "unix" {
+		scheme = "unix"
+	}
 	b.WriteString(scheme + "://")
 	if u.Username != "" || u.Password != "" {
 		b.WriteString(url.PathEscape(u.Username))
@@ -420,11 +521,14 @@ func (u *URL) String() string {
 	if u.Kind == KindSentinel {
 		b.WriteString("/" + url.PathEscape(u.MasterName))
 	}
-	if u.DB != 0 {
-		b.WriteString("/" + strconv.Itoa(u.DB))
-	}
 	var q []string
 	add := func(k, v string) { q = append(q, k+"="+url.QueryEscape(v)) }
+	switch {
+	case u.DB != 0 && u.Network == "unix":
+		add("db", strconv.Itoa(u.DB))
+	case u.DB != 0:
+		b.WriteString("/" + strconv.Itoa(u.DB))
+	}
 	if u.DialTimeout > 0 {
 		add("dial_timeout", u.DialTimeout.String())
 	}
@@ -462,6 +566,9 @@ func (u *URL) Where() string {
 	case KindCluster:
 		return "Cluster " + addrs
 	}
+	if u.Network == "unix" {
+		return "unix socket " + addrs
+	}
 	return addrs
 }
 
@@ -497,6 +604,14 @@ func (u *URL) UniversalOptions() *redis.UniversalOptions {
 		o.SentinelPassword = u.SentinelPassword
 	case KindCluster:
 		o.IsClusterMode = true
+	}
+	if u.Network == "unix" {
+		// UniversalOptions has no network: the dialer names it.
+		path, timeout := u.Addrs[0], cmp.Or(u.DialTimeout, 5*time.Second)
+		o.Dialer = func(ctx context.Context, _, _ string) (net.Conn, error) {
+			d := net.Dialer{Timeout: timeout}
+			return d.DialContext(ctx, "unix", path)
+		}
 	}
 	return o
 }
@@ -550,6 +665,7 @@ func (u *URL) AsynqOpt() asynq.RedisConnOpt {
 		}
 	}
 	return asynq.RedisClientOpt{
+		Network:      u.Network,
 		Addr:         u.Addrs[0],
 		Username:     u.Username,
 		Password:     u.Password,

@@ -67,6 +67,26 @@ func TestParseForms(t *testing.T) {
 		{raw: "memory://127.0.0.1:6390", want: URL{Kind: KindMemory, Addrs: []string{"127.0.0.1:6390"}}},
 		{raw: "memory://:6390", want: URL{Kind: KindMemory, Addrs: []string{"127.0.0.1:6390"}}, str: "memory://127.0.0.1:6390"},
 		{raw: "  redis://h:1  ", want: URL{Kind: KindNode, Addrs: []string{"h:1"}}, str: "redis://h:1"},
+		// unix sockets: go-redis's form and asynq's
+		{raw: "unix:///var/run/redis.sock", want: URL{Kind: KindNode, Network: "unix", Addrs: []string{"/var/run/redis.sock"}}},
+		{
+			raw:  "unix://bob:s%40cret@/var/run/redis.sock?db=3&dial_timeout=1s",
+			want: URL{Kind: KindNode, Network: "unix", Addrs: []string{"/var/run/redis.sock"}, Username: "bob", Password: "s@cret", DB: 3, DialTimeout: time.Second},
+			str:  "unix://bob:xxxxx@/var/run/redis.sock?db=3&dial_timeout=1s",
+		},
+		{raw: "redis-socket:///tmp/redis.sock", want: URL{Kind: KindNode, Network: "unix", Addrs: []string{"/tmp/redis.sock"}}, str: "unix:///tmp/redis.sock"},
+		{
+			raw:  "redis-socket://:pw@/tmp/redis.sock?db=2",
+			want: URL{Kind: KindNode, Network: "unix", Addrs: []string{"/tmp/redis.sock"}, Password: "pw", DB: 2},
+			str:  "unix://:xxxxx@/tmp/redis.sock?db=2",
+		},
+		// asynq's Sentinel form: the master in the query, the password the Sentinels'
+		{
+			raw:  "redis-sentinel://:sp@s1:26379,s2:26380?master=mymaster",
+			want: URL{Kind: KindSentinel, Addrs: []string{"s1:26379", "s2:26380"}, MasterName: "mymaster", SentinelPassword: "sp"},
+			str:  "redis+sentinel://s1:26379,s2:26380/mymaster?sentinel_password=xxxxx",
+		},
+		{raw: "redis-sentinel://s1?master=m", want: URL{Kind: KindSentinel, Addrs: []string{"s1:26379"}, MasterName: "m"}, str: "redis+sentinel://s1:26379/m"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.raw, func(t *testing.T) {
@@ -95,8 +115,18 @@ func TestParseBadInput(t *testing.T) {
 		{"", "empty"},
 		{"127.0.0.1:6379", "no scheme; write it as a URL, e.g. redis://127.0.0.1:6379"},
 		{"http://h:6379", `unknown scheme "http"`},
-		{"redis-sentinel://h:26379?master=m", "sluice writes it redis+sentinel://HOST:PORT/MASTER"},
-		{"unix:///tmp/redis.sock", "unix sockets are not supported"},
+		{"redis-sentinel://h:26379", "no master name; write redis-sentinel://HOST:PORT,HOST:PORT?master=MASTER"},
+		{"redis-sentinel://h:26379?master=", "master=: give the name Sentinel monitors"},
+		{"redis-sentinel://h:26379/m", "redis-sentinel:// names the master as ?master=MASTER"},
+		{"redis+sentinel://h:26379/m?master=m", `unknown query parameter "master"`},
+		{"unix://", "give the socket's absolute path"},
+		{"unix://redis.sock", `socket path "redis.sock": give the socket's absolute path`},
+		{"unix:///tmp/", "give the socket's absolute path"},
+		{"unix:///tmp/r.sock?db=x", "db=x: must be a number"},
+		{"redis-socket:///tmp/r.sock?db=-1", "db=-1: must be a number"},
+		{"redis://h:1?db=1", `unknown query parameter "db"`},
+		{"unix://u:p%zz@/tmp/r.sock", "password is not valid percent-encoding"},
+		{"unix:///tmp/r.sock#x", "unexpected #"},
 		{"redis://", "no host"},
 		{"redis:///3", "no host"},
 		{"redis://:6379", `address ":6379": no host`},
@@ -155,6 +185,9 @@ func TestParseErrorHidesPasswords(t *testing.T) {
 		"redis://alice:hunter2@h:1/x",
 		"redis+sentinel://alice:hunter2@s:1/m?sentinel_password=hunter2&bad=1",
 		"redis+sentinel://s:1/m?sentinel_password=hunter2&bad=1",
+		"unix://alice:hunter2@/tmp/r.sock?bad=1",
+		"redis-socket://:hunter2@/tmp/r.sock?bad=1",
+		"redis-sentinel://:hunter2@s:1?bad=1",
 	} {
 		_, err := Parse(raw)
 		require.Error(t, err)
@@ -277,4 +310,25 @@ func TestParseErrorType(t *testing.T) {
 	var pe *ParseError
 	require.True(t, errors.As(err, &pe))
 	require.Equal(t, "nope", pe.Value)
+}
+
+// TestAsynqFormsAsAsynqReadsThem: asynq's own URL forms give the
+// connection options asynq.ParseRedisURI gives, so that an application's
+// asynq URL reaches the same server, with the same credentials.
+func TestAsynqFormsAsAsynqReadsThem(t *testing.T) {
+	t.Parallel()
+	for _, raw := range []string{
+		"redis-socket:///var/run/redis.sock",
+		"redis-socket://:pw@/var/run/redis.sock?db=4",
+		"redis-sentinel://s1:26379,s2:26380?master=mymaster",
+		"redis-sentinel://:sp@s1:26379?master=mymaster",
+		"redis://h:6379/2",
+		"redis://:pw@h:6379",
+	} {
+		want, err := asynq.ParseRedisURI(raw)
+		require.NoError(t, err, raw)
+		u, err := Parse(raw)
+		require.NoError(t, err, raw)
+		require.Equal(t, want, u.AsynqOpt(), raw)
+	}
 }

@@ -43,6 +43,11 @@ function count(v) {
   return (v || 0).toLocaleString("en-US");
 }
 
+// plural is a count with the noun that agrees with it: "1 job", "3 jobs".
+function plural(n, one, many) {
+  return n === 1 ? "1 " + one : count(n) + " " + many;
+}
+
 // duration formats milliseconds for people: 350ms, 1.2s, 4m10s.
 function duration(ms) {
   if (ms <= 0) return "0s";

@@ -28,7 +28,7 @@ function showSummary(doc) {
     card("Started", count(s.started), "while its state is alive", "started"),
     t.learned ? card("Learned limit", t.limit_learned ? t.limit : "not applied", t.learned, "learned") : null,
     t.shadow ? card("Shadow would deny", t.shadow.decisions ? (100 * t.shadow.denied_share).toFixed(t.shadow.denied_share > 0 && t.shadow.denied_share < 0.1 ? 1 : 0) + "%" : "–",
-      t.shadow.rules + ", not enforced", "shadow") : null,
+      t.shadow.rules + ", not enforced" + (t.shadow.since ? ", since " + clock(t.shadow.since) : ""), "shadow") : null,
     s.adaptive ? card("Adaptive limit", s.adaptive.rate, `${s.adaptive.floor}..${s.adaptive.ceiling}: ${s.adaptive.increases} up, ${s.adaptive.decreases} down`, "adaptive") : null,
     t.settled_refunded || t.settled_extra ? card("Settled", `-${count(t.settled_refunded)} / +${count(t.settled_extra)}`, "refunded / charged extra after jobs ran", "settled") : null,
   ].filter(Boolean));
@@ -50,9 +50,15 @@ function showCharts(doc) {
   if (pts.some((p) => p.limit_per_s > 0)) starts.push(series("limit", "#94a3b8", (p) => p.limit_per_s, { dashed: true, step: true }));
   lineChart(document.getElementById("chart-starts"), starts, opts);
 
-  const inflight = [series("in flight", "#0891b2", (p) => p.in_flight, { step: true })];
-  if (pts.some((p) => p.cap >= 0)) inflight.push(series("cap", "#94a3b8", (p) => Math.max(p.cap, 0), { dashed: true, step: true }));
-  lineChart(document.getElementById("chart-inflight"), inflight, { ...opts, integer: true });
+  // jobs in flight are counted against a concurrency rule only: a tenant
+  // that has had none in its history gets no chart
+  const capped = doc.tenant.cap >= 0 || pts.some((p) => p.cap >= 0);
+  document.getElementById("chart-inflight").closest(".chart-panel").hidden = !capped;
+  if (capped) {
+    const inflight = [series("in flight", "#0891b2", (p) => p.in_flight, { step: true })];
+    inflight.push(series("cap", "#94a3b8", (p) => Math.max(p.cap, 0), { dashed: true, step: true }));
+    lineChart(document.getElementById("chart-inflight"), inflight, { ...opts, integer: true });
+  }
 
   const waiting = [series("reserved", "#d97706", (p) => p.reserved, { step: true })];
   waiting.push(series("waiting", "#7c3aed", (p) => p.waiting, { step: true }));
@@ -88,9 +94,9 @@ function showDetail(doc) {
     for (const h of s.concurrency.holders.slice(0, shown)) add("", el("code", {}, h.id), ` lease ends ${clock(h.lease_end)}`);
     if (s.concurrency.holders.length > shown) add("", `and ${s.concurrency.holders.length - shown} more`);
   }
-  add("reserved", s.reservations ? `${count(s.reservations)} jobs hold future slots, the last at ${clock(s.last_slot)}` : "0");
+  add("reserved", s.reservations ? `${plural(s.reservations, "job holds", "jobs hold")} future slots, the last at ${clock(s.last_slot)}` : "0");
   add("cooldown", s.cooldown_until ? "until " + clock(s.cooldown_until) : "none");
-  add("waiting", count(s.waiting) + (s.backlog_cap ? " of " + count(s.backlog_cap) : "") + " jobs in its line" + (s.waiting_since ? ", the oldest since " + clock(s.waiting_since) : ""));
+  add("waiting", count(s.waiting) + (s.backlog_cap ? " of " + count(s.backlog_cap) : "") + (s.waiting === 1 ? " job" : " jobs") + " in its line" + (s.waiting_since ? ", the oldest since " + clock(s.waiting_since) : ""));
   if (s.settled_refunded || s.settled_extra) {
     add("settled", `${count(s.settled_refunded)} refunded, ${count(s.settled_extra)} charged extra (jobs' actual costs against their estimates)`);
   }
@@ -100,13 +106,13 @@ function showDetail(doc) {
     const tag = n.priority && n.priority !== "normal"
       ? el("span", { class: "badge prio " + n.priority, "data-priority": n.priority, title: n.priority + " priority in the tenant's line" }, n.priority)
       : null;
-    add(n.ahead === 0 ? "next out" : "", el("a", { href: "/api/jobs/" + encodeURIComponent(n.id) + "?queue=" + encodeURIComponent(n.queue) }, el("code", {}, n.id)), tag, ` ${n.queue}: ${when}`);
+    add(n.ahead === 0 ? "next out" : "", el("a", { href: "/jobs/" + encodeURIComponent(n.id) + "?queue=" + encodeURIComponent(n.queue) }, el("code", {}, n.id)), tag, ` ${n.queue}: ${when}`);
   }
   if (s.shadow) {
     const sh = s.shadow;
     const by = Object.keys(sh.denied_by || {}).sort().map((r) => `${r} ${count(sh.denied_by[r])}`).join(", ");
     add("shadow", el("code", {}, sh.rules), ` (${sh.name}, not enforced) — ` + (sh.decisions
-      ? `would have denied ${count(sh.denied)} of ${count(sh.decisions)} starts since ${clock(sh.since)}` + (by ? `; by ${by}` : "")
+      ? `would have denied ${count(sh.denied)} of ${plural(sh.decisions, "start", "starts")} since ${clock(sh.since)}` + (by ? `; by ${by}` : "")
       : "no job has started since it was set"));
   }
   if (s.adaptive) {
@@ -116,7 +122,7 @@ function showDetail(doc) {
     const why = { start: "began at the policy's rate", policy: "the policy changed", increase: "answers were good", throttled: "the downstream answered 429/503", latency: "answers were slow" };
     const shown = 10;
     for (const c of a.history.slice(-shown).reverse()) add("", `${clock(c.at)}: ${c.from} → ${c.to}, ${why[c.reason] || c.reason}`);
-    if (a.history.length > shown) add("", `and ${a.history.length - shown} earlier changes`);
+    if (a.history.length > shown) add("", `and ${plural(a.history.length - shown, "earlier change", "earlier changes")}`);
   }
   if (s.learned) add("learned", el("code", {}, s.learned.rate), ` from ${s.learned.source || "the downstream"} until ${clock(s.learned.until)}` + (s.learned.rule ? `, applied as ${s.learned.rule}` : `, not applied: ${s.learned.note}`));
   document.querySelector("#detail tbody").replaceChildren(...rows);

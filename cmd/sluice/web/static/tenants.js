@@ -13,7 +13,7 @@ function isPool(t) {
 }
 
 function showSummary(doc) {
-  let starts = 0, inFlight = 0, waiting = 0, reserved = 0, cooling = 0;
+  let starts = 0, inFlight = 0, waiting = 0, reserved = 0, paused = 0;
   const tenants = doc.tenants.filter((t) => !isPool(t) && t.kind !== "key");
   // @global's, a pool's and a key's starts and jobs in flight are their
   // tenants' too: not counted twice
@@ -22,7 +22,7 @@ function showSummary(doc) {
     inFlight += t.in_flight;
     waiting += t.waiting;
     reserved += t.reserved;
-    if (t.cooldown_ms > 0) cooling++;
+    if (t.paused) paused++;
   }
   const shown = tenants.length;
   const total = doc.tenants_total - (doc.pools_total || 0) - (doc.keys_total || 0);
@@ -32,7 +32,20 @@ function showSummary(doc) {
     card("In flight", count(inFlight), "running now", "in_flight"),
     card("Waiting", count(waiting), "in the tenants' lines", "waiting"),
     card("Reserved", count(reserved), "jobs holding a future slot", "reserved"),
-    card("In cooldown", count(cooling), "tenants paused by a 429/503", "cooldown"));
+    pausedCard(doc, paused));
+}
+
+// pausedCard counts the tenants paused by a 429/503 since the sample
+// before, as the decisions by rule are counted over it. A cooldown that
+// begins and ends between two samples is seen only in the workers'
+// decisions: without tenant labels the card says so rather than 0.
+function pausedCard(doc, paused) {
+  const span = "in the last " + duration(doc.interval_ms);
+  const denied = doc.decisions && doc.decisions.denied_per_s.cooldown > 0 ? doc.decisions.denied_per_s.cooldown : 0;
+  if (paused === 0 && denied > 0) {
+    return card("In cooldown", "some", `paused between samples: ${rate(denied)}/s denied by cooldown ${span}`, "cooldown");
+  }
+  return card("In cooldown", count(paused), (paused === 1 ? "tenant" : "tenants") + " paused by a 429/503 " + span, "cooldown");
 }
 
 function showDecisions(doc) {
@@ -190,7 +203,8 @@ function showShadows(doc) {
     return el("tr", { "data-tenant": t.tenant },
       el("td", {}, el("a", { class: "tenant-name", href: tenantURL(t.tenant) }, t.tenant)),
       el("td", {}, el("code", {}, s.rules), s.name === "@shadow:*" ? el("span", { class: "rules" }, "the default's shadow") : null),
-      el("td", { class: "num", "data-field": "shadow-denied", title: s.text }, s.decisions ? `${count(s.denied)} of ${count(s.decisions)} (${share(s.denied_share)})` : "no starts yet"),
+      el("td", { class: "num", "data-field": "shadow-denied", title: s.text }, s.decisions ? `${count(s.denied)} of ${count(s.decisions)} (${share(s.denied_share)})` : "no starts yet",
+        el("span", { class: "of", "data-field": "shadow-since" }, s.since ? " since " + clock(s.since) : "")),
       el("td", { class: "num", "data-field": "shadow-now" }, `${rate(s.denied_per_s)} of ${rate(s.decisions_per_s)}`),
       by);
   }));
