@@ -248,16 +248,16 @@ func TestBoardPausedSinceTheSampleBefore(t *testing.T) {
 		defer b.mu.RUnlock()
 		return b.tracks["acme"].row.Paused
 	}
-	b.record(sample(t0, time.Time{}), []string{"acme"}, decisionRates{}, nil)
+	b.record(sample(t0, time.Time{}), []string{"acme"}, decisionRates{}, nil, nil)
 	require.False(t, paused())
-	b.record(sample(t0.Add(time.Second), t0.Add(1500*time.Millisecond)), []string{"acme"}, decisionRates{}, nil)
+	b.record(sample(t0.Add(time.Second), t0.Add(1500*time.Millisecond)), []string{"acme"}, decisionRates{}, nil, nil)
 	require.True(t, paused(), "in cooldown now")
-	b.record(sample(t0.Add(2*time.Second), time.Time{}), []string{"acme"}, decisionRates{}, nil)
+	b.record(sample(t0.Add(2*time.Second), time.Time{}), []string{"acme"}, decisionRates{}, nil, nil)
 	require.True(t, paused(), "in cooldown at the sample before: paused during the interval")
-	b.record(sample(t0.Add(3*time.Second), time.Time{}), []string{"acme"}, decisionRates{}, nil)
+	b.record(sample(t0.Add(3*time.Second), time.Time{}), []string{"acme"}, decisionRates{}, nil, nil)
 	require.False(t, paused())
 	labelled := decisionRates{labelled: true, perSec: map[decisionKey]float64{{"acme", "denied", ruleCooldown}: 2}}
-	b.record(sample(t0.Add(4*time.Second), time.Time{}), []string{"acme"}, labelled, nil)
+	b.record(sample(t0.Add(4*time.Second), time.Time{}), []string{"acme"}, labelled, nil, nil)
 	require.True(t, paused(), "a cooldown between two samples, seen in the decisions")
 }
 
